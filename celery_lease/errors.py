@@ -1,0 +1,175 @@
+"""Exceptions raised or stored by :mod:`celery_lease`.
+
+Every exception here keeps *all* of its fields in ``self.args`` (positional, JSON-friendly
+values only), so it survives ``pickle`` and Celery's JSON exception serialization, which
+rebuilds an exception as ``cls(*args)`` (case C03).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.exceptions import SoftTimeLimitExceeded
+
+__all__ = [
+    "LeaseConfigError",
+    "LeaseConflict",
+    "LeaseError",
+    "LeaseKeyError",
+    "LeaseLost",
+    "LeaseStoreUnavailable",
+    "LostCause",
+]
+
+
+class LostCause:
+    """Why a lease was lost (the ``cause`` of :class:`LeaseLost`).
+
+    - ``REFUSED``: a renewal reached the store and the token no longer matched: the key was
+      deleted, expired or taken by another holder.
+    - ``DEADLINE``: the local deadline (send time of the last confirmed renewal + TTL - drift
+      margin) passed without a confirmed renewal, e.g. because the process was paused.
+    - ``STORE_ERROR``: the store answered with an error that makes renewal impossible.
+    """
+
+    REFUSED = "refused"
+    DEADLINE = "deadline"
+    STORE_ERROR = "store_error"
+
+
+class LeaseError(Exception):
+    """Base class of the errors that :mod:`celery_lease` raises."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), self.args)
+
+
+class LeaseConfigError(LeaseError, ValueError):
+    """A lease setting or task option is invalid.
+
+    Raised as early as possible: when the task is registered for per-task options, at worker
+    start for app-wide settings. The message names the option and the fix.
+    """
+
+
+class LeaseKeyError(LeaseError, TypeError):
+    """A task's arguments cannot be turned into a stable lease key.
+
+    Args:
+        message: names the task, the parameter and the offending type.
+    """
+
+
+class LeaseStoreUnavailable(LeaseError):
+    """The lease store could not be reached, or did not answer in time.
+
+    Args:
+        key: the lease key (str) the operation was for.
+        operation: ``"acquire"``, ``"renew"`` or ``"release"``.
+        detail: the underlying error as text.
+    """
+
+    def __init__(self, key: str = "", operation: str = "", detail: str = "") -> None:
+        super().__init__(key, operation, detail)
+
+    @property
+    def key(self) -> str:
+        return str(self.args[0])
+
+    @property
+    def operation(self) -> str:
+        return str(self.args[1])
+
+    @property
+    def detail(self) -> str:
+        return str(self.args[2])
+
+    def __str__(self) -> str:
+        return f"lease store unavailable during {self.operation} of {self.key!r}: {self.detail}"
+
+
+class LeaseConflict(LeaseError):
+    """Another execution holds the lease (the ``"fail"`` policy of ``lease_on_conflict``).
+
+    Args:
+        key: the lease key (str).
+        holder_task_id: the Celery task id of the holder (str, may be empty if unknown).
+        holder: ``"hostname:pid"`` of the holder (str).
+        remaining: the holder's remaining lifetime on the server, float seconds.
+    """
+
+    def __init__(
+        self, key: str = "", holder_task_id: str = "", holder: str = "", remaining: float = 0.0
+    ) -> None:
+        super().__init__(key, holder_task_id, holder, float(remaining))
+
+    @property
+    def key(self) -> str:
+        return str(self.args[0])
+
+    @property
+    def holder_task_id(self) -> str:
+        return str(self.args[1])
+
+    @property
+    def holder(self) -> str:
+        return str(self.args[2])
+
+    @property
+    def remaining(self) -> float:
+        return float(self.args[3])
+
+    def __str__(self) -> str:
+        return (
+            f"lease {self.key!r} is held by task {self.holder_task_id} on {self.holder} "
+            f"for {self.remaining:.3f}s more"
+        )
+
+
+class LeaseLost(SoftTimeLimitExceeded):
+    """The running execution no longer holds its lease; raised inside the task body.
+
+    It subclasses :class:`celery.exceptions.SoftTimeLimitExceeded`, so cleanup written for soft
+    time limits runs too; like that exception it derives from :class:`Exception`, so an
+    ``except Exception`` in the task body swallows it (re-raise it there).
+
+    Args:
+        key: the lease key (str).
+        cause: one of :class:`LostCause` (str).
+        fencing_token: the fencing token of the lost grant (int).
+        late: float seconds between the moment the loss could first be known and its detection
+            (for ``deadline``: time past the local deadline; for ``refused``: time since the last
+            confirmed renewal).
+    """
+
+    def __init__(
+        self, key: str = "", cause: str = "", fencing_token: int = 0, late: float = 0.0
+    ) -> None:
+        super().__init__(key, cause, int(fencing_token), float(late))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Always rebuild as the public class: the worker-thread delivery path raises a
+        # per-execution subclass that exists only in this process.
+        return (LeaseLost, self.args)
+
+    @property
+    def key(self) -> str:
+        return str(self.args[0])
+
+    @property
+    def cause(self) -> str:
+        return str(self.args[1])
+
+    @property
+    def fencing_token(self) -> int:
+        return int(self.args[2])
+
+    @property
+    def late(self) -> float:
+        return float(self.args[3])
+
+    def __str__(self) -> str:
+        return (
+            f"lease {self.key!r} lost ({self.cause}, fencing token {self.fencing_token}, "
+            f"detected {self.late:.3f}s late)"
+        )

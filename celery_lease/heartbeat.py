@@ -1,0 +1,204 @@
+"""The heartbeat: one daemon thread per process that renews every lease the process holds.
+
+Each pass, in this order:
+
+1. check local deadlines first (after a process pause this is the first thing that runs) and
+   declare every lease past its deadline lost;
+2. renew, in one round trip per store, every lease whose renewal is due or would be due within
+   half an interval (renewing early is harmless, and it makes leases taken at different times
+   share one round trip per interval);
+3. sleep until the next renewal or deadline, at most one second (a suspended host does not
+   advance the clock the wait uses, but it does advance the deadline clock).
+
+A round trip is only sent when its timeout ends before the earliest deadline, so the thread is
+never stuck in a call when a deadline passes. A refused renewal (token gone or replaced) loses
+the lease at once; a failed one (timeout, connection error) is retried until the deadline.
+
+The thread starts lazily in the process that takes a lease (prefork children exist only after
+the fork) and is forgotten in a forked child, which never renews or releases its parent's
+leases. Under gevent and eventlet the monkey-patched ``threading`` makes it a greenlet.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections import defaultdict
+
+from redis.exceptions import RedisError
+
+from . import clock, interrupt, signals, store
+from .errors import LostCause
+from .lease import Lease
+
+__all__ = ["Heartbeat", "heartbeat"]
+
+logger = logging.getLogger("celery_lease")
+
+_MAX_SLEEP = 1.0  # float seconds
+
+
+class Heartbeat:
+    """Renews the leases of one process. Use :func:`heartbeat` to get the process's instance."""
+
+    def __init__(self, block_signal: int | None = None) -> None:
+        self._leases: set[Lease] = set()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._block_signal = block_signal
+        self.passes = 0  # renewal round trips sent (for tests and benchmarks)
+
+    def add(self, lease: Lease) -> None:
+        """Start renewing ``lease``."""
+        with self._cond:
+            self._leases.add(lease)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="celery-lease-heartbeat", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def remove(self, lease: Lease) -> None:
+        """Stop renewing ``lease``; returns once no renewal of it is on the wire.
+
+        Called before a release is sent, so nothing renews a lease after its release.
+        """
+        with self._cond:
+            lease.released = True
+            self._leases.discard(lease)
+            if lease.in_flight:
+                self._cond.wait_for(
+                    lambda: not lease.in_flight, timeout=lease.options.store_timeout * 2)
+
+    def held(self) -> list[Lease]:
+        """A snapshot of the leases being renewed."""
+        with self._cond:
+            return list(self._leases)
+
+    # -- the thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        if self._block_signal is not None and hasattr(signal, "pthread_sigmask"):
+            # The lease signal is meant for the main thread only.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {self._block_signal})
+        while True:
+            try:
+                self._pass()
+            except Exception:  # never let the heartbeat die silently
+                logger.exception("lease heartbeat pass failed")
+                with self._cond:
+                    self._cond.wait(_MAX_SLEEP)
+
+    def _pass(self) -> None:
+        with self._cond:
+            while not self._leases:
+                self._cond.wait()
+            leases = list(self._leases)
+        now = clock.now()
+        live = []
+        for lease in leases:  # deadlines first
+            if now >= lease.deadline:
+                self._drop(lease)
+                lease.mark_lost(LostCause.DEADLINE)
+            else:
+                live.append(lease)
+        if not live:
+            return
+        earliest_deadline = min(lease.deadline for lease in live)
+        wake = min(min(lease.next_renewal for lease in live), earliest_deadline)
+        by_client: dict[int, list[Lease]] = defaultdict(list)
+        for lease in live:
+            by_client[id(lease.client)].append(lease)
+        for group in by_client.values():
+            if not any(lease.next_renewal <= now for lease in group):
+                continue
+            timeout = max(lease.options.store_timeout for lease in group)
+            if now + timeout >= earliest_deadline:
+                # The call could still be hanging when a deadline passes: declare that loss
+                # first, then renew the rest.
+                wake = earliest_deadline
+                continue
+            # Piggy-back leases due within half an interval: one round trip per interval.
+            self._renew([x for x in group if x.next_renewal - x.renew_interval / 2 <= now])
+            return  # start the next pass with a fresh deadline check
+        with self._cond:
+            if self._leases:
+                self._cond.wait(min(max(wake - clock.now(), 0.0), _MAX_SLEEP))
+
+    def _drop(self, lease: Lease) -> None:
+        with self._cond:
+            self._leases.discard(lease)
+
+    def _renew(self, group: list[Lease]) -> None:
+        with self._cond:
+            group = [lease for lease in group if not lease.released]
+            for lease in group:
+                lease.in_flight = True
+        if not group:
+            return
+        sent_at = clock.now()
+        try:
+            replies = store.renew_many(
+                group[0].client, [(x.key, x.token, x.options.ttl_ms) for x in group])
+            self.passes += 1
+        except RedisError as exc:
+            replies = [exc] * len(group)
+        finally:
+            with self._cond:
+                for lease in group:
+                    lease.in_flight = False
+                self._cond.notify_all()
+        for lease, reply in zip(group, replies, strict=True):
+            if lease.released:
+                continue
+            if reply == 1:
+                lease.confirm(sent_at)
+            elif isinstance(reply, RedisError):
+                self._failed(lease, reply)
+            else:  # 0: the key is gone; -1: another token holds it
+                self._drop(lease)
+                lease.mark_lost(LostCause.REFUSED)
+
+    def _failed(self, lease: Lease, error: RedisError) -> None:
+        now = clock.now()
+        # Try again soon, but only while a try can still finish before the deadline.
+        lease.next_renewal = now + min(lease.renew_interval / 3, _MAX_SLEEP)
+        logger.warning(
+            "lease renewal failed: key=%s error=%r time_left=%.3fs", lease.key, error,
+            lease.deadline - now)
+        signals.lease_renewal_failed.send(
+            sender=lease.task_name, key=lease.key, token=lease.token,
+            fencing_token=lease.fencing_token, task_id=lease.task_id, error=error,
+            time_left=lease.deadline - now)
+
+
+_instance: Heartbeat | None = None
+_instance_pid = 0
+_instance_lock = threading.Lock()
+
+
+def heartbeat(block_signal: int | None = None) -> Heartbeat:
+    """The heartbeat of the calling process (created on first use, and anew after a fork)."""
+    global _instance, _instance_pid
+    pid = os.getpid()
+    if _instance is None or _instance_pid != pid:
+        with _instance_lock:
+            if _instance is None or _instance_pid != pid:
+                _instance, _instance_pid = Heartbeat(block_signal), pid
+    return _instance
+
+
+def _after_fork_in_child() -> None:
+    global _instance, _instance_lock
+    # The parent's thread does not exist here; its leases are not ours to renew or release.
+    _instance = None
+    _instance_lock = threading.Lock()
+    store.reset_clients()
+    interrupt.reset_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+

@@ -1,0 +1,215 @@
+"""Raising :class:`LeaseLost` inside a running task body, the way a soft time limit is raised.
+
+The mechanism is chosen per execution context when the lease is taken, never by pool name
+(``app.conf.worker_pool`` does not follow ``-P``):
+
+- a gevent or eventlet greenlet: the exception is thrown into the task greenlet from the hub;
+  it cannot reach a greenlet that never yields (a CPU-bound loop starves the heartbeat too);
+- the main thread (prefork children, solo): ``pthread_kill`` with ``lease_signal`` (default
+  ``SIGUSR2``; billiard owns ``SIGUSR1``); it interrupts ``sleep``, socket reads and lock waits,
+  but not C code that holds the GIL;
+- any other thread (the threads pool): ``PyThreadState_SetAsyncExc``; it lands at the next
+  bytecode, so it cannot interrupt a blocking call (``sleep``, ``recv``) until that returns.
+
+In each case the exception lands at the first point the runtime allows; where it cannot land
+(see the table), :meth:`Lease.check <celery_lease.lease.Lease.check>` raises it as soon as the
+task looks. Every target is disarmed under a lock when the body ends, so an exception can never
+fire in Celery's own code after the body returned, or in the next task.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import threading
+from typing import Any, Protocol
+
+from kombu.utils.compat import detect_environment
+
+from .errors import LeaseLost
+
+__all__ = ["Target", "for_current_context"]
+
+
+class Target(Protocol):
+    """Where a lost lease is delivered: one running execution."""
+
+    mechanism: str
+
+    def deliver(self, error: LeaseLost) -> bool:
+        """Raise ``error`` in the execution if it still runs. Returns True if sent."""
+
+    def finish(self) -> None:
+        """The body has ended: never deliver after this, and drop anything still pending."""
+
+
+class _Disarmable:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = True
+
+
+# --- main thread: a signal -------------------------------------------------------------------
+
+_armed: _SignalTarget | None = None  # the execution a sent signal is meant for
+_previous: Any = None  # the handler we replaced, chained for stray signals
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    global _armed
+    target = _armed
+    # Runs on the main thread, which is the task's thread: `running` cannot change under us.
+    if target is not None and target.running and target.error is not None:
+        _armed = None
+        raise target.error
+    if callable(_previous):
+        _previous(signum, frame)
+    # else: a stray or late signal (the body already ended): ignore it, never raise.
+
+
+def _install(signum: int) -> None:
+    global _previous
+    current = signal.getsignal(signum)
+    if current is not _on_signal:
+        _previous = current if current not in (signal.SIG_DFL, signal.SIG_IGN) else None
+        signal.signal(signum, _on_signal)
+
+
+class _SignalTarget(_Disarmable):
+    mechanism = "signal"
+
+    def __init__(self, signum: int) -> None:
+        super().__init__()
+        self.signum = signum
+        self.error: LeaseLost | None = None
+        self.thread_id = threading.main_thread().ident or 0
+        _install(signum)  # we are on the main thread: the only place a handler can be set
+
+    def deliver(self, error: LeaseLost) -> bool:
+        global _armed
+        with self.lock:
+            if not self.running:
+                return False
+            self.error = error
+            _armed = self
+            signal.pthread_kill(self.thread_id, self.signum)
+            return True
+
+    def finish(self) -> None:
+        global _armed
+        with self.lock:
+            self.running = False
+            if _armed is self:
+                _armed = None
+
+
+# --- another thread: an asynchronous exception -----------------------------------------------
+
+def _set_async_exc(thread_id: int, exc_type: type[BaseException] | None) -> int:
+    """Schedule ``exc_type`` in thread ``thread_id`` (``None`` clears a pending one)."""
+    exc = ctypes.py_object(exc_type) if exc_type is not None else None  # None is NULL
+    return int(ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), exc))
+
+
+class _ThreadTarget(_Disarmable):
+    mechanism = "async-exception"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread_id = threading.get_ident()
+        self.sent = False
+
+    def deliver(self, error: LeaseLost) -> bool:
+        # CPython instantiates an asynchronous exception from its class with no arguments, so
+        # the details travel in a throwaway subclass whose constructor fills them in.
+        args = error.args
+        carrier = type("LeaseLost", (LeaseLost,), {
+            "__init__": lambda self, *_: LeaseLost.__init__(self, *args),
+            "__module__": LeaseLost.__module__,
+        })
+        with self.lock:
+            if not self.running:
+                return False
+            if _set_async_exc(self.thread_id, carrier) > 1:  # cannot happen; undo if it does
+                _set_async_exc(self.thread_id, None)
+                return False
+            self.sent = True
+            return True
+
+    def finish(self) -> None:
+        with self.lock:
+            self.running = False
+            if self.sent:  # clear it if it has not fired yet
+                _set_async_exc(self.thread_id, None)
+
+
+# --- gevent / eventlet: throw into the greenlet ----------------------------------------------
+
+class _GeventTarget(_Disarmable):
+    mechanism = "greenlet"
+
+    def __init__(self) -> None:
+        super().__init__()
+        import gevent
+
+        self.glet = gevent.getcurrent()
+        self.hub = gevent.get_hub()
+
+    def deliver(self, error: LeaseLost) -> bool:
+        if not self.running:
+            return False
+
+        def throw() -> None:
+            # Runs in the hub: nothing else runs between this check and the throw.
+            if self.running and not self.glet.dead:
+                self.glet.throw(error)
+
+        self.hub.loop.run_callback_threadsafe(throw)
+        return True
+
+    def finish(self) -> None:
+        self.running = False
+
+
+class _EventletTarget(_Disarmable):
+    mechanism = "greenlet"
+
+    def __init__(self) -> None:
+        super().__init__()
+        from eventlet import greenthread
+
+        self.gt = greenthread.getcurrent()
+
+    def deliver(self, error: LeaseLost) -> bool:
+        from eventlet import greenthread
+
+        # Called from the heartbeat greenthread: no switch between the check and the kill.
+        if not self.running or self.gt.dead:
+            return False
+        greenthread.kill(self.gt, error)
+        return True
+
+    def finish(self) -> None:
+        self.running = False
+
+
+def for_current_context(signum: int) -> Target:
+    """The delivery target for the execution running in the calling thread or greenlet.
+
+    Args:
+        signum: the ``lease_signal`` number used on the main thread.
+    """
+    env = detect_environment()
+    if env == "gevent":
+        return _GeventTarget()
+    if env == "eventlet":
+        return _EventletTarget()
+    if threading.current_thread() is threading.main_thread():
+        return _SignalTarget(signum)
+    return _ThreadTarget()
+
+
+def reset_after_fork() -> None:
+    """Forget the parent's armed target in a forked child."""
+    global _armed
+    _armed = None

@@ -1,0 +1,171 @@
+"""Lease keys: which arguments identify "the same job", and how they become a Redis key.
+
+A key is ``<prefix>:{<task name>:<digest>}``. The digest is a BLAKE2b hash of the *canonical*
+arguments: bound to the task's real signature (so ``f(1, 2)``, ``f(1, b=2)`` and ``f(b=2, a=1)``
+agree), defaults applied, then encoded by type, so that ``1``, ``"1"``, ``True`` and ``1.0``
+differ while a tuple equals a list (as after a JSON round trip). Sets and dict keys are ordered
+by their encoding, which does not depend on ``PYTHONHASHSEED``. The braces are the Redis
+Cluster hash tag: every key one lease touches (the lease and its fencing counter) shares it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import decimal
+import hashlib
+import inspect
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from .errors import LeaseKeyError
+
+__all__ = ["KeySpec", "build_key", "encode_value", "fence_key"]
+
+#: ``None`` (all arguments), a sequence of parameter names, or a callable returning a string.
+KeySpec = None | Sequence[str] | Callable[..., str]
+
+_MAX_NAME = 120  # characters of a task name or custom key kept verbatim
+
+
+class _Unencodable(Exception):
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def encode_value(value: Any) -> bytes:
+    """The canonical byte encoding of one argument value.
+
+    Raises:
+        LeaseKeyError: (from :func:`build_key`) for a type with no stable encoding.
+    """
+    out: list[bytes] = []
+    _encode(value, out)
+    return b"".join(out)
+
+
+def _tagged(tag: bytes, payload: bytes) -> bytes:
+    return tag + str(len(payload)).encode() + b":" + payload
+
+
+def _encode(value: Any, out: list[bytes]) -> None:
+    # bool before int: True must not equal 1.
+    if value is None:
+        out.append(b"N")
+    elif isinstance(value, bool):
+        out.append(b"T" if value else b"F")
+    elif isinstance(value, int):
+        out.append(_tagged(b"i", str(value).encode()))
+    elif isinstance(value, float):
+        out.append(_tagged(b"f", repr(value).encode()))
+    elif isinstance(value, str):
+        out.append(_tagged(b"s", value.encode("utf-8", "surrogatepass")))
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        out.append(_tagged(b"b", bytes(value)))
+    elif isinstance(value, (list, tuple)):
+        out.append(b"l" + str(len(value)).encode() + b"[")
+        for item in value:
+            _encode(item, out)
+        out.append(b"]")
+    elif isinstance(value, Mapping):
+        items = sorted((encode_value(k), encode_value(v)) for k, v in value.items())
+        out.append(b"d" + str(len(items)).encode() + b"{")
+        for k, v in items:
+            out.append(k)
+            out.append(v)
+        out.append(b"}")
+    elif isinstance(value, (set, frozenset)):
+        members = sorted(encode_value(v) for v in value)
+        out.append(b"e" + str(len(members)).encode() + b"{" + b"".join(members) + b"}")
+    elif isinstance(value, uuid.UUID):
+        out.append(_tagged(b"u", value.hex.encode()))
+    elif isinstance(value, _dt.datetime):
+        out.append(_tagged(b"t", value.isoformat().encode()))
+    elif isinstance(value, _dt.date):
+        out.append(_tagged(b"D", value.isoformat().encode()))
+    elif isinstance(value, _dt.time):
+        out.append(_tagged(b"h", value.isoformat().encode()))
+    elif isinstance(value, _dt.timedelta):
+        out.append(_tagged(b"w", repr(value.total_seconds()).encode()))
+    elif isinstance(value, decimal.Decimal):
+        out.append(_tagged(b"m", str(value).encode()))
+    else:
+        raise _Unencodable(value)
+
+
+def _bind(signature: inspect.Signature, args: Sequence[Any], kwargs: Mapping[str, Any],
+          task_name: str) -> dict[str, Any]:
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise LeaseKeyError(
+            f"task {task_name}: arguments do not fit its signature: {exc}") from None
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _digest(pairs: Iterable[tuple[str, Any]], task_name: str) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for name, value in pairs:
+        try:
+            h.update(_tagged(b"p", name.encode()))
+            h.update(encode_value(value))
+        except _Unencodable as exc:
+            raise LeaseKeyError(
+                f"task {task_name}: argument {name!r} of type {type(exc.value).__qualname__} has "
+                f"no stable lease key encoding; pass a JSON-like value (str, int, float, bool, "
+                f"None, list, dict, set, bytes, UUID, datetime, Decimal), leave it out with "
+                f"lease_key=(...names...), or give lease_key a callable"
+            ) from None
+    return h.hexdigest()
+
+
+def _bounded(text: str) -> str:
+    if len(text) <= _MAX_NAME:
+        return text
+    return text[:_MAX_NAME] + "~" + hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def build_key(
+    prefix: str,
+    task_name: str,
+    signature: inspect.Signature,
+    spec: KeySpec,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+) -> str:
+    """The lease key for one call of a task.
+
+    Args:
+        prefix: ``lease_key_prefix``.
+        task_name: the registered task name.
+        signature: the task's real signature, without ``self`` (``inspect.signature(task.run)``).
+        spec: the task's ``lease_key`` option.
+        args, kwargs: the call's arguments, as the worker received them.
+
+    Returns:
+        A key of bounded length (under 300 characters whatever the arguments).
+
+    Raises:
+        LeaseKeyError: the arguments do not fit the signature, an argument in the key cannot be
+            encoded stably, or a ``lease_key`` callable did not return a non-empty string.
+    """
+    if callable(spec):
+        custom = spec(*args, **kwargs)
+        if not isinstance(custom, str) or not custom:
+            raise LeaseKeyError(
+                f"task {task_name}: lease_key callable returned {custom!r}; it must return a "
+                f"non-empty string"
+            )
+        return f"{prefix}:{{{_bounded(custom)}}}"
+    bound = _bind(signature, args, kwargs, task_name)
+    names = list(bound) if spec is None else list(spec)
+    if not names and spec is not None:
+        return f"{prefix}:{{{_bounded(task_name)}}}"
+    digest = _digest(((n, bound[n]) for n in names), task_name)
+    return f"{prefix}:{{{_bounded(task_name)}:{digest}}}"
+
+
+def fence_key(key: str) -> str:
+    """The key of the fencing counter that goes with lease ``key`` (same hash tag)."""
+    return key + ":fence"

@@ -1,0 +1,42 @@
+"""Celery-style signals sent by :mod:`celery_lease`.
+
+Connect like any Celery signal: ``@lease_lost.connect def on_lost(sender, **kw): ...``.
+``sender`` is the task (or, for :data:`lease_lost` and :data:`lease_renewal_failed`, which are
+sent from the heartbeat thread, the task name as a str). Receivers of heartbeat-thread signals
+must return quickly: they run on the thread that renews every lease of the process.
+
+Common keyword arguments: ``key`` (str), ``token`` (str), ``fencing_token`` (int),
+``task_id`` (str). Durations are float seconds.
+"""
+
+from __future__ import annotations
+
+from celery.utils.dispatch import Signal
+
+__all__ = [
+    "lease_acquired",
+    "lease_conflict",
+    "lease_lost",
+    "lease_released",
+    "lease_renewal_failed",
+]
+
+#: A lease was granted before the task body ran. Extra: ``ttl`` (float seconds).
+lease_acquired = Signal(name="lease_acquired")
+
+#: Another execution holds the key. Extra: ``holder_task_id`` (str), ``holder`` ("host:pid"),
+#: ``remaining`` (float seconds), ``policy`` ("skip", "retry", "fail", "redelivered" or
+#: "successor").
+lease_conflict = Signal(name="lease_conflict")
+
+#: A renewal round trip failed without proving the lease lost (timeout, connection error).
+#: Extra: ``error`` (the exception), ``time_left`` (float seconds to the local deadline).
+lease_renewal_failed = Signal(name="lease_renewal_failed")
+
+#: The lease was lost while the task ran. Extra: ``cause`` (str, see ``LostCause``), ``late``
+#: (float seconds), ``error`` (the ``LeaseLost`` raised in the task).
+lease_lost = Signal(name="lease_lost")
+
+#: The execution ended and its lease was released. Extra: ``held`` (float seconds),
+#: ``released`` (bool: False when the store no longer had this token or could not be reached).
+lease_released = Signal(name="lease_released")

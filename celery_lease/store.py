@@ -1,0 +1,312 @@
+"""The lease protocol on Redis: acquire, renew, release, and the start-up store check.
+
+Stored value of a lease key: ``<token>:<fencing token>:<holder JSON>``. The token (32 hex
+characters, unique per execution) is what every conditional operation compares; the rest is
+there for the holder's successors and for operators (``celery lease ls``).
+
+- Acquire is one script, one round trip: a conditional create with its lifetime in the same
+  ``SET ... NX PX`` write, which also issues the fencing token. A conflict returns the
+  holder's value and remaining lifetime in the same reply. Retrying an acquire whose reply was
+  lost finds its own token and is granted again (no phantom lease).
+- Renew sets the lifetime back to the TTL (``PEXPIRE``: sets, never adds) only while the token
+  matches. Release deletes only while the token matches. Both are safe to repeat.
+- The fencing token is ``max(previous + 1, server time in microseconds)``: strictly increasing
+  per key across every grant, even when the counter key was evicted or the server restarted
+  empty (as long as the server clock does not step back further than the counter lifetime).
+- Checks come before writes in every script, and the only write that can be refused under
+  ``maxmemory`` (``SET``) is the first write, so a script never leaves a key without a lifetime.
+  ``PEXPIRE`` and ``DEL`` are not refused under OOM, so renewals and releases keep working.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.retry import Retry
+
+from .keys import fence_key
+
+__all__ = [
+    "AcquireResult",
+    "Holder",
+    "StoreCheck",
+    "acquire",
+    "check_store",
+    "client_for",
+    "parse_value",
+    "release",
+    "renew_many",
+]
+
+TOKEN_LENGTH = 32
+# The fencing counter outlives its lease by an hour: across a longer gap the server clock
+# (microseconds) alone keeps fencing tokens increasing, and per-argument keys do not pile up.
+FENCE_COUNTER_EXTRA_MS = 3600 * 1000
+
+# The token prefix test that every script shares: "<token>:" at the start of the value.
+_HELD = "local cur = redis.call('GET', KEYS[1])\n" \
+        "local mine = cur and string.sub(cur, 1, #ARGV[1] + 1) == ARGV[1] .. ':'\n"
+
+ACQUIRE_LUA = "if redis.replicate_commands then redis.replicate_commands() end\n" + _HELD + """
+if cur then
+  return {mine and 1 or 0, cur, redis.call('PTTL', KEYS[1])}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local fence = (tonumber(redis.call('GET', KEYS[2])) or 0) + 1
+if now > fence then fence = now end
+fence = string.format('%.0f', fence)
+local value = ARGV[1] .. ':' .. fence .. ':' .. ARGV[3]
+redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2])
+redis.call('SET', KEYS[2], fence, 'PX', ARGV[4])
+return {1, value, tonumber(ARGV[2])}
+"""
+
+RENEW_LUA = _HELD + """
+if mine then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if cur then return -1 end
+return 0
+"""
+
+RELEASE_LUA = _HELD + """
+if mine then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"""
+
+
+class _Script:
+    """A Lua script sent by SHA, loaded on ``NOSCRIPT`` (e.g. after a server restart).
+
+    redis-py's own ``Script`` in a pipeline checks ``SCRIPT EXISTS`` before every execute, an
+    extra round trip on the renewal path; this sends ``EVALSHA`` and reloads only on demand.
+    """
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+    def args(self, keys: Sequence[str], argv: Sequence[Any]) -> tuple[Any, ...]:
+        return ("EVALSHA", self.sha, len(keys), *keys, *argv)
+
+    def __call__(self, client: redis.Redis, keys: Sequence[str], argv: Sequence[Any]) -> Any:
+        try:
+            return client.execute_command(*self.args(keys, argv))
+        except NoScriptError:
+            return client.execute_command("EVAL", self.source, len(keys), *keys, *argv)
+
+
+_acquire = _Script(ACQUIRE_LUA)
+_renew = _Script(RENEW_LUA)
+_release = _Script(RELEASE_LUA)
+
+_clients: dict[tuple[str, float], redis.Redis] = {}
+_clients_lock = threading.Lock()
+
+
+def _client_kwargs(timeout: float) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "retry": Retry(NoBackoff(), 0),  # no hidden retry loops (defaults differ 5.x..8.x)
+        "retry_on_timeout": False,
+        "health_check_interval": 0,
+        "socket_keepalive": True,
+    }
+    params = inspect.signature(redis.Redis.__init__).parameters
+    if "maint_notifications_config" in params:  # redis-py 7+: would relax our timeouts
+        from redis.maint_notifications import MaintNotificationsConfig
+
+        kwargs["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+    return kwargs
+
+
+def client_for(url: str, timeout: float) -> redis.Redis:
+    """A process-wide Redis client for ``url`` whose every call times out after ``timeout``.
+
+    Args:
+        url: Redis URL.
+        timeout: float seconds for connect and for each reply.
+
+    Clients are cached per (url, timeout); :func:`reset_clients` drops them in a forked child.
+    """
+    key = (url, timeout)
+    client = _clients.get(key)
+    if client is None:
+        with _clients_lock:
+            client = _clients.get(key)
+            if client is None:
+                client = redis.Redis.from_url(url, **_client_kwargs(timeout))
+                _clients[key] = client
+    return client
+
+
+def reset_clients() -> None:
+    """Forget every cached client (their sockets belong to the parent after a fork)."""
+    _clients.clear()
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lease, parsed from the stored value.
+
+    Attributes:
+        token: the holder's per-execution token (str).
+        fencing_token: int.
+        task_name, task_id, hostname: str (empty when unknown).
+        pid: int (0 when unknown).
+    """
+
+    token: str
+    fencing_token: int
+    task_name: str = ""
+    task_id: str = ""
+    hostname: str = ""
+    pid: int = 0
+
+    @property
+    def where(self) -> str:
+        """``"hostname:pid"``."""
+        return f"{self.hostname}:{self.pid}"
+
+
+def holder_json(task_name: str, task_id: str, hostname: str, pid: int) -> str:
+    """The holder description stored in the lease value."""
+    return json.dumps(
+        {"task": task_name, "id": task_id, "host": hostname, "pid": pid}, separators=(",", ":")
+    )
+
+
+def parse_value(value: bytes | str) -> Holder:
+    """Parse a stored lease value into a :class:`Holder` (tolerates foreign values)."""
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+    token, _, rest = text.partition(":")
+    fence, _, meta = rest.partition(":")
+    try:
+        info = json.loads(meta) if meta else {}
+    except ValueError:
+        info = {}
+    if not isinstance(info, dict):
+        info = {}
+    return Holder(
+        token=token,
+        fencing_token=int(fence) if fence.isdigit() else 0,
+        task_name=str(info.get("task", "")),
+        task_id=str(info.get("id", "")),
+        hostname=str(info.get("host", "")),
+        pid=int(info.get("pid", 0) or 0),
+    )
+
+
+@dataclass(frozen=True)
+class AcquireResult:
+    """What an acquire found.
+
+    Attributes:
+        granted: True when this token holds the lease now.
+        holder: the holder (this token when granted).
+        remaining: the lifetime left on the server, float seconds.
+    """
+
+    granted: bool
+    holder: Holder
+    remaining: float
+
+
+def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str) -> AcquireResult:
+    """Take lease ``key`` for ``token`` with lifetime ``ttl_ms`` (int milliseconds).
+
+    One round trip (two when the server lost its script cache). Safe to repeat with the same
+    token after an ambiguous failure: the repeat is granted with the same fencing token.
+
+    Raises:
+        redis.exceptions.RedisError: connection problems, timeouts, OOM and other store errors.
+    """
+    granted, value, pttl = _acquire(
+        client, (key, fence_key(key)), (token, ttl_ms, holder, ttl_ms + FENCE_COUNTER_EXTRA_MS))
+    return AcquireResult(bool(granted), parse_value(value), max(int(pttl), 0) / 1000)
+
+
+def release(client: redis.Redis, key: str, token: str) -> bool:
+    """Delete lease ``key`` if ``token`` still holds it. Returns True when it was deleted.
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    return bool(_release(client, (key,), (token,)))
+
+
+def renew_many(
+    client: redis.Redis, leases: Sequence[tuple[str, str, int]]
+) -> list[int | RedisError]:
+    """Renew many leases in one round trip (a pipeline of conditional renewals).
+
+    Args:
+        leases: ``(key, token, ttl_ms)`` triples.
+
+    Returns:
+        One entry per lease: ``1`` renewed, ``0`` key absent, ``-1`` held by another token, or
+        the :class:`RedisError` that lease's command got.
+
+    Raises:
+        redis.exceptions.RedisError: the round trip itself failed (connection, timeout).
+    """
+    def send() -> list[Any]:
+        pipe = client.pipeline(transaction=False)
+        for key, token, ttl_ms in leases:
+            pipe.execute_command(*_renew.args((key,), (token, ttl_ms)))
+        return pipe.execute(raise_on_error=False)
+
+    replies = send()
+    if any(isinstance(r, NoScriptError) for r in replies):
+        client.script_load(RENEW_LUA)  # the server restarted or flushed its scripts
+        replies = send()
+    return [r if isinstance(r, RedisError) else int(r) for r in replies]
+
+
+@dataclass(frozen=True)
+class StoreCheck:
+    """The result of :func:`check_store`.
+
+    Attributes:
+        version: the Redis server version (str).
+        eviction_policy: ``maxmemory-policy`` (str; ``"unknown"`` when CONFIG is disabled).
+        safe: True when the policy cannot evict a live lease (``noeviction``).
+    """
+
+    version: str
+    eviction_policy: str
+
+    @property
+    def safe(self) -> bool:
+        return self.eviction_policy == "noeviction"
+
+
+def check_store(client: redis.Redis) -> StoreCheck:
+    """Ping the store and read its version and eviction policy.
+
+    Raises:
+        redis.exceptions.RedisError: the store is unreachable.
+    """
+    info = client.info("server")
+    try:
+        policy = client.config_get("maxmemory-policy").get("maxmemory-policy", "unknown")
+    except ResponseError:  # CONFIG renamed or disabled (managed Redis)
+        policy = client.info("memory").get("maxmemory_policy", "unknown")
+    if isinstance(policy, bytes):
+        policy = policy.decode()
+    return StoreCheck(version=str(info.get("redis_version", "?")), eviction_policy=str(policy))

@@ -1,0 +1,297 @@
+"""``LeasedTask``: a Celery task base class whose executions are singletons.
+
+The lease is taken when an execution starts, before the body runs (not at publish), so it
+protects ``send_task``, beat, redelivery and producers in other languages alike. It is renewed
+by the process's heartbeat while the body runs, released however the execution ends, and its
+loss is raised inside the body as :class:`~celery_lease.errors.LeaseLost`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+from typing import Any, ClassVar, NoReturn
+
+from celery import Task, states
+from celery.exceptions import Ignore
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from . import clock, interrupt, signals, store
+from .config import (
+    TASK_OPTIONS,
+    LeaseOptions,
+    resolve_backend,
+    resolve_options,
+    resolve_signal,
+    validate_lease_key,
+)
+from .errors import LeaseConflict, LeaseLost, LeaseStoreUnavailable
+from .heartbeat import heartbeat
+from .keys import KeySpec, build_key
+from .lease import Lease, _current
+
+__all__ = ["SKIPPED_MARKER", "LeasedTask", "is_skipped"]
+
+logger = logging.getLogger("celery_lease")
+
+#: Message header naming the token of the execution that published this message, when that
+#: execution held the same key (a retry or a self-requeue): it runs after that holder ends.
+SUCCESSOR_HEADER = "lease_successor_of"
+
+#: The key in the result stored for a duplicate skipped by ``lease_on_conflict="skip"``.
+SKIPPED_MARKER = "lease_skipped"
+
+
+def is_skipped(result: Any) -> bool:
+    """True when ``result`` (an ``AsyncResult.get()`` value) is a skipped duplicate's marker."""
+    return isinstance(result, Mapping) and result.get(SKIPPED_MARKER) is True
+
+
+def _run_signature(task_cls: type) -> inspect.Signature:
+    """The task's real signature without ``self``, through any ``functools.wraps`` wrapper."""
+    run = inspect.getattr_static(task_cls, "run")
+    if isinstance(run, staticmethod):
+        return inspect.signature(run.__func__)
+    sig = inspect.signature(run)
+    params = list(sig.parameters.values())[1:]  # a plain function in the class: drop `self`
+    return sig.replace(parameters=params)
+
+
+class LeasedTask(Task):  # type: ignore[misc]
+    """Base class for tasks whose executions must not overlap: ``@app.task(base=LeasedTask)``.
+
+    Task options (each overrides the Celery setting of the same name; durations are float
+    seconds): ``lease_ttl``, ``lease_renew_interval``, ``lease_store_timeout``,
+    ``lease_key_prefix``, ``lease_on_conflict`` (``"skip"``, ``"retry"``, ``"fail"``),
+    ``lease_on_store_error`` (``"retry"``, ``"fail"``), ``lease_backend``, and ``lease_key``:
+
+    - ``None`` (default): every argument identifies the job;
+    - a sequence of parameter names: only those (an empty one: one lease per task name);
+    - a callable taking the call's arguments and returning a str: a custom key, which lets
+      several tasks share one lease.
+
+    Inside a running execution ``self.lease`` is its :class:`~celery_lease.lease.Lease`.
+    Calling the task function directly takes no lease; ``apply()`` and eager mode do.
+
+    Raises (at registration): :class:`~celery_lease.errors.LeaseConfigError` for an invalid
+    option, naming it and the fix.
+    """
+
+    abstract = True  # keeps Celery < 5 from registering the base class itself
+
+    lease_ttl: float | None = None
+    lease_renew_interval: float | None = None
+    lease_store_timeout: float | None = None
+    lease_key_prefix: str | None = None
+    lease_on_conflict: str | None = None
+    lease_on_store_error: str | None = None
+    lease_backend: str | None = None
+    lease_key: KeySpec = None
+
+    _lease_signature: ClassVar[inspect.Signature | None] = None
+    _lease_resolved: ClassVar[tuple[int, LeaseOptions, str, int] | None] = None
+
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        """Validate the lease options when the task is registered (the earliest moment)."""
+        super().on_bound(app)
+        if cls.__dict__.get("abstract") or not getattr(cls, "name", None):
+            return
+        where = f"task {cls.name}"
+        resolve_options(app.conf, cls._lease_task_options(), where)
+        cls._lease_signature = _run_signature(cls)
+        sig = cls._lease_signature
+        validate_lease_key(cls.lease_key, lambda: list(sig.parameters), where)
+        from .worker import install
+
+        install(app)
+
+    @classmethod
+    def _lease_task_options(cls) -> dict[str, Any]:
+        return {name: getattr(cls, name, None) for name in TASK_OPTIONS}
+
+    def lease_settings(self) -> tuple[LeaseOptions, str, int]:
+        """The effective options, the store URL and the signal number, resolved once per process.
+
+        Raises:
+            LeaseConfigError: a setting is invalid or no Redis URL is configured.
+        """
+        resolved = type(self)._lease_resolved
+        if resolved is None or resolved[0] != os.getpid():
+            where = f"task {self.name}"
+            options = resolve_options(self.app.conf, self._lease_task_options(), where)
+            url = resolve_backend(options, self.app.conf, where)
+            signum = resolve_signal(self.app.conf.get("lease_signal") or "SIGUSR2")
+            resolved = (os.getpid(), options, url, signum)
+            type(self)._lease_resolved = resolved
+        return resolved[1], resolved[2], resolved[3]
+
+    def lease_key_for(self, args: Any = (), kwargs: Mapping[str, Any] | None = None) -> str:
+        """The lease key a call with ``args`` and ``kwargs`` takes.
+
+        Raises:
+            LeaseKeyError: an argument cannot be encoded stably, or the arguments do not fit.
+        """
+        options, _, _ = self.lease_settings()
+        sig = type(self)._lease_signature or _run_signature(type(self))
+        return build_key(
+            options.key_prefix, self.name, sig, self.lease_key, tuple(args or ()), kwargs or {})
+
+    @property
+    def lease(self) -> Lease | None:
+        """The current execution's lease (``None`` outside a leased execution)."""
+        return _current.get()
+
+    # -- publishing: mark a message published by the holder of the same key ---------------------
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        holding = _current.get()
+        if holding is not None and not holding.lost:
+            try:
+                same_key = self.lease_key_for(args or (), kwargs or {}) == holding.key
+            except Exception:  # a bad call fails at execution, with the real error
+                same_key = False
+            if same_key:
+                options["headers"] = {
+                    **(options.get("headers") or {}), SUCCESSOR_HEADER: holding.token}
+        return super().apply_async(args, kwargs, **options)
+
+    # -- execution ---------------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if request.called_directly:  # a plain function call takes no lease
+            return super().__call__(*args, **kwargs)
+        lease = self._acquire(request, args, kwargs)
+        if not isinstance(lease, Lease):
+            return lease  # eager mode: a skipped duplicate's marker
+        reset = _current.set(lease)
+        try:
+            return self.run(*args, **kwargs)
+        except LeaseLost as exc:
+            # Store the public class, not the per-execution carrier of the threads pool.
+            raise LeaseLost(*exc.args).with_traceback(exc.__traceback__) from None
+        finally:
+            lease.target.finish()
+            _current.reset(reset)
+            self._release(lease)
+
+    def _acquire(
+        self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Lease | dict[str, Any]:
+        options, url, signum = self.lease_settings()
+        key = self.lease_key_for(args, kwargs)
+        token = uuid.uuid4().hex
+        client = store.client_for(url, options.store_timeout)
+        task_id = request.id or ""
+        holder = store.holder_json(
+            self.name, task_id, request.hostname or socket.gethostname(), os.getpid())
+        target = interrupt.for_current_context(signum)
+        sent_at = clock.now()
+        try:
+            try:
+                found = store.acquire(client, key, token, options.ttl_ms, holder)
+            except (RedisConnectionError, RedisTimeoutError):
+                # The reply may have been lost after the script ran: ask again with the same
+                # token, which the script recognises as ours (no phantom lease).
+                sent_at = clock.now()
+                found = store.acquire(client, key, token, options.ttl_ms, holder)
+        except RedisError as exc:
+            target.finish()
+            self._store_error(options, key, exc)
+        if not found.granted:
+            target.finish()
+            return self._conflict(request, options, key, found)
+        lease = Lease(
+            key=key, token=token, fencing_token=found.holder.fencing_token, task_name=self.name,
+            task_id=task_id, options=options, client=client, target=target, sent_at=sent_at)
+        heartbeat(signum).add(lease)
+        signals.lease_acquired.send(
+            sender=self, key=key, token=token, fencing_token=lease.fencing_token,
+            task_id=task_id, ttl=options.ttl)
+        return lease
+
+    def _release(self, lease: Lease) -> None:
+        heartbeat().remove(lease)  # unregistered before the release is sent
+        released = False
+        if lease.pid == os.getpid():  # never in a forked child
+            try:
+                released = store.release(lease.client, lease.key, lease.token)
+            except RedisError as exc:
+                logger.warning(
+                    "lease release failed (it expires within %.3fs): key=%s error=%r",
+                    lease.ttl, lease.key, exc)
+        error = lease.loss
+        if error is not None:
+            self._event("task-lease-lost", lease_key=lease.key, lease_cause=error.cause,
+                        fencing_token=lease.fencing_token, lease_late=error.late)
+        signals.lease_released.send(
+            sender=self, key=lease.key, token=lease.token, fencing_token=lease.fencing_token,
+            task_id=lease.task_id, held=clock.now() - lease.acquired_at, released=released)
+
+    def _store_error(self, options: LeaseOptions, key: str, exc: RedisError) -> NoReturn:
+        error = LeaseStoreUnavailable(key, "acquire", repr(exc))
+        logger.error("lease store unavailable, task %s[%s] not run (lease_on_store_error=%s): %s",
+                     self.name, self.request.id, options.on_store_error, error)
+        if options.on_store_error == "retry" and not self.request.is_eager:
+            raise self.retry(exc=error, countdown=options.renew_interval)
+        raise error
+
+    def _conflict(self, request: Any, options: LeaseOptions, key: str,
+                  found: store.AcquireResult) -> dict[str, Any]:
+        holder = found.holder
+        conflict = LeaseConflict(key, holder.task_id, holder.where, found.remaining)
+        headers = request.headers or {}
+        if holder.task_id and holder.task_id == request.id:
+            policy = "redelivered"  # same message again while it runs: not ours, not stored
+        elif holder.token and headers.get(SUCCESSOR_HEADER) == holder.token:
+            policy = "successor"  # published by the holder itself: run once it has ended
+        else:
+            policy = options.on_conflict
+        logger.info("lease conflict (%s): task %s[%s] not run: %s",
+                    policy, self.name, request.id, conflict)
+        signals.lease_conflict.send(
+            sender=self, key=key, task_id=request.id, holder_task_id=holder.task_id,
+            holder=holder.where, remaining=found.remaining, policy=policy,
+            fencing_token=holder.fencing_token, token=holder.token)
+        if policy == "redelivered":
+            raise Ignore()
+        if policy == "successor":
+            if request.is_eager:
+                raise conflict
+            self.signature_from_request(
+                request, countdown=max(0.05, min(found.remaining, options.renew_interval / 2)),
+                retries=request.retries,
+            ).apply_async()
+            raise Ignore()
+        if policy == "retry":
+            raise self.retry(exc=conflict, countdown=max(found.remaining, 0.05))
+        if policy == "fail":
+            raise conflict
+        # skip: store a marker result so AsyncResult.get() returns instead of hanging
+        self._event("task-lease-skipped", lease_key=key, lease_holder=holder.where,
+                    lease_holder_task_id=holder.task_id, lease_remaining=found.remaining)
+        marker = {SKIPPED_MARKER: True, "key": key, "holder_task_id": holder.task_id,
+                  "holder": holder.where}
+        if request.is_eager:
+            return marker  # returned as the result: no worker, no stored state to set
+        try:
+            self.backend.mark_as_done(request.id, marker, request=request, state=states.SUCCESS)
+        except Exception:
+            logger.exception("could not store the skipped marker of %s", request.id)
+        raise Ignore()
+
+    def _event(self, type_: str, **fields: Any) -> None:
+        """Send a task event (Flower shows ``task-lease-*`` as the task's state); never raises."""
+        if self.request.is_eager:
+            return
+        try:
+            self.send_event(type_, retry=False, **fields)
+        except Exception as exc:
+            logger.debug("could not send %s: %r", type_, exc)

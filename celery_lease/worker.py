@@ -1,0 +1,96 @@
+"""Worker start-up: check the lease store once, in the worker's main process.
+
+Added to ``app.steps['worker']`` when the first :class:`~celery_lease.LeasedTask` is
+registered. It runs while the worker is being built, so a configuration error stops the
+worker before it consumes a single message:
+
+- every leased task's settings are valid and a Redis URL is known (else the worker refuses
+  to start with a message naming ``lease_backend``);
+- ``lease_signal`` names a usable signal;
+- each store answers, and its ``maxmemory-policy`` is ``noeviction``. Any other policy can
+  evict a live lease (the holder is told nothing), so the worker logs a loud warning naming the
+  setting and the fix, and refuses to start when ``lease_require_noeviction`` is true.
+
+An unreachable store is logged, not fatal: tasks then follow ``lease_on_store_error``, which
+beats a worker that crash-loops while Redis restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import bootsteps
+from redis.exceptions import RedisError
+
+from . import store
+from .config import resolve_backend, resolve_options, resolve_signal
+from .errors import LeaseConfigError
+
+__all__ = ["LeaseStoreCheck", "check_app", "install"]
+
+logger = logging.getLogger("celery_lease")
+
+
+def check_app(app: Any) -> list[store.StoreCheck]:
+    """Validate the lease settings of every leased task of ``app`` and check each store.
+
+    Returns the checks of the stores that answered.
+
+    Raises:
+        LeaseConfigError: a setting is invalid, no Redis URL is known, or the eviction policy
+            is unsafe while ``lease_require_noeviction`` is set.
+    """
+    from .task import LeasedTask
+
+    resolve_signal(app.conf.get("lease_signal") or "SIGUSR2")
+    stores: dict[str, float] = {}
+    for task in list(app.tasks.values()):
+        if isinstance(task, LeasedTask):
+            where = f"task {task.name}"
+            options = resolve_options(app.conf, task._lease_task_options(), where)
+            url = resolve_backend(options, app.conf, where)
+            stores[url] = min(stores.get(url, options.store_timeout), options.store_timeout)
+    checks = []
+    for url, timeout in stores.items():
+        try:
+            check = store.check_store(store.client_for(url, max(timeout, 1.0)))
+        except RedisError as exc:
+            logger.error("lease store %s is unreachable at worker start: %r; leased tasks "
+                         "follow lease_on_store_error until it answers", _safe(url), exc)
+            continue
+        checks.append(check)
+        if not check.safe:
+            message = (
+                f"lease store {_safe(url)} runs with maxmemory-policy={check.eviction_policy}: "
+                f"Redis may evict a live lease and let a second execution start while the first "
+                f"still runs. Fix: CONFIG SET maxmemory-policy noeviction (and in redis.conf), "
+                f"or use a dedicated Redis for lease_backend"
+            )
+            if app.conf.get("lease_require_noeviction"):
+                raise LeaseConfigError(message + " (refusing to start: lease_require_noeviction)")
+            logger.warning("!" * 20 + " " + message)
+    return checks
+
+
+def _safe(url: str) -> str:
+    """``url`` without its password, for logs."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.split("@", 1)[1]
+    return scheme + sep + rest
+
+
+class LeaseStoreCheck(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Worker bootstep running :func:`check_app` while the worker is built."""
+
+    label = "Lease store check"
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        check_app(parent.app)
+
+
+def install(app: Any) -> None:
+    """Register :class:`LeaseStoreCheck` with ``app``'s worker (idempotent)."""
+    app.steps["worker"].add(LeaseStoreCheck)
