@@ -126,7 +126,7 @@ class LeaseConflict(LeaseError):
         )
 
 
-class LeaseLost(SoftTimeLimitExceeded):
+class LeaseLost(SoftTimeLimitExceeded):  # type: ignore[misc]
     """The running execution no longer holds its lease; raised inside the task body.
 
     It subclasses :class:`celery.exceptions.SoftTimeLimitExceeded`, so cleanup written for soft

@@ -199,7 +199,7 @@ def for_current_context(signum: int) -> Target:
     Args:
         signum: the ``lease_signal`` number used on the main thread.
     """
-    env = detect_environment()
+    env = detect_environment()  # type: ignore[no-untyped-call]
     if env == "gevent":
         return _GeventTarget()
     if env == "eventlet":

@@ -105,9 +105,10 @@ class _Script:
 
     def __call__(self, client: redis.Redis, keys: Sequence[str], argv: Sequence[Any]) -> Any:
         try:
-            return client.execute_command(*self.args(keys, argv))
+            return client.execute_command(*self.args(keys, argv))  # type: ignore[no-untyped-call]
         except NoScriptError:
-            return client.execute_command("EVAL", self.source, len(keys), *keys, *argv)
+            return client.execute_command(  # type: ignore[no-untyped-call]
+                "EVAL", self.source, len(keys), *keys, *argv)
 
 
 _acquire = _Script(ACQUIRE_LUA)
@@ -268,7 +269,7 @@ def renew_many(
     def send() -> list[Any]:
         pipe = client.pipeline(transaction=False)
         for key, token, ttl_ms in leases:
-            pipe.execute_command(*_renew.args((key,), (token, ttl_ms)))
+            pipe.execute_command(*_renew.args((key,), (token, ttl_ms)))  # type: ignore[no-untyped-call]
         return pipe.execute(raise_on_error=False)
 
     replies = send()

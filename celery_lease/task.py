@@ -107,10 +107,16 @@ class LeasedTask(Task):  # type: ignore[misc]
         resolve_options(app.conf, cls._lease_task_options(), where)
         cls._lease_signature = _run_signature(cls)
         sig = cls._lease_signature
-        validate_lease_key(cls.lease_key, lambda: list(sig.parameters), where)
+        validate_lease_key(cls._lease_key_spec(), lambda: list(sig.parameters), where)
         from .worker import install
 
         install(app)
+
+    @classmethod
+    def _lease_key_spec(cls) -> KeySpec:
+        # A function given as a task option is a class attribute: read it unbound.
+        spec = inspect.getattr_static(cls, "lease_key")
+        return spec.__func__ if isinstance(spec, (staticmethod, classmethod)) else spec
 
     @classmethod
     def _lease_task_options(cls) -> dict[str, Any]:
@@ -141,7 +147,8 @@ class LeasedTask(Task):  # type: ignore[misc]
         options, _, _ = self.lease_settings()
         sig = type(self)._lease_signature or _run_signature(type(self))
         return build_key(
-            options.key_prefix, self.name, sig, self.lease_key, tuple(args or ()), kwargs or {})
+            options.key_prefix, self.name, sig, self._lease_key_spec(), tuple(args or ()),
+            kwargs or {})
 
     @property
     def lease(self) -> Lease | None:

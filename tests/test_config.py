@@ -1,0 +1,127 @@
+"""Settings validation: bad input fails at task registration, naming the option (C26)."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+from celery import Celery
+
+from celery_lease import LeasedTask, LeaseConfigError
+from celery_lease.config import resolve_backend, resolve_options, resolve_signal
+
+
+def make_app(**conf: object) -> Celery:
+    app = Celery("cfg", broker="memory://", set_as_current=False)
+    app.conf.update(lease_backend="redis://127.0.0.1:1/0", **conf)
+    app.finalize()
+    return app
+
+
+def register(app: Celery, **options: object) -> LeasedTask:
+    @app.task(base=LeasedTask, shared=False, **options)  # type: ignore[misc]
+    def job(a: int, b: int = 2) -> int:
+        return a + b
+
+    return job  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("lease_ttl", 0),
+        ("lease_ttl", -1.0),
+        ("lease_ttl", math.nan),
+        ("lease_ttl", math.inf),
+        ("lease_ttl", "30"),
+        ("lease_ttl", True),
+        ("lease_ttl", 0.0001),
+        ("lease_renew_interval", 0),
+        ("lease_renew_interval", math.nan),
+    ],
+)
+def test_c26_invalid_durations_fail_at_registration(option: str, value: object) -> None:
+    with pytest.raises(LeaseConfigError, match=option):
+        register(make_app(), **{option: value})
+
+
+def test_c26_interval_above_half_ttl_is_refused_with_the_fix() -> None:
+    with pytest.raises(LeaseConfigError, match="lease_renew_interval=6.0.*above half") as info:
+        register(make_app(), lease_ttl=10.0, lease_renew_interval=6.0)
+    assert "lease_ttl / 3" in str(info.value)
+
+
+def test_c26_interval_above_a_third_is_warned(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="celery_lease"):
+        register(make_app(), lease_ttl=10.0, lease_renew_interval=4.0)
+    assert "above a third of lease_ttl" in caplog.text
+
+
+def test_c26_store_timeout_not_shorter_than_interval_is_refused() -> None:
+    with pytest.raises(LeaseConfigError, match="lease_store_timeout=3.0.*shorter than"):
+        register(make_app(), lease_ttl=9.0, lease_store_timeout=3.0)
+
+
+def test_c26_app_setting_is_validated_too() -> None:
+    with pytest.raises(LeaseConfigError, match="lease_ttl=-5"):
+        register(make_app(lease_ttl=-5))
+
+
+def test_c26_fractional_seconds_are_exact() -> None:
+    options = resolve_options({}, {"lease_ttl": 1.9}, "t")
+    assert options.ttl_ms == 1900
+    assert resolve_options({}, {"lease_ttl": 0.0015}, "t").ttl_ms == 2
+    assert options.renew_interval == pytest.approx(1.9 / 3)
+    assert options.store_timeout == pytest.approx(1.9 / 6)
+
+
+def test_defaults() -> None:
+    options = resolve_options({}, {}, "t")
+    assert (options.ttl, options.renew_interval, options.store_timeout) == (30.0, 10.0, 2.0)
+    assert (options.on_conflict, options.on_store_error, options.key_prefix) == (
+        "skip", "retry", "lease")
+
+
+def test_task_option_overrides_app_setting() -> None:
+    task = register(make_app(lease_ttl=60.0), lease_ttl=6.0)
+    options, _, _ = task.lease_settings()
+    assert options.ttl == 6.0
+    assert options.renew_interval == 2.0
+
+
+def test_unknown_on_conflict_fails_at_registration() -> None:
+    with pytest.raises(LeaseConfigError, match="lease_on_conflict='queue'.*'skip'"):
+        register(make_app(), lease_on_conflict="queue")
+
+
+def test_lease_key_naming_a_missing_parameter_fails_at_registration() -> None:
+    with pytest.raises(LeaseConfigError, match="names 'c'.*not a parameter"):
+        register(make_app(), lease_key=("c",))
+
+
+def test_lease_key_given_as_a_bare_string_fails_with_the_fix() -> None:
+    with pytest.raises(LeaseConfigError, match=r"lease_key=\('a',\)"):
+        register(make_app(), lease_key="a")
+
+
+def test_prefix_with_braces_is_refused() -> None:
+    with pytest.raises(LeaseConfigError, match="hash tag"):
+        register(make_app(), lease_key_prefix="a{b}")
+
+
+def test_backend_falls_back_to_redis_broker_and_names_the_setting_otherwise() -> None:
+    options = resolve_options({}, {}, "t")
+    assert resolve_backend(options, {"broker_url": "redis://h:1/0"}, "t") == "redis://h:1/0"
+    with pytest.raises(LeaseConfigError, match="lease_backend is not set"):
+        resolve_backend(options, {"broker_url": "amqp://guest@localhost//"}, "t")
+
+
+def test_signal_validation() -> None:
+    import signal
+
+    assert resolve_signal("SIGUSR2") == signal.SIGUSR2
+    with pytest.raises(LeaseConfigError, match="billiard"):
+        resolve_signal("SIGUSR1")
+    with pytest.raises(LeaseConfigError, match="not a signal"):
+        resolve_signal("SIGNOPE")

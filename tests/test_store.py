@@ -1,0 +1,170 @@
+"""The lease protocol against a real Redis: acquire, renew, release, fencing, OOM, Cluster."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+from redis.exceptions import ResponseError
+
+from celery_lease import store
+from celery_lease.keys import fence_key
+from tests.support.fixtures import RedisFactory
+
+HOLDER = store.holder_json("t.job", "task-1", "host", 42)
+
+
+def token() -> str:
+    return uuid.uuid4().hex
+
+
+@pytest.fixture
+def client(redis_url: str) -> redis.Redis:
+    return store.client_for(redis_url, 1.0)
+
+
+def test_acquire_sets_value_and_lifetime_in_one_write(client: redis.Redis) -> None:
+    t = token()
+    got = store.acquire(client, "lease:{a}", t, 1900, HOLDER)
+    assert got.granted and got.holder.token == t
+    assert 1800 < client.pttl("lease:{a}") <= 1900
+    assert got.holder.task_id == "task-1" and got.holder.where == "host:42"
+
+
+def test_conflict_returns_holder_and_remaining_lifetime(client: redis.Redis) -> None:
+    first = store.acquire(client, "lease:{a}", token(), 5000, HOLDER)
+    second = store.acquire(client, "lease:{a}", token(), 5000, store.holder_json("t", "x", "h", 1))
+    assert not second.granted
+    assert second.holder.token == first.holder.token
+    assert second.holder.task_id == "task-1"
+    assert 4.0 < second.remaining <= 5.0
+
+
+def test_repeated_acquire_with_the_same_token_is_ours_not_a_phantom(client: redis.Redis) -> None:
+    t = token()
+    first = store.acquire(client, "lease:{a}", t, 5000, HOLDER)
+    again = store.acquire(client, "lease:{a}", t, 5000, HOLDER)  # reply lost, asked again
+    assert again.granted and again.holder.fencing_token == first.holder.fencing_token
+
+
+def test_fencing_tokens_strictly_increase_across_grants(client: redis.Redis) -> None:
+    seen = []
+    for _ in range(5):
+        t = token()
+        seen.append(store.acquire(client, "lease:{f}", t, 5000, HOLDER).holder.fencing_token)
+        assert store.release(client, "lease:{f}", t)
+    client.delete(fence_key("lease:{f}"))  # counter evicted or lost
+    seen.append(store.acquire(client, "lease:{f}", token(), 5000, HOLDER).holder.fencing_token)
+    assert seen == sorted(seen) and len(set(seen)) == len(seen)
+
+
+def test_fencing_counter_has_a_lifetime(client: redis.Redis) -> None:
+    store.acquire(client, "lease:{f}", token(), 5000, HOLDER)
+    assert client.pttl(fence_key("lease:{f}")) > 3600 * 1000
+
+
+def test_c18_renewal_sets_never_adds(client: redis.Redis) -> None:
+    t = token()
+    store.acquire(client, "lease:{r}", t, 1000, HOLDER)
+    for _ in range(30):
+        assert store.renew_many(client, [("lease:{r}", t, 1000)]) == [1]
+    assert 0 < client.pttl("lease:{r}") <= 1000
+
+
+def test_c17_no_blind_renewal_of_a_successor(client: redis.Redis) -> None:
+    a, b = token(), token()
+    store.acquire(client, "lease:{s}", a, 1000, HOLDER)
+    client.delete("lease:{s}")  # A's lease lapsed
+    store.acquire(client, "lease:{s}", b, 800, HOLDER)
+    assert store.renew_many(client, [("lease:{s}", a, 60_000)]) == [-1]
+    assert client.pttl("lease:{s}") <= 800
+    assert store.renew_many(client, [("lease:{gone}", a, 1000)]) == [0]
+
+
+def test_c09_release_of_the_old_holder_leaves_the_successor(client: redis.Redis) -> None:
+    a, b = token(), token()
+    store.acquire(client, "lease:{s}", a, 1000, HOLDER)
+    client.delete("lease:{s}")
+    store.acquire(client, "lease:{s}", b, 5000, HOLDER)
+    assert store.release(client, "lease:{s}", a) is False
+    assert store.parse_value(client.get("lease:{s}") or b"").token == b
+    assert not store.acquire(client, "lease:{s}", token(), 5000, HOLDER).granted
+    assert store.release(client, "lease:{s}", b) is True
+    assert store.release(client, "lease:{s}", b) is False  # safe to repeat
+
+
+def test_renew_many_is_one_round_trip_for_many_leases(client: redis.Redis) -> None:
+    leases = [(f"lease:{{m{i}}}", token(), 5000) for i in range(200)]
+    for key, t, ttl in leases:
+        store.acquire(client, key, t, ttl, HOLDER)
+    before = int(client.info("stats")["total_connections_received"])
+    calls_before = _calls(client, "evalsha")
+    assert store.renew_many(client, leases) == [1] * 200
+    assert _calls(client, "evalsha") - calls_before == 200
+    assert int(client.info("stats")["total_connections_received"]) == before
+
+
+def _calls(client: redis.Redis, command: str) -> int:
+    stats = client.info("commandstats").get(f"cmdstat_{command}", {})
+    return int(stats.get("calls", 0))
+
+
+def test_c28_scripts_reload_after_a_restart(throwaway_redis: RedisFactory) -> None:
+    server = throwaway_redis()
+    client = store.client_for(server.url(), 1.0)
+    t = token()
+    store.acquire(client, "lease:{x}", t, 5000, HOLDER)
+    server.restart()  # empty, script cache flushed
+    client.connection_pool.disconnect()
+    assert store.renew_many(client, [("lease:{x}", t, 5000)]) == [0]  # refused: key is gone
+    assert store.acquire(client, "lease:{x}", token(), 5000, HOLDER).granted
+
+
+def test_oom_refuses_acquire_without_leaving_a_key_and_renewal_still_works(
+    throwaway_redis: RedisFactory,
+) -> None:
+    server = throwaway_redis({"maxmemory": "2mb", "maxmemory-policy": "noeviction"})
+    client = store.client_for(server.url(), 1.0)
+    held = token()
+    store.acquire(client, "lease:{held}", held, 60_000, HOLDER)
+    filler = server.client()
+    with pytest.raises(ResponseError):
+        for i in range(10_000):
+            filler.set(f"fill:{i}", "x" * 1024)
+    with pytest.raises(ResponseError, match="OOM"):
+        store.acquire(client, "lease:{new}", token(), 5000, HOLDER)
+    assert client.exists("lease:{new}", fence_key("lease:{new}")) == 0
+    assert store.renew_many(client, [("lease:{held}", held, 60_000)]) == [1]
+    assert store.release(client, "lease:{held}", held)
+    # No key a lease script wrote is left without a lifetime.
+    for key in client.scan_iter("lease:*"):
+        assert client.pttl(key) > 0
+
+
+def test_c24_store_check_reports_the_eviction_policy(throwaway_redis: RedisFactory) -> None:
+    safe = store.check_store(store.client_for(throwaway_redis().url(), 1.0))
+    assert safe.safe and safe.eviction_policy == "noeviction"
+    lru = throwaway_redis({"maxmemory-policy": "allkeys-lru"})
+    check = store.check_store(store.client_for(lru.url(), 1.0))
+    assert not check.safe and check.eviction_policy == "allkeys-lru"
+
+
+def test_c27_every_key_of_a_lease_shares_one_cluster_slot(throwaway_redis: RedisFactory) -> None:
+    from redis.cluster import RedisCluster
+
+    server = throwaway_redis({"cluster-enabled": "yes", "cluster-config-file": "nodes.conf"})
+    server.client().execute_command("CLUSTER", "ADDSLOTS", *range(16384))
+    from tests.support.waiting import wait_for
+
+    wait_for(lambda: b"cluster_state:ok" in server.client().execute_command("CLUSTER", "INFO"),
+             10, message="cluster did not come up")
+    cluster = RedisCluster(host="127.0.0.1", port=server.port, socket_timeout=2)
+    key = "lease:{proj.tasks.sync:0123abcd}"
+    t = token()
+    got = store.acquire(cluster, key, t, 5000, HOLDER)  # type: ignore[arg-type]
+    assert got.granted
+    assert store.renew_many(cluster, [(key, t, 5000)]) == [1]  # type: ignore[arg-type]
+    assert store.release(cluster, key, t)  # type: ignore[arg-type]
+    with pytest.raises(ResponseError, match="CROSSSLOT"):  # the server does check
+        server.client().eval("return 1", 2, "{a}x", "{b}y")
