@@ -1,0 +1,1 @@
+"""Tiny Celery apps that real worker subprocesses load in tests."""

@@ -1,0 +1,161 @@
+"""The Celery app the worker fault tests run: leased tasks that report what happens to them.
+
+Configured from the environment: ``TEST_BROKER_URL`` (broker, result backend, and the
+``journal`` list every task appends to), ``TEST_QUEUE``, ``LEASE_BACKEND`` (the lease store,
+often a throwaway server the test pauses or restarts) and ``LEASE_TTL`` (float seconds).
+
+Every task appends JSON events to the Redis list ``journal`` on the broker's server (which
+the tests never pause): ``start``, ``step``, ``lost`` (with the cause, the local deadline and
+the clock at delivery), ``end``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.exceptions import SoftTimeLimitExceeded
+
+from celery_lease import LeasedTask, LeaseLost, clock, current_lease, signals
+
+BROKER = os.environ.get("TEST_BROKER_URL", "redis://127.0.0.1:1/0")
+TTL = float(os.environ.get("LEASE_TTL", "1.5"))
+
+app = Celery("lease_app", broker=BROKER, backend=BROKER)
+app.conf.update(
+    task_default_queue=os.environ.get("TEST_QUEUE", "celery"),
+    lease_backend=os.environ.get("LEASE_BACKEND", BROKER),
+    lease_ttl=TTL,
+    lease_on_store_error=os.environ.get("LEASE_ON_STORE_ERROR", "retry"),
+    lease_require_noeviction=os.environ.get("LEASE_REQUIRE_NOEVICTION") == "1",
+    broker_connection_retry_on_startup=True,
+    worker_prefetch_multiplier=1,
+    result_expires=600,
+)
+
+_journal = redis.Redis.from_url(BROKER)
+
+
+def record(event: str, tag: str, **fields: Any) -> None:
+    """Append one event to the journal (wall time, boot clock, pid, lease details)."""
+    lease = current_lease()
+    entry = {"event": event, "tag": tag, "t": time.time(), "clock": clock.now(),
+             "pid": os.getpid(), **fields}
+    if lease is not None:
+        entry.update(key=lease.key, fence=lease.fencing_token, token=lease.token,
+                     deadline=lease.deadline)
+    _journal.rpush("journal", json.dumps(entry))
+
+
+@app.task(bind=True, base=LeasedTask, name="hold", lease_key=("tag",))
+def hold(self: Any, tag: str, seconds: float = 30.0, mode: str = "sleep") -> str:
+    """Hold the lease for ``seconds``: one long ``sleep``, short ``chunks``, or a ``busy`` loop.
+
+    ``chunks`` and ``busy`` call ``lease.check()`` before each step, as a task that makes
+    outside effects should.
+    """
+    record("start", tag)
+    try:
+        if mode == "sleep":
+            time.sleep(seconds)
+            record("step", tag)
+        else:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                if mode == "chunks":
+                    time.sleep(0.02)
+                self.lease.check()
+                record("step", tag) if mode == "chunks" else None
+    except LeaseLost as exc:
+        record("lost", tag, cause=exc.cause, late=exc.late, at=clock.now(),
+               is_soft_limit=isinstance(exc, SoftTimeLimitExceeded))
+        raise
+    record("end", tag)
+    return tag
+
+
+@app.task(bind=True, base=LeasedTask, name="green_cpu", lease_key=("tag",))
+def green_cpu(self: Any, tag: str, seconds: float) -> str:
+    """Spin without yielding (starves a green heartbeat), then look at the lease (C30)."""
+    record("start", tag)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+    try:
+        self.lease.check()
+    except LeaseLost as exc:
+        record("lost", tag, cause=exc.cause, at=clock.now())
+        raise
+    record("end", tag)
+    return tag
+
+
+@app.task(bind=True, base=LeasedTask, name="retry_once", lease_key=("tag",))
+def retry_once(self: Any, tag: str) -> str:
+    """Retry itself once with ``countdown=0`` (C01)."""
+    record("start", tag, retries=self.request.retries)
+    if self.request.retries == 0:
+        raise self.retry(countdown=0)
+    record("end", tag)
+    return tag
+
+
+@app.task(bind=True, base=LeasedTask, name="always_fails", lease_key=("tag",),
+          autoretry_for=(ValueError,), max_retries=2, default_retry_delay=0)
+def always_fails(self: Any, tag: str) -> None:
+    """Fail every attempt; autoretry gives up after two retries (C02)."""
+    record("start", tag, retries=self.request.retries)
+    raise ValueError(tag)
+
+
+@app.task(bind=True, base=LeasedTask, name="requeue", lease_key=("tag",))
+def requeue(self: Any, tag: str, times: int) -> int:
+    """Enqueue itself with the same key at the end of its body (C19)."""
+    record("start", tag, times=times)
+    time.sleep(0.3)
+    if times > 0:
+        requeue.delay(tag, times - 1)
+    record("end", tag, times=times)
+    return times
+
+
+@app.task(bind=True, base=LeasedTask, name="limited", lease_key=("tag",), time_limit=1.0)
+def limited(self: Any, tag: str, seconds: float) -> None:
+    """Overrun a hard time limit (C06)."""
+    record("start", tag)
+    time.sleep(seconds)
+    record("end", tag)
+
+
+@app.task(bind=True, base=LeasedTask, name="fail_on_conflict", lease_key=("tag",),
+          lease_on_conflict="fail")
+def fail_on_conflict(self: Any, tag: str, seconds: float = 0.0) -> str:
+    """Conflict policy ``fail``."""
+    record("start", tag)
+    time.sleep(seconds)
+    return tag
+
+
+@app.task(bind=True, base=LeasedTask, name="retry_on_conflict", lease_key=("tag",),
+          lease_on_conflict="retry", max_retries=20)
+def retry_on_conflict(self: Any, tag: str, seconds: float = 0.0) -> str:
+    """Conflict policy ``retry``."""
+    record("start", tag, retries=self.request.retries)
+    time.sleep(seconds)
+    record("end", tag)
+    return tag
+
+
+@signals.lease_conflict.connect
+def _on_conflict(sender: Any, key: str, policy: str, holder_task_id: str, **_: Any) -> None:
+    _journal.rpush("journal", json.dumps({"event": "conflict-signal", "key": key,
+                                          "policy": policy, "holder_task_id": holder_task_id}))
+
+
+@signals.lease_lost.connect
+def _on_lost(sender: Any, key: str, cause: str, **_: Any) -> None:
+    _journal.rpush("journal", json.dumps({"event": "lost-signal", "key": key, "cause": cause}))

@@ -1,0 +1,1 @@
+"""Reusable test infrastructure: private Redis servers, TCP proxies, Celery workers."""

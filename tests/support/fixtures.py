@@ -1,0 +1,154 @@
+"""Pytest fixtures for private Redis servers, TCP proxies and Celery workers.
+
+Load with ``pytest_plugins = ["tests.support.fixtures"]`` in ``tests/conftest.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from tests.support.proxy import TcpProxy
+from tests.support.redis_server import RedisServer
+from tests.support.workers import (
+    BROKER_URL_ENV,
+    QUEUE_ENV,
+    RESULT_BACKEND_ENV,
+    CeleryWorker,
+)
+
+DEFAULT_APP = "tests.apps.smoke_app"
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """One private redis-server for the whole session (never the shared one)."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """URL of db 0 on the session server, flushed (and unpaused) before the test."""
+    if not redis_server.running:
+        redis_server.start()
+    redis_server.resume()
+    client = redis_server.client(socket_timeout=5)
+    try:
+        client.flushall()
+    finally:
+        client.close()
+    return redis_server.url(0)
+
+
+class _Factory:
+    """Base for factories whose products are all cleaned up by :meth:`close`."""
+
+    def __init__(self) -> None:
+        """Start with nothing to clean up."""
+        self._cleanup = contextlib.ExitStack()
+
+    def close(self) -> None:
+        """Clean up everything made, newest first, even if one step fails."""
+        self._cleanup.close()
+
+
+class RedisFactory(_Factory):
+    """Callable that starts throwaway servers; all are closed at teardown."""
+
+    def __call__(
+        self, config: Mapping[str, str] | None = None, port: int | None = None
+    ) -> RedisServer:
+        """Start and return a new server with extra ``config``."""
+        server = RedisServer(port=port, config=dict(config or {}))
+        self._cleanup.callback(server.close)
+        return server.start()
+
+
+@pytest.fixture
+def throwaway_redis() -> Iterator[RedisFactory]:
+    """Factory for private servers a test may kill, pause or restart freely."""
+    factory = RedisFactory()
+    yield factory
+    factory.close()
+
+
+class ProxyFactory(_Factory):
+    """Callable that opens TCP proxies; all are closed at teardown."""
+
+    def __call__(self, target_port: int, target_host: str = "127.0.0.1") -> TcpProxy:
+        """Open a proxy in front of ``target_host:target_port``."""
+        proxy = TcpProxy(target_port, target_host)
+        self._cleanup.callback(proxy.close)
+        return proxy
+
+
+@pytest.fixture
+def tcp_proxy() -> Iterator[ProxyFactory]:
+    """Factory for :class:`TcpProxy` instances, closed at teardown."""
+    factory = ProxyFactory()
+    yield factory
+    factory.close()
+
+
+class WorkerFactory(_Factory):
+    """Callable that starts Celery workers on this test's own queue.
+
+    The worker's environment gets ``TEST_BROKER_URL``/``TEST_RESULT_BACKEND``
+    (default: the test's ``redis_url``) and ``TEST_QUEUE`` (``self.queue``);
+    ``env`` overrides them.
+    """
+
+    def __init__(self, broker_url: str, log_dir: Path) -> None:
+        """Remember the defaults; ``queue`` is unique to this factory."""
+        super().__init__()
+        self.broker_url = broker_url
+        self.queue = f"test-{uuid.uuid4().hex[:10]}"
+        self.log_dir = log_dir
+        self.workers: list[CeleryWorker] = []
+
+    def __call__(
+        self,
+        app_module: str = DEFAULT_APP,
+        pool: str = "solo",
+        concurrency: int = 1,
+        queue: str | None = None,
+        env: Mapping[str, str] | None = None,
+        extra_args: Sequence[str] = (),
+        ready_timeout: float | None = 30.0,
+    ) -> CeleryWorker:
+        """Start a worker and (unless ``ready_timeout`` is None) wait until ready."""
+        queue = queue or self.queue
+        full_env = {
+            BROKER_URL_ENV: self.broker_url,
+            RESULT_BACKEND_ENV: self.broker_url,
+            QUEUE_ENV: queue,
+            **(env or {}),
+        }
+        worker = CeleryWorker(
+            app_module,
+            pool=pool,
+            concurrency=concurrency,
+            queue=queue,
+            env=full_env,
+            extra_args=extra_args,
+            log_dir=self.log_dir,
+        )
+        self.workers.append(worker)
+        self._cleanup.callback(worker.stop)
+        worker.start()
+        if ready_timeout is not None:
+            worker.wait_ready(ready_timeout)
+        return worker
+
+
+@pytest.fixture
+def worker_factory(redis_url: str, tmp_path: Path) -> Iterator[WorkerFactory]:
+    """Factory for real ``celery worker`` subprocesses, stopped at teardown."""
+    factory = WorkerFactory(redis_url, tmp_path)
+    yield factory
+    factory.close()

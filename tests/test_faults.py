@@ -1,0 +1,176 @@
+"""Fault tests on real workers, in every pool: the lease is lost, the task is told.
+
+Each pool gets one worker (module scope) against a broker and a separate lease store that the
+tests delete keys from, pause, restart and kill. TTL 1.5 s, so the renew interval is 0.5 s.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from celery_lease import clock
+from tests.support.redis_server import RedisServer
+from tests.support.rig import Rig, measured, resume_process, stop_process
+from tests.support.waiting import wait_for
+
+POOLS = ["prefork", "solo", "threads", "gevent", "eventlet"]
+# The threads pool cannot interrupt time.sleep: its tasks sleep in short chunks instead.
+MODE = {"threads": "chunks"}
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module", params=POOLS)
+def rig(request: pytest.FixtureRequest, broker: RedisServer,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    rig = Rig(broker, request.param, tmp_path_factory.mktemp(request.param))
+    rig.worker()
+    yield rig
+    rig.close()
+
+
+@pytest.fixture
+def pool_rig(rig: Rig) -> Rig:
+    rig.reset()
+    return rig
+
+
+def start_holder(rig: Rig, tag: str, seconds: float = 30.0) -> dict[str, object]:
+    rig.send("hold", tag, seconds, MODE.get(rig.pool, "sleep"))
+    return rig.wait_event(tag, "start")[0]
+
+
+def test_c10_renewal_refused_raises_lease_lost(pool_rig: Rig) -> None:
+    rig = pool_rig
+    start = start_holder(rig, "refused")
+    rig.leases.delete(str(start["key"]))
+    deleted_at = time.time()
+    lost = rig.wait_event("refused", "lost")[0]
+    assert lost["cause"] == "refused"
+    assert lost["is_soft_limit"] is True
+    latency = lost["t"] - deleted_at
+    measured("refused -> LeaseLost in sleep", rig.pool, latency)
+    interval = rig.ttl / 3
+    assert latency < interval + 0.5  # one interval plus a round trip (generous on 2 cores)
+    if rig.pool != "threads":  # a blocking sleep was interrupted: no step after it
+        assert rig.journal("refused", "step") == []
+    wait_for(lambda: rig.journal(event="lost-signal"), 5, message="no lease_lost signal")
+
+
+def test_c10_overwritten_key_is_refused_and_left_alone(pool_rig: Rig) -> None:
+    rig = pool_rig
+    start = start_holder(rig, "overwritten")
+    rig.leases.set(str(start["key"]), "someone-else:1:{}", px=60_000)
+    lost = rig.wait_event("overwritten", "lost")[0]
+    assert lost["cause"] == "refused"
+    wait_for(lambda: rig.journal("overwritten", "end") == [] and
+             rig.leases.get(str(start["key"])) == b"someone-else:1:{}", 5)
+    assert 50_000 < rig.leases.pttl(str(start["key"])) <= 60_000  # not renewed, not deleted
+
+
+def test_c11_store_paused_raises_by_the_local_deadline(pool_rig: Rig) -> None:
+    rig = pool_rig
+    start_holder(rig, "paused")
+    rig.store.pause()
+    try:
+        lost = rig.wait_event("paused", "lost", timeout=15)[0]
+    finally:
+        rig.store.resume()
+    assert lost["cause"] == "deadline"
+    late = lost["at"] - lost["deadline"]
+    measured("deadline -> LeaseLost in sleep", rig.pool, late)
+    assert 0 <= late < 0.25
+    # The local deadline falls before the key can expire on the server: the last confirmed
+    # renewal was sent at most one interval before the pause, and the server counts its TTL
+    # from when it ran the renewal (after the send).
+    assert lost["deadline"] <= lost["at"]
+
+
+def test_c28_store_restarted_lease_lost_then_new_leases_work(pool_rig: Rig) -> None:
+    rig = pool_rig
+    start_holder(rig, "restart")
+    rig.store.restart()
+    lost = rig.wait_event("restart", "lost", timeout=15)[0]
+    assert lost["cause"] in ("refused", "deadline")  # refused once it reconnects in time
+    rig.send("hold", "after-restart", 0.2, "sleep")
+    rig.wait_event("after-restart", "end", timeout=15)
+    wait_for(lambda: rig.lease_keys() == [], 5, message="lease left after the run")
+
+
+def test_c05_killed_holder_lease_gone_within_one_ttl(pool_rig: Rig) -> None:
+    rig = pool_rig
+    if rig.pool != "prefork":
+        pytest.skip("killing the whole worker is covered by test_sigstop/test_sigkill_whole")
+    start = start_holder(rig, "killed")
+    key = str(start["key"])
+    import os
+    import signal
+
+    os.kill(int(start["pid"]), signal.SIGKILL)
+    killed_at = time.monotonic()
+    wait_for(lambda: not rig.leases.exists(key), rig.ttl + 1.0, interval=0.01)
+    gone = time.monotonic() - killed_at
+    measured("SIGKILL -> key gone (TTL 1.5)", rig.pool, gone)
+    assert gone <= rig.ttl + 0.2
+    rig.send("hold", "killed", 0.1, "sleep")
+    rig.wait_event("killed", "end", timeout=15)
+
+
+def test_sigstop_past_lifetime_successor_runs_and_old_holder_learns_first(
+    pool_rig: Rig,
+) -> None:
+    """The seed's timeline: A paused past its lifetime, B takes over, A resumes (C09, C17)."""
+    rig = pool_rig
+    start = start_holder(rig, "paused-holder")
+    key = str(start["key"])
+    pid = rig.holder_pid(key)
+    other_queue = rig.queue + "-b"
+    b = rig.worker(pool="solo", queue=other_queue)
+    try:
+        stop_process(pid)
+        stopped_at = time.time()
+        try:
+            wait_for(lambda: not rig.leases.exists(key), rig.ttl + 2, interval=0.01)
+            rig.send("hold", "paused-holder", 3.0, "sleep", queue=other_queue)
+            b_start = rig.wait_event("paused-holder", "start", count=2)[1]
+            assert b_start["fence"] > start["fence"]
+        finally:
+            resume_process(pid)
+        lost = rig.wait_event("paused-holder", "lost")[0]
+        assert lost["pid"] == pid and lost["cause"] == "deadline"
+        # A did nothing more as holder after the pause: no step, no end.
+        assert [e for e in rig.journal("paused-holder") if e["pid"] == pid
+                and e["event"] in ("step", "end") and e["t"] > stopped_at] == []
+        # A's release left B's lease alone, and B finishes undisturbed.
+        held = rig.leases.get(key)
+        assert held is not None and held.decode().startswith(str(b_start["token"]))
+        rig.wait_event("paused-holder", "end", timeout=15)
+        assert len(rig.journal("paused-holder", "lost")) == 1
+    finally:
+        b.kill()
+        rig.workers.remove(b)
+
+
+def test_conflict_is_refused_while_the_holder_runs(pool_rig: Rig) -> None:
+    """C08: send_task twice while a first execution runs; the holder is untouched."""
+    rig = pool_rig
+    if rig.pool == "solo":
+        pytest.skip("solo runs one task at a time: a duplicate waits in the queue")
+    start = start_holder(rig, "dup", seconds=4.0)
+    key = str(start["key"])
+    before = rig.leases.get(key)
+    results = [rig.send("hold", "dup", 4.0, "sleep") for _ in range(2)]
+    values = [r.get(timeout=15) for r in results]
+    assert all(v["lease_skipped"] is True for v in values)
+    assert values[0]["holder_task_id"] and values[0]["key"] == key
+    assert rig.leases.get(key) == before
+    assert len(rig.journal("dup", "start")) == 1
+    assert len(rig.journal(event="conflict-signal")) == 2
