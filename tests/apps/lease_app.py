@@ -123,7 +123,8 @@ def requeue(self: Any, tag: str, times: int) -> int:
     return times
 
 
-@app.task(bind=True, base=LeasedTask, name="limited", lease_key=("tag",), time_limit=1.0)
+@app.task(bind=True, base=LeasedTask, name="limited", lease_key=("tag",), time_limit=1.0,
+          lease_ttl=0.6)
 def limited(self: Any, tag: str, seconds: float) -> None:
     """Overrun a hard time limit (C06)."""
     record("start", tag)

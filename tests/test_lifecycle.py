@@ -1,0 +1,197 @@
+"""Celery semantics on real prefork workers: retries, revoke, time limits, redelivery, policies."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from celery.exceptions import TimeoutError as CeleryTimeout
+
+from celery_lease import LeaseConflict, LeaseStoreUnavailable
+from tests.support.redis_server import RedisServer
+from tests.support.rig import Rig, stop_process
+from tests.support.waiting import wait_for
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def prefork(broker: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    rig = Rig(broker, "prefork", tmp_path_factory.mktemp("prefork"))
+    rig.worker()
+    yield rig
+    rig.close()
+
+
+@pytest.fixture
+def rig(prefork: Rig) -> Rig:
+    prefork.reset()
+    return prefork
+
+
+def no_lease_left(rig: Rig) -> None:
+    wait_for(lambda: rig.lease_keys() == [], 5, message=lambda: f"left: {rig.lease_keys()}")
+
+
+def test_c01_retry_runs_and_leaves_no_lease(rig: Rig) -> None:
+    assert rig.send("retry_once", "r1").get(timeout=20) == "r1"
+    starts = rig.journal("r1", "start")
+    assert [s["retries"] for s in starts] == [0, 1]
+    no_lease_left(rig)
+
+
+def test_c02_autoretry_exhausted_every_attempt_ran_no_lease_left(rig: Rig) -> None:
+    result = rig.send("always_fails", "r2")
+    with pytest.raises(ValueError, match="r2"):
+        result.get(timeout=20)
+    assert [s["retries"] for s in rig.journal("r2", "start")] == [0, 1, 2]
+    no_lease_left(rig)
+
+
+def test_c19_self_requeue_runs_after_the_current_execution_releases(rig: Rig) -> None:
+    rig.send("requeue", "r19", 2)
+    ends = rig.wait_event("r19", "end", count=3, timeout=30)
+    starts = rig.journal("r19", "start")
+    assert [s["times"] for s in starts] == [2, 1, 0]
+    # one at a time: each run starts after the previous one ended
+    for previous_end, start in zip(ends, starts[1:], strict=False):
+        assert start["t"] >= previous_end["t"]
+    no_lease_left(rig)
+
+
+def test_c07_same_message_redelivered_while_running_is_a_conflict(rig: Rig) -> None:
+    first = rig.send("hold", "r7", 2.0, "sleep", task_id="same-id-r7")
+    rig.wait_event("r7", "start")
+    rig.send("hold", "r7", 2.0, "sleep", task_id="same-id-r7")  # the broker delivers it again
+    signal = wait_for(lambda: rig.journal(event="conflict-signal"), 10)[0]
+    assert signal["policy"] == "redelivered"
+    assert first.get(timeout=20) == "r7"  # the real result, not a skipped marker
+    assert len(rig.journal("r7", "start")) == 1
+
+
+def test_c04_revoked_before_running_never_takes_a_lease(rig: Rig) -> None:
+    result = rig.send("hold", "r4", 0.1, "sleep", countdown=1.5)
+    result.revoke()
+    wait_for(lambda: result.state == "REVOKED", 10)
+    assert rig.journal("r4", "start") == []
+    assert [k for k in rig.leases.scan_iter("lease:{hold*") if b"r4" in k] == []
+
+
+def test_c04_running_task_revoked_with_terminate_leaves_no_lease(rig: Rig) -> None:
+    result = rig.send("hold", "r4t", 30.0, "sleep")
+    key = str(rig.wait_event("r4t", "start")[0]["key"])
+    result.revoke(terminate=True)
+    wait_for(lambda: not rig.leases.exists(key), rig.ttl + 1.0, interval=0.01,
+             message="lease outlived one TTL after revoke(terminate=True)")
+
+
+def test_c06_hard_time_limit_never_deletes_the_next_holders_lease(rig: Rig) -> None:
+    """A is paused past its 0.6 s lifetime, B takes the key, then A's 1 s hard limit fires:
+    whatever the parent runs for the killed child, B's lease stays B's."""
+    rig.send("limited", "r6", 5.0)
+    first = rig.wait_event("r6", "start")[0]
+    key = str(first["key"])
+    stop_process(int(first["pid"]))
+    wait_for(lambda: not rig.leases.exists(key), 2.0, interval=0.01)
+    rig.send("limited", "r6", 0.8)
+    second = rig.wait_event("r6", "start", count=2)[1]
+    token = str(second["token"])
+    seen = []
+    while not rig.journal("r6", "end"):
+        raw = rig.leases.get(key)
+        seen.append(raw)
+        assert raw is None or raw.decode().startswith(token), "B's lease was touched"
+        time.sleep(0.01)
+    assert rig.journal("r6", "end")[0]["pid"] == second["pid"]
+    assert len([s for s in seen if s]) > 10
+    assert "Hard time limit" in rig.logs() or "TimeLimitExceeded" in rig.logs()
+
+
+def test_conflict_policy_fail_stores_a_picklable_lease_conflict(rig: Rig) -> None:
+    holder = rig.send("fail_on_conflict", "pf", 3.0)
+    rig.wait_event("pf", "start")
+    with pytest.raises(LeaseConflict) as info:
+        rig.send("fail_on_conflict", "pf", 0.0).get(timeout=20)
+    assert info.value.holder_task_id == holder.id
+    assert pickle.loads(pickle.dumps(info.value)).args == info.value.args
+
+
+def test_conflict_policy_retry_runs_after_the_holder(rig: Rig) -> None:
+    rig.send("retry_on_conflict", "pr", 1.5)
+    rig.wait_event("pr", "start")
+    second = rig.send("retry_on_conflict", "pr", 0.0)
+    assert second.get(timeout=30) == "pr"
+    starts = rig.journal("pr", "start")
+    assert len(starts) == 2 and starts[1]["retries"] >= 1
+    assert starts[1]["t"] >= rig.journal("pr", "end")[0]["t"]
+
+
+def test_c12_store_down_at_start_retries_then_runs(rig: Rig) -> None:
+    rig.store.stop()
+    try:
+        result = rig.send("hold", "r12", 0.1, "sleep")
+        wait_for(lambda: result.state == "RETRY", 15, message=lambda: rig.logs())
+        assert rig.journal("r12", "start") == []
+        assert "lease store unavailable" in rig.logs()
+    finally:
+        rig.store.start()
+    assert result.get(timeout=30) == "r12"
+
+
+def test_c12_store_down_at_start_fail_policy(
+    broker: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    rig = Rig(broker, "solo", tmp_path_factory.mktemp("fail-policy"))
+    try:
+        rig.worker(LEASE_ON_STORE_ERROR="fail")
+        rig.store.stop()
+        with pytest.raises(LeaseStoreUnavailable) as info:
+            rig.send("hold", "r12f", 0.1, "sleep").get(timeout=20)
+        assert info.value.operation == "acquire"
+        assert rig.journal("r12f", "start") == []
+    finally:
+        rig.close()
+
+
+def test_c16_conflict_visible_in_log_signal_and_event(rig: Rig) -> None:
+    received: list[dict[str, object]] = []
+    with rig.app.connection() as conn:
+        recv = rig.app.events.Receiver(conn, handlers={"*": received.append})
+        listener = threading.Thread(
+            target=lambda: recv.capture(limit=None, timeout=30), daemon=True)
+        listener.start()
+        try:
+            # The receiver is bound once it sees our own probe event.
+            with rig.app.events.default_dispatcher() as dispatcher:
+                wait_for(lambda: dispatcher.send("probe") is None and any(
+                    e["type"] == "probe" for e in received), 10, interval=0.2)
+            holder = rig.send("hold", "r16", 3.0, "sleep")
+            rig.wait_event("r16", "start")
+            rig.send("hold", "r16", 3.0, "sleep").get(timeout=20)
+            skipped = wait_for(lambda: [e for e in received
+                                        if e["type"] == "task-lease-skipped"], 10)[0]
+        finally:
+            recv.should_stop = True
+    assert skipped["lease_holder_task_id"] == holder.id
+    assert str(skipped["lease_key"]).startswith("lease:{hold:")
+    assert rig.journal(event="conflict-signal")[0]["policy"] == "skip"
+    assert "lease conflict (skip)" in rig.logs()
+
+
+def test_skipped_duplicate_get_returns_a_marker_not_a_hang(rig: Rig) -> None:
+    rig.send("hold", "rs", 3.0, "sleep")
+    rig.wait_event("rs", "start")
+    try:
+        marker = rig.send("hold", "rs", 3.0, "sleep").get(timeout=10)
+    except CeleryTimeout:  # pragma: no cover - the failure this test exists for
+        pytest.fail("AsyncResult.get() of a skipped duplicate hung")
+    from celery_lease import is_skipped
+
+    assert is_skipped(marker)
