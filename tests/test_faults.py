@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from celery_lease import clock
 from tests.support.redis_server import RedisServer
 from tests.support.rig import Rig, measured, resume_process, stop_process
 from tests.support.waiting import wait_for
