@@ -8,7 +8,7 @@ import math
 import pytest
 from celery import Celery
 
-from celery_lease import LeasedTask, LeaseConfigError
+from celery_lease import LeaseConfigError, LeasedTask
 from celery_lease.config import resolve_backend, resolve_options, resolve_signal
 
 
@@ -47,7 +47,7 @@ def test_c26_invalid_durations_fail_at_registration(option: str, value: object) 
 
 
 def test_c26_interval_above_half_ttl_is_refused_with_the_fix() -> None:
-    with pytest.raises(LeaseConfigError, match="lease_renew_interval=6.0.*above half") as info:
+    with pytest.raises(LeaseConfigError, match=r"lease_renew_interval=6.0.*above half") as info:
         register(make_app(), lease_ttl=10.0, lease_renew_interval=6.0)
     assert "lease_ttl / 3" in str(info.value)
 
@@ -59,7 +59,7 @@ def test_c26_interval_above_a_third_is_warned(caplog: pytest.LogCaptureFixture) 
 
 
 def test_c26_store_timeout_not_shorter_than_interval_is_refused() -> None:
-    with pytest.raises(LeaseConfigError, match="lease_store_timeout=3.0.*shorter than"):
+    with pytest.raises(LeaseConfigError, match=r"lease_store_timeout=3.0.*shorter than"):
         register(make_app(), lease_ttl=9.0, lease_store_timeout=3.0)
 
 
@@ -91,12 +91,12 @@ def test_task_option_overrides_app_setting() -> None:
 
 
 def test_unknown_on_conflict_fails_at_registration() -> None:
-    with pytest.raises(LeaseConfigError, match="lease_on_conflict='queue'.*'skip'"):
+    with pytest.raises(LeaseConfigError, match=r"lease_on_conflict='queue'.*'skip'"):
         register(make_app(), lease_on_conflict="queue")
 
 
 def test_lease_key_naming_a_missing_parameter_fails_at_registration() -> None:
-    with pytest.raises(LeaseConfigError, match="names 'c'.*not a parameter"):
+    with pytest.raises(LeaseConfigError, match=r"names 'c'.*not a parameter"):
         register(make_app(), lease_key=("c",))
 
 

@@ -166,5 +166,5 @@ def test_c27_every_key_of_a_lease_shares_one_cluster_slot(throwaway_redis: Redis
     assert got.granted
     assert store.renew_many(cluster, [(key, t, 5000)]) == [1]  # type: ignore[arg-type]
     assert store.release(cluster, key, t)  # type: ignore[arg-type]
-    with pytest.raises(ResponseError, match="CROSSSLOT|same slot"):  # the server does check
+    with pytest.raises(ResponseError, match=r"CROSSSLOT|same slot"):  # the server does check
         server.client().eval("return 1", 2, "{a}x", "{b}y")
