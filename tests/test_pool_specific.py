@@ -1,0 +1,129 @@
+"""Behaviour that belongs to one pool or to worker start-up."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.support.proxy import TcpProxy
+from tests.support.redis_server import RedisServer
+from tests.support.rig import APP, Rig, measured
+from tests.support.waiting import wait_for
+from tests.support.workers import CeleryWorker
+
+MakeRig = Callable[[str], Rig]
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def make_rig(
+    broker: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[str], Rig]]:
+    rigs: list[Rig] = []
+
+    def make(pool: str) -> Rig:
+        rig = Rig(broker, pool, tmp_path_factory.mktemp(pool))
+        rigs.append(rig)
+        return rig
+
+    yield make
+    for rig in rigs:
+        rig.close()
+
+
+def test_c14_threads_pool_two_keys_at_once_each_its_own(make_rig: MakeRig) -> None:
+    rig = make_rig("threads")
+    rig.worker(concurrency=4)
+    rig.send("hold", "k1", 3.0, "chunks")
+    rig.send("hold", "k2", 1.0, "chunks")
+    k1 = rig.wait_event("k1", "start")[0]
+    k2 = rig.wait_event("k2", "start")[0]
+    assert k1["key"] != k2["key"] and k1["pid"] == k2["pid"]
+    rig.leases.delete(str(k1["key"]))
+    assert rig.wait_event("k1", "lost")[0]["cause"] == "refused"
+    rig.wait_event("k2", "end")
+    assert rig.journal("k2", "lost") == []
+    duplicate = rig.send("hold", "k3", 2.0, "chunks")
+    rig.wait_event("k3", "start")
+    assert rig.send("hold", "k3", 2.0, "chunks").get(timeout=10)["lease_skipped"] is True
+    assert duplicate.get(timeout=10) == "k3"
+    wait_for(lambda: rig.lease_keys() == [], 5)
+
+
+@pytest.mark.parametrize("pool", ["gevent", "eventlet"])
+def test_c30_starved_green_heartbeat_check_raises_before_anything_else(
+    make_rig: MakeRig, pool: str
+) -> None:
+    rig = make_rig(pool)
+    rig.worker()
+    rig.send("green_cpu", "cpu", rig.ttl + 1.0)  # spins past the lifetime without yielding
+    lost = rig.wait_event("cpu", "lost")[0]
+    assert lost["cause"] == "deadline"
+    assert rig.journal("cpu", "end") == []
+
+
+def test_c11_black_holed_store_raises_by_the_local_deadline(make_rig: MakeRig) -> None:
+    rig = make_rig("prefork")
+    with TcpProxy(rig.store.port) as proxy:
+        rig.worker(LEASE_BACKEND=f"redis://127.0.0.1:{proxy.port}/0")
+        rig.send("hold", "bh", 30.0, "sleep")
+        rig.wait_event("bh", "start")
+        proxy.blackhole()
+        lost = rig.wait_event("bh", "lost", timeout=10)[0]
+        proxy.heal()
+    assert lost["cause"] == "deadline"
+    late = lost["at"] - lost["deadline"]
+    measured("deadline -> LeaseLost, black-holed", "prefork", late)
+    assert 0 <= late < 0.25
+
+
+def test_warm_shutdown_and_soft_time_limit_release_the_lease(make_rig: MakeRig) -> None:
+    rig = make_rig("prefork")
+    worker = rig.worker()
+    result = rig.send("hold", "warm", 1.0, "sleep")
+    key = str(rig.wait_event("warm", "start")[0]["key"])
+    assert rig.leases.exists(key)
+    worker.send_signal(signal.SIGTERM)  # warm shutdown: the running task finishes
+    assert result.get(timeout=20) == "warm"
+    assert worker.wait(20) is not None
+    assert not rig.leases.exists(key)
+    worker = rig.worker()
+    soft = rig.send("hold", "soft", 30.0, "sleep", soft_time_limit=0.5)
+    key = str(rig.wait_event("soft", "start")[0]["key"])
+    with pytest.raises(Exception, match="SoftTimeLimitExceeded"):
+        soft.get(timeout=20)
+    assert not rig.leases.exists(key)
+
+
+def test_c24_eviction_policy_is_warned_at_start_and_refused_on_request(
+    make_rig: MakeRig,
+) -> None:
+    rig = make_rig("solo")
+    rig.leases.config_set("maxmemory-policy", "allkeys-lru")
+    worker = rig.worker()
+    assert "maxmemory-policy=allkeys-lru" in worker.log_text()
+    assert "noeviction" in worker.log_text()
+    refusing = CeleryWorker(APP, pool="solo", queue=rig.queue, log_dir=rig.log_dir,
+                            env=rig.env(LEASE_REQUIRE_NOEVICTION="1"))
+    refusing.start()
+    code = refusing.wait(30)
+    assert code not in (None, 0), refusing.log_tail()
+    assert "lease_require_noeviction" in refusing.log_text()
+    assert "ready." not in refusing.log_text()
+
+
+def test_missing_backend_refuses_worker_start_naming_the_setting(make_rig: MakeRig) -> None:
+    rig = make_rig("solo")
+    worker = CeleryWorker("tests.apps.no_backend_app", pool="solo", queue=rig.queue,
+                          log_dir=rig.log_dir)
+    worker.start()
+    code = worker.wait(30)
+    assert code not in (None, 0), worker.log_tail()
+    assert "lease_backend is not set" in worker.log_text()
