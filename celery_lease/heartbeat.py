@@ -150,11 +150,17 @@ class Heartbeat:
                 for lease in group:
                     lease.in_flight = False
                 self._cond.notify_all()
+        replied_at = clock.now()
         for lease, reply in zip(group, replies, strict=True):
             if lease.released:
                 continue
             if reply == 1:
+                margin = lease.deadline - replied_at
                 lease.confirm(sent_at)
+                signals.lease_renewed.send(
+                    sender=lease.task_name, key=lease.key, token=lease.token,
+                    fencing_token=lease.fencing_token, task_id=lease.task_id,
+                    latency=replied_at - sent_at, margin=margin)
             elif isinstance(reply, RedisError):
                 self._failed(lease, reply)
             else:  # 0: the key is gone; -1: another token holds it
@@ -166,8 +172,9 @@ class Heartbeat:
         # Try again soon, but only while a try can still finish before the deadline.
         lease.next_renewal = now + min(lease.renew_interval / 3, _MAX_SLEEP)
         logger.warning(
-            "lease renewal failed: key=%s error=%r time_left=%.3fs", lease.key, error,
-            lease.deadline - now)
+            "lease renewal failed: key=%s task=%s[%s] fencing_token=%d error=%r "
+            "time_left=%.3fs", lease.key, lease.task_name, lease.task_id, lease.fencing_token,
+            error, lease.deadline - now)
         signals.lease_renewal_failed.send(
             sender=lease.task_name, key=lease.key, token=lease.token,
             fencing_token=lease.fencing_token, task_id=lease.task_id, error=error,

@@ -19,15 +19,22 @@ __all__ = [
     "lease_lost",
     "lease_released",
     "lease_renewal_failed",
+    "lease_renewed",
 ]
 
-#: A lease was granted before the task body ran. Extra: ``ttl`` (float seconds).
+#: A lease was granted before the task body ran. Extra: ``ttl`` (float seconds), ``latency``
+#: (float seconds of the acquire round trip).
 lease_acquired = Signal(name="lease_acquired")
 
 #: Another execution holds the key. Extra: ``holder_task_id`` (str), ``holder`` ("host:pid"),
 #: ``remaining`` (float seconds), ``policy`` ("skip", "retry", "fail", "redelivered" or
 #: "successor").
 lease_conflict = Signal(name="lease_conflict")
+
+#: A renewal was confirmed by the store (sent from the heartbeat thread, once per lease per
+#: renewal). Extra: ``latency`` (float seconds of the round trip), ``margin`` (float seconds
+#: that were left to the local deadline when the confirmation arrived). For metrics; no log.
+lease_renewed = Signal(name="lease_renewed")
 
 #: A renewal round trip failed without proving the lease lost (timeout, connection error).
 #: Extra: ``error`` (the exception), ``time_left`` (float seconds to the local deadline).

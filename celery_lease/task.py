@@ -219,9 +219,11 @@ class LeasedTask(Task):  # type: ignore[misc]
             key=key, token=token, fencing_token=found.holder.fencing_token, task_name=self.name,
             task_id=task_id, options=options, client=client, target=target, sent_at=sent_at)
         heartbeat(signum).add(lease)
+        logger.debug("lease acquired: key=%s task=%s[%s] token=%s fencing_token=%d ttl=%.3fs",
+                     key, self.name, task_id, token, lease.fencing_token, options.ttl)
         signals.lease_acquired.send(
             sender=self, key=key, token=token, fencing_token=lease.fencing_token,
-            task_id=task_id, ttl=options.ttl)
+            task_id=task_id, ttl=options.ttl, latency=clock.now() - sent_at)
         return lease
 
     def _release(self, lease: Lease) -> None:
@@ -237,7 +239,12 @@ class LeasedTask(Task):  # type: ignore[misc]
         error = lease.loss
         if error is not None:
             self._event("task-lease-lost", lease_key=lease.key, lease_cause=error.cause,
-                        fencing_token=lease.fencing_token, lease_late=error.late)
+                        fencing_token=lease.fencing_token, lease_late=error.late,
+                        lease_holder=f"{self.request.hostname or socket.gethostname()}:"
+                                     f"{lease.pid}")
+        logger.debug("lease released: key=%s task=%s[%s] token=%s fencing_token=%d "
+                     "held=%.3fs released=%s", lease.key, self.name, lease.task_id, lease.token,
+                     lease.fencing_token, clock.now() - lease.acquired_at, released)
         signals.lease_released.send(
             sender=self, key=lease.key, token=lease.token, fencing_token=lease.fencing_token,
             task_id=lease.task_id, held=clock.now() - lease.acquired_at, released=released)
@@ -261,8 +268,8 @@ class LeasedTask(Task):  # type: ignore[misc]
             policy = "successor"  # published by the holder itself: run once it has ended
         else:
             policy = options.on_conflict
-        logger.info("lease conflict (%s): task %s[%s] not run: %s",
-                    policy, self.name, request.id, conflict)
+        logger.info("lease conflict (%s): task %s[%s] not run: %s (fencing_token=%d)",
+                    policy, self.name, request.id, conflict, holder.fencing_token)
         signals.lease_conflict.send(
             sender=self, key=key, task_id=request.id, holder_task_id=holder.task_id,
             holder=holder.where, remaining=found.remaining, policy=policy,
@@ -283,7 +290,8 @@ class LeasedTask(Task):  # type: ignore[misc]
             raise conflict
         # skip: store a marker result so AsyncResult.get() returns instead of hanging
         self._event("task-lease-skipped", lease_key=key, lease_holder=holder.where,
-                    lease_holder_task_id=holder.task_id, lease_remaining=found.remaining)
+                    lease_holder_task_id=holder.task_id, lease_remaining=found.remaining,
+                    lease_cause="held by another execution")
         marker = {SKIPPED_MARKER: True, "key": key, "holder_task_id": holder.task_id,
                   "holder": holder.where}
         if request.is_eager:
