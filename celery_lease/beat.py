@@ -1,0 +1,381 @@
+"""High-availability ``celery beat``: several beat processes, one leader, elected by a lease.
+
+Run every beat process with the same app and ``-S celery_lease.beat:LeasedScheduler`` (or set
+``beat_scheduler = "celery_lease.beat:LeasedScheduler"``). Each wraps the scheduler it would
+have used otherwise (``lease_beat_scheduler``, else the configured ``beat_scheduler``, else
+Celery's ``PersistentScheduler``) and only the process holding the leader lease lets it send:
+
+- the leader lease is an ordinary lease (the same acquire, renew and release scripts, the
+  same heartbeat thread and the same loss rules as a task's lease);
+- a standby tries to take it whenever the leader's lifetime runs out (it asks again at the
+  moment the store says the key expires), so it takes over within one ``lease_beat_ttl`` of
+  the leader dying or pausing;
+- before **every** send the leader checks that its lease still holds (refused by the store, or
+  past its local deadline); the moment it does not, it stops sending, logs the loss, sends
+  :data:`~celery_lease.signals.lease_lost` and goes back to standby. The process never exits
+  because of a loss, so a supervisor does not see a crash loop;
+- the leader records when it last sent each entry in Redis (``<lease key>:last-run``). A beat
+  that takes over loads these times into its own schedule first, so it neither repeats runs
+  the previous leader sent nor skips a run that fell due during the hand-over (it sends
+  that one run once, as Celery does after any restart).
+
+A check-then-send can still race with a pause that hits between the check and the send; the
+window is one ``apply_async`` call. Tasks that must never overlap should also be
+:class:`~celery_lease.LeasedTask` tasks: the task lease is the guard, the beat lease keeps the
+schedule from firing twice.
+
+Settings (Celery settings, durations in float seconds):
+
+- ``lease_beat_scheduler``: the wrapped scheduler class or ``"module:Class"`` name.
+- ``lease_beat_ttl``: the leader lease TTL (default ``lease_ttl``, 30.0).
+- ``lease_beat_renew_interval``: default ``lease_beat_ttl / 3``.
+- ``lease_beat_key``: default ``"<lease_key_prefix>:{celery.beat:<app main name>}"``.
+- ``lease_backend`` (else a Redis ``broker_url``): where the lease lives.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from celery.utils.imports import load_extension_class_names, symbol_by_name
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from . import clock, signals, store
+from .config import LeaseOptions, resolve_backend, resolve_options
+from .errors import LeaseConfigError, LeaseLost
+from .heartbeat import heartbeat
+from .lease import Lease
+
+__all__ = ["BEAT_TASK_NAME", "BeatLeader", "LeasedScheduler", "beat_lease_key"]
+
+logger = logging.getLogger("celery_lease")
+
+#: The task name recorded as the holder of a beat leader lease (``celery lease ls`` shows it).
+BEAT_TASK_NAME = "celery.beat"
+
+_DEFAULT_INNER = "celery.beat:PersistentScheduler"
+_SELF_NAMES = ("celery_lease.beat:LeasedScheduler", "celery_lease.beat.LeasedScheduler")
+
+
+def beat_lease_key(app: Any) -> str:
+    """The leader lease key of ``app``'s beat: ``lease_beat_key`` or the derived default."""
+    configured = app.conf.get("lease_beat_key")
+    if configured:
+        return str(configured)
+    prefix = app.conf.get("lease_key_prefix") or "lease"
+    return f"{prefix}:{{{BEAT_TASK_NAME}:{app.main or 'default'}}}"
+
+
+def beat_options(app: Any) -> LeaseOptions:
+    """The leader lease's validated settings (``lease_beat_ttl``, ``lease_beat_renew_interval``).
+
+    Raises:
+        LeaseConfigError: an invalid value; the message names ``lease_beat_*`` settings.
+    """
+    ttl = app.conf.get("lease_beat_ttl")
+    interval = app.conf.get("lease_beat_renew_interval")
+    overrides = {"lease_ttl": ttl, "lease_renew_interval": interval}
+    if interval is None and ttl is not None:
+        overrides["lease_renew_interval"] = float(ttl) / 3
+    try:
+        return resolve_options(app.conf, overrides, "celery beat leader lease")
+    except LeaseConfigError as exc:
+        raise LeaseConfigError(
+            f"{exc} (for beat, set lease_beat_ttl / lease_beat_renew_interval)") from None
+
+
+class _NoInterrupt:
+    """Delivery target of the leader lease: nothing to interrupt, the scheduler polls."""
+
+    mechanism = "poll"
+
+    def deliver(self, error: LeaseLost) -> bool:
+        return False
+
+    def finish(self) -> None:
+        pass
+
+
+class BeatLeader:
+    """The leader election of one beat process (used by :class:`LeasedScheduler`).
+
+    Args:
+        app: the Celery app.
+        key: the leader lease key.
+        options: lease settings (TTL, renew interval, store timeout: float seconds).
+        url: the Redis URL of the lease store.
+        node: how this process names itself in the holder (default ``beat@<host>``).
+    """
+
+    def __init__(self, app: Any, key: str, options: LeaseOptions, url: str,
+                 node: str | None = None) -> None:
+        self.app = app
+        self.key = key
+        self.state_key = key + ":last-run"
+        self.options = options
+        self.url = url
+        self.node = node or f"beat@{socket.gethostname()}"
+        self.lease: Lease | None = None
+        self.terms = 0  # how many times this process became leader
+        self._next_try = 0.0
+        self._seen_fence = -1  # last leader seen while standby (to log each leader once)
+        self._store_down = False
+
+    @property
+    def client(self) -> redis.Redis:
+        """The Redis client of the lease store (process-wide, timeouts = ``store_timeout``)."""
+        return store.client_for(self.url, self.options.store_timeout)
+
+    @property
+    def is_leader(self) -> bool:
+        """True while this process holds the leader lease and its local deadline is ahead."""
+        return self.lease is not None and not self.lease.lost
+
+    def poll(self) -> tuple[bool, float]:
+        """Keep the election going; call before each scheduler tick.
+
+        Returns:
+            ``(leader, delay)``: whether this process may send now, and the float seconds after
+            which ``poll`` must run again at the latest.
+        """
+        lease = self.lease
+        if lease is not None:
+            if not lease.lost:
+                return True, self.options.renew_interval
+            self.step_down()
+        now = clock.now()
+        if now < self._next_try:
+            return False, self._next_try - now
+        return self._try_acquire(), self.options.renew_interval
+
+    def _try_acquire(self) -> bool:
+        token = uuid.uuid4().hex
+        holder = store.holder_json(BEAT_TASK_NAME, self.node, socket.gethostname(), os.getpid())
+        sent_at = clock.now()
+        try:
+            try:
+                found = store.acquire(self.client, self.key, token, self.options.ttl_ms, holder)
+            except (RedisConnectionError, RedisTimeoutError):
+                sent_at = clock.now()  # the reply may be lost: the same token is granted again
+                found = store.acquire(self.client, self.key, token, self.options.ttl_ms, holder)
+        except RedisError as exc:
+            if not self._store_down:
+                logger.warning("beat: lease store unreachable, staying standby (key=%s): %r",
+                               self.key, exc)
+            self._store_down = True
+            self._next_try = clock.now() + self.options.renew_interval
+            return False
+        if self._store_down:
+            logger.info("beat: lease store reachable again (key=%s)", self.key)
+            self._store_down = False
+        if not found.granted:
+            leader = found.holder
+            if leader.fencing_token != self._seen_fence:
+                self._seen_fence = leader.fencing_token
+                logger.info(
+                    "beat: standby; leader is %s (pid %d) key=%s fencing_token=%d "
+                    "expires_in=%.3fs", leader.hostname, leader.pid, self.key,
+                    leader.fencing_token, found.remaining)
+                signals.lease_conflict.send(
+                    sender=BEAT_TASK_NAME, key=self.key, task_id=self.node,
+                    holder_task_id=leader.task_id, holder=leader.where,
+                    remaining=found.remaining, policy="standby",
+                    fencing_token=leader.fencing_token, token=leader.token)
+            # Ask again the moment the leader's lifetime ends, or at the next interval.
+            self._next_try = clock.now() + min(found.remaining + 0.01,
+                                               self.options.renew_interval)
+            return False
+        self.lease = Lease(
+            key=self.key, token=token, fencing_token=found.holder.fencing_token,
+            task_name=BEAT_TASK_NAME, task_id=self.node, options=self.options,
+            client=self.client, target=_NoInterrupt(), sent_at=sent_at)
+        heartbeat().add(self.lease)
+        self.terms += 1
+        self._seen_fence = -1
+        logger.warning(
+            "beat: became leader key=%s token=%s fencing_token=%d ttl=%.3fs node=%s",
+            self.key, token, found.holder.fencing_token, self.options.ttl, self.node)
+        signals.lease_acquired.send(
+            sender=BEAT_TASK_NAME, key=self.key, token=token,
+            fencing_token=found.holder.fencing_token, task_id=self.node, ttl=self.options.ttl,
+            latency=clock.now() - sent_at)
+        return True
+
+    def step_down(self) -> None:
+        """Stop leading: stop renewing, release the lease if still ours (token-checked)."""
+        lease, self.lease = self.lease, None
+        if lease is None:
+            return
+        error = lease.loss  # before remove(): a released lease records no loss
+        heartbeat().remove(lease)
+        released = False
+        try:
+            released = store.release(lease.client, lease.key, lease.token)
+        except RedisError as exc:
+            logger.debug("beat: release of %s failed (it expires on its own): %r", lease.key, exc)
+        held = clock.now() - lease.acquired_at
+        if error is not None:
+            logger.warning(
+                "beat: lost leadership, back to standby: key=%s cause=%s fencing_token=%d "
+                "held=%.3fs", lease.key, error.cause, lease.fencing_token, held)
+        else:
+            logger.info("beat: released leadership key=%s fencing_token=%d held=%.3fs",
+                        lease.key, lease.fencing_token, held)
+        signals.lease_released.send(
+            sender=BEAT_TASK_NAME, key=lease.key, token=lease.token,
+            fencing_token=lease.fencing_token, task_id=self.node, held=held, released=released)
+        # Let another beat take over first after a loss.
+        self._next_try = clock.now() + (self.options.renew_interval if error else 0.0)
+
+    def record_run(self, name: str, at: float) -> None:
+        """Record that the leader sent entry ``name`` at ``at`` (epoch float seconds)."""
+        try:
+            self.client.hset(self.state_key, name, repr(at))
+        except RedisError as exc:
+            logger.warning("beat: could not record the last run of %s in %s: %r",
+                           name, self.state_key, exc)
+
+    def last_runs(self) -> dict[str, float]:
+        """Entry name -> epoch float seconds of its last send by any leader."""
+        try:
+            raw = self.client.hgetall(self.state_key)
+        except RedisError as exc:
+            logger.warning("beat: could not read %s: %r", self.state_key, exc)
+            return {}
+        runs = {}
+        for name, value in raw.items():
+            try:
+                runs[name.decode() if isinstance(name, bytes) else str(name)] = float(value)
+            except ValueError:
+                continue
+        return runs
+
+
+def _inner_class(app: Any) -> type:
+    configured = app.conf.get("lease_beat_scheduler")
+    if not configured:
+        configured = app.conf.get("beat_scheduler") or _DEFAULT_INNER
+        if configured in _SELF_NAMES or configured is LeasedScheduler:
+            configured = _DEFAULT_INNER
+    if isinstance(configured, type):
+        inner: type = configured
+    else:
+        aliases = dict(load_extension_class_names("celery.beat_schedulers") or ())
+        inner = symbol_by_name(configured, aliases=aliases)
+    if inner is LeasedScheduler:
+        raise LeaseConfigError(
+            "lease_beat_scheduler names LeasedScheduler itself; set it to the scheduler to "
+            "wrap, e.g. 'celery.beat:PersistentScheduler'")
+    return inner
+
+
+class LeasedScheduler:
+    """A beat scheduler that only sends while this process holds the beat leader lease.
+
+    Use with ``celery beat -S celery_lease.beat:LeasedScheduler``. Every attribute it does not
+    define is the wrapped scheduler's (``self.inner``), so ``celery beat`` and other tools see
+    the wrapped scheduler's schedule, ``info`` and sync behaviour.
+
+    Args:
+        app: the Celery app.
+        lazy: ``celery beat`` builds a lazy instance for its banner: no election happens.
+        **kwargs: passed to the wrapped scheduler (``schedule_filename``, ``max_interval``...).
+
+    Raises:
+        LeaseConfigError: invalid ``lease_beat_*`` settings or no Redis URL (at first tick).
+    """
+
+    def __init__(self, app: Any, lazy: bool = False, **kwargs: Any) -> None:
+        self.app = app
+        self.inner: Any = _inner_class(app)(app=app, lazy=lazy, **kwargs)
+        self.leader: BeatLeader | None = None
+        self._lazy = lazy
+        self._was_leader = False
+        send: Callable[..., Any] = self.inner.apply_entry
+        self._send = send
+        self.inner.apply_entry = self._apply_entry  # every send goes through the guard
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet: avoid recursing
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def _election(self) -> BeatLeader:
+        if self.leader is None:
+            options = beat_options(self.app)
+            url = resolve_backend(options, self.app.conf, "celery beat leader lease")
+            self.leader = BeatLeader(self.app, beat_lease_key(self.app), options, url)
+            logger.info("beat: leader election on key=%s ttl=%.3fs renew_interval=%.3fs",
+                        self.leader.key, options.ttl, options.renew_interval)
+        return self.leader
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        """One scheduler iteration: keep the election going, and tick the wrapped scheduler
+        only while leading. Returns float seconds to sleep before the next tick."""
+        leader = self._election()
+        leading, poll_in = leader.poll()
+        if leading and not self._was_leader:
+            self._take_over(leader)
+        self._was_leader = leading
+        if not leading:
+            return max(min(poll_in, float(self.inner.max_interval)), 0.0)
+        delay = float(self.inner.tick(*args, **kwargs))
+        if not leader.is_leader:  # lost during the tick: notice it at once
+            return 0.0
+        return float(min(delay, poll_in))
+
+    def _take_over(self, leader: BeatLeader) -> None:
+        """Load the last-run times the previous leaders recorded into the wrapped schedule."""
+        runs = leader.last_runs()
+        if not runs:
+            return
+        tz = getattr(self.app, "timezone", None) or _dt.timezone.utc
+        updated = 0
+        schedule = self.inner.schedule
+        for name, entry in list(schedule.items()):
+            at = runs.get(name)
+            if at is None:
+                continue
+            mine = entry.last_run_at.timestamp() if entry.last_run_at is not None else 0.0
+            if at > mine:
+                entry.last_run_at = _dt.datetime.fromtimestamp(at, tz=_dt.timezone.utc) \
+                    .astimezone(tz)
+                schedule[name] = entry
+                updated += 1
+        if updated:
+            self.inner._heap = None  # rebuilt from the new times at the next tick
+            logger.info("beat: loaded %d last-run time(s) from %s", updated, leader.state_key)
+
+    def _apply_entry(self, entry: Any, producer: Any = None) -> None:
+        leader = self.leader
+        if leader is None or not leader.is_leader:
+            logger.warning("beat: not sending %s (%s): this beat no longer holds the leader "
+                           "lease", entry.name, entry.task)
+            return
+        self._send(entry, producer=producer)
+        leader.record_run(entry.name, time.time())
+
+    @property
+    def info(self) -> str:
+        """The wrapped scheduler's banner info plus the leader lease key."""
+        inner = str(getattr(self.inner, "info", "") or "")
+        line = f"    . leader lease -> {beat_lease_key(self.app)}"
+        return f"{inner}\n{line}" if inner else line
+
+    def close(self) -> None:
+        """Step down (releasing the lease so a standby takes over now) and close the
+        wrapped scheduler."""
+        if self.leader is not None:
+            self.leader.step_down()
+        self.inner.close()
+

@@ -1,0 +1,252 @@
+"""Beat with real ``celery beat`` processes and real workers.
+
+- A periodic task that outruns its period never overlaps; the skipped runs are visible in the
+  worker log and through the ``lease_conflict`` signal.
+- Several beats with ``LeasedScheduler``: one leader sends; a standby takes over within one
+  TTL when the leader is killed or paused; a paused leader that resumes stops sending, goes
+  back to standby and can lead again later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from celery_lease import store
+from tests.support.fixtures import WorkerFactory
+from tests.support.waiting import wait_for
+from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, REPO_ROOT, RESULT_BACKEND_ENV
+
+APP = "tests.apps.ops_app"
+BEAT_KEY = "lease:{celery.beat:ops_app}"
+
+
+class BeatProcess:
+    """One ``celery -A <app> beat`` subprocess with its own schedule file, pidfile and log."""
+
+    def __init__(self, env: Mapping[str, str], log_dir: Path, name: str,
+                 leased: bool = True) -> None:
+        self.env = dict(env)
+        self.name = name
+        self.log_path = log_dir / f"beat-{name}.log"
+        self.dir = log_dir
+        self.leased = leased
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> BeatProcess:
+        command = [sys.executable, "-m", "celery", "-A", APP, "beat", "-l", "info",
+                   "-s", str(self.dir / f"schedule-{self.name}"),
+                   "--pidfile", str(self.dir / f"beat-{self.name}.pid")]
+        if self.leased:
+            command += ["-S", "celery_lease.beat:LeasedScheduler"]
+        environ = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(REPO_ROOT), environ.get("PYTHONPATH", "")) if p)
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=environ, cwd=self.dir, start_new_session=True)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.kill(self.pid, sig)
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGCONT)
+            os.killpg(self.pid, signal.SIGTERM)
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGKILL)
+            self.process.wait(5)
+
+
+@pytest.fixture
+def beats(tmp_path: Path) -> Iterator[list[BeatProcess]]:
+    started: list[BeatProcess] = []
+    yield started
+    for beat in started:
+        beat.stop()
+
+
+def _env(redis_url: str, queue: str, **extra: str) -> dict[str, str]:
+    return {BROKER_URL_ENV: redis_url, RESULT_BACKEND_ENV: redis_url, QUEUE_ENV: queue, **extra}
+
+
+def _records(client: redis.Redis, name: str) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in client.lrange(name, 0, -1)]
+
+
+def _leader_pid(client: redis.Redis) -> int | None:
+    value = client.get(BEAT_KEY)
+    return store.parse_value(value).pid if value else None
+
+
+def test_overlong_periodic_run_never_overlaps_and_the_skip_is_visible(
+    redis_url: str, worker_factory: WorkerFactory, beats: list[BeatProcess], tmp_path: Path
+) -> None:
+    env = _env(redis_url, worker_factory.queue, BEAT_PERIOD="0.4", SLOW_SECONDS="1.0",
+               LEASE_TTL="1.5", RECORD_SIGNALS="1")
+    worker = worker_factory(APP, pool="threads", concurrency=3, env=env)
+    beat = BeatProcess(env, tmp_path, "solo-beat", leased=False).start()
+    beats.append(beat)
+    client = redis.Redis.from_url(redis_url)
+
+    def enough() -> bool:
+        conflicts = [s for s in _records(client, "signals") if s["signal"] == "lease_conflict"]
+        return len(_records(client, "runs:beat")) >= 3 and len(conflicts) >= 3
+
+    wait_for(enough, 25, interval=0.1,
+             message=lambda: f"beat:\n{beat.log()[-2000:]}\nworker:\n{worker.log_tail()}")
+    beat.stop()
+    runs = sorted(_records(client, "runs:beat"), key=lambda r: r["start"])
+    for earlier, later in zip(runs, runs[1:], strict=False):
+        assert later["start"] >= earlier["end"], f"runs overlapped: {earlier} {later}"
+    sent = beat.log().count("Sending due task periodic")
+    assert sent > len(runs)  # beat really sent more often than the task could run
+    # Visible: the signal (with the holder and the key) and the worker log.
+    conflict = next(s for s in _records(client, "signals") if s["signal"] == "lease_conflict")
+    assert conflict["key"].startswith("lease:{ops.slow")
+    assert conflict["policy"] == "skip"
+    assert conflict["holder_task_id"] in {r["id"] for r in runs} | {
+        s["task_id"] for s in _records(client, "signals") if s["signal"] == "lease_acquired"}
+    assert conflict["remaining"] > 0
+    assert "lease conflict (skip): task ops.slow" in worker.log_text()
+
+
+def _ticks_by(client: redis.Redis) -> list[tuple[int, float]]:
+    # origin is "gen<pid>@host": the pid of the beat process that sent the message
+    out = []
+    for tick in _records(client, "ticks:beat"):
+        origin = tick["origin"] or ""
+        out.append((int(origin[3:].split("@")[0]), tick["at"]))
+    return out
+
+
+def test_two_beats_elect_one_leader_and_fail_over_on_kill_and_pause(
+    redis_url: str, worker_factory: WorkerFactory, beats: list[BeatProcess], tmp_path: Path
+) -> None:
+    ttl = 1.5
+    env = _env(redis_url, worker_factory.queue, BEAT_PERIOD="0.25", BEAT_TASK="tick",
+               BEAT_TTL=str(ttl))
+    worker = worker_factory(APP, pool="solo", env=env)
+    client = redis.Redis.from_url(redis_url)
+    b1 = BeatProcess(env, tmp_path, "b1").start()
+    b2 = BeatProcess(env, tmp_path, "b2").start()
+    beats += [b1, b2]
+    by_pid = {b1.pid: b1, b2.pid: b2}
+
+    def logs() -> str:
+        return "\n".join(f"--- {b.name}\n{b.log()[-1500:]}" for b in beats) + \
+            f"\n--- worker\n{worker.log_tail()}"
+
+    first_pid = wait_for(lambda: _leader_pid(client), 20, message=logs)
+    leader = by_pid[first_pid]
+    standby = b2 if leader is b1 else b1
+    wait_for(lambda: len(_ticks_by(client)) >= 4, 15, message=logs)
+    wait_for(lambda: "standby; leader is" in standby.log(), 10, message=logs)
+    assert {pid for pid, _ in _ticks_by(client)} == {leader.pid}  # only the leader sends
+
+    # 1. Kill the leader: the standby takes over within one TTL.
+    leader.signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    wait_for(lambda: _leader_pid(client) == standby.pid, ttl + 3, interval=0.01, message=logs)
+    takeover = time.monotonic() - killed_at
+    assert takeover <= ttl + 0.5, f"takeover took {takeover:.2f}s"
+    count = len(_ticks_by(client))
+    wait_for(lambda: any(pid == standby.pid for pid, _ in _ticks_by(client)[count:]), 10,
+             message=logs)
+
+    # 2. A third beat joins as standby; pause the leader (SIGSTOP) for longer than the TTL.
+    current = standby
+    b3 = BeatProcess(env, tmp_path, "b3").start()
+    beats.append(b3)
+    wait_for(lambda: "standby; leader is" in b3.log(), 20, message=logs)
+    current.signal(signal.SIGSTOP)
+    paused_at = time.monotonic()
+    wait_for(lambda: _leader_pid(client) == b3.pid, ttl + 3, interval=0.01, message=logs)
+    assert time.monotonic() - paused_at <= ttl + 0.5
+    resumed_log_at = len(current.log())
+    current.signal(signal.SIGCONT)
+    wait_for(lambda: "lost leadership, back to standby" in current.log()[resumed_log_at:], 10,
+             message=logs)
+    after = current.log()[resumed_log_at:]
+    before_loss = after.split("lost leadership, back to standby", 1)[0]
+    # It noticed the loss before sending anything, and never sends while standby.
+    assert "Sending due task" not in before_loss
+    ticks_now = len(_ticks_by(client))
+    wait_for(lambda: len(_ticks_by(client)) >= ticks_now + 4, 10, message=logs)
+    assert current.alive()
+    late = current.log()[resumed_log_at:].split("lost leadership, back to standby", 1)[1]
+    assert "Sending due task" not in late
+    assert "standby; leader is" in late
+
+    # 3. The resumed beat is a working standby: kill the new leader and it leads again.
+    b3.signal(signal.SIGKILL)
+    wait_for(lambda: _leader_pid(client) == current.pid, ttl + 3, interval=0.01, message=logs)
+    count = len(_ticks_by(client))
+    wait_for(lambda: any(pid == current.pid for pid, _ in _ticks_by(client)[count:]), 10,
+             message=logs)
+    fences = [store.parse_value(client.get(BEAT_KEY) or b"").fencing_token]
+    assert fences[0] > 0
+
+
+def test_graceful_stop_hands_over_at_once_and_the_new_leader_does_not_repeat_runs(
+    redis_url: str, worker_factory: WorkerFactory, beats: list[BeatProcess], tmp_path: Path
+) -> None:
+    # A long TTL: only the release on shutdown explains a fast takeover. The new leader's own
+    # schedule says the entry is due about now; the last-run time the old leader recorded
+    # says it ran a moment ago, so the next run must wait a whole period.
+    period = 4.0
+    env = _env(redis_url, worker_factory.queue, BEAT_PERIOD=str(period), BEAT_TASK="tick",
+               BEAT_TTL="20")
+    worker_factory(APP, pool="solo", env=env)
+    client = redis.Redis.from_url(redis_url)
+    b1 = BeatProcess(env, tmp_path, "g1").start()
+    b2 = BeatProcess(env, tmp_path, "g2").start()
+    beats += [b1, b2]
+    first = wait_for(lambda: _leader_pid(client), 20, message=lambda: b1.log() + b2.log())
+    leader, standby = (b1, b2) if first == b1.pid else (b2, b1)
+    wait_for(lambda: "standby; leader is" in standby.log(), 20, message=standby.log)
+    wait_for(lambda: len(_ticks_by(client)) == 1, period + 5, interval=0.01, message=leader.log)
+    leader.stop()  # SIGTERM: beat syncs, the scheduler closes and releases the lease
+    stopped_at = time.monotonic()
+    wait_for(lambda: _leader_pid(client) == standby.pid, 10, interval=0.01,
+             message=standby.log)
+    assert time.monotonic() - stopped_at < 5  # far below the 20 s TTL
+    assert "loaded 1 last-run time(s)" in standby.log()
+    wait_for(lambda: len(_ticks_by(client)) == 2, period + 5, interval=0.01,
+             message=standby.log)
+    (pid1, at1), (pid2, at2) = _ticks_by(client)
+    assert (pid1, pid2) == (leader.pid, standby.pid)
+    assert at2 - at1 >= period - 0.5, f"the new leader repeated a run after {at2 - at1:.2f}s"
