@@ -152,7 +152,8 @@ def test_c24_store_check_reports_the_eviction_policy(throwaway_redis: RedisFacto
 def test_c27_every_key_of_a_lease_shares_one_cluster_slot(throwaway_redis: RedisFactory) -> None:
     from redis.cluster import RedisCluster
 
-    server = throwaway_redis({"cluster-enabled": "yes", "cluster-config-file": "nodes.conf"})
+    server = throwaway_redis({"cluster-enabled": "yes", "cluster-config-file": "nodes.conf"},
+                             port=_port_with_free_cluster_bus())
     server.client().execute_command("CLUSTER", "ADDSLOTS", *range(16384))
     from tests.support.waiting import wait_for
 
@@ -167,3 +168,18 @@ def test_c27_every_key_of_a_lease_shares_one_cluster_slot(throwaway_redis: Redis
     assert store.release(cluster, key, t)  # type: ignore[arg-type]
     with pytest.raises(ResponseError, match=r"CROSSSLOT|same slot"):  # the server does check
         server.client().eval("return 1", 2, "{a}x", "{b}y")
+
+
+def _port_with_free_cluster_bus() -> int:
+    """A free port whose cluster bus port (port + 10000) is free and below 65536 too."""
+    import socket
+
+    for port in range(20000 + uuid.uuid4().int % 20000, 45000):
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free port pair")
