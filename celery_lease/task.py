@@ -44,6 +44,10 @@ logger = logging.getLogger("celery_lease")
 #: execution held the same key (a retry or a self-requeue): it runs after that holder ends.
 SUCCESSOR_HEADER = "lease_successor_of"
 
+#: Message header of a copy republished by a delivery that found its own task id holding the
+#: lease: the copy runs only if that first execution did not finish (it died or was lost).
+REDELIVERY_HEADER = "lease_redelivery"
+
 #: The key in the result stored for a duplicate skipped by ``lease_on_conflict="skip"``.
 SKIPPED_MARKER = "lease_skipped"
 
@@ -193,6 +197,10 @@ class LeasedTask(Task):  # type: ignore[misc]
         self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Lease | dict[str, Any]:
         options, url, signum = self.lease_settings()
+        if (request.headers or {}).get(REDELIVERY_HEADER) and self._finished(request.id):
+            logger.info("task %s[%s] already finished in an earlier delivery: not run again",
+                        self.name, request.id)
+            raise Ignore()
         key = self.lease_key_for(args, kwargs)
         token = uuid.uuid4().hex
         client = store.client_for(url, options.store_timeout)
@@ -275,6 +283,16 @@ class LeasedTask(Task):  # type: ignore[misc]
             holder=holder.where, remaining=found.remaining, policy=policy,
             fencing_token=holder.fencing_token, token=holder.token)
         if policy == "redelivered":
+            if request.is_eager:
+                raise conflict
+            # Either the broker delivered a message that is still running (acks_late,
+            # visibility timeout) or the execution that holds it died (a SIGKILLed child with
+            # reject_on_worker_lost). Look again once the holder's lifetime is over: the copy
+            # runs only if the first execution did not finish.
+            self.signature_from_request(
+                request, countdown=max(0.05, found.remaining), retries=request.retries,
+                headers={**headers, REDELIVERY_HEADER: True},
+            ).apply_async()
             raise Ignore()
         if policy == "successor":
             if request.is_eager:
@@ -301,6 +319,14 @@ class LeasedTask(Task):  # type: ignore[misc]
         except Exception:
             logger.exception("could not store the skipped marker of %s", request.id)
         raise Ignore()
+
+    def _finished(self, task_id: str) -> bool:
+        """Whether the result backend has a final state for ``task_id`` (False if unknown)."""
+        try:
+            status = self.backend.get_task_meta(task_id).get("status")
+        except Exception:  # no result backend, or it is down: assume it did not finish
+            return False
+        return status in states.READY_STATES
 
     def _event(self, type_: str, **fields: Any) -> None:
         """Send a task event (Flower shows ``task-lease-*`` as the task's state); never raises."""

@@ -73,7 +73,26 @@ def test_c07_same_message_redelivered_while_running_is_a_conflict(rig: Rig) -> N
     signal = wait_for(lambda: rig.journal(event="conflict-signal"), 10)[0]
     assert signal["policy"] == "redelivered"
     assert first.get(timeout=20) == "r7"  # the real result, not a skipped marker
+    # The deferred copy looks again after the holder's lifetime, sees it finished, drops.
+    wait_for(lambda: "already finished in an earlier delivery" in rig.logs(), 10)
     assert len(rig.journal("r7", "start")) == 1
+    assert first.get(timeout=1) == "r7"
+
+
+def test_redelivery_after_the_holder_died_runs_once_its_lease_lapsed(rig: Rig) -> None:
+    """acks_late + reject_on_worker_lost: the same task id comes back and must not be dropped
+    as a duplicate of the dead execution's stale lease."""
+    import os
+    import signal
+
+    result = rig.send("durable", "rd", 1.0)
+    first = rig.wait_event("rd", "start")[0]
+    os.kill(int(first["pid"]), signal.SIGKILL)
+    killed = time.monotonic()
+    assert result.get(timeout=30) == "rd"
+    starts = rig.journal("rd", "start")
+    assert len(starts) == 2 and starts[1]["fence"] > first["fence"]
+    assert time.monotonic() - killed < rig.ttl + 1.0 + 3.0  # one lifetime, then the run
 
 
 def test_c04_revoked_before_running_never_takes_a_lease(rig: Rig) -> None:

@@ -78,6 +78,16 @@ def hold(self: Any, tag: str, seconds: float = 30.0, mode: str = "sleep") -> str
     return tag
 
 
+@app.task(bind=True, base=LeasedTask, name="durable", lease_key=("tag",), acks_late=True,
+          reject_on_worker_lost=True)
+def durable(self: Any, tag: str, seconds: float) -> str:
+    """An acks_late task whose message comes back when its worker process dies."""
+    record("start", tag)
+    time.sleep(seconds)
+    record("end", tag)
+    return tag
+
+
 @app.task(bind=True, base=LeasedTask, name="green_cpu", lease_key=("tag",))
 def green_cpu(self: Any, tag: str, seconds: float) -> str:
     """Spin without yielding (starves a green heartbeat), then look at the lease (C30)."""
