@@ -88,11 +88,14 @@ def sync_account(
 def refresh_dashboard(self: LeasedTask, work_seconds: float | None = None) -> dict[str, Any]:
     """Rebuild the dashboard; beat sends this every ``DASHBOARD_PERIOD`` seconds.
 
-    A run usually takes half to one and a half periods (``work_seconds`` fixes it, float
-    seconds). ``lease_key=()`` gives the task one lease whatever its arguments, so the beat
-    tick that arrives while a slow run is still going is skipped rather than run alongside it,
-    and the slow run keeps its lease by renewal however long it takes.
+    A run usually takes half to one and a half periods (``work_seconds``, or the
+    ``DASHBOARD_WORK_SECONDS`` environment variable, fixes it; float seconds).
+    ``lease_key=()`` gives the task one lease whatever its arguments, so the beat tick that
+    arrives while a slow run is still going is skipped rather than run alongside it, and the
+    slow run keeps its lease by renewal however long it takes.
     """
+    if work_seconds is None and os.environ.get("DASHBOARD_WORK_SECONDS"):
+        work_seconds = float(os.environ["DASHBOARD_WORK_SECONDS"])
     period = float(os.environ.get("DASHBOARD_PERIOD", "60"))
     seconds = random.uniform(0.5, 1.5) * period if work_seconds is None else work_seconds
     started = time.monotonic()

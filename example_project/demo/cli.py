@@ -101,6 +101,7 @@ class Demo:
         env = {"REDIS_URL": self.redis_url, "DEMO_PREFIX": self.prefix,
                "LEASE_TTL": repr(float(self.args.ttl))}
         os.environ.update(env)  # the orchestrator loads the same app, as a client
+        self.say(f"Run: every key of this demo is under {self.prefix} (deleted at the end)")
         for letter in "AB":
             self.workers[letter] = Worker(letter, self.args.pool, env)
             self.workers[letter].start(self.processes)
@@ -232,6 +233,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         if args.json is not None:
             args.json.write_text(json.dumps(
                 {"pool": args.pool, "ttl_s": args.ttl, "embedded_redis": demo.embedded,
+                 "redis_url": demo.redis_url, "prefix": demo.prefix,
                  "scenes": [r.as_dict() for r in results]}, indent=2))
         status = 0 if results and all(r.passed for r in results) else 1
     except (KeyboardInterrupt, _Terminated):
