@@ -6,6 +6,8 @@ tests delete keys from, pause, restart and kill. TTL 1.5 s, so the renew interva
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 
@@ -104,14 +106,16 @@ def test_c28_store_restarted_lease_lost_then_new_leases_work(pool_rig: Rig) -> N
 
 
 def test_c05_killed_holder_lease_gone_within_one_ttl(pool_rig: Rig) -> None:
+    """prefork: the pool child is killed; other pools: the whole worker process."""
     rig = pool_rig
-    if rig.pool != "prefork":
-        pytest.skip("killing the whole worker is covered by test_sigstop/test_sigkill_whole")
-    start = start_holder(rig, "killed")
+    victim = None
+    if rig.pool == "prefork":
+        start = start_holder(rig, "killed")
+    else:
+        victim = rig.worker(queue=rig.queue + "-victim")
+        rig.send("hold", "killed", 30.0, MODE.get(rig.pool, "sleep"), queue=victim.queue)
+        start = rig.wait_event("killed", "start")[0]
     key = str(start["key"])
-    import os
-    import signal
-
     os.kill(int(start["pid"]), signal.SIGKILL)
     killed_at = time.monotonic()
     wait_for(lambda: not rig.leases.exists(key), rig.ttl + 1.0, interval=0.01)
@@ -120,6 +124,35 @@ def test_c05_killed_holder_lease_gone_within_one_ttl(pool_rig: Rig) -> None:
     assert gone <= rig.ttl + 0.2
     rig.send("hold", "killed", 0.1, "sleep")
     rig.wait_event("killed", "end", timeout=15)
+    if victim is not None:
+        victim.kill()
+        rig.workers.remove(victim)
+
+
+def test_stray_lease_signal_is_ignored_and_the_worker_keeps_consuming(pool_rig: Rig) -> None:
+    """SIGUSR2 outside a leased body (or for no armed lease) must never raise or kill.
+
+    Only where task bodies run on a process's main thread (prefork children, solo) does the
+    lease signal have a handler; other pools never send it.
+    """
+    rig = pool_rig
+    if rig.pool not in ("prefork", "solo"):
+        pytest.skip("this pool delivers LeaseLost without a signal")
+    worker = rig.workers[0]
+    for n in range(4):  # every prefork child has run a leased body: handlers installed
+        rig.send("hold", f"stray-{n}", 0.3, "sleep")
+    for n in range(4):
+        rig.wait_event(f"stray-{n}", "end")
+    pids = worker.child_pids() if rig.pool == "prefork" else [worker.pid]
+    for pid in pids:
+        os.kill(pid, signal.SIGUSR2)
+    running = rig.send("hold", "stray-body", 0.5, "sleep")
+    rig.wait_event("stray-body", "start")
+    for pid in pids:
+        os.kill(pid, signal.SIGUSR2)  # during a body whose lease is fine
+    assert running.get(timeout=15) == "stray-body"
+    assert rig.send("hold", "stray-after", 0.05, "sleep").get(timeout=15) == "stray-after"
+    assert all(w.is_running() for w in rig.workers)
 
 
 def test_sigstop_past_lifetime_successor_runs_and_old_holder_learns_first(

@@ -33,8 +33,8 @@ from tests.support.waiting import wait_for
 
 def make_app(url: str, **conf: Any) -> Celery:
     app = Celery("inproc", broker="memory://", backend="cache+memory://", set_as_current=False)
-    app.conf.update(lease_backend=url, task_always_eager=True, task_eager_propagates=True,
-                    **conf)
+    app.conf.update({"lease_backend": url, "task_always_eager": True,
+                     "task_eager_propagates": True, **conf})
     return app
 
 
@@ -281,3 +281,26 @@ def test_threads_two_keys_each_renews_and_releases_its_own(redis_url: str) -> No
         t.join(10)
     assert outcome == {1: "lost", 2: "done"}
     assert lease_keys(client) == []
+
+
+@pytest.mark.parametrize("outcome", ["success", "exception", "ignore", "reject", "lost"])
+def test_every_way_an_execution_ends_releases_its_lease(redis_url: str, outcome: str) -> None:
+    from celery.exceptions import Ignore, Reject
+
+    app = make_app(redis_url, task_eager_propagates=False)
+
+    @app.task(bind=True, base=LeasedTask, lease_ttl=0.6)  # type: ignore[misc]
+    def job(self: Any) -> str:
+        if outcome == "exception":
+            raise KeyError("boom")
+        if outcome == "ignore":
+            raise Ignore()
+        if outcome == "reject":
+            raise Reject("no", requeue=False)
+        if outcome == "lost":
+            redis.Redis.from_url(redis_url).delete(self.lease.key)
+            time.sleep(0.5)  # interrupted by LeaseLost at the next renewal
+        return outcome
+
+    job.apply()
+    assert lease_keys(redis.Redis.from_url(redis_url)) == []

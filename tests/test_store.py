@@ -183,3 +183,29 @@ def _port_with_free_cluster_bus() -> int:
                 continue
             return port
     raise AssertionError("no free port pair")
+
+
+def test_lease_client_has_explicit_timeouts_and_no_hidden_retries(redis_url: str) -> None:
+    client = store.client_for(redis_url, 0.25)
+    kwargs = client.connection_pool.connection_kwargs
+    assert kwargs["socket_timeout"] == 0.25 and kwargs["socket_connect_timeout"] == 0.25
+    retry = client.get_retry() or kwargs["retry"]
+    assert retry.get_retries() == 0
+
+
+def test_a_paused_store_times_out_once_not_after_retries(
+    throwaway_redis: RedisFactory,
+) -> None:
+    import time
+
+    server = throwaway_redis()
+    client = store.client_for(server.url(), 0.3)
+    store.acquire(client, "lease:{p}", token(), 5000, HOLDER)
+    server.pause()
+    try:
+        started = time.monotonic()
+        with pytest.raises(redis.exceptions.TimeoutError):
+            store.renew_many(client, [("lease:{p}", token(), 5000)])
+        assert time.monotonic() - started < 0.6  # redis-py 8 alone would retry for seconds
+    finally:
+        server.resume()
