@@ -29,7 +29,8 @@ class LostCause:
       deleted, expired or taken by another holder.
     - ``DEADLINE``: the local deadline (send time of the last confirmed renewal + TTL - drift
       margin) passed without a confirmed renewal, e.g. because the process was paused.
-    - ``STORE_ERROR``: the store answered with an error that makes renewal impossible.
+    - ``STORE_ERROR``: the store answered renewals with an error (out of memory, read-only
+      after a failover, ...) until the local deadline passed.
     """
 
     REFUSED = "refused"
@@ -138,8 +139,8 @@ class LeaseLost(SoftTimeLimitExceeded):  # type: ignore[misc]
         cause: one of :class:`LostCause` (str).
         fencing_token: the fencing token of the lost grant (int).
         late: float seconds between the moment the loss could first be known and its detection
-            (for ``deadline``: time past the local deadline; for ``refused``: time since the last
-            confirmed renewal).
+            (for ``refused``: time since the last confirmed renewal; otherwise time past the
+            local deadline).
     """
 
     def __init__(

@@ -27,7 +27,7 @@ import signal
 import threading
 from collections import defaultdict
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from . import clock, interrupt, signals, store
 from .errors import LostCause
@@ -101,7 +101,7 @@ class Heartbeat:
         for lease in leases:  # deadlines first
             if now >= lease.deadline:
                 self._drop(lease)
-                lease.mark_lost(LostCause.DEADLINE)
+                lease.mark_lost(lease.deadline_cause)
             else:
                 live.append(lease)
         if not live:
@@ -169,6 +169,8 @@ class Heartbeat:
 
     def _failed(self, lease: Lease, error: RedisError) -> None:
         now = clock.now()
+        if isinstance(error, ResponseError):  # the store answered, with an error
+            lease.store_error = error
         # Try again soon, but only while a try can still finish before the deadline.
         lease.next_renewal = now + min(lease.renew_interval / 3, _MAX_SLEEP)
         logger.warning(

@@ -76,6 +76,9 @@ class Lease:
         self.next_renewal = sent_at + options.renew_interval
         self.released = False
         self.in_flight = False  # a renewal for it is on the wire (guarded by the heartbeat)
+        # The store answered the last renewal with an error (OOM, READONLY after a failover...):
+        # if the deadline passes like that, the cause is "store_error", not a silent "deadline".
+        self.store_error: Exception | None = None
         self._lost: LeaseLost | None = None
         self._lock = threading.Lock()
 
@@ -99,7 +102,7 @@ class Lease:
     def loss(self) -> LeaseLost | None:
         """The :class:`LeaseLost` describing the loss, or ``None`` while the lease holds."""
         if self._lost is None and clock.now() >= self.deadline:
-            self.mark_lost(LostCause.DEADLINE, deliver=False)
+            self.mark_lost(self.deadline_cause, deliver=False)
         return self._lost
 
     def check(self) -> None:
@@ -115,9 +118,16 @@ class Lease:
         if error is not None:
             raise error
 
+    @property
+    def deadline_cause(self) -> str:
+        """The cause to report when the local deadline passes: ``store_error`` when the store
+        refused the last renewal with an error reply, else ``deadline``."""
+        return LostCause.STORE_ERROR if self.store_error is not None else LostCause.DEADLINE
+
     def confirm(self, sent_at: float) -> None:
         """Record a renewal confirmed by the store (``sent_at``: clock seconds when sent)."""
         self.confirmed_at = sent_at
+        self.store_error = None
         self.deadline = sent_at + self.ttl - self.options.drift_margin
         self.next_renewal = sent_at + self.renew_interval
 
@@ -127,7 +137,7 @@ class Lease:
         ``None`` when the lease was already lost or released.
         """
         now = clock.now()
-        late = now - self.deadline if cause == LostCause.DEADLINE else now - self.confirmed_at
+        late = now - self.confirmed_at if cause == LostCause.REFUSED else now - self.deadline
         with self._lock:
             if self._lost is not None or self.released:
                 return None

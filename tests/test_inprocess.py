@@ -304,3 +304,25 @@ def test_every_way_an_execution_ends_releases_its_lease(redis_url: str, outcome:
 
     job.apply()
     assert lease_keys(redis.Redis.from_url(redis_url)) == []
+
+
+def test_renewals_answered_with_errors_end_as_store_error(throwaway_redis: Any) -> None:
+    server = throwaway_redis()
+    app = make_app(server.url(), task_eager_propagates=False)
+    seen: dict[str, Any] = {}
+
+    @app.task(bind=True, base=LeasedTask, lease_ttl=0.9)  # type: ignore[misc]
+    def job(self: Any) -> None:
+        server.client().replicaof("127.0.0.1", "1")  # read-only now: renewals get READONLY
+        try:
+            time.sleep(5)
+        except LeaseLost as exc:
+            seen["cause"], seen["late"] = exc.cause, exc.late
+            raise
+
+    try:
+        job.apply()
+    finally:
+        server.client().replicaof("NO", "ONE")
+    assert seen["cause"] == "store_error"
+    assert 0 <= seen["late"] < 0.25
