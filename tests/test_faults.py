@@ -155,7 +155,7 @@ def test_stray_lease_signal_is_ignored_and_the_worker_keeps_consuming(pool_rig: 
     assert all(w.is_running() for w in rig.workers)
 
 
-def test_sigstop_past_lifetime_successor_runs_and_old_holder_learns_first(
+def test_c09_c17_paused_past_lifetime_successor_runs_old_holder_learns_first(
     pool_rig: Rig,
 ) -> None:
     """The seed's timeline: A paused past its lifetime, B takes over, A resumes (C09, C17)."""
@@ -190,7 +190,7 @@ def test_sigstop_past_lifetime_successor_runs_and_old_holder_learns_first(
         rig.workers.remove(b)
 
 
-def test_conflict_is_refused_while_the_holder_runs(pool_rig: Rig) -> None:
+def test_c08_other_producers_refused_while_the_holder_runs(pool_rig: Rig) -> None:
     """C08: send_task twice while a first execution runs; the holder is untouched."""
     rig = pool_rig
     if rig.pool == "solo":
