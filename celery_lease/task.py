@@ -87,8 +87,6 @@ class LeasedTask(Task):  # type: ignore[misc]
     option, naming it and the fix.
     """
 
-    abstract = True  # keeps Celery < 5 from registering the base class itself
-
     lease_ttl: float | None = None
     lease_renew_interval: float | None = None
     lease_store_timeout: float | None = None
@@ -105,7 +103,7 @@ class LeasedTask(Task):  # type: ignore[misc]
     def on_bound(cls, app: Any) -> None:
         """Validate the lease options when the task is registered (the earliest moment)."""
         super().on_bound(app)
-        if cls.__dict__.get("abstract") or not getattr(cls, "name", None):
+        if not getattr(cls, "name", None):  # the base class itself, or an unnamed subclass
             return
         where = f"task {cls.name}"
         resolve_options(app.conf, cls._lease_task_options(), where)
