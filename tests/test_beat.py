@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -130,7 +131,7 @@ def test_overlong_periodic_run_never_overlaps_and_the_skip_is_visible(
              message=lambda: f"beat:\n{beat.log()[-2000:]}\nworker:\n{worker.log_tail()}")
     beat.stop()
     runs = sorted(_records(client, "runs:beat"), key=lambda r: r["start"])
-    for earlier, later in zip(runs, runs[1:], strict=False):
+    for earlier, later in itertools.pairwise(runs):
         assert later["start"] >= earlier["end"], f"runs overlapped: {earlier} {later}"
     sent = beat.log().count("Sending due task periodic")
     assert sent > len(runs)  # beat really sent more often than the task could run

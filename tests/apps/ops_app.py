@@ -68,8 +68,8 @@ def client() -> redis.Redis:
     return _client
 
 
-def _record(name: str, **fields: Any) -> None:
-    client().rpush(name, json.dumps(fields, default=str))
+def _record(_list: str, **fields: Any) -> None:
+    client().rpush(_list, json.dumps(fields, default=str))
 
 
 def _interruptible_sleep(seconds: float) -> None:
