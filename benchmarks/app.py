@@ -1,0 +1,168 @@
+"""The Celery app the benchmark workers run, configured from environment variables.
+
+- ``BENCH_BROKER``: Redis URL of the broker, which also holds the overhead benchmark's leases
+  and locks (one broker and one Redis for every variant) and the records tasks write;
+- ``BENCH_LEASE_STORE``: Redis URL of the lease store of the loss-detection task (a separate
+  server, so that pausing it leaves the broker and the records answering);
+- ``BENCH_DETECT_TTL``: the detection task's ``lease_ttl`` (float seconds);
+- ``BENCH_STALL_TTLS``: comma-separated ``lease_ttl`` values, one stall task per value.
+
+The benchmark process builds the same app with :func:`make_app` to publish: celery-singleton
+and celery-once take their locks when a task is published, so the publisher must use the same
+task classes as the worker.
+
+Tasks record what the benchmark measures in the broker's Redis, never in the lease store:
+
+- ``bench.plain`` / ``bench.leased`` / ``bench.singleton`` / ``bench.once`` ``(run, i, n)``:
+  trivial bodies; task 0 records when it starts and task ``n - 1`` when it ends;
+- ``bench.hold(trial, body, limit)``: holds a lease and sleeps or spins for at most ``limit``
+  seconds, recording when :class:`~celery_lease.LeaseLost` arrived (wall clock, deadline clock
+  and the lease's local deadline) or that it never did;
+- ``bench.stall_<ms>(trial, role)``: the crash benchmark's holder (``role="holder"`` sleeps
+  until it is killed) and its duplicate (retries on conflict until the lease expires).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery, Task
+from celery.signals import worker_ready
+from celery_once import QueueOnce
+from celery_singleton import Singleton
+
+from celery_lease import LeasedTask, LeaseLost, clock
+
+_records: dict[int, redis.Redis] = {}
+
+
+def records() -> redis.Redis:
+    """This process's client of the record store (the broker's Redis)."""
+    pid = os.getpid()
+    client = _records.get(pid)
+    if client is None:
+        client = redis.Redis.from_url(os.environ["BENCH_BROKER"], socket_timeout=5.0)
+        _records[pid] = client
+    return client
+
+
+def _mark(run: str, what: str) -> None:
+    records().set(f"tp:{run}:{what}", repr(time.time()))
+
+
+def _trivial(run: str, i: int, n: int) -> int:
+    if i == 0:
+        _mark(run, "first")
+    if i == n - 1:
+        _mark(run, "last")
+    return i
+
+
+def _hold(task: Any, trial: str, body: str, limit: float) -> str:
+    lease = task.lease
+    rec = records()
+    key = f"det:{trial}"
+    rec.hset(key, mapping={"started": repr(time.time()), "lease_key": lease.key,
+                           "mechanism": lease.target.mechanism, "pid": os.getpid()})
+    try:
+        if body == "sleep":
+            time.sleep(limit)
+        else:
+            end = time.monotonic() + limit
+            while time.monotonic() < end:
+                pass
+    except LeaseLost as exc:
+        at_clock, at_wall = clock.now(), time.time()
+        rec.hset(key, mapping={
+            "outcome": "raised", "cause": exc.cause, "at_wall": repr(at_wall),
+            "at_clock": repr(at_clock), "deadline": repr(lease.deadline)})
+        return "raised"
+    at_clock, at_wall = clock.now(), time.time()
+    loss = lease.loss
+    rec.hset(key, mapping={
+        "outcome": "not-raised", "cause": loss.cause if loss else "", "at_wall": repr(at_wall),
+        "at_clock": repr(at_clock), "deadline": repr(lease.deadline)})
+    return "not-raised"
+
+
+def _stall(trial: str, role: str) -> None:
+    records().rpush(f"stall:{trial}", json.dumps(
+        {"role": role, "at": time.time(), "pid": os.getpid()}))
+    if role == "holder":
+        time.sleep(30.0)  # killed long before; bounded all the same
+
+
+def make_app(
+    broker: str,
+    lease_store: str | None = None,
+    detect_ttl: float = 1.0,
+    stall_ttls: tuple[float, ...] = (1.0,),
+) -> Celery:
+    """Build the benchmark app (the worker's, or an identical one to publish with)."""
+    app = Celery("bench", broker=broker)
+    app.conf.update(
+        task_ignore_result=True,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=True,
+        worker_redirect_stdouts=False,
+        ONCE={"backend": "celery_once.backends.Redis",
+              "settings": {"url": broker, "default_timeout": 3600}},
+        singleton_backend_url=broker,
+    )
+
+    @app.task(name="bench.plain", shared=False)  # type: ignore[untyped-decorator]
+    def plain(run: str, i: int, n: int) -> int:
+        return _trivial(run, i, n)
+
+    @app.task(name="bench.leased", base=LeasedTask, shared=False)  # type: ignore[untyped-decorator]
+    def leased(run: str, i: int, n: int) -> int:
+        return _trivial(run, i, n)
+
+    @app.task(name="bench.singleton", base=Singleton, shared=False)  # type: ignore[untyped-decorator]
+    def singleton(run: str, i: int, n: int) -> int:
+        return _trivial(run, i, n)
+
+    @app.task(
+        name="bench.once", base=QueueOnce, once={"graceful": True}, shared=False)  # type: ignore[untyped-decorator]
+    def once(run: str, i: int, n: int) -> int:
+        return _trivial(run, i, n)
+
+    @app.task(  # type: ignore[untyped-decorator]
+        name="bench.hold", base=LeasedTask, bind=True, shared=False, lease_ttl=detect_ttl,
+        lease_backend=lease_store or broker, lease_on_conflict="fail")
+    def hold(self: Task, trial: str, body: str, limit: float) -> str:
+        return _hold(self, trial, body, limit)
+
+    for ttl in stall_ttls:
+        app.task(
+            name=f"bench.stall_{round(ttl * 1000)}", base=LeasedTask, lease_ttl=ttl, shared=False,
+            lease_key=("trial",), lease_on_conflict="retry", max_retries=None,
+        )(_stall)
+
+    del plain, leased, singleton, once, hold
+    return app
+
+
+def _env_ttls() -> tuple[float, ...]:
+    raw = os.environ.get("BENCH_STALL_TTLS", "1.0")
+    return tuple(float(x) for x in raw.split(",") if x)
+
+
+app = make_app(
+    os.environ.get("BENCH_BROKER", "redis://127.0.0.1:1/0"),
+    os.environ.get("BENCH_LEASE_STORE"),
+    float(os.environ.get("BENCH_DETECT_TTL", "1.0")),
+    _env_ttls(),
+)
+
+
+@worker_ready.connect
+def _mark_ready(sender: Any = None, **_: Any) -> None:
+    """Tell the benchmark this worker consumes now (its log level hides ``ready.``)."""
+    hostname = getattr(sender, "hostname", None)
+    if hostname and os.environ.get("BENCH_BROKER"):
+        records().set(f"bench:ready:{hostname}", "1", ex=3600)

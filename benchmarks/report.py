@@ -1,0 +1,375 @@
+"""Targets, completeness check, Markdown tables and PNG plots for a benchmark run."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from . import cycle, detection, overhead, renewal
+
+#: Pools whose body cannot be interrupted in that way: the figure is reported, not judged.
+NOT_INTERRUPTIBLE = {
+    ("threads", "sleep"): "threads pool: an asynchronous exception lands when time.sleep returns",
+    ("gevent", "busy"): "a greenlet that never yields starves the heartbeat (use lease.check())",
+    ("eventlet", "busy"): "a greenthread that never yields starves the heartbeat "
+                          "(use lease.check())",
+}
+
+DEADLINE_SLACK_MS = 50.0
+STALL_SLACK_S = 1.0
+
+
+# --- targets ------------------------------------------------------------------------------------
+
+
+def _target(name: str, goal: str, value: float | None, limit: float, unit: str,
+            higher_is_better: bool = False, note: str = "") -> dict[str, Any]:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        met, margin = False, None
+    elif higher_is_better:
+        met, margin = value >= limit, value - limit
+    else:
+        met, margin = value <= limit, limit - value
+    return {"name": name, "goal": goal, "value": value, "limit": limit, "unit": unit,
+            "met": met, "margin": margin, "note": note}
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every target of the issue, judged on this run's figures (medians of per-round ratios)."""
+    out = []
+    cyc = results["cycle"]["variants"]
+    out.append(_target(
+        "cycle_vs_limit", "acquire + release within 1.2x of two round trips",
+        cyc["celery_lease"]["ratio_to_limit"]["median"], 1.2, "x"))
+    out.append(_target(
+        "cycle_vs_redis_py", "acquire + release at least as fast as redis-py Lock",
+        cyc["celery_lease"]["ratio_to_redis_py_lock"]["median"], 1.0, "x"))
+    for pool, res in results["overhead"]["pools"].items():
+        out.append(_target(
+            f"throughput_{pool}", f"LeasedTask throughput >= 0.9x plain Task ({pool})",
+            res["variants"]["leased"]["ratio_to_plain"]["median"], 0.9, "x",
+            higher_is_better=True))
+    passes = results["renewal"]["passes"]
+    out.append(_target(
+        "renewal_round_trips", "one round trip per renewal pass, whatever N (worst N)",
+        max(p["round_trips_per_pass"] for p in passes.values()), 1.0, "round trips"))
+    big = passes[str(max(renewal.NS))]
+    steady_interval = results["renewal"]["steady_interval_s"]
+    per_lease_ms = big["renew_call_wall_ms"]["max"] / big["leases_per_pass"]
+    out.append(_target(
+        "renewal_10k_wall", "10 000 leases renewed well inside one interval (< 10% of it)",
+        per_lease_ms * max(renewal.NS) / 1000, steady_interval * 0.1, "s",
+        note=f"slowest renewal call scaled to 10 000 leases; interval {steady_interval:g} s"))
+    steady = results["renewal"]["steady"]["celery_lease"][str(max(renewal.NS))]
+    out.append(_target(
+        "renewal_10k_cpu", f"10 000 leases: CPU under 5% of one core "
+        f"(interval {steady_interval:g} s)", steady["cpu_percent_of_one_core"], 5.0, "%"))
+    det = results["detection"]
+    refusal_limit = det["renew_interval_s"] * 1000 + DEADLINE_SLACK_MS
+    for key, cell in det["cells"].items():
+        if (cell["pool"], cell["body"]) in NOT_INTERRUPTIBLE:
+            continue
+        worst = cell["latency_ms"]["max"] if cell["latency_ms"] else None
+        if cell["raised"] < cell["trials"]:
+            worst = None
+        if cell["cause"] == "deadline":
+            out.append(_target(f"detect_{key}", f"LeaseLost within 50 ms of the deadline ({key})",
+                               worst, DEADLINE_SLACK_MS, "ms"))
+        else:
+            out.append(_target(
+                f"detect_{key}", f"LeaseLost within one interval + 50 ms of a refusal ({key})",
+                worst, refusal_limit, "ms"))
+    for ttl_key, res in results["stall"]["ttls"].items():
+        out.append(_target(
+            f"stall_ttl_{ttl_key}", f"stall after SIGKILL at most TTL + 1 s (TTL {ttl_key} s)",
+            res["stall_s"]["max"], res["ttl_s"] + STALL_SLACK_S, "s"))
+    return out
+
+
+# --- completeness -------------------------------------------------------------------------------
+
+
+def expected_figures(results: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """Every figure a run must produce, as (dotted path, value)."""
+    meta = results["meta"]
+    for name in ("python", "cpu_count", "redis_server", "packages", "started_utc"):
+        yield f"meta.{name}", meta.get(name)
+    for name in cycle.VARIANTS:
+        v = results["cycle"]["variants"].get(name, {})
+        yield f"cycle.{name}.median_us", v.get("latency_us", {}).get("median")
+        yield f"cycle.{name}.p99_us", v.get("latency_us", {}).get("p99")
+        yield f"cycle.{name}.ratio_to_limit", v.get("ratio_to_limit", {}).get("median")
+    for pool in overhead.POOLS:
+        res = results["overhead"]["pools"].get(pool, {}).get("variants", {})
+        for variant in overhead.VARIANTS:
+            v = res.get(variant, {})
+            yield f"overhead.{pool}.{variant}.throughput", v.get("throughput", {}).get("median")
+            yield f"overhead.{pool}.{variant}.ratio", v.get("ratio_to_plain", {}).get("median")
+    for n in renewal.NS:
+        p = results["renewal"]["passes"].get(str(n), {})
+        for name in ("round_trips_per_pass", "renew_call_cpu_ms", "thread_cpu_per_pass_ms"):
+            yield f"renewal.passes.{n}.{name}", p.get(name)
+        yield f"renewal.passes.{n}.wall_ms", (p.get("renew_call_wall_ms") or {}).get("median")
+        for impl in ("celery_lease", "python_redis_lock"):
+            if impl == "python_redis_lock" and n not in renewal.REDIS_LOCK_NS:
+                continue
+            s = results["renewal"]["steady"][impl].get(str(n), {})
+            for name in ("round_trips_per_interval", "cpu_percent_of_one_core",
+                         "threads_added", "rss_added_mib"):
+                yield f"renewal.steady.{impl}.{n}.{name}", s.get(name)
+    for pool in detection.POOLS:
+        for cause in detection.CAUSES:
+            for body in detection.BODIES:
+                cell = results["detection"]["cells"].get(f"{pool}/{cause}/{body}", {})
+                yield f"detection.{pool}.{cause}.{body}.raised", cell.get("raised")
+                if (pool, body) not in NOT_INTERRUPTIBLE:
+                    yield (f"detection.{pool}.{cause}.{body}.median_ms",
+                           (cell.get("latency_ms") or {}).get("median"))
+    for ttl_key, res in results["stall"]["ttls"].items():
+        yield f"stall.{ttl_key}.max_s", res.get("stall_s", {}).get("max")
+
+
+def missing_figures(results: dict[str, Any]) -> list[str]:
+    """Dotted paths of the expected figures that are absent, or not finite numbers."""
+    missing = []
+    for path, value in expected_figures(results):
+        if value is None or (isinstance(value, float) and not math.isfinite(value)):
+            missing.append(path)
+    return missing
+
+
+# --- Markdown -----------------------------------------------------------------------------------
+
+
+def _f(value: float | None, digits: int = 2) -> str:
+    if value is None:
+        return "n/a"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}f}"
+
+
+def _range(s: dict[str, float], digits: int = 2) -> str:
+    return f"{_f(s['median'], digits)} ({_f(s['min'], digits)}-{_f(s['max'], digits)})"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The run as Markdown tables (figures, then targets)."""
+    meta = results["meta"]
+    lines = [
+        f"Run {meta['started_utc']} ({'quick' if meta['quick'] else 'full'}), "
+        f"{meta['total_s']:.0f} s: {meta['cpu_model']}, {meta['cpu_count']} CPUs, "
+        f"Python {meta['python']}, redis-server {meta['redis_server']}, "
+        f"load average {meta['load_before']} before, {meta['load_after']} after. "
+        f"Medians, with the min-max over rounds in parentheses.",
+        "",
+        "### 1. Acquire + release (one connection, uncontended)",
+        "",
+        "| variant | median µs | p99 µs | ratio to 2 x PING |",
+        "|---|---:|---:|---:|",
+    ]
+    for v in results["cycle"]["variants"].values():
+        lines.append(f"| {v['label']} | {_f(v['latency_us']['median'], 0)} | "
+                     f"{_f(v['latency_us']['p99'], 0)} | {_range(v['ratio_to_limit'])} |")
+    pinned = results["cycle"].get("same_core")
+    if pinned:
+        lines += ["", "Same measurement with the benchmark and its redis-server pinned to one "
+                  "core (no cross-core wake-ups):", "",
+                  "| variant | median µs | p99 µs | ratio to 2 x PING |", "|---|---:|---:|---:|"]
+        for v in pinned["variants"].values():
+            lines.append(f"| {v['label']} | {_f(v['latency_us']['median'], 0)} | "
+                         f"{_f(v['latency_us']['p99'], 0)} | {_range(v['ratio_to_limit'])} |")
+    lines += ["", "### 2. Task throughput through a real worker", "",
+              "| pool | variant | tasks/s | ratio to plain | publish µs/task |",
+              "|---|---|---:|---:|---:|"]
+    for pool, res in results["overhead"]["pools"].items():
+        for v in res["variants"].values():
+            lines.append(f"| {pool} (-c {res['concurrency']}) | {v['label']} | "
+                         f"{_f(v['throughput']['median'], 0)} | {_range(v['ratio_to_plain'])} | "
+                         f"{_f(v['publish_us']['median'], 0)} |")
+    ren = results["renewal"]
+    lines += ["", "### 3. Renewal cost: one process holding N leases", "",
+              "Per renewal pass (interval 1 s):", "",
+              "| N | passes | round trips / pass | round trips / interval | leases / pass "
+              "| renew call wall ms (median, max) | renew call CPU ms | heartbeat CPU ms / pass |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for n, p in ren["passes"].items():
+        wall = p["renew_call_wall_ms"]
+        lines.append(f"| {n} | {p['passes']} | {_f(p['round_trips_per_pass'])} | "
+                     f"{_f(p['round_trips_per_interval'])} | "
+                     f"{_f(p['leases_per_pass'], 0)} | {_f(wall['median'])}, {_f(wall['max'])} | "
+                     f"{_f(p['renew_call_cpu_ms'])} | {_f(p['thread_cpu_per_pass_ms'])} |")
+    lines += ["", f"Steady state at a {ren['steady_interval_s']:g} s interval:", "",
+              "| N | library | round trips / interval | CPU % of one core | CPU ms / interval "
+              "| threads added | RSS added MiB |", "|---:|---|---:|---:|---:|---:|---:|"]
+    for n in renewal.NS:
+        for impl, label in (("celery_lease", "celery-lease"),
+                            ("python_redis_lock", "python-redis-lock")):
+            s = ren["steady"][impl][str(n)]
+            if "not_run" in s:
+                lines.append(f"| {n} | {label} | not run: {s['not_run']} | | | | |")
+                continue
+            lines.append(f"| {n} | {label} | {_f(s['round_trips_per_interval'], 1)} | "
+                         f"{_f(s['cpu_percent_of_one_core'], 3)} | "
+                         f"{_f(s['cpu_ms_per_interval'])} | {s['threads_added']} | "
+                         f"{_f(s['rss_added_mib'])} |")
+    det = results["detection"]
+    lines += ["", "### 4. Loss detection: LeaseLost in the body", "",
+              f"lease_ttl {det['ttl_s']:g} s (renewed every {det['renew_interval_s'] * 1000:.0f}"
+              f" ms), {det['repeats']} trial(s) per cell. Refused: ms from the DEL to LeaseLost. "
+              f"Deadline: ms from the lease's local deadline to LeaseLost.", "",
+              "| pool | cause | body | mechanism | raised | median ms | min ms | max ms |",
+              "|---|---|---|---|---:|---:|---:|---:|"]
+    for cell in det["cells"].values():
+        lat = cell["latency_ms"]
+        note = NOT_INTERRUPTIBLE.get((cell["pool"], cell["body"]))
+        stats = (f"{_f(lat['median'], 1)} | {_f(lat['min'], 1)} | {_f(lat['max'], 1)}"
+                 if lat else "n/a | n/a | n/a")
+        suffix = f" ({note})" if note else ""
+        lines.append(f"| {cell['pool']} | {cell['cause']} | {cell['body']}{suffix} | "
+                     f"{cell['mechanism']} | {cell['raised']}/{cell['trials']} | {stats} |")
+    st = results["stall"]
+    lines += ["", "### 5. Stall after SIGKILL of the holder", "",
+              f"{st['pool']} worker, {st['repeats']} crash(es) per TTL; seconds from the "
+              f"SIGKILL to the duplicate's body starting.", "",
+              "| TTL s | median s | min s | max s | worst - TTL s |",
+              "|---:|---:|---:|---:|---:|"]
+    for res in st["ttls"].values():
+        s = res["stall_s"]
+        lines.append(f"| {res['ttl_s']:g} | {_f(s['median'])} | {_f(s['min'])} | "
+                     f"{_f(s['max'])} | {_f(res['worst_over_ttl_s'])} |")
+    lines += ["", "### Targets", "", "| target | value | limit | met | margin |",
+              "|---|---:|---:|:---:|---:|"]
+    for t in results["targets"]:
+        margin = "" if t["margin"] is None else f"{t['margin']:+.3g} {t['unit']}"
+        note = f" — {t['note']}" if t["note"] else ""
+        lines.append(f"| {t['goal']}{note} | {_f(t['value'], 3)} {t['unit']} | "
+                     f"{_f(t['limit'], 3)} {t['unit']} | {'yes' if t['met'] else '**no**'} | "
+                     f"{margin} |")
+    return "\n".join(lines) + "\n"
+
+
+# --- plots --------------------------------------------------------------------------------------
+
+
+def plots(results: dict[str, Any], out: Path) -> list[Path]:
+    """Write the PNG plots into ``out``; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+
+    def save(fig: Any, name: str) -> None:
+        path = out / name
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
+    # 1. cycle latency
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    variants = list(results["cycle"]["variants"].values())
+    labels = [v["label"] for v in variants]
+    med = [v["latency_us"]["median"] for v in variants]
+    p99 = [v["latency_us"]["p99"] for v in variants]
+    y = range(len(variants))
+    ax.barh(y, p99, color="#d9d9d9", label="p99")
+    ax.barh(y, med, color=["#888888", "#1f77b4"] + ["#ff7f0e"] * (len(variants) - 2),
+            label="median")
+    ax.set_yticks(list(y), labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("µs per acquire + release (one connection)")
+    ax.set_xlim(0, max(p99) * 1.3)
+    ax.legend(loc="upper right", fontsize=8)
+    ax.set_title("1. Lease cycle cost")
+    save(fig, "cycle.png")
+
+    # 2. throughput ratios
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    pools = list(results["overhead"]["pools"])
+    names = list(overhead.VARIANTS)
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        vals = [results["overhead"]["pools"][p]["variants"][name]["ratio_to_plain"]
+                for p in pools]
+        xs = [j + i * width for j in range(len(pools))]
+        errors = [[v["median"] - v["min"] for v in vals], [v["max"] - v["median"] for v in vals]]
+        ax.bar(xs, [v["median"] for v in vals], width, yerr=errors,
+               label=overhead.LABELS[name], capsize=3)
+    ax.axhline(0.9, color="red", linestyle="--", linewidth=1, label="target 0.9x")
+    ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(pools))], pools)
+    ax.set_ylabel("throughput / plain Task")
+    ax.set_ylim(0, 1.2)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title("2. Trivial-task throughput through a real worker")
+    save(fig, "overhead.png")
+
+    # 3. renewal: round trips and CPU per interval against N
+    ren = results["renewal"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.6))
+    for impl, label, style in (("celery_lease", "celery-lease", "o-"),
+                               ("python_redis_lock", "python-redis-lock", "s--")):
+        rows = [s for s in ren["steady"][impl].values() if "not_run" not in s]
+        ns = [s["n"] for s in rows]
+        ax1.plot(ns, [max(s["round_trips_per_interval"], 0.5) for s in rows], style, label=label)
+        ax2.plot(ns, [max(s["cpu_percent_of_one_core"], 1e-3) for s in rows], style, label=label)
+    for ax in (ax1, ax2):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("leases held by one process (N)")
+        ax.legend(fontsize=8)
+    ax1.set_ylabel(f"round trips per {ren['steady_interval_s']:g} s interval")
+    ax2.set_ylabel("CPU % of one core")
+    ax2.axhline(5, color="red", linestyle="--", linewidth=1)
+    fig.suptitle("3. Renewal cost")
+    save(fig, "renewal.png")
+
+    # 4. detection latency per cell
+    det = results["detection"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    for ax, cause in zip(axes, detection.CAUSES, strict=True):
+        cells = [c for c in det["cells"].values() if c["cause"] == cause]
+        for i, cell in enumerate(cells):
+            samples = cell["samples_ms"]
+            ax.scatter(samples, [i] * len(samples), s=14, alpha=0.7)
+            if cell["raised"] < cell["trials"]:
+                ax.annotate(f"not raised {cell['trials'] - cell['raised']}/{cell['trials']}",
+                            (0, i), fontsize=7, color="gray", va="center")
+        ax.set_yticks(range(len(cells)), [f"{c['pool']} / {c['body']}" for c in cells])
+        ax.invert_yaxis()
+        ax.set_xscale("symlog", linthresh=10)
+        if cause == "refused":
+            limit = det["renew_interval_s"] * 1000 + DEADLINE_SLACK_MS
+            ax.set_xlabel("ms from the refusal (DEL) to LeaseLost")
+        else:
+            limit = DEADLINE_SLACK_MS
+            ax.set_xlabel("ms from the local deadline to LeaseLost")
+        ax.axvline(limit, color="red", linestyle="--", linewidth=1)
+        worst = max([s for c in cells for s in c["samples_ms"]] + [limit])
+        ax.set_xlim(0, worst * 1.6)
+        ax.set_title(cause)
+    fig.suptitle("4. Loss detection")
+    save(fig, "detection.png")
+
+    # 5. stall against TTL
+    st = results["stall"]["ttls"]
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    ttls = [r["ttl_s"] for r in st.values()]
+    for r in st.values():
+        ax.scatter([r["ttl_s"]] * len(r["samples_s"]), r["samples_s"], color="#1f77b4")
+    top = max(ttls) * 1.15 + 1
+    ax.plot([0, top], [0, top], color="gray", linewidth=1, label="stall = TTL")
+    ax.plot([0, top], [1, top + 1], color="red", linestyle="--", linewidth=1,
+            label="target TTL + 1 s")
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top + 1)
+    ax.set_xlabel("lease_ttl (s)")
+    ax.set_ylabel("SIGKILL → next execution (s)")
+    ax.legend(fontsize=8)
+    ax.set_title("5. Stall after a crash")
+    save(fig, "stall.png")
+    return written
