@@ -10,6 +10,8 @@ USAGE = """usage: python -m example_project demo [--redis-url URL] [--pool POOL]
 commands:
   demo    real Celery workers and a real Redis: duplicates, a SIGKILLed holder, a long
           renewed run, and a pause that outlives the lease (see demo --help)
+  compare celery-lease, celery-once and celery-singleton on the same faults (needs
+          pip install celery-once celery-singleton; see compare --help)
 """
 
 
@@ -24,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
         from example_project.demo.cli import main as demo
 
         return demo(rest)
+    if command == "compare":
+        from example_project.compare.run import main as compare
+
+        return compare(rest)
     sys.stderr.write(f"unknown command {command!r}\n{USAGE}")
     return 2
 

@@ -241,9 +241,12 @@ class Worker:
         letter: ``"A"`` or ``"B"``.
         pool: the Celery pool (``prefork``, ``threads``, ``solo``, ``gevent``, ``eventlet``).
         env: variables added to the worker's environment (Redis URL, prefix, TTL).
+        app_module: the ``-A`` argument (default: the demo's app).
     """
 
-    def __init__(self, letter: str, pool: str, env: dict[str, str]) -> None:
+    def __init__(self, letter: str, pool: str, env: dict[str, str],
+                 app_module: str = "example_project.demo.worker_app") -> None:
+        self.app_module = app_module
         self.letter = letter
         self.pool = pool
         self.queue = f"demo.{letter}"
@@ -255,7 +258,7 @@ class Worker:
     def argv(self) -> list[str]:
         """The command line of the worker."""
         return [
-            sys.executable, "-m", "celery", "-A", "example_project.demo.worker_app", "worker",
+            sys.executable, "-m", "celery", "-A", self.app_module, "worker",
             "-P", self.pool, "-c", str(CONCURRENCY.get(self.pool, 2)), "-Q", self.queue,
             "-n", f"{self.letter}-{os.getpid()}@%h", "-l", "info",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
