@@ -1,0 +1,202 @@
+"""Lease outcomes in a real Flower process, read through its HTTP API and pages.
+
+Flower runs with the example project's ``flowerconfig.py``. A refused duplicate and a lost
+lease must show on the task (state, lease key, holder, cause) in the API, the task list data
+and the task page; renewals must not add events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from celery_lease import LeaseLost, store
+from tests.support.fixtures import WorkerFactory
+from tests.support.redis_server import free_port
+from tests.support.waiting import wait_for
+from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, REPO_ROOT, RESULT_BACKEND_ENV
+
+APP = "tests.apps.ops_app"
+FLOWERCONFIG = REPO_ROOT / "example_project" / "flowerconfig.py"
+SCREENSHOT = REPO_ROOT / "docs" / "img" / "flower-task.png"
+
+
+class Flower:
+    """A ``celery -A <app> flower`` subprocess on a free port."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / "flower.log"
+        environ = {**os.environ, **env, "PYTHONUNBUFFERED": "1",
+                   "FLOWER_UNAUTHENTICATED_API": "true"}
+        environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(REPO_ROOT), environ.get("PYTHONPATH", "")) if p)
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", APP, "flower", f"--port={self.port}",
+                 "--address=127.0.0.1", f"--conf={FLOWERCONFIG}", "--db=" + str(log_dir / "fl")],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environ,
+                cwd=log_dir, start_new_session=True)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(self.base + path, timeout=5) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+        except OSError:
+            return 0, ""
+
+    def json(self, path: str) -> Any:
+        status, body = self.get(path)
+        assert status == 200, f"{path}: {status} {body[:300]}"
+        return json.loads(body)
+
+    def post(self, path: str, form: dict[str, str]) -> Any:
+        data = urllib.parse.urlencode(form).encode()
+        with urllib.request.urlopen(self.base + path, data=data, timeout=5) as response:
+            return json.loads(response.read().decode())
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(5)
+
+
+@pytest.fixture
+def flower_setup(redis_url: str, worker_factory: WorkerFactory,
+                 tmp_path: Path) -> Iterator[dict[str, Any]]:
+    env = {BROKER_URL_ENV: redis_url, RESULT_BACKEND_ENV: redis_url,
+           QUEUE_ENV: worker_factory.queue, "LEASE_TTL": "1.5"}
+    flower = Flower(env, tmp_path)
+    try:
+        wait_for(lambda: flower.get("/healthcheck")[0] == 200, 30,
+                 message=lambda: flower.log()[-3000:])
+        worker = worker_factory(APP, pool="threads", concurrency=3, env=env, extra_args=["-E"])
+        from celery import Celery
+
+        app = Celery("client", broker=redis_url, backend=redis_url)
+        app.conf.task_default_queue = worker_factory.queue
+        # Flower only sees events sent after it connected: wait until a task shows up.
+        probe = app.send_task("ops.tick", kwargs={"tag": "probe"})
+        wait_for(lambda: flower.get(f"/api/task/info/{probe.id}")[0] == 200, 20,
+                 message=lambda: flower.log()[-3000:])
+        yield {"flower": flower, "worker": worker, "app": app,
+               "client": redis.Redis.from_url(redis_url)}
+        worker.kill()
+    finally:
+        flower.stop()
+
+
+def _skipped_and_lost(setup: dict[str, Any]) -> tuple[Any, Any, Any, str]:
+    app, client = setup["app"], setup["client"]
+    holder = app.send_task("ops.hold", ("report", 30))
+    wait_for(lambda: client.llen("started") >= 1, 15, message=setup["worker"].log_tail)
+    duplicate = app.send_task("ops.hold", ("report", 30))
+    assert duplicate.get(timeout=15)["lease_skipped"] is True
+    key = next(k.decode() for k in client.scan_iter(match="lease:{ops.hold:*", _type="STRING")
+               if not k.endswith(b":fence"))
+    value = client.get(key)
+    assert value is not None
+    # Hold it through several renewals, then take the lease away as an operator would.
+    renewed = store.parse_value(value)
+    held_until = time.monotonic() + 3.5  # over two TTLs of 1.5 s: it must have renewed
+    wait_for(lambda: time.monotonic() >= held_until, 5)
+    assert client.get(key) == value and client.pttl(key) > 0
+    assert store.release(client, key, renewed.token)
+    with pytest.raises(LeaseLost):
+        holder.get(timeout=15)
+    return holder, duplicate, renewed, key
+
+
+def test_flower_shows_a_skipped_duplicate_and_a_lost_lease(flower_setup: dict[str, Any]) -> None:
+    flower = flower_setup["flower"]
+    holder, duplicate, held, key = _skipped_and_lost(flower_setup)
+    worker_where = f"{flower_setup['worker'].hostname}:{flower_setup['worker'].pid}"
+
+    skipped = wait_for(lambda: (t := flower.json(f"/api/task/info/{duplicate.id}"))
+                       .get("lease_key") and t, 15)
+    assert skipped["state"] == "LEASE-SKIPPED"
+    assert skipped["lease_key"] == key
+    assert skipped["lease_holder"] == worker_where
+    assert skipped["lease_holder_task_id"] == holder.id
+    assert skipped["lease_cause"] == "held by another execution"
+    assert skipped["lease"] == f"skipped (held by another execution): {key} held by " \
+                               f"{worker_where}"
+
+    lost = wait_for(lambda: (t := flower.json(f"/api/task/info/{holder.id}"))
+                    .get("state") == "FAILURE" and t.get("lease_key") and t, 15)
+    assert lost["lease_key"] == key
+    assert lost["lease_cause"] == "refused"
+    assert lost["lease_holder"] == worker_where
+    assert lost["fencing_token"] == held.fencing_token
+    assert "LeaseLost" in lost["exception"]
+
+    # The task list (the data behind Flower's /tasks table) has the lease column.
+    page = flower.post("/tasks/datatable", {
+        "draw": "1", "start": "0", "length": "50", "search[value]": "",
+        "order[0][column]": "0", "order[0][dir]": "desc", "columns[0][data]": "received"})
+    rows = {row["uuid"]: row for row in page["data"]}
+    assert rows[duplicate.id]["lease"].startswith("skipped (held by another execution)")
+    assert rows[holder.id]["lease"] == f"lost (refused): {key} was held by {worker_where}"
+    status, tasks_page = flower.get("/tasks")
+    assert status == 200 and 'data-column="lease"' in tasks_page
+
+    # The task page lists the fields.
+    status, html = flower.get(f"/task/{holder.id}")
+    assert status == 200
+    text = re.sub(r"\s+", " ", html)
+    assert "Lease key" in text and key in text
+    assert "Lease cause" in text and "refused" in text
+    assert "Lease holder" in text and worker_where in text
+
+    # Renewals send no events: the holder renewed several times, yet its events are just
+    # received, started, lease-lost and failed.
+    metrics = flower.get("/metrics")[1]
+    counts = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'flower_events_total\{task="ops.hold",type="([^"]+)",worker="[^"]+"\} (\S+)', metrics)}
+    assert counts == {"task-received": 2.0, "task-started": 2.0, "task-lease-skipped": 1.0,
+                      "task-lease-lost": 1.0, "task-failed": 1.0}, counts
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed")
+def test_screenshot_of_the_task_page(flower_setup: dict[str, Any], tmp_path: Path) -> None:
+    """Screenshot for the docs: written to docs/img/ with CELERY_LEASE_SCREENSHOT=1."""
+    flower = flower_setup["flower"]
+    holder, _, _, _ = _skipped_and_lost(flower_setup)
+    wait_for(lambda: flower.json(f"/api/task/info/{holder.id}").get("state") == "FAILURE", 15)
+    target = SCREENSHOT if os.environ.get("CELERY_LEASE_SCREENSHOT") == "1" else \
+        tmp_path / "flower-task.png"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--hide-scrollbars", f"--user-data-dir={tmp_path / 'chromium-profile'}",
+         "--window-size=1280,2000", f"--screenshot={target}",
+         f"{flower.base}/task/{holder.id}"],
+        check=True, capture_output=True, timeout=60)
+    assert target.stat().st_size > 10_000
