@@ -23,8 +23,11 @@ from typing import Any
 
 import pytest
 import redis
+from celery import Celery
+from celery.beat import Scheduler
 
-from celery_lease import store
+from celery_lease import LeaseConfigError, store
+from celery_lease.beat import LeasedScheduler
 from tests.support.fixtures import WorkerFactory
 from tests.support.waiting import wait_for
 from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, REPO_ROOT, RESULT_BACKEND_ENV
@@ -251,3 +254,48 @@ def test_graceful_stop_hands_over_at_once_and_the_new_leader_does_not_repeat_run
     (pid1, at1), (pid2, at2) = _ticks_by(client)
     assert (pid1, pid2) == (leader.pid, standby.pid)
     assert at2 - at1 >= period - 0.5, f"the new leader repeated a run after {at2 - at1:.2f}s"
+
+
+class RecordingScheduler(Scheduler):  # type: ignore[misc]
+    """An in-memory scheduler standing in for a user's configured one."""
+
+    sent: list[str]
+
+    def apply_async(self, entry: Any, producer: Any = None, advance: bool = True,
+                    **kwargs: Any) -> None:
+        self.sent = [*getattr(self, "sent", []), entry.name]
+
+
+def test_leased_scheduler_wraps_the_configured_scheduler_and_only_the_leader_sends(
+    redis_url: str
+) -> None:
+    app = Celery("wrapped", broker=redis_url)
+    app.conf.update(beat_scheduler="tests.test_beat:RecordingScheduler", lease_beat_ttl=1.0,
+                    beat_schedule={"every": {"task": "x.y", "schedule": 0.05}})
+    lazy = LeasedScheduler(app=app, lazy=True)
+    assert isinstance(lazy.inner, RecordingScheduler)
+    assert lazy.leader is None  # celery beat's banner instance takes part in no election
+    assert "leader lease -> lease:{celery.beat:wrapped}" in lazy.info
+
+    first, second = LeasedScheduler(app=app), LeasedScheduler(app=app)
+    client = redis.Redis.from_url(redis_url)
+
+    def ticks(scheduler: LeasedScheduler, until: float) -> None:
+        end = time.monotonic() + until
+        wait_for(lambda: scheduler.tick() is None or time.monotonic() >= end, until + 1,
+                 interval=0.01)
+
+    ticks(first, 0.3)
+    ticks(second, 0.3)
+    assert first.leader is not None and first.leader.is_leader
+    assert second.leader is not None and not second.leader.is_leader
+    assert getattr(first.inner, "sent", []) and not getattr(second.inner, "sent", [])
+    first.close()  # releases the lease: the standby takes over at its next tick
+    assert client.get(BEAT_KEY.replace("ops_app", "wrapped")) is None
+    ticks(second, 0.3)
+    assert second.leader.is_leader and getattr(second.inner, "sent", [])
+    second.close()
+
+    app.conf.lease_beat_scheduler = "celery_lease.beat:LeasedScheduler"
+    with pytest.raises(LeaseConfigError, match="lease_beat_scheduler"):
+        LeasedScheduler(app=app, lazy=True)
