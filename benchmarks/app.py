@@ -15,6 +15,8 @@ Tasks record what the benchmark measures in the broker's Redis, never in the lea
 
 - ``bench.plain`` / ``bench.leased`` / ``bench.singleton`` / ``bench.once`` ``(run, i, n)``:
   trivial bodies; task 0 records when it starts and task ``n - 1`` when it ends;
+  ``bench.floor`` is ``bench.plain`` plus two ``PING`` round trips in the body: the least an
+  execution-time lease (an acquire and a release round trip) can add to a plain task;
 - ``bench.hold(trial, body, limit)``: holds a lease and sleeps or spins for at most ``limit``
   seconds, recording when :class:`~celery_lease.LeaseLost` arrived (wall clock, deadline clock
   and the lease's local deadline) or that it never did;
@@ -52,6 +54,15 @@ def records() -> redis.Redis:
 
 def _mark(run: str, what: str) -> None:
     records().set(f"tp:{run}:{what}", repr(time.time()))
+
+
+def _two_round_trips() -> None:
+    """Two ``PING`` round trips on a client made like celery-lease's own."""
+    from celery_lease import store
+
+    client = store.client_for(os.environ.get("BENCH_BROKER", ""), 2.0)
+    client.execute_command("PING")
+    client.execute_command("PING")
 
 
 def _trivial(run: str, i: int, n: int) -> int:
@@ -118,6 +129,11 @@ def make_app(
     def plain(run: str, i: int, n: int) -> int:
         return _trivial(run, i, n)
 
+    @app.task(name="bench.floor", shared=False)  # type: ignore[untyped-decorator]
+    def floor(run: str, i: int, n: int) -> int:
+        _two_round_trips()
+        return _trivial(run, i, n)
+
     @app.task(name="bench.leased", base=LeasedTask, shared=False)  # type: ignore[untyped-decorator]
     def leased(run: str, i: int, n: int) -> int:
         return _trivial(run, i, n)
@@ -143,7 +159,7 @@ def make_app(
             lease_key=("trial",), lease_on_conflict="retry", max_retries=None,
         )(_stall)
 
-    del plain, leased, singleton, once, hold
+    del plain, floor, leased, singleton, once, hold
     return app
 
 

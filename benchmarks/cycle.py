@@ -96,7 +96,7 @@ def _time_cycles(cycle: Cycle, client: redis.Redis, prefix: str, count: int) -> 
 
 def run(url: str, quick: bool) -> dict[str, Any]:
     """Benchmark 1 against the Redis at ``url``."""
-    cycles, rounds = (150, 2) if quick else (800, 5)
+    cycles, rounds = (150, 2) if quick else (600, 5)
     logging.getLogger("pottery").setLevel(logging.ERROR)  # one master: it warns about quorum
     client = store.client_for(url, 5.0)
     names = list(VARIANTS)

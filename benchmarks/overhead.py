@@ -7,10 +7,16 @@ Per pool (solo, prefork), per round, per variant (in an order rotated each round
 2. ``RENAME`` the holding list onto the worker's queue, so the worker finds the whole batch at
    once and never waits for the publisher;
 3. the throughput is ``(n - 1)`` over the time from the start of task 0's body to the end of
-   task ``n - 1``'s body, both recorded by the tasks themselves.
+   task ``n - 1``'s body, both recorded by the tasks themselves; the worker's CPU time (main
+   process and pool children) over the batch, per task, is a second figure that other load on
+   the machine disturbs less.
 
 Every variant runs through the same worker, broker and Redis, one after the other, so each
-round yields ratios to plain ``Task`` measured under the same machine load.
+round yields ratios to plain ``Task`` measured under the same machine load. The ``floor``
+variant (plain ``Task`` whose body makes two ``PING`` round trips) is the physical limit for a
+lease taken when the execution starts: whatever else it does, it needs an acquire and a release.
+celery-singleton and celery-once lock when the task is published and unlock in the worker, so
+part of their cost is in ``publish_us``, outside the worker's throughput.
 """
 
 from __future__ import annotations
@@ -19,14 +25,16 @@ import time
 import uuid
 from typing import Any
 
+import psutil
 import redis
 from celery import Celery
 
 from ._infra import Worker, spread, wait_for
 
-VARIANTS = ("plain", "leased", "singleton", "once")
+VARIANTS = ("plain", "floor", "leased", "singleton", "once")
 LABELS = {
     "plain": "celery Task (plain)",
+    "floor": "plain + 2 x PING in the body (floor)",
     "leased": "celery-lease LeasedTask",
     "singleton": "celery-singleton Singleton",
     "once": "celery-once QueueOnce",
@@ -51,13 +59,31 @@ def run_batch(
             task.apply_async((run, i, n), queue=hold_queue, producer=producer)
     publish_us = (time.perf_counter() - started) / n * 1e6
     target_queue = worker.queues[0]
+    cpu0 = _worker_cpu(worker)
     records.rename(hold_queue, target_queue)
     wait_for(lambda: records.exists(f"tp:{run}:last"), 30.0 + n / 20, 0.005,
              lambda: f"{variant} batch on {worker.pool}:\n{worker.log_tail()}")
+    cpu = _worker_cpu(worker) - cpu0
     first = float(records.get(f"tp:{run}:first") or 0)
     last = float(records.get(f"tp:{run}:last") or 0)
     records.delete(f"tp:{run}:first", f"tp:{run}:last")
-    return {"throughput": (n - 1) / (last - first), "publish_us": publish_us}
+    return {"throughput": (n - 1) / (last - first), "publish_us": publish_us,
+            "worker_cpu_us": cpu / n * 1e6}
+
+
+def _worker_cpu(worker: Worker) -> float:
+    """Float seconds of CPU used so far by the worker and its pool processes."""
+    if worker.process is None:
+        return 0.0
+    main = psutil.Process(worker.process.pid)
+    total = 0.0
+    for proc in [main, *main.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def measure_pool(
@@ -75,13 +101,17 @@ def measure_pool(
                               "tasks_per_batch": n, "rounds": rounds, "variants": {}}
     for variant in VARIANTS:
         rows = per_round[variant]
-        ratios = [row["throughput"] / base["throughput"]
-                  for row, base in zip(rows, per_round["plain"], strict=True)]
+        def ratios(base: str, rows: list[dict[str, float]] = rows) -> dict[str, float]:
+            return spread(row["throughput"] / ref["throughput"]
+                          for row, ref in zip(rows, per_round[base], strict=True))
+
         result["variants"][variant] = {
             "label": LABELS[variant],
             "throughput": spread(row["throughput"] for row in rows),
-            "ratio_to_plain": spread(ratios),
+            "ratio_to_plain": ratios("plain"),
+            "ratio_to_floor": ratios("floor"),
             "publish_us": spread(row["publish_us"] for row in rows),
+            "worker_cpu_us_per_task": spread(row["worker_cpu_us"] for row in rows),
         }
     return result
 
@@ -90,6 +120,6 @@ def run(
     app: Celery, records: redis.Redis, workers: dict[str, Worker], quick: bool
 ) -> dict[str, Any]:
     """Benchmark 2 on the solo and prefork workers in ``workers``."""
-    n, rounds = (150, 1) if quick else (1500, 3)
+    n, rounds = (150, 1) if quick else (500, 6)
     return {"pools": {pool: measure_pool(app, records, workers[pool], n, rounds)
                       for pool in POOLS}}
