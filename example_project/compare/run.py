@@ -239,6 +239,7 @@ def pause(bench: Bench, lib: str) -> dict[str, Any]:
         "B took over during the pause": b_started,
         "A told it lost the claim": bool(bench.of(job, "lost", "A")),
         "steps A ran after resuming": len(a_steps_after),
+        "A ran on after resuming (s)": round(max(a_done["t"] - resumed, 0.0), 3),
         "A's release deleted B's lock": deleted,
         "third execution started while B ran": len(third),
         "most executions running at once": _max_running(
