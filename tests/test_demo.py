@@ -128,6 +128,21 @@ def test_demo_runs_every_scene_and_measures(
     assert _processes_with(f"DEMO_PREFIX={prefix}") == []
 
 
+@pytest.mark.parametrize("pool", ["threads", "gevent"])
+def test_the_pause_scene_on_other_pools(
+    pool: str, throwaway_redis: RedisFactory, tmp_path: Path
+) -> None:
+    server = throwaway_redis({"maxmemory-policy": "noeviction"})
+    report = tmp_path / "demo.json"
+    demo = DemoRun(["--redis-url", server.url(0), "--pool", pool, "--scene", "pause",
+                    "--json", str(report)])
+    assert demo.finish(timeout=60) == 0, demo.output
+    pause = _scenes(report)["pause"]
+    assert pause["passed"], demo.output
+    assert pause["figures"]["a_late_writes_refused"] >= 1
+    assert pause["figures"]["a_writes_accepted_after_b"] == 0
+
+
 def test_demo_starts_an_embedded_redis_when_none_answers(tmp_path: Path) -> None:
     report = tmp_path / "demo.json"
     dead = f"redis://127.0.0.1:{free_port()}/0"

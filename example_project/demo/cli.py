@@ -202,7 +202,8 @@ class Demo:
         """Stop every process started, and delete this run's keys from an external Redis."""
         if self.processes.children:
             self.say(f"Stopping the {len(self.processes.children)} processes the demo started")
-        self.processes.close()
+        self.processes.close(
+            tick=lambda elapsed: self.say(f"  ... still stopping ({elapsed:.0f}s)"))
         if self.redis_url and not self.embedded:
             try:
                 client = runtime.quick_client(self.redis_url, 2.0)

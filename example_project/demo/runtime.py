@@ -173,19 +173,17 @@ class Processes:
         self.children.append(child)
         return child
 
-    def close(self, grace: float = 5.0) -> None:
+    def close(self, grace: float = 5.0, tick: Callable[[float], None] | None = None) -> None:
         """SIGCONT then SIGTERM every group, wait up to ``grace`` float seconds, SIGKILL the rest.
 
-        Never raises; safe to call twice.
+        ``tick(elapsed)`` is called about once a second while waiting. Never raises; safe to
+        call twice.
         """
         live = [c for c in self.children if c.alive() or not c.killed]
         for child in live:
             child.signal_group(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
             child.signal_group(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for child in live:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.process.wait(max(deadline - time.monotonic(), 0.01))
+        wait_until(lambda: not any(c.alive() for c in live), grace, tick or (lambda _: None))
         for child in live:
             child.signal_group(signal.SIGKILL)  # leftovers of the group, e.g. pool children
             with contextlib.suppress(subprocess.TimeoutExpired):
