@@ -23,7 +23,7 @@ from typing import Any
 
 import redis
 
-from celery_lease import LeasedTask, LeaseLost, LostCause
+from celery_lease import Lease, LeasedTask, LeaseLost, LostCause
 
 from .celery_app import app, redis_url
 from .fencing import RedisFencedStore
@@ -43,6 +43,14 @@ def downstream() -> RedisFencedStore:
     return RedisFencedStore(client, prefix="example")
 
 
+def held(task: LeasedTask) -> Lease:
+    """The running execution's lease (``task.lease`` is ``None`` only outside an execution)."""
+    lease = task.lease
+    if lease is None:
+        raise RuntimeError(f"{task.name} is not running as a leased execution")
+    return lease
+
+
 def _fenced_write(task: LeasedTask, record: str, value: str) -> None:
     """Write ``value`` to ``record`` with this execution's fencing token, or stop.
 
@@ -50,7 +58,7 @@ def _fenced_write(task: LeasedTask, record: str, value: str) -> None:
         LeaseLost: the store refused the token: a later holder of this lease has written, so
             this execution must stop acting as the holder.
     """
-    lease = task.lease
+    lease = held(task)
     if not downstream().write(record, value, lease.fencing_token):
         lease.check()  # raises the loss if the heartbeat already knows of it
         raise LeaseLost(lease.key, LostCause.REFUSED, lease.fencing_token, 0.0)
@@ -81,7 +89,7 @@ def sync_account(
     for page in _remote_pages(account_id, since, page_size):
         _fenced_write(self, f"ledger:{account_id}", json.dumps(page))
         pages += 1
-    return {"account_id": account_id, "pages": pages, "fencing_token": self.lease.fencing_token}
+    return {"account_id": account_id, "pages": pages, "fencing_token": held(self).fencing_token}
 
 
 @app.task(base=LeasedTask, bind=True, lease_key=())  # type: ignore[untyped-decorator]
@@ -136,7 +144,7 @@ def reindex(
             if done % 10 == 0 or done == total_batches:
                 _fenced_write(self, record, str(done))
     except LeaseLost:
-        kept = downstream().write(record, str(done), self.lease.fencing_token)
+        kept = downstream().write(record, str(done), held(self).fencing_token)
         logger.warning("reindex %s: lease lost after batch %d; checkpoint %s", index, done,
                        "saved" if kept else "refused (a successor has moved on)")
         raise

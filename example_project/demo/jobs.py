@@ -17,8 +17,8 @@ from typing import Any
 import redis
 
 from celery_lease import LeasedTask, LeaseLost, LostCause, signals
-from example_project.celery_app import redis_url
-from example_project.demo.worker_app import PREFIX, app
+from example_project.celery_app import app, redis_url
+from example_project.demo.worker_app import PREFIX
 from example_project.fencing import RedisFencedStore
 
 #: This worker's letter, ``"A"`` or ``"B"`` (``"?"`` in the orchestrator).
@@ -94,25 +94,25 @@ def job_retry(self: LeasedTask, job_id: str, steps: int, step_seconds: float) ->
 
 # -- what celery-lease reports through its signals ----------------------------------------------
 
-@signals.lease_acquired.connect
+@signals.lease_acquired.connect  # type: ignore[untyped-decorator]
 def _on_acquired(sender: Any = None, **kw: Any) -> None:
     record("acquired", key=kw.get("key"), fence=kw.get("fencing_token"), task_id=kw.get("task_id"))
 
 
-@signals.lease_conflict.connect
+@signals.lease_conflict.connect  # type: ignore[untyped-decorator]
 def _on_conflict(sender: Any = None, **kw: Any) -> None:
     record("conflict", key=kw.get("key"), policy=kw.get("policy"), holder=kw.get("holder"),
            remaining=kw.get("remaining"), holder_fence=kw.get("fencing_token"),
            task_id=kw.get("task_id"))
 
 
-@signals.lease_lost.connect
+@signals.lease_lost.connect  # type: ignore[untyped-decorator]
 def _on_lost(sender: Any = None, **kw: Any) -> None:
     record("lost", key=kw.get("key"), fence=kw.get("fencing_token"), cause=kw.get("cause"),
            late=kw.get("late"))
 
 
-@signals.lease_released.connect
+@signals.lease_released.connect  # type: ignore[untyped-decorator]
 def _on_released(sender: Any = None, **kw: Any) -> None:
     record("released", key=kw.get("key"), fence=kw.get("fencing_token"),
            released=kw.get("released"), held=kw.get("held"), task_id=kw.get("task_id"))

@@ -277,7 +277,7 @@ def long_run(ctx: Context) -> SceneResult:
         "lease_lost": len(lost),
     })
     result.check(f"the run lasted {run_s / ttl:.1f} TTLs and finished all 12 steps",
-                 run_s >= 2.5 * ttl and bool(end) and int(end.get("done", 0)) == 12
+                 run_s >= 2.5 * ttl and end is not None and int(end.get("done", 0)) == 12
                  and run.successful())
     result.check(f"the lease was renewed ({renewals} renewals seen, ~{expected:.0f} expected)",
                  renewals >= max(2, int(expected) - 3))

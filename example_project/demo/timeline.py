@@ -224,7 +224,7 @@ class Stage:
             return "release finds another token: leaves the key alone"
         if kind == "start":
             return ""
-        return kind
+        return str(kind)
 
     def pump(self) -> None:
         """Read new events, look at the store, and print whatever changed."""
