@@ -248,7 +248,7 @@ def test_graceful_stop_hands_over_at_once_and_the_new_leader_does_not_repeat_run
     wait_for(lambda: _leader_pid(client) == standby.pid, 10, interval=0.01,
              message=standby.log)
     assert time.monotonic() - stopped_at < 5  # far below the 20 s TTL
-    assert "loaded 1 last-run time(s)" in standby.log()
+    wait_for(lambda: "loaded 1 last-run time(s)" in standby.log(), 5, message=standby.log)
     wait_for(lambda: len(_ticks_by(client)) == 2, period + 5, interval=0.01,
              message=standby.log)
     (pid1, at1), (pid2, at2) = _ticks_by(client)
