@@ -5,8 +5,10 @@ Written for the closing note of ``docs/benchmarks.md`` (targets missed, and why)
 - ``profile-leased-task.txt``: a pyinstrument profile of ``LeasedTask.apply()`` (the whole
   execution path: key, token, acquire, heartbeat, body, release) repeated against a private
   redis-server, with the same trivial body the throughput benchmark runs;
-- ``profile-steps.json``: the median cost of each Python step of that path measured alone
-  (no Redis), next to one ``PING`` round trip on the same machine.
+- ``profile-steps.json``: the median cost in µs of each Python step of that path measured
+  alone, next to one ``PING`` round trip, to the acquire and release calls, to the same two
+  calls as redis-py's ``Lock`` makes them, and to the server-side time per call of the
+  celery-lease scripts and of ``SET NX PX`` (``INFO commandstats``).
 
 py-spy gives the same picture on a live worker (``py-spy record -p <worker pid> --idle -f raw``)
 where ptrace is allowed; pyinstrument needs nothing but this process.
@@ -76,6 +78,24 @@ def steps(app: Any, url: str) -> dict[str, float]:
         signals.lease_released.send(sender=task, key="k", token="t", fencing_token=1,
                                     task_id="i", held=0.0, released=True)))
     result["acquire_call"], result["release_call"] = _acquire_release(client, options.ttl_ms)
+    # The same two calls as redis-py's Lock makes them, on the same client.
+    lock_release = client.lock("profile:rp").lua_release
+    result["redis_py_set_nx_px_call"] = _median_us(lambda: client.set(
+        "profile:rp", "t" * 32, nx=True, px=options.ttl_ms))
+    result["redis_py_lock_release_call"] = _median_us(lambda: lock_release(
+        keys=["profile:rp"], args=["t" * 32], client=client))
+    # Server-side time per call (INFO commandstats) of each script and of SET.
+    client.config_resetstat()
+    _acquire_release(client, options.ttl_ms, 1000)
+    evalsha = client.info("commandstats").get("cmdstat_evalsha", {})
+    result["server_us_per_script_call_avg_of_acquire_and_release"] = float(
+        evalsha.get("usec_per_call", 0.0))
+    client.config_resetstat()
+    for i in range(1000):
+        client.set(f"profile:rp:{i % 64}", "t", nx=True, px=options.ttl_ms)
+        client.delete(f"profile:rp:{i % 64}")
+    stats = client.info("commandstats").get("cmdstat_set", {})
+    result["server_us_per_set_nx_px"] = float(stats.get("usec_per_call", 0.0))
     return result
 
 

@@ -289,7 +289,7 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     save(fig, "cycle.png")
 
     # 2. throughput ratios
-    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    fig, ax = plt.subplots(figsize=(7.5, 4.4))
     pools = list(results["overhead"]["pools"])
     names = list(overhead.VARIANTS)
     width = 0.8 / len(names)
@@ -303,8 +303,8 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     ax.axhline(0.9, color="red", linestyle="--", linewidth=1, label="target 0.9x")
     ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(pools))], pools)
     ax.set_ylabel("throughput / plain Task")
-    ax.set_ylim(0, 1.2)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.set_ylim(0, 1.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3)
     ax.set_title("2. Trivial-task throughput through a real worker")
     save(fig, "overhead.png")
 
