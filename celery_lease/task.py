@@ -233,6 +233,9 @@ class LeasedTask(Task):  # type: ignore[misc]
         return lease
 
     def _release(self, lease: Lease) -> None:
+        # A deadline that passed unnoticed (a starved heartbeat) is recorded as a loss before
+        # the lease is unregistered: the body's result stands, the overlap does not go unseen.
+        error = lease.loss
         heartbeat().remove(lease)  # unregistered before the release is sent
         released = False
         if lease.pid == os.getpid():  # never in a forked child
@@ -242,7 +245,6 @@ class LeasedTask(Task):  # type: ignore[misc]
                 logger.warning(
                     "lease release failed (it expires within %.3fs): key=%s error=%r",
                     lease.ttl, lease.key, exc)
-        error = lease.loss
         if error is not None:
             self._event("task-lease-lost", lease_key=lease.key, lease_cause=error.cause,
                         fencing_token=lease.fencing_token, lease_late=error.late,
