@@ -56,8 +56,8 @@ class LeaseConfigError(LeaseError, ValueError):
 class LeaseKeyError(LeaseError, TypeError):
     """A task's arguments cannot be turned into a stable lease key.
 
-    Args:
-        message: names the task, the parameter and the offending type.
+    The message names the task, the parameter and the offending type. Raised when the key is
+    built: before the body runs on a worker, or by ``task.lease_key_for(...)``.
     """
 
 

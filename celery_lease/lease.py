@@ -118,6 +118,24 @@ class Lease:
         if error is not None:
             raise error
 
+    def lose(self, cause: str = LostCause.REFUSED) -> LeaseLost:
+        """Declare the lease lost from inside the task and return the error to raise.
+
+        For a task that learns of the loss itself, e.g. when a fenced downstream write is
+        refused: the loss is logged, signalled and reported to Flower like any other.
+
+        Args:
+            cause: one of :class:`~celery_lease.errors.LostCause` (str).
+
+        Returns:
+            The :class:`LeaseLost` (the earlier one if the lease was already lost).
+        """
+        self.mark_lost(cause, deliver=False)
+        error = self._lost
+        if error is None:  # released already: describe it anyway
+            error = LeaseLost(self.key, cause, self.fencing_token, 0.0)
+        return error
+
     @property
     def deadline_cause(self) -> str:
         """The cause to report when the local deadline passes: ``store_error`` when the store

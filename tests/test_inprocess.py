@@ -326,3 +326,26 @@ def test_renewals_answered_with_errors_end_as_store_error(throwaway_redis: Any) 
         server.client().replicaof("NO", "ONE")
     assert seen["cause"] == "store_error"
     assert 0 <= seen["late"] < 0.25
+
+
+def test_a_task_can_declare_its_lease_lost(redis_url: str) -> None:
+    from celery_lease import signals
+
+    app = make_app(redis_url, task_eager_propagates=False)
+    lost: list[str] = []
+
+    def on_lost(sender: Any, cause: str, **_: Any) -> None:
+        lost.append(cause)
+
+    signals.lease_lost.connect(on_lost)
+
+    @app.task(bind=True, base=LeasedTask, lease_ttl=5.0)  # type: ignore[misc]
+    def job(self: Any) -> None:
+        raise self.lease.lose()  # e.g. a fenced write was refused
+
+    try:
+        result = job.apply()
+    finally:
+        signals.lease_lost.disconnect(on_lost)
+    assert isinstance(result.result, LeaseLost) and result.result.cause == "refused"
+    assert lost == ["refused"]
