@@ -23,7 +23,7 @@ from typing import Any
 
 import redis
 
-from celery_lease import Lease, LeasedTask, LeaseLost, LostCause
+from celery_lease import Lease, LeasedTask, LeaseLost
 
 from .celery_app import app, redis_url
 from .fencing import RedisFencedStore
@@ -60,8 +60,7 @@ def _fenced_write(task: LeasedTask, record: str, value: str) -> None:
     """
     lease = held(task)
     if not downstream().write(record, value, lease.fencing_token):
-        lease.check()  # raises the loss if the heartbeat already knows of it
-        raise LeaseLost(lease.key, LostCause.REFUSED, lease.fencing_token, 0.0)
+        raise lease.lose()  # recorded (log, signal, Flower) like a loss the heartbeat finds
 
 
 def _remote_pages(account_id: int, since: str | None, page_size: int) -> Iterator[dict[str, Any]]:
