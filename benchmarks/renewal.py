@@ -26,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -226,6 +227,8 @@ def child_steady(impl: str, url: str, n: int, interval: float, window: float) ->
             held.append(lock)
     gc.collect()
     rss1, threads1 = _rss_and_threads()
+    sys.stdout.write("acquired\n")  # the parent waits for this before loading the machine
+    sys.stdout.flush()
     sent0, cpu0, wall0 = _sent.value, time.process_time(), time.perf_counter()
     time.sleep(window)
     sent, cpu, wall = _sent.value - sent0, time.process_time() - cpu0, time.perf_counter() - wall0
@@ -268,15 +271,23 @@ def _spawn(args: list[str]) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     return subprocess.Popen([sys.executable, "-m", "benchmarks.renewal", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=str(REPO_ROOT))
+                            stdout=subprocess.PIPE, stderr=tempfile.TemporaryFile(), text=True,
+                            env=env, cwd=str(REPO_ROOT))
 
 
 def _collect(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
-    out, err = proc.communicate(timeout=timeout)
-    if proc.returncode != 0 or not out.strip():
+    """The child's JSON result (its last line of output)."""
+    out = proc.stdout.read() if proc.stdout is not None else ""
+    proc.wait(timeout)
+    lines = [line for line in out.strip().splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        err = ""
+        if proc.stderr is not None:
+            proc.stderr.seek(0)
+            err = proc.stderr.read()
+            err = err.decode(errors="replace") if isinstance(err, bytes) else err
         raise RuntimeError(f"renewal child failed ({proc.returncode}):\n{err[-3000:]}")
-    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(lines[-1])
     return result
 
 
@@ -309,6 +320,9 @@ def run(url: str, quick: bool, on_steady: Callable[[], None] | None = None) -> d
             "steady", "--impl", impl, "--url", url, "--n", str(n), "--interval", str(interval),
             "--window", str(steady_window)])))
         time.sleep(0.2 if quick else 1.0)  # stagger: their renewal passes must not coincide
+    for _impl, _n, proc in children:  # every lease taken before anything else starts
+        if proc.stdout is None or proc.stdout.readline().strip() != "acquired":
+            _collect(proc, 60)  # raises with the child's error output
     if on_steady is not None:
         on_steady()
     steady: dict[str, dict[str, Any]] = {"celery_lease": {}, "python_redis_lock": {}}
