@@ -131,7 +131,7 @@ def test_oom_refuses_acquire_without_leaving_a_key_and_renewal_still_works(
     admin = server.client()
     admin.set("fill", "x" * 4_000_000)
     admin.config_set("maxmemory", "1mb")  # now well over the ceiling
-    with pytest.raises(ResponseError, match="OOM"):
+    with pytest.raises(ResponseError, match=r"OOM|maxmemory"):  # Redis 6 and 7 wordings
         store.acquire(client, "lease:{new}", token(), 5000, HOLDER)
     assert client.exists("lease:{new}", fence_key("lease:{new}")) == 0
     assert store.renew_many(client, [("lease:{held}", held, 60_000)]) == [1]
