@@ -95,6 +95,11 @@ def _encode(value: Any, out: list[bytes]) -> None:
 
 def _bind(signature: inspect.Signature, args: Sequence[Any], kwargs: Mapping[str, Any],
           task_name: str) -> dict[str, Any]:
+    params = signature.parameters
+    if not kwargs and len(args) == len(params) and all(
+        p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params.values()
+    ):  # the common case, without Signature.bind's general machinery
+        return dict(zip(params, args, strict=True))
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as exc:

@@ -68,7 +68,7 @@ fence = string.format('%.0f', fence)
 local value = ARGV[1] .. ':' .. fence .. ':' .. ARGV[3]
 redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2])
 redis.call('SET', KEYS[2], fence, 'PX', ARGV[4])
-return {1, value, tonumber(ARGV[2])}
+return {1, fence, tonumber(ARGV[2])}
 """
 
 RENEW_LUA = _HELD + """
@@ -239,6 +239,8 @@ def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str)
     """
     granted, value, pttl = _acquire(
         client, (key, fence_key(key)), (token, ttl_ms, holder, ttl_ms + FENCE_COUNTER_EXTRA_MS))
+    if granted and b":" not in value:  # a fresh grant answers with the fencing token alone
+        return AcquireResult(True, Holder(token, int(value)), ttl_ms / 1000)
     return AcquireResult(bool(granted), parse_value(value), max(int(pttl), 0) / 1000)
 
 

@@ -97,6 +97,7 @@ class LeasedTask(Task):  # type: ignore[misc]
     lease_key: KeySpec = None
 
     _lease_signature: ClassVar[inspect.Signature | None] = None
+    _lease_spec_cache: ClassVar[tuple[KeySpec] | None] = None
     _lease_resolved: ClassVar[tuple[int, LeaseOptions, str, int] | None] = None
 
     @classmethod
@@ -117,8 +118,13 @@ class LeasedTask(Task):  # type: ignore[misc]
     @classmethod
     def _lease_key_spec(cls) -> KeySpec:
         # A function given as a task option is a class attribute: read it unbound.
+        cached = cls.__dict__.get("_lease_spec_cache")
+        if cached is not None:
+            return cached[0]  # type: ignore[no-any-return]
         spec = inspect.getattr_static(cls, "lease_key")
-        return spec.__func__ if isinstance(spec, (staticmethod, classmethod)) else spec
+        spec = spec.__func__ if isinstance(spec, (staticmethod, classmethod)) else spec
+        cls._lease_spec_cache = (spec,)
+        return spec
 
     @classmethod
     def _lease_task_options(cls) -> dict[str, Any]:

@@ -29,7 +29,9 @@ def test_acquire_sets_value_and_lifetime_in_one_write(client: redis.Redis) -> No
     got = store.acquire(client, "lease:{a}", t, 1900, HOLDER)
     assert got.granted and got.holder.token == t
     assert 1800 < client.pttl("lease:{a}") <= 1900
-    assert got.holder.task_id == "task-1" and got.holder.where == "host:42"
+    stored = store.parse_value(client.get("lease:{a}") or b"")
+    assert stored.task_id == "task-1" and stored.where == "host:42"
+    assert stored.fencing_token == got.holder.fencing_token > 0
 
 
 def test_conflict_returns_holder_and_remaining_lifetime(client: redis.Redis) -> None:
