@@ -48,6 +48,10 @@ TASK_OPTIONS = (
     "lease_on_store_error",
 )
 
+#: Settings read elsewhere (the beat leader lease, celery_lease.beat) and the task-only option.
+OTHER_NAMES = ("lease_key", "lease_beat_scheduler", "lease_beat_ttl",
+               "lease_beat_renew_interval", "lease_beat_key")
+
 ON_CONFLICT = ("skip", "retry", "fail")
 ON_STORE_ERROR = ("retry", "fail")
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://")
@@ -92,19 +96,57 @@ class LeaseOptions:
         return self.ttl * 0.01 + 0.002
 
 
+_MAX_SECONDS = 366 * 24 * 3600.0  # a lease that long is a configuration mistake
+
+
 def _duration(name: str, value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise LeaseConfigError(
             f"{name}={value!r} ({where}) must be a number of seconds (float), e.g. {name}=30.0"
         )
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds <= 0:
+    try:
+        seconds = float(value)
+    except OverflowError:
+        seconds = math.inf
+    if not math.isfinite(seconds) or seconds <= 0 or seconds > _MAX_SECONDS:
         raise LeaseConfigError(
-            f"{name}={value!r} ({where}) must be a finite number of seconds above zero"
+            f"{name}={value!r} ({where}) must be a finite number of seconds above zero and at "
+            f"most a year ({_MAX_SECONDS:.0f})"
         )
     if round(seconds * 1000) < 1:
         raise LeaseConfigError(f"{name}={value!r} ({where}) is below Redis' 1 ms resolution")
     return seconds
+
+
+def check_names(names: Any, kind: str, where: str) -> None:
+    """Refuse unknown ``lease_*`` names (a typo such as ``lease_tll`` would be ignored).
+
+    Raises:
+        LeaseConfigError: naming the unknown option and the closest known one.
+    """
+    import difflib
+
+    known = (*DEFAULTS, *OTHER_NAMES)
+    for name in names:
+        if isinstance(name, str) and name.startswith("lease_") and name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise LeaseConfigError(f"unknown {kind} {name} ({where}){hint}")
+
+
+def check_process_settings(conf: Mapping[str, Any], where: str) -> int:
+    """Validate the process-wide settings; return the ``lease_signal`` number.
+
+    Raises:
+        LeaseConfigError: ``lease_signal`` unusable, or ``lease_require_noeviction`` not a bool.
+    """
+    require = conf.get("lease_require_noeviction")
+    if require is not None and not isinstance(require, bool):
+        raise LeaseConfigError(
+            f"lease_require_noeviction={require!r} ({where}) must be True or False (a bool: "
+            f"the string 'false' would count as true)"
+        )
+    return resolve_signal(conf.get("lease_signal") or DEFAULTS["lease_signal"])
 
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...], where: str) -> str:
@@ -167,9 +209,7 @@ def resolve_options(
             f"'{{' or '}}' (braces are reserved for the Redis Cluster hash tag)"
         )
     backend = pick("lease_backend")
-    if backend is not None and (
-        not isinstance(backend, str) or not backend.startswith(_REDIS_SCHEMES)
-    ):
+    if backend is not None and not _is_redis_url(backend):
         raise LeaseConfigError(
             f"lease_backend={backend!r} ({where}) must be a Redis URL such as "
             f"'redis://localhost:6379/1'"
@@ -184,6 +224,18 @@ def resolve_options(
         on_store_error=_choice(
             "lease_on_store_error", pick("lease_on_store_error"), ON_STORE_ERROR, where),
     )
+
+
+def _is_redis_url(url: Any) -> bool:
+    if not isinstance(url, str) or not url.startswith(_REDIS_SCHEMES):
+        return False
+    from redis.connection import parse_url
+
+    try:
+        parse_url(url)  # type: ignore[no-untyped-call]
+    except ValueError:
+        return False
+    return True
 
 
 def resolve_backend(options: LeaseOptions, conf: Mapping[str, Any], where: str) -> str:

@@ -174,9 +174,9 @@ class Heartbeat:
         # Try again soon, but only while a try can still finish before the deadline.
         lease.next_renewal = now + min(lease.renew_interval / 3, _MAX_SLEEP)
         logger.warning(
-            "lease renewal failed: key=%s task=%s[%s] fencing_token=%d error=%r "
+            "lease renewal failed: key=%s task=%s[%s] fencing_token=%d error=%s "
             "time_left=%.3fs", lease.key, lease.task_name, lease.task_id, lease.fencing_token,
-            error, lease.deadline - now)
+            store.describe(error), lease.deadline - now)
         signals.lease_renewal_failed.send(
             sender=lease.task_name, key=lease.key, token=lease.token,
             fencing_token=lease.fencing_token, task_id=lease.task_id, error=error,

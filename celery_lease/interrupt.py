@@ -97,10 +97,11 @@ class _SignalTarget(_Disarmable):
 
     def finish(self) -> None:
         global _armed
-        with self.lock:
-            self.running = False
-            if _armed is self:
-                _armed = None
+        # Not under the lock: the heartbeat holds it while it signals this very thread, and
+        # the handler (on this thread) must see `running` False from here on.
+        self.running = False
+        if _armed is self:
+            _armed = None
 
 
 # --- another thread: an asynchronous exception -----------------------------------------------

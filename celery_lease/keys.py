@@ -115,6 +115,11 @@ def _digest(pairs: Iterable[tuple[str, Any]], task_name: str) -> str:
         try:
             h.update(_tagged(b"p", name.encode()))
             h.update(encode_value(value))
+        except RecursionError:
+            raise LeaseKeyError(
+                f"task {task_name}: argument {name!r} contains itself (or is nested too deeply) "
+                f"and has no stable lease key encoding; leave it out with lease_key=(...names...)"
+            ) from None
         except _Unencodable as exc:
             raise LeaseKeyError(
                 f"task {task_name}: argument {name!r} of type {type(exc.value).__qualname__} has "
@@ -126,9 +131,16 @@ def _digest(pairs: Iterable[tuple[str, Any]], task_name: str) -> str:
 
 
 def _bounded(text: str) -> str:
+    """``text`` fit for the inside of a hash tag: no braces, and of bounded length."""
+    if "{" in text or "}" in text:  # a brace would move the hash tag (Redis Cluster slots)
+        text = text.replace("{", "(").replace("}", ")") + "~" + _short_hash(text)
     if len(text) <= _MAX_NAME:
         return text
-    return text[:_MAX_NAME] + "~" + hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+    return text[:_MAX_NAME] + "~" + _short_hash(text)
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
 def build_key(
@@ -156,7 +168,12 @@ def build_key(
             encoded stably, or a ``lease_key`` callable did not return a non-empty string.
     """
     if callable(spec):
-        custom = spec(*args, **kwargs)
+        try:
+            custom = spec(*args, **kwargs)
+        except TypeError as exc:
+            raise LeaseKeyError(
+                f"task {task_name}: the lease_key callable does not take the task's arguments: "
+                f"{exc}; give it the task's parameters (or *args, **kwargs)") from None
         if not isinstance(custom, str) or not custom:
             raise LeaseKeyError(
                 f"task {task_name}: lease_key callable returned {custom!r}; it must return a "

@@ -62,7 +62,7 @@ if cur then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local fence = (tonumber(redis.call('GET', KEYS[2])) or 0) + 1
+local fence = (tonumber(string.match(redis.call('GET', KEYS[2]) or '', '^%d+')) or 0) + 1
 if now > fence then fence = now end
 fence = string.format('%.0f', fence)
 local value = ARGV[1] .. ':' .. fence .. ':' .. ARGV[3]
@@ -83,6 +83,10 @@ return 0
 RELEASE_LUA = _HELD + """
 if mine then
   redis.call('DEL', KEYS[1])
+  local counter = string.match(redis.call('GET', KEYS[2]) or '', '^%d+')
+  if counter then  -- who finished last; pcall: not needed enough to fail a release under OOM
+    redis.pcall('SET', KEYS[2], counter .. ':' .. ARGV[1], 'KEEPTTL')
+  end
   return 1
 end
 return 0
@@ -154,6 +158,11 @@ def client_for(url: str, timeout: float) -> redis.Redis:
                 client = redis.Redis.from_url(url, **_client_kwargs(timeout))
                 _clients[key] = client
     return client
+
+
+def describe(error: BaseException) -> str:
+    """``"ErrorType: message"``: redis-py 8's ``repr`` of a server error drops the message."""
+    return f"{type(error).__name__}: {error}"
 
 
 def reset_clients() -> None:
@@ -247,10 +256,25 @@ def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str)
 def release(client: redis.Redis, key: str, token: str) -> bool:
     """Delete lease ``key`` if ``token`` still holds it. Returns True when it was deleted.
 
+    A release also notes ``token`` as the last execution that ended with this key (beside the
+    fencing counter), for :func:`released_last`.
+
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
-    return bool(_release(client, (key,), (token,)))
+    return bool(_release(client, (key, fence_key(key)), (token,)))
+
+
+def released_last(client: redis.Redis, key: str, token: str) -> bool:
+    """True when ``token`` was the last holder of ``key`` to release it (it ended normally).
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    value = client.get(fence_key(key))
+    if isinstance(value, bytes):
+        value = value.decode()
+    return isinstance(value, str) and value.partition(":")[2] == token
 
 
 def renew_many(

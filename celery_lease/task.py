@@ -18,6 +18,7 @@ from typing import Any, ClassVar, NoReturn
 
 from celery import Task, states
 from celery.exceptions import Ignore
+from kombu.serialization import dumps, loads
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -26,9 +27,10 @@ from . import clock, interrupt, signals, store
 from .config import (
     TASK_OPTIONS,
     LeaseOptions,
+    check_names,
+    check_process_settings,
     resolve_backend,
     resolve_options,
-    resolve_signal,
     validate_lease_key,
 )
 from .errors import LeaseConflict, LeaseLost, LeaseStoreUnavailable
@@ -45,7 +47,8 @@ logger = logging.getLogger("celery_lease")
 SUCCESSOR_HEADER = "lease_successor_of"
 
 #: Message header of a copy republished by a delivery that found its own task id holding the
-#: lease: the copy runs only if that first execution did not finish (it died or was lost).
+#: lease; its value is the holder's token. The copy runs only if that holder did not release
+#: (it died), which the release notes beside the fencing counter.
 REDELIVERY_HEADER = "lease_redelivery"
 
 #: The key in the result stored for a duplicate skipped by ``lease_on_conflict="skip"``.
@@ -107,6 +110,10 @@ class LeasedTask(Task):  # type: ignore[misc]
         if not getattr(cls, "name", None):  # the base class itself, or an unnamed subclass
             return
         where = f"task {cls.name}"
+        given = {n for k in cls.__mro__[:cls.__mro__.index(LeasedTask)] for n in vars(k)}
+        check_names(given, "task option", where)
+        check_names(list(app.conf.keys()), "setting", "app.conf")
+        check_process_settings(app.conf, "app.conf")
         resolve_options(app.conf, cls._lease_task_options(), where)
         cls._lease_signature = _run_signature(cls)
         sig = cls._lease_signature
@@ -141,7 +148,7 @@ class LeasedTask(Task):  # type: ignore[misc]
             where = f"task {self.name}"
             options = resolve_options(self.app.conf, self._lease_task_options(), where)
             url = resolve_backend(options, self.app.conf, where)
-            signum = resolve_signal(self.app.conf.get("lease_signal") or "SIGUSR2")
+            signum = check_process_settings(self.app.conf, where)
             resolved = (os.getpid(), options, url, signum)
             type(self)._lease_resolved = resolved
         return resolved[1], resolved[2], resolved[3]
@@ -169,7 +176,14 @@ class LeasedTask(Task):  # type: ignore[misc]
         holding = _current.get()
         if holding is not None and not holding.lost:
             try:
-                same_key = self.lease_key_for(args or (), kwargs or {}) == holding.key
+                # The key the worker will compute: from the arguments as the serializer hands
+                # them over (JSON turns {1: "a"} into {"1": "a"}).
+                content_type, encoding, data = dumps(  # type: ignore[no-untyped-call]
+                    [list(args or ()), dict(kwargs or {})],
+                    serializer=options.get("serializer") or self.serializer)
+                sent_args, sent_kwargs = loads(  # type: ignore[no-untyped-call]
+                    data, content_type, encoding)
+                same_key = self.lease_key_for(sent_args, sent_kwargs) == holding.key
             except Exception:  # a bad call fails at execution, with the real error
                 same_key = False
             if same_key:
@@ -193,36 +207,43 @@ class LeasedTask(Task):  # type: ignore[misc]
             # Store the public class, not the per-execution carrier of the threads pool.
             raise LeaseLost(*exc.args).with_traceback(exc.__traceback__) from None
         finally:
-            lease.target.finish()
-            _current.reset(reset)
-            self._release(lease)
+            try:
+                # A loss delivered while the body was ending can still land in here: the
+                # release below runs whatever happens.
+                lease.target.finish()
+            finally:
+                _current.reset(reset)
+                self._release(lease)
 
     def _acquire(
         self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Lease | dict[str, Any]:
         options, url, signum = self.lease_settings()
-        if (request.headers or {}).get(REDELIVERY_HEADER) and self._finished(request.id):
+        key = self.lease_key_for(args, kwargs)
+        client = store.client_for(url, options.store_timeout)
+        earlier = (request.headers or {}).get(REDELIVERY_HEADER)
+        if earlier and self._ended(client, key, str(earlier)):
             logger.info("task %s[%s] already finished in an earlier delivery: not run again",
                         self.name, request.id)
             raise Ignore()
-        key = self.lease_key_for(args, kwargs)
         token = uuid.uuid4().hex
-        client = store.client_for(url, options.store_timeout)
         task_id = request.id or ""
         holder = store.holder_json(
             self.name, task_id, request.hostname or socket.gethostname(), os.getpid())
         target = interrupt.for_current_context(signum)
+        # The local deadline counts from the first send: if its reply was lost after the
+        # script ran, the lifetime on the server started then, not at the second try.
         sent_at = clock.now()
         try:
             try:
                 found = store.acquire(client, key, token, options.ttl_ms, holder)
             except (RedisConnectionError, RedisTimeoutError):
-                # The reply may have been lost after the script ran: ask again with the same
-                # token, which the script recognises as ours (no phantom lease).
-                sent_at = clock.now()
+                # Ask again with the same token, which the script recognises as ours: a lost
+                # reply leaves no phantom lease.
                 found = store.acquire(client, key, token, options.ttl_ms, holder)
         except RedisError as exc:
             target.finish()
+            self._abandon(client, key, token)
             self._store_error(options, key, exc)
         if not found.granted:
             target.finish()
@@ -249,8 +270,8 @@ class LeasedTask(Task):  # type: ignore[misc]
                 released = store.release(lease.client, lease.key, lease.token)
             except RedisError as exc:
                 logger.warning(
-                    "lease release failed (it expires within %.3fs): key=%s error=%r",
-                    lease.ttl, lease.key, exc)
+                    "lease release failed (it expires within %.3fs): key=%s error=%s",
+                    lease.ttl, lease.key, store.describe(exc))
         if error is not None:
             self._event("task-lease-lost", lease_key=lease.key, lease_cause=error.cause,
                         fencing_token=lease.fencing_token, lease_late=error.late,
@@ -263,8 +284,16 @@ class LeasedTask(Task):  # type: ignore[misc]
             sender=self, key=lease.key, token=lease.token, fencing_token=lease.fencing_token,
             task_id=lease.task_id, held=clock.now() - lease.acquired_at, released=released)
 
+    @staticmethod
+    def _abandon(client: Any, key: str, token: str) -> None:
+        """Best effort: release a grant whose reply may have been lost (else it lapses)."""
+        try:
+            store.release(client, key, token)
+        except RedisError:
+            pass
+
     def _store_error(self, options: LeaseOptions, key: str, exc: RedisError) -> NoReturn:
-        error = LeaseStoreUnavailable(key, "acquire", repr(exc))
+        error = LeaseStoreUnavailable(key, "acquire", store.describe(exc))
         logger.error("lease store unavailable, task %s[%s] not run (lease_on_store_error=%s): %s",
                      self.name, self.request.id, options.on_store_error, error)
         if options.on_store_error == "retry" and not self.request.is_eager:
@@ -276,10 +305,14 @@ class LeasedTask(Task):  # type: ignore[misc]
         holder = found.holder
         conflict = LeaseConflict(key, holder.task_id, holder.where, found.remaining)
         headers = request.headers or {}
-        if holder.task_id and holder.task_id == request.id:
+        if holder.token and headers.get(SUCCESSOR_HEADER) == holder.token:
+            policy = "successor"  # published by the holder itself (a retry): run once it ends
+        elif holder.task_id and holder.task_id == request.id:
             policy = "redelivered"  # same message again while it runs: not ours, not stored
-        elif holder.token and headers.get(SUCCESSOR_HEADER) == holder.token:
-            policy = "successor"  # published by the holder itself: run once it has ended
+        elif options.on_conflict == "skip" and (request.chain or request.callbacks):
+            # A skipped link would leave the rest of its chain waiting forever (Ignore sends
+            # nothing on): fail it instead, so the chain's result raises LeaseConflict.
+            policy = "fail"
         else:
             policy = options.on_conflict
         logger.info("lease conflict (%s): task %s[%s] not run: %s (fencing_token=%d)",
@@ -297,7 +330,7 @@ class LeasedTask(Task):  # type: ignore[misc]
             # runs only if the first execution did not finish.
             self.signature_from_request(
                 request, countdown=max(0.05, found.remaining), retries=request.retries,
-                headers={**headers, REDELIVERY_HEADER: True},
+                headers={**headers, REDELIVERY_HEADER: holder.token},
             ).apply_async()
             raise Ignore()
         if policy == "successor":
@@ -326,13 +359,13 @@ class LeasedTask(Task):  # type: ignore[misc]
             logger.exception("could not store the skipped marker of %s", request.id)
         raise Ignore()
 
-    def _finished(self, task_id: str) -> bool:
-        """Whether the result backend has a final state for ``task_id`` (False if unknown)."""
+    @staticmethod
+    def _ended(client: Any, key: str, token: str) -> bool:
+        """Whether the execution holding ``token`` released the lease (False if unknown)."""
         try:
-            status = self.backend.get_task_meta(task_id).get("status")
-        except Exception:  # no result backend, or it is down: assume it did not finish
+            return store.released_last(client, key, token)
+        except RedisError:  # cannot tell: run (at least once beats never)
             return False
-        return status in states.READY_STATES
 
     def _event(self, type_: str, **fields: Any) -> None:
         """Send a task event (Flower shows ``task-lease-*`` as the task's state); never raises."""

@@ -24,7 +24,7 @@ from celery import bootsteps
 from redis.exceptions import RedisError
 
 from . import store
-from .config import resolve_backend, resolve_options, resolve_signal
+from .config import check_process_settings, resolve_backend, resolve_options
 from .errors import LeaseConfigError
 
 __all__ = ["LeaseStoreCheck", "check_app", "install"]
@@ -43,7 +43,7 @@ def check_app(app: Any) -> list[store.StoreCheck]:
     """
     from .task import LeasedTask
 
-    resolve_signal(app.conf.get("lease_signal") or "SIGUSR2")
+    check_process_settings(app.conf, "app.conf")
     stores: dict[str, float] = {}
     for task in list(app.tasks.values()):
         if isinstance(task, LeasedTask):

@@ -125,3 +125,28 @@ def test_signal_validation() -> None:
         resolve_signal("SIGUSR1")
     with pytest.raises(LeaseConfigError, match="not a signal"):
         resolve_signal("SIGNOPE")
+
+
+def test_unknown_lease_options_and_settings_are_refused_with_a_suggestion() -> None:
+    with pytest.raises(LeaseConfigError, match=r"unknown task option lease_tll.*lease_ttl"):
+        register(make_app(), lease_tll=5.0)
+    with pytest.raises(LeaseConfigError, match="unknown setting lease_on_confict"):
+        register(make_app(lease_on_confict="fail"))
+
+
+def test_process_wide_settings_are_checked_at_registration() -> None:
+    with pytest.raises(LeaseConfigError, match="lease_signal='SIGFOO'"):
+        register(make_app(lease_signal="SIGFOO"))
+    with pytest.raises(LeaseConfigError, match="lease_require_noeviction='false'"):
+        register(make_app(lease_require_noeviction="false"))
+
+
+@pytest.mark.parametrize("value", [1e17, 10**400])
+def test_absurd_lifetimes_are_refused(value: float) -> None:
+    with pytest.raises(LeaseConfigError, match="at most a year"):
+        register(make_app(), lease_ttl=value)
+
+
+def test_malformed_backend_url_is_refused_naming_lease_backend() -> None:
+    with pytest.raises(LeaseConfigError, match="lease_backend="):
+        register(make_app(), lease_backend="redis://localhost:63 79/1")

@@ -88,10 +88,8 @@ def test_c11_store_paused_raises_by_the_local_deadline(pool_rig: Rig) -> None:
     late = lost["at"] - lost["deadline"]
     measured("deadline -> LeaseLost in sleep", rig.pool, late)
     assert 0 <= late < 0.25
-    # The local deadline falls before the key can expire on the server: the last confirmed
-    # renewal was sent at most one interval before the pause, and the server counts its TTL
-    # from when it ran the renewal (after the send).
-    assert lost["deadline"] <= lost["at"]
+    # (That the server still held the key at that moment is asserted with a black-holed
+    # store in test_pool_specific, where the test can still reach the server.)
 
 
 def test_c28_store_restarted_lease_lost_then_new_leases_work(pool_rig: Rig) -> None:

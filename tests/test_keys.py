@@ -129,3 +129,25 @@ def test_callable_key_lets_tasks_share_a_lease() -> None:
 def test_bad_arguments_are_a_key_error_naming_the_task() -> None:
     with pytest.raises(LeaseKeyError, match="do not fit"):
         task_of(f, name="bad").lease_key_for((1, 2, 3))
+
+
+def test_c27_braces_in_names_and_custom_keys_cannot_move_the_hash_tag() -> None:
+    from celery_lease.keys import fence_key
+
+    odd_name = task_of(f, name="odd}name")
+    odd_key = task_of(f, name="c2", lease_key=lambda a, b=2: "}x{")
+    for task in (odd_name, odd_key):
+        key = task.lease_key_for((1,))
+        tag = key[key.index("{") + 1:key.index("}")]
+        assert key.endswith("}") and "{" not in tag
+        fence = fence_key(key)
+        assert fence[fence.index("{") + 1:fence.index("}")] == tag
+
+
+def test_bad_lease_key_callable_and_self_referential_argument_name_the_task() -> None:
+    with pytest.raises(LeaseKeyError, match="lease_key callable does not take"):
+        task_of(f, name="cb", lease_key=lambda: "k").lease_key_for((1,))
+    loop: list[Any] = []
+    loop.append(loop)
+    with pytest.raises(LeaseKeyError, match="'a' contains itself"):
+        task_of(f, name="loop").lease_key_for((loop,))

@@ -44,6 +44,8 @@ def test_c01_retry_runs_and_leaves_no_lease(rig: Rig) -> None:
     assert rig.send("retry_once", "r1").get(timeout=20) == "r1"
     starts = rig.journal("r1", "start")
     assert [s["retries"] for s in starts] == [0, 1]
+    # countdown=0: the retry waits for its own holder to end, not for the lease's lifetime.
+    assert starts[1]["t"] - starts[0]["t"] < rig.ttl * 0.6
     no_lease_left(rig)
 
 
@@ -77,6 +79,37 @@ def test_c07_same_message_redelivered_while_running_is_a_conflict(rig: Rig) -> N
     wait_for(lambda: "already finished in an earlier delivery" in rig.logs(), 10)
     assert len(rig.journal("r7", "start")) == 1
     assert first.get(timeout=1) == "r7"
+
+
+def test_c07_redelivery_of_a_task_without_stored_results_runs_once(rig: Rig) -> None:
+    rig.send("quiet", "r7q", 1.0, task_id="same-id-r7q")
+    rig.wait_event("r7q", "start")
+    rig.send("quiet", "r7q", 1.0, task_id="same-id-r7q")
+    rig.wait_event("r7q", "end")
+    wait_for(lambda: rig.logs().count("already finished in an earlier delivery") >= 1, 10)
+    assert len(rig.journal("r7q", "start")) == 1
+
+
+def test_c19_self_requeue_with_arguments_json_changes(rig: Rig) -> None:
+    rig.send("requeue_json", {"1": "a"}, 1)
+    rig.wait_event("rqj", "end", count=2, timeout=20)
+    assert [s["times"] for s in rig.journal("rqj", "start")] == [1, 0]
+
+
+def test_skipped_link_of_a_chain_fails_the_chain_instead_of_hanging(rig: Rig) -> None:
+    from celery import chain
+
+    from celery_lease import LeaseConflict
+
+    rig.send("hold", "ch", 3.0, "sleep")
+    rig.wait_event("ch", "start")
+    sig = rig.app.signature
+    flow = chain(sig("hold", args=("ch", 0.1, "sleep"), queue=rig.queue),
+                 sig("hold", args=("ch-next", 0.1, "sleep"), queue=rig.queue)).apply_async()
+    with pytest.raises(LeaseConflict):
+        flow.get(timeout=15)
+    assert rig.journal("ch-next", "start") == []
+    rig.wait_event("ch", "end")  # leave no busy pool process to the next test
 
 
 def test_redelivery_after_the_holder_died_runs_once_its_lease_lapsed(rig: Rig) -> None:

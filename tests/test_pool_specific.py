@@ -72,7 +72,8 @@ def test_c30_starved_green_heartbeat_check_raises_before_anything_else(
 def test_c11_black_holed_store_raises_by_the_local_deadline(make_rig: MakeRig) -> None:
     rig = make_rig("prefork")
     with TcpProxy(rig.store.port) as proxy:
-        rig.worker(LEASE_BACKEND=f"redis://127.0.0.1:{proxy.port}/0")
+        rig.worker(LEASE_BACKEND=f"redis://127.0.0.1:{proxy.port}/0",
+                   LEASE_STORE_DIRECT=rig.store.url())
         rig.send("hold", "bh", 30.0, "sleep")
         rig.wait_event("bh", "start")
         proxy.blackhole()
@@ -82,6 +83,9 @@ def test_c11_black_holed_store_raises_by_the_local_deadline(make_rig: MakeRig) -
     late = lost["at"] - lost["deadline"]
     measured("deadline -> LeaseLost, black-holed", "prefork", late)
     assert 0 <= late < 0.25
+    # The holder learned of the loss while the server still held its key: the local deadline
+    # comes before the expiry on the server, so nobody else could have taken it yet.
+    assert lost["server_pttl"] > 0
 
 
 def test_warm_shutdown_and_soft_time_limit_release_the_lease(make_rig: MakeRig) -> None:

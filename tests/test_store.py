@@ -96,6 +96,18 @@ def test_c09_release_of_the_old_holder_leaves_the_successor(client: redis.Redis)
     assert store.release(client, "lease:{s}", b) is False  # safe to repeat
 
 
+def test_release_notes_who_ended_last_and_the_next_grant_clears_it(client: redis.Redis) -> None:
+    a, b = token(), token()
+    store.acquire(client, "lease:{d}", a, 5000, HOLDER)
+    assert not store.released_last(client, "lease:{d}", a)
+    fence = store.acquire(client, "lease:{d}", a, 5000, HOLDER).holder.fencing_token
+    assert store.release(client, "lease:{d}", a)
+    assert store.released_last(client, "lease:{d}", a)
+    assert client.pttl(fence_key("lease:{d}")) > 3600 * 1000  # the note kept the lifetime
+    after = store.acquire(client, "lease:{d}", b, 5000, HOLDER).holder.fencing_token
+    assert after > fence and not store.released_last(client, "lease:{d}", a)
+
+
 def test_renew_many_is_one_round_trip_for_many_leases(client: redis.Redis) -> None:
     leases = [(f"lease:{{m{i}}}", token(), 5000) for i in range(200)]
     for key, t, ttl in leases:
