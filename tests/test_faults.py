@@ -22,12 +22,6 @@ POOLS = ["prefork", "solo", "threads", "gevent", "eventlet"]
 MODE = {"threads": "chunks"}
 
 
-@pytest.fixture(scope="module")
-def broker() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
 @pytest.fixture(scope="module", params=POOLS)
 def rig(request: pytest.FixtureRequest, broker: RedisServer,
         tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:

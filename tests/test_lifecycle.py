@@ -17,12 +17,6 @@ from tests.support.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
-def broker() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def prefork(broker: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     rig = Rig(broker, "prefork", tmp_path_factory.mktemp("prefork"))
     rig.worker()

@@ -16,12 +16,6 @@ from tests.support.workers import CeleryWorker
 MakeRig = Callable[[str], Rig]
 
 
-@pytest.fixture(scope="module")
-def broker() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
-
-
 @pytest.fixture
 def make_rig(
     broker: RedisServer, tmp_path_factory: pytest.TempPathFactory

@@ -31,6 +31,13 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
 
 
+@pytest.fixture(scope="module")
+def broker() -> Iterator[RedisServer]:
+    """A private server per test module for broker, results and journal of the fault rigs."""
+    with RedisServer() as server:
+        yield server
+
+
 @pytest.fixture
 def redis_url(redis_server: RedisServer) -> str:
     """URL of db 0 on the session server, flushed (and unpaused) before the test."""
