@@ -116,6 +116,9 @@ class Lease:
         """
         error = self.loss
         if error is not None:
+            # The task has the error now: no asynchronous copy may land later (say, in the
+            # cleanup it runs while handling this one).
+            self.target.finish()
             raise error
 
     def lose(self, cause: str = LostCause.REFUSED) -> LeaseLost:

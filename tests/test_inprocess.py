@@ -349,3 +349,26 @@ def test_a_task_can_declare_its_lease_lost(redis_url: str) -> None:
         signals.lease_lost.disconnect(on_lost)
     assert isinstance(result.result, LeaseLost) and result.result.cause == "refused"
     assert lost == ["refused"]
+
+
+def test_no_asynchronous_lease_lost_after_check_raised(redis_url: str) -> None:
+    """Once check() handed the task its LeaseLost, a late delivery (the heartbeat finding the
+    same loss a moment later) must not land again in the task's cleanup."""
+    app = make_app(redis_url, task_eager_propagates=False)
+    cleanup: list[str] = []
+
+    @app.task(bind=True, base=LeasedTask, lease_ttl=5.0)  # type: ignore[misc]
+    def job(self: Any) -> None:
+        lease = self.lease
+        lease.mark_lost("deadline", deliver=False)
+        try:
+            lease.check()
+        except LeaseLost as exc:
+            assert lease.target.deliver(exc) is False  # what the heartbeat would do now
+            time.sleep(0.05)  # cleanup that a stray delivery would interrupt
+            cleanup.append("done")
+            raise
+
+    assert threading.current_thread() is threading.main_thread()  # the signal path
+    job.apply()
+    assert cleanup == ["done"]
