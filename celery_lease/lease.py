@@ -134,6 +134,7 @@ class Lease:
             The :class:`LeaseLost` (the earlier one if the lease was already lost).
         """
         self.mark_lost(cause, deliver=False)
+        self.target.finish()  # the task raises it itself: no asynchronous copy after this
         error = self._lost
         if error is None:  # released already: describe it anyway
             error = LeaseLost(self.key, cause, self.fencing_token, 0.0)
