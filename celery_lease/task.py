@@ -156,6 +156,9 @@ class LeasedTask(Task):  # type: ignore[misc]
     def lease_key_for(self, args: Any = (), kwargs: Mapping[str, Any] | None = None) -> str:
         """The lease key a call with ``args`` and ``kwargs`` takes.
 
+        Pass the arguments as the worker receives them: with the JSON serializer a dict key
+        ``1`` arrives as ``"1"`` and a tuple as a list (tuples and lists give the same key).
+
         Raises:
             LeaseKeyError: an argument cannot be encoded stably, or the arguments do not fit.
         """
