@@ -195,8 +195,13 @@ def reap_dead_processes(path: str) -> list[int]:
         except (ValueError, IndexError, FileNotFoundError):
             continue
         started = _process_start(pid)
+        # The owner started before it created the file; a process that started after the
+        # last write has reused the pid (1 s of slack: /proc's boot time is whole seconds).
         if started is None or started > written + 1.0:
-            multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
+            try:
+                multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
+            except FileNotFoundError:  # reaped by a concurrent scrape
+                continue
             reaped.append(pid)
     return reaped
 
