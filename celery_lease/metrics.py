@@ -22,10 +22,14 @@ Metrics (``task`` is the task name; ``celery.beat`` for a beat leader lease):
 Prefork: a prefork worker's leases are held in its children, so each child must write its
 samples where the main process can read them. Set the ``PROMETHEUS_MULTIPROC_DIR``
 environment variable to an empty directory *before the worker starts* (prometheus-client reads
-it at import). :func:`install` then serves a ``MultiProcessCollector`` registry, the gauge
-sums live processes only (``multiprocess_mode="livesum"``), and each child's files are
-marked dead when it exits. Without the variable, metrics are process-local: fine for solo,
-threads, gevent and eventlet, wrong for prefork (``install`` logs a warning when it can tell).
+it at import). :func:`install` then serves a ``MultiProcessCollector`` registry and the gauge
+sums live processes only (``multiprocess_mode="livesum"``). A child cannot be trusted to
+clean up after itself (``SIGKILL``, the OOM killer and a segfault run no exit hook), so the
+process that serves ``/metrics`` does it: before each collection it removes the live-gauge
+files of every process that no longer exists (or whose pid now belongs to a newer process).
+Counters and histograms of dead processes are kept, as Prometheus expects. Without the
+variable, metrics are process-local: fine for solo, threads, gevent and eventlet, wrong for
+prefork (``install`` logs a warning when it can tell).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from typing import Any
 
 from . import signals
 
-__all__ = ["LeaseMetrics", "install", "metrics"]
+__all__ = ["LeaseMetrics", "install", "metrics", "reap_dead_processes"]
 
 logger = logging.getLogger("celery_lease")
 
@@ -129,20 +133,115 @@ def metrics() -> LeaseMetrics | None:
     return _instance
 
 
-def _serve(port: int, addr: str) -> None:
-    prom = _import_prometheus()
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+# -- reaping the live-gauge files of dead processes -----------------------------------------
+
+def _process_start(pid: int) -> float | None:
+    """Start time of ``pid`` (epoch seconds), ``None`` if it is gone or a zombie.
+
+    Linux only (``/proc``); elsewhere the answer is "alive, start unknown" (``0.0``) when a
+    signal 0 reaches it. A zombie is a child that is dead but not yet reaped by its parent.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return 0.0
+    fields = stat[stat.rindex(")") + 2:].split()  # the name in parentheses may hold spaces
+    if fields[0] in ("Z", "X"):
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    return _boot_time() + int(fields[19]) / ticks
+
+
+def _boot_time() -> float:
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    return 0.0  # pragma: no cover - every Linux /proc/stat has btime
+
+
+def reap_dead_processes(path: str) -> list[int]:
+    """Remove the live-gauge files of the processes in ``path`` that no longer exist.
+
+    A file belongs to a dead process when its pid is gone or a zombie, or when the pid's
+    current process started after the file was last written (the pid was reused). Counters
+    and histograms are left alone: their totals must survive the process.
+
+    Args:
+        path: the ``PROMETHEUS_MULTIPROC_DIR`` directory (str).
+
+    Returns:
+        The pids whose files were removed (list of int).
+    """
+    from prometheus_client import multiprocess
+
+    reaped = []
+    for entry in os.scandir(path):
+        name = entry.name
+        if not (name.startswith("gauge_live") and name.endswith(".db")):
+            continue
+        try:
+            pid = int(name[:-3].rsplit("_", 1)[1])
+            written = entry.stat().st_mtime
+        except (ValueError, IndexError, FileNotFoundError):
+            continue
+        started = _process_start(pid)
+        # The owner started before it created the file; a process that started after the
+        # last write has reused the pid (1 s of slack: /proc's boot time is whole seconds).
+        if started is None or started > written + 1.0:
+            try:
+                multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
+            except FileNotFoundError:  # reaped by a concurrent scrape
+                continue
+            reaped.append(pid)
+    return reaped
+
+
+class _ReapingCollector:
+    """prometheus-client's multiprocess collector, reaping dead processes before each read."""
+
+    def __init__(self, path: str) -> None:
         from prometheus_client import multiprocess
 
+        self.path = path
+        self._inner = multiprocess.MultiProcessCollector(None, path)  # type: ignore[no-untyped-call]
+
+    def collect(self) -> Any:
+        reap_dead_processes(self.path)
+        return self._inner.collect()  # type: ignore[no-untyped-call]
+
+
+# -- serving --------------------------------------------------------------------------------
+
+_served: tuple[str, int] | None = None
+
+
+def _serve(port: int, addr: str) -> None:
+    prom = _import_prometheus()
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    registry = prom.REGISTRY
+    if path:
         registry = prom.CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        registry.register(_ReapingCollector(path))
+    try:
         prom.start_http_server(port, addr=addr, registry=registry)
-    else:
-        prom.start_http_server(port, addr=addr)
-    logger.info("lease metrics served on http://%s:%d/metrics", addr or "0.0.0.0", port)
+    except OSError as exc:
+        logger.error("lease metrics: cannot serve on %s:%d (%s); /metrics is not available. "
+                     "Pick another port in metrics.install(app, port=...)", addr, port, exc)
+        return
+    logger.info("lease metrics served on http://%s:%d/metrics", addr, port)
 
 
-def install(app: Any = None, port: int | None = None, addr: str = "") -> LeaseMetrics:
+def install(app: Any = None, port: int | None = None, addr: str = "0.0.0.0") -> LeaseMetrics:
     """Create the lease metrics in this process and keep them updated; idempotent.
 
     Args:
@@ -150,37 +249,43 @@ def install(app: Any = None, port: int | None = None, addr: str = "") -> LeaseMe
             process when it is ready (``worker_ready``), never in a prefork child.
         port: TCP port for ``/metrics`` (int), or ``None`` to serve them yourself (e.g. with
             Flower's or your web app's registry).
-        addr: address to bind (str, default all interfaces).
+        addr: address to bind (str, default ``"0.0.0.0"``: every IPv4 interface; ``"::"``
+            for every IPv6 one).
+
+    Calling it again with the same ``port`` and ``addr`` does nothing more: one server.
 
     Raises:
         ImportError: prometheus-client is not installed (the message names the extra).
+        ValueError: ``port`` or ``addr`` differ from those of an earlier call in this
+            process (one process serves one ``/metrics``), or ``addr`` is empty.
     """
-    global _instance
+    global _instance, _served
+    if not addr:
+        raise ValueError("metrics.install(addr=...) must name an address to bind, e.g. "
+                         "'0.0.0.0' (every IPv4 interface) or '127.0.0.1'")
     if _instance is None:
         _instance = LeaseMetrics()
         _instance.connect()
-        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            from celery.signals import worker_process_shutdown
+    if port is None or app is None:
+        return _instance
+    if _served is not None:
+        if _served != (addr, port):
+            raise ValueError(
+                f"metrics.install: /metrics is already set up on {_served[0]}:{_served[1]} in "
+                f"this process; call install() with the same port and addr, or only once")
+        return _instance
+    _served = (addr, port)
+    from celery.signals import worker_ready
 
-            worker_process_shutdown.connect(_mark_dead, weak=False)
-    if port is not None and app is not None:
-        from celery.signals import worker_ready
+    def _start(sender: Any = None, **kw: Any) -> None:
+        pool = getattr(getattr(sender, "controller", None), "pool", None)
+        prefork = type(pool).__module__.endswith(".prefork")
+        if prefork and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            logger.warning(
+                "lease metrics: PROMETHEUS_MULTIPROC_DIR is not set; with the prefork "
+                "pool the leases live in the children and /metrics will miss them. Set "
+                "it to an empty directory before starting the worker")
+        _serve(port, addr)
 
-        def _start(sender: Any = None, **kw: Any) -> None:
-            pool = getattr(getattr(sender, "controller", None), "pool", None)
-            prefork = type(pool).__module__.endswith(".prefork")
-            if prefork and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-                logger.warning(
-                    "lease metrics: PROMETHEUS_MULTIPROC_DIR is not set; with the prefork "
-                    "pool the leases live in the children and /metrics will miss them. Set "
-                    "it to an empty directory before starting the worker")
-            _serve(port, addr)
-
-        worker_ready.connect(_start, weak=False)
+    worker_ready.connect(_start, weak=False)
     return _instance
-
-
-def _mark_dead(sender: Any = None, pid: int | None = None, **kw: Any) -> None:
-    from prometheus_client import multiprocess
-
-    multiprocess.mark_process_dead(pid or os.getpid())  # type: ignore[no-untyped-call]

@@ -16,6 +16,10 @@ Two implementations of the same rule:
 A fencing token belongs to one lease key, so guard a record with the tokens of the lease that
 protects it (e.g. the ledger of account 42 with the tokens of ``sync_account(42)``'s lease).
 Equal tokens are accepted: the same execution writes many times.
+
+A token is about 1.8e15 (the lease server's time in microseconds): it needs a signed 64-bit
+integer. Redis keeps it as a decimal string (compared as one in Lua, whose numbers are
+doubles); the SQL column is a ``BIGINT``, never a 32-bit ``INTEGER``.
 """
 
 from __future__ import annotations
@@ -120,7 +124,7 @@ class SqliteFencedStore:
         self.db = sqlite3.connect(path, timeout=5.0, isolation_level=None)
         self.db.execute(
             "CREATE TABLE IF NOT EXISTS fenced ("
-            " name TEXT PRIMARY KEY, value TEXT, fence INTEGER NOT NULL,"
+            " name TEXT PRIMARY KEY, value TEXT, fence BIGINT NOT NULL,"
             " accepted INTEGER NOT NULL DEFAULT 1, refused INTEGER NOT NULL DEFAULT 0)"
         )
 
