@@ -66,11 +66,8 @@ class Heartbeat:
         Called before a release is sent, so nothing renews a lease after its release.
         """
         with self._cond:
-            lease.released = True
             self._leases.discard(lease)
-            if lease.in_flight:
-                self._cond.wait_for(
-                    lambda: not lease.in_flight, timeout=lease.options.store_timeout * 2)
+        lease.stop_renewing(wait=lease.options.store_timeout * 2)
 
     def held(self) -> list[Lease]:
         """A snapshot of the leases being renewed."""
@@ -132,10 +129,7 @@ class Heartbeat:
             self._leases.discard(lease)
 
     def _renew(self, group: list[Lease]) -> None:
-        with self._cond:
-            group = [lease for lease in group if not lease.released]
-            for lease in group:
-                lease.in_flight = True
+        group = [lease for lease in group if lease.begin_renewal()]
         if not group:
             return
         sent_at = clock.now()
@@ -146,13 +140,11 @@ class Heartbeat:
         except RedisError as exc:
             replies = [exc] * len(group)
         finally:
-            with self._cond:
-                for lease in group:
-                    lease.in_flight = False
-                self._cond.notify_all()
+            for lease in group:
+                lease.end_renewal()
         replied_at = clock.now()
         for lease, reply in zip(group, replies, strict=True):
-            if lease.released:
+            if lease.retired:
                 continue
             if reply == 1:
                 margin = lease.deadline - replied_at
@@ -169,10 +161,10 @@ class Heartbeat:
 
     def _failed(self, lease: Lease, error: RedisError) -> None:
         now = clock.now()
-        if isinstance(error, ResponseError):  # the store answered, with an error
-            lease.store_error = error
-        # Try again soon, but only while a try can still finish before the deadline.
-        lease.next_renewal = now + min(lease.renew_interval / 3, _MAX_SLEEP)
+        # Try again soon (the pass sends it only while it can finish before the deadline). An
+        # error reply is remembered: the store answered, so a passed deadline is its doing.
+        lease.renewal_failed(now + min(lease.renew_interval / 3, _MAX_SLEEP),
+                             error if isinstance(error, ResponseError) else None)
         logger.warning(
             "lease renewal failed: key=%s task=%s[%s] fencing_token=%d error=%s "
             "time_left=%.3fs", lease.key, lease.task_name, lease.task_id, lease.fencing_token,

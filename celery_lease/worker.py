@@ -21,11 +21,13 @@ import logging
 from typing import Any
 
 from celery import bootsteps
+from kombu.utils.url import maybe_sanitize_url
 from redis.exceptions import RedisError
 
 from . import store
-from .config import check_process_settings, resolve_backend, resolve_options
+from .config import check_process_settings
 from .errors import LeaseConfigError
+from .task import LeasedTask
 
 __all__ = ["LeaseStoreCheck", "check_app", "install"]
 
@@ -41,15 +43,11 @@ def check_app(app: Any) -> list[store.StoreCheck]:
         LeaseConfigError: a setting is invalid, no Redis URL is known, or the eviction policy
             is unsafe while ``lease_require_noeviction`` is set.
     """
-    from .task import LeasedTask
-
     check_process_settings(app.conf, "app.conf")
     stores: dict[str, float] = {}
     for task in list(app.tasks.values()):
         if isinstance(task, LeasedTask):
-            where = f"task {task.name}"
-            options = resolve_options(app.conf, task._lease_task_options(), where)
-            url = resolve_backend(options, app.conf, where)
+            options, url, _ = task.lease_settings()
             stores[url] = min(stores.get(url, options.store_timeout), options.store_timeout)
     checks = []
     for url, timeout in stores.items():
@@ -75,10 +73,7 @@ def check_app(app: Any) -> list[store.StoreCheck]:
 
 def _safe(url: str) -> str:
     """``url`` without its password, for logs."""
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.split("@", 1)[1]
-    return scheme + sep + rest
+    return str(maybe_sanitize_url(url))
 
 
 class LeaseStoreCheck(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -93,4 +88,4 @@ class LeaseStoreCheck(bootsteps.StartStopStep):  # type: ignore[misc]
 
 def install(app: Any) -> None:
     """Register :class:`LeaseStoreCheck` with ``app``'s worker (idempotent)."""
-    app.steps["worker"].add(LeaseStoreCheck)
+    app.steps["worker"].add("celery_lease.worker:LeaseStoreCheck")
