@@ -7,6 +7,9 @@ worker before it consumes a single message:
 - every leased task's settings are valid and a Redis URL is known (else the worker refuses
   to start with a message naming ``lease_backend``);
 - ``lease_signal`` names a usable signal;
+- each store runs Redis 6.0 or later (else an error is logged: the release's note of who ended
+  last would silently not be written, and ``celery lease ls`` would fail; the worker still
+  starts, since leases themselves work);
 - each store answers, and its ``maxmemory-policy`` is ``noeviction``. Any other policy can
   evict a live lease (the holder is told nothing), so the worker logs a loud warning naming the
   setting and the fix, and refuses to start when ``lease_require_noeviction`` is true.
@@ -27,6 +30,7 @@ from redis.exceptions import RedisError
 from . import store
 from .config import check_process_settings
 from .errors import LeaseConfigError
+from .inspection import redis_version_problem
 from .task import LeasedTask
 
 __all__ = ["LeaseStoreCheck", "check_app", "install"]
@@ -58,6 +62,10 @@ def check_app(app: Any) -> list[store.StoreCheck]:
                          "follow lease_on_store_error until it answers", _safe(url), exc)
             continue
         checks.append(check)
+        problem = redis_version_problem(check.version)
+        if problem:
+            logger.error("lease store %s: %s; redeliveries of finished runs may run again",
+                         _safe(url), problem)
         if not check.safe:
             message = (
                 f"lease store {_safe(url)} runs with maxmemory-policy={check.eviction_policy}: "
