@@ -267,9 +267,11 @@ class LeasedScheduler:
         self.leader: BeatLeader | None = None
         self._lazy = lazy
         self._was_leader = False
-        send: Callable[..., Any] = self.inner.apply_entry
+        # The guard sits on the send itself: Celery's apply_entry calls apply_async, and
+        # schedulers such as RedBeat call apply_async directly.
+        send: Callable[..., Any] = self.inner.apply_async
         self._send = send
-        self.inner.apply_entry = self._apply_entry  # every send goes through the guard
+        self.inner.apply_async = self._apply_async
 
     def __getattr__(self, name: str) -> Any:
         if name == "inner":  # not set yet: avoid recursing
@@ -321,14 +323,16 @@ class LeasedScheduler:
             self.inner.populate_heap()  # the next due entries follow the loaded times
             logger.info("beat: loaded %d last-run time(s) from %s", updated, leader.state_key)
 
-    def _apply_entry(self, entry: Any, producer: Any = None) -> None:
+    def _apply_async(self, entry: Any, producer: Any = None, advance: bool = True,
+                     **kwargs: Any) -> Any:
         leader = self.leader
         if leader is None or not leader.is_leader:
             logger.warning("beat: not sending %s (%s): this beat no longer holds the leader "
                            "lease", entry.name, entry.task)
-            return
-        self._send(entry, producer=producer)
+            return None
+        result = self._send(entry, producer=producer, advance=advance, **kwargs)
         leader.record_run(entry.name, time.time())
+        return result
 
     @property
     def info(self) -> str:
