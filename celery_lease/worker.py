@@ -24,13 +24,12 @@ import logging
 from typing import Any
 
 from celery import bootsteps
-from kombu.utils.url import maybe_sanitize_url
 from redis.exceptions import RedisError
 
 from . import store
 from .config import check_process_settings
 from .errors import LeaseConfigError
-from .inspection import redis_version_problem
+from .inspection import redis_version_problem, safe_url
 from .task import LeasedTask
 
 __all__ = ["LeaseStoreCheck", "check_app", "install"]
@@ -59,16 +58,16 @@ def check_app(app: Any) -> list[store.StoreCheck]:
             check = store.check_store(store.client_for(url, max(timeout, 1.0)))
         except RedisError as exc:
             logger.error("lease store %s is unreachable at worker start: %r; leased tasks "
-                         "follow lease_on_store_error until it answers", _safe(url), exc)
+                         "follow lease_on_store_error until it answers", safe_url(url), exc)
             continue
         checks.append(check)
         problem = redis_version_problem(check.version)
         if problem:
             logger.error("lease store %s: %s; redeliveries of finished runs may run again",
-                         _safe(url), problem)
+                         safe_url(url), problem)
         if not check.safe:
             message = (
-                f"lease store {_safe(url)} runs with maxmemory-policy={check.eviction_policy}: "
+                f"lease store {safe_url(url)} runs with maxmemory-policy={check.eviction_policy}: "
                 f"Redis may evict a live lease and let a second execution start while the first "
                 f"still runs. Fix: CONFIG SET maxmemory-policy noeviction (and in redis.conf), "
                 f"or use a dedicated Redis for lease_backend"
@@ -77,11 +76,6 @@ def check_app(app: Any) -> list[store.StoreCheck]:
                 raise LeaseConfigError(message + " (refusing to start: lease_require_noeviction)")
             logger.warning("!" * 20 + " " + message)
     return checks
-
-
-def _safe(url: str) -> str:
-    """``url`` without its password, for logs."""
-    return str(maybe_sanitize_url(url))
 
 
 class LeaseStoreCheck(bootsteps.StartStopStep):  # type: ignore[misc]
