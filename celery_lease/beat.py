@@ -37,31 +37,24 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
-import os
 import socket
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 import redis
 from celery.utils.imports import load_extension_class_names, symbol_by_name
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import clock, signals, store
-from .config import LeaseOptions, resolve_backend, resolve_options
+from . import clock, config, lifecycle, signals, store
+from .config import BEAT_WHERE, DEFAULTS, LeaseOptions, LeaseSettings
 from .errors import LeaseConfigError, LeaseLost
-from .heartbeat import heartbeat
+from .keys import BEAT_TASK_NAME, beat_leader_key, last_run_key
 from .lease import Lease
 
 __all__ = ["BEAT_TASK_NAME", "BeatLeader", "LeasedScheduler", "beat_lease_key"]
 
 logger = logging.getLogger("celery_lease")
-
-#: The task name recorded as the holder of a beat leader lease (``celery lease ls`` shows it).
-BEAT_TASK_NAME = "celery.beat"
 
 _DEFAULT_INNER = "celery.beat:PersistentScheduler"
 _SELF_NAMES = ("celery_lease.beat:LeasedScheduler", "celery_lease.beat.LeasedScheduler")
@@ -72,26 +65,18 @@ def beat_lease_key(app: Any) -> str:
     configured = app.conf.get("lease_beat_key")
     if configured:
         return str(configured)
-    prefix = app.conf.get("lease_key_prefix") or "lease"
-    return f"{prefix}:{{{BEAT_TASK_NAME}:{app.main or 'default'}}}"
+    prefix = app.conf.get("lease_key_prefix") or DEFAULTS["lease_key_prefix"]
+    return beat_leader_key(prefix, app.main or "default")
 
 
 def beat_options(app: Any) -> LeaseOptions:
     """The leader lease's validated settings (``lease_beat_ttl``, ``lease_beat_renew_interval``).
 
     Raises:
-        LeaseConfigError: an invalid value; the message names ``lease_beat_*`` settings.
+        LeaseConfigError: an invalid value (naming the ``lease_beat_*`` setting at fault), or
+            no Redis URL is configured.
     """
-    ttl = app.conf.get("lease_beat_ttl")
-    interval = app.conf.get("lease_beat_renew_interval")
-    overrides = {"lease_ttl": ttl, "lease_renew_interval": interval}
-    if interval is None and ttl is not None:
-        overrides["lease_renew_interval"] = float(ttl) / 3
-    try:
-        return resolve_options(app.conf, overrides, "celery beat leader lease")
-    except LeaseConfigError as exc:
-        raise LeaseConfigError(
-            f"{exc} (for beat, set lease_beat_ttl / lease_beat_renew_interval)") from None
+    return config.beat_options(app.conf)
 
 
 class _NoInterrupt:
@@ -121,9 +106,11 @@ class BeatLeader:
                  node: str | None = None) -> None:
         self.app = app
         self.key = key
-        self.state_key = key + ":last-run"
+        self.state_key = last_run_key(key)
         self.options = options
         self.url = url
+        self.settings = LeaseSettings(
+            options, url, config.check_process_settings(app.conf, BEAT_WHERE))
         self.node = node or f"beat@{socket.gethostname()}"
         self.lease: Lease | None = None
         self.terms = 0  # how many times this process became leader
@@ -159,15 +146,10 @@ class BeatLeader:
         return self._try_acquire(), self.options.renew_interval
 
     def _try_acquire(self) -> bool:
-        token = uuid.uuid4().hex
-        holder = store.holder_json(BEAT_TASK_NAME, self.node, socket.gethostname(), os.getpid())
-        sent_at = clock.now()
+        holder = lifecycle.HolderInfo(BEAT_TASK_NAME, self.node, socket.gethostname())
         try:
-            try:
-                found = store.acquire(self.client, self.key, token, self.options.ttl_ms, holder)
-            except (RedisConnectionError, RedisTimeoutError):
-                sent_at = clock.now()  # the reply may be lost: the same token is granted again
-                found = store.acquire(self.client, self.key, token, self.options.ttl_ms, holder)
+            got = lifecycle.take(self.settings, self.client, self.key, holder, _NoInterrupt(),
+                                 sender=BEAT_TASK_NAME)
         except RedisError as exc:
             if not self._store_down:
                 logger.warning("beat: lease store unreachable, staying standby (key=%s): %r",
@@ -178,64 +160,48 @@ class BeatLeader:
         if self._store_down:
             logger.info("beat: lease store reachable again (key=%s)", self.key)
             self._store_down = False
-        if not found.granted:
-            leader = found.holder
-            if leader.fencing_token != self._seen_fence:
-                self._seen_fence = leader.fencing_token
-                logger.info(
-                    "beat: standby; leader is %s (pid %d) key=%s fencing_token=%d "
-                    "expires_in=%.3fs", leader.hostname, leader.pid, self.key,
-                    leader.fencing_token, found.remaining)
-                signals.lease_conflict.send(
-                    sender=BEAT_TASK_NAME, key=self.key, task_id=self.node,
-                    holder_task_id=leader.task_id, holder=leader.where,
-                    remaining=found.remaining, policy="standby",
-                    fencing_token=leader.fencing_token, token=leader.token)
-            # Ask again the moment the leader's lifetime ends, or at the next interval.
-            self._next_try = clock.now() + min(found.remaining + 0.01,
-                                               self.options.renew_interval)
+        if not isinstance(got, Lease):
+            self._standby(got)
             return False
-        self.lease = Lease(
-            key=self.key, token=token, fencing_token=found.holder.fencing_token,
-            task_name=BEAT_TASK_NAME, task_id=self.node, options=self.options,
-            client=self.client, target=_NoInterrupt(), sent_at=sent_at)
-        heartbeat().add(self.lease)
+        self.lease = got
         self.terms += 1
         self._seen_fence = -1
         logger.warning(
             "beat: became leader key=%s token=%s fencing_token=%d ttl=%.3fs node=%s",
-            self.key, token, found.holder.fencing_token, self.options.ttl, self.node)
-        signals.lease_acquired.send(
-            sender=BEAT_TASK_NAME, key=self.key, token=token,
-            fencing_token=found.holder.fencing_token, task_id=self.node, ttl=self.options.ttl,
-            latency=clock.now() - sent_at)
+            self.key, got.token, got.fencing_token, self.options.ttl, self.node)
         return True
+
+    def _standby(self, found: store.AcquireResult) -> None:
+        leader = found.holder
+        if leader.fencing_token != self._seen_fence:
+            self._seen_fence = leader.fencing_token
+            logger.info(
+                "beat: standby; leader is %s (pid %d) key=%s fencing_token=%d "
+                "expires_in=%.3fs", leader.hostname, leader.pid, self.key,
+                leader.fencing_token, found.remaining)
+            signals.lease_conflict.send(
+                sender=BEAT_TASK_NAME, key=self.key, task_id=self.node,
+                holder_task_id=leader.task_id, holder=leader.where,
+                remaining=found.remaining, policy="standby",
+                fencing_token=leader.fencing_token, token=leader.token)
+        # Ask again the moment the leader's lifetime ends, or at the next interval.
+        self._next_try = clock.now() + min(found.remaining + 0.01, self.options.renew_interval)
 
     def step_down(self) -> None:
         """Stop leading: stop renewing, release the lease if still ours (token-checked)."""
         lease, self.lease = self.lease, None
         if lease is None:
             return
-        error = lease.loss  # before remove(): a released lease records no loss
-        heartbeat().remove(lease)
-        released = False
-        try:
-            released = store.release(lease.client, lease.key, lease.token)
-        except RedisError as exc:
-            logger.debug("beat: release of %s failed (it expires on its own): %r", lease.key, exc)
-        held = clock.now() - lease.acquired_at
-        if error is not None:
+        ending = lifecycle.end(lease, sender=BEAT_TASK_NAME)
+        if ending.loss is not None:
             logger.warning(
                 "beat: lost leadership, back to standby: key=%s cause=%s fencing_token=%d "
-                "held=%.3fs", lease.key, error.cause, lease.fencing_token, held)
+                "held=%.3fs", lease.key, ending.loss.cause, lease.fencing_token, ending.held)
         else:
             logger.info("beat: released leadership key=%s fencing_token=%d held=%.3fs",
-                        lease.key, lease.fencing_token, held)
-        signals.lease_released.send(
-            sender=BEAT_TASK_NAME, key=lease.key, token=lease.token,
-            fencing_token=lease.fencing_token, task_id=self.node, held=held, released=released)
+                        lease.key, lease.fencing_token, ending.held)
         # Let another beat take over first after a loss.
-        self._next_try = clock.now() + (self.options.renew_interval if error else 0.0)
+        self._next_try = clock.now() + (self.options.renew_interval if ending.loss else 0.0)
 
     def record_run(self, name: str, at: float) -> None:
         """Record that the leader sent entry ``name`` at ``at`` (epoch float seconds)."""
@@ -301,9 +267,11 @@ class LeasedScheduler:
         self.leader: BeatLeader | None = None
         self._lazy = lazy
         self._was_leader = False
-        send: Callable[..., Any] = self.inner.apply_entry
+        # The guard sits on the send itself: Celery's apply_entry calls apply_async, and
+        # schedulers such as RedBeat call apply_async directly.
+        send: Callable[..., Any] = self.inner.apply_async
         self._send = send
-        self.inner.apply_entry = self._apply_entry  # every send goes through the guard
+        self.inner.apply_async = self._apply_async
 
     def __getattr__(self, name: str) -> Any:
         if name == "inner":  # not set yet: avoid recursing
@@ -312,8 +280,7 @@ class LeasedScheduler:
 
     def _election(self) -> BeatLeader:
         if self.leader is None:
-            options = beat_options(self.app)
-            url = resolve_backend(options, self.app.conf, "celery beat leader lease")
+            options, url, _ = config.beat_settings(self.app.conf)
             self.leader = BeatLeader(self.app, beat_lease_key(self.app), options, url)
             logger.info("beat: leader election on key=%s ttl=%.3fs renew_interval=%.3fs",
                         self.leader.key, options.ttl, options.renew_interval)
@@ -353,17 +320,19 @@ class LeasedScheduler:
                 schedule[name] = entry
                 updated += 1
         if updated:
-            self.inner._heap = None  # rebuilt from the new times at the next tick
+            self.inner.populate_heap()  # the next due entries follow the loaded times
             logger.info("beat: loaded %d last-run time(s) from %s", updated, leader.state_key)
 
-    def _apply_entry(self, entry: Any, producer: Any = None) -> None:
+    def _apply_async(self, entry: Any, producer: Any = None, advance: bool = True,
+                     **kwargs: Any) -> Any:
         leader = self.leader
         if leader is None or not leader.is_leader:
             logger.warning("beat: not sending %s (%s): this beat no longer holds the leader "
                            "lease", entry.name, entry.task)
-            return
-        self._send(entry, producer=producer)
+            return None
+        result = self._send(entry, producer=producer, advance=advance, **kwargs)
         leader.record_run(entry.name, time.time())
+        return result
 
     @property
     def info(self) -> str:

@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import functools
 import json
-import statistics
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from typing import Any, ParamSpec
 
 import click
@@ -33,111 +31,15 @@ import redis
 from celery.bin.base import CeleryCommand, handle_preload_options
 from redis.exceptions import RedisError
 
-from . import clock, store
-from .config import LeaseOptions, resolve_backend, resolve_options
+from . import inspection, store
 from .errors import LeaseConfigError, LeaseError
+from .inspection import LeaseInfo, read_lease, scan_leases
+from .keys import is_internal
+from .task import LeasedTask
 
 __all__ = ["LeaseInfo", "lease", "read_lease", "scan_leases"]
 
 P = ParamSpec("P")
-
-CLI_TIMEOUT = 5.0  # float seconds for each store call made by the CLI
-SCAN_COUNT = 1000  # keys per SCAN step (a hint to Redis, not a limit)
-_BATCH = 500  # keys per GET/PTTL pipeline
-_INTERNAL_SUFFIXES = (":fence", ":last-run")
-MIN_REDIS = (3, 2)  # scripts replicate their effects (TIME inside a writing script)
-
-
-@dataclass(frozen=True)
-class LeaseInfo:
-    """One held lease, as stored.
-
-    Attributes:
-        key: the Redis key (str).
-        task: the holder's task name (str; ``celery.beat`` for a beat leader lease).
-        task_id: the holder's task id (str; the beat node for a beat lease).
-        host: the holder's hostname (str).
-        pid: the holder's process id (int, 0 when unknown).
-        fencing_token: int.
-        ttl: float seconds left on the server (-1.0 for a key without expiry).
-        token: the holder's execution token (str).
-    """
-
-    key: str
-    task: str
-    task_id: str
-    host: str
-    pid: int
-    fencing_token: int
-    ttl: float
-    token: str
-
-
-def _info(key: str, value: bytes | str, pttl: int) -> LeaseInfo:
-    holder = store.parse_value(value)
-    return LeaseInfo(key=key, task=holder.task_name, task_id=holder.task_id,
-                     host=holder.hostname, pid=holder.pid, fencing_token=holder.fencing_token,
-                     ttl=pttl / 1000 if pttl >= 0 else -1.0, token=holder.token)
-
-
-def _glob_escape(text: str) -> str:
-    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
-
-
-def read_lease(client: redis.Redis, key: str) -> LeaseInfo | None:
-    """The lease stored at ``key``, or ``None`` when the key is absent.
-
-    Raises:
-        redis.exceptions.RedisError: on store errors.
-    """
-    pipe = client.pipeline(transaction=True)  # value and lifetime from the same instant
-    pipe.get(key)
-    pipe.pttl(key)
-    value, pttl = pipe.execute()
-    if value is None:
-        return None
-    return _info(key, value, int(pttl))
-
-
-def scan_leases(client: redis.Redis, prefix: str, count: int = SCAN_COUNT) -> Iterator[LeaseInfo]:
-    """Every lease under ``prefix`` (``"<prefix>:*"``), found with ``SCAN``, never ``KEYS``.
-
-    Keys are read in batches with one pipelined round trip per batch. A key that expires
-    between the scan and the read is skipped. Internal keys (fencing counters, beat state)
-    are left out.
-
-    Args:
-        client: a Redis client.
-        prefix: a ``lease_key_prefix``.
-        count: the ``COUNT`` hint of each ``SCAN`` step (int).
-
-    Raises:
-        redis.exceptions.RedisError: on store errors.
-    """
-    batch: list[str] = []
-
-    def read(keys: list[str]) -> Iterator[LeaseInfo]:
-        pipe = client.pipeline(transaction=False)
-        for key in keys:
-            pipe.get(key)
-            pipe.pttl(key)
-        replies = pipe.execute()
-        for i, key in enumerate(keys):
-            value, pttl = replies[2 * i], replies[2 * i + 1]
-            if value is not None:
-                yield _info(key, value, int(pttl))
-
-    for raw in client.scan_iter(match=_glob_escape(prefix) + ":*", count=count, _type="STRING"):
-        key = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-        if key.endswith(_INTERNAL_SUFFIXES):
-            continue
-        batch.append(key)
-        if len(batch) >= _BATCH:
-            yield from read(batch)
-            batch = []
-    if batch:
-        yield from read(batch)
-
 
 # -- helpers --------------------------------------------------------------------------------
 
@@ -149,42 +51,6 @@ def _app(ctx: click.Context) -> Any:
         raise click.UsageError("no Celery app: run it as `celery -A proj lease ...`")
     app.loader.import_default_modules()  # register the tasks of `include` / autodiscovery
     return app
-
-
-def _leased_tasks(app: Any) -> list[Any]:
-    from .task import LeasedTask
-
-    return sorted((t for t in app.tasks.values() if isinstance(t, LeasedTask)),
-                  key=lambda t: str(t.name))
-
-
-def _app_options(app: Any) -> LeaseOptions:
-    return resolve_options(app.conf, {}, "app settings")
-
-
-def _stores(app: Any, url: str | None, prefixes: Sequence[str]) -> dict[str, set[str]]:
-    """Store URL -> key prefixes, from the settings and every leased task."""
-    found: dict[str, set[str]] = {}
-
-    def add(options: LeaseOptions, where: str) -> None:
-        target = url or resolve_backend(options, app.conf, where)
-        found.setdefault(target, set()).update(prefixes or (options.key_prefix,))
-
-    try:
-        add(_app_options(app), "app settings")
-    except LeaseConfigError:
-        if not _leased_tasks(app) and not url:
-            raise
-    for task in _leased_tasks(app):
-        where = f"task {task.name}"
-        add(resolve_options(app.conf, task._lease_task_options(), where), where)
-    if url and not found:
-        found[url] = set(prefixes or ("lease",))
-    return found
-
-
-def _client(url: str) -> redis.Redis:
-    return store.client_for(url, CLI_TIMEOUT)
 
 
 def _human(seconds: float) -> str:
@@ -262,8 +128,8 @@ def ls(ctx: click.Context, task_name: str | None, as_json: bool, url: str | None
     """List held leases: task, task id, holder host and pid, fencing token, time left."""
     app = _app(ctx)
     found: list[LeaseInfo] = []
-    for store_url, store_prefixes in _stores(app, url, prefixes).items():
-        client = _client(store_url)
+    for store_url, store_prefixes in inspection.stores(app, url, prefixes).items():
+        client = inspection.client(store_url)
         for prefix in sorted(store_prefixes):
             for info in scan_leases(client, prefix):
                 if task_name is None or info.task == task_name:
@@ -305,8 +171,6 @@ def show(ctx: click.Context, task_name: str, args: tuple[str, ...], kwargs_json:
     Each ARG is parsed as JSON when it can be (7, "7", [1,2], null), else taken as a string.
     """
     app = _app(ctx)
-    from .task import LeasedTask
-
     task = app.tasks.get(task_name)
     if task is None:
         _fail(f"no task named {task_name!r} is registered in app {app.main!r}", 2)
@@ -321,7 +185,7 @@ def show(ctx: click.Context, task_name: str, args: tuple[str, ...], kwargs_json:
     call_args = [_parse_arg(a) for a in args]
     key = task.lease_key_for(call_args, call_kwargs)
     _, url, _ = task.lease_settings()
-    info = read_lease(_client(url), key)
+    info = read_lease(inspection.client(url), key)
     if as_json:
         click.echo(json.dumps({"key": key, "holder": asdict(info) if info else None}, indent=2))
         return
@@ -345,12 +209,12 @@ def release(ctx: click.Context, key: str, assume_yes: bool, url: str | None,
     expired), nothing is deleted and the command exits 1.
     """
     app = _app(ctx)
-    if key.endswith(_INTERNAL_SUFFIXES):
+    if is_internal(key):
         _fail(f"{key} is an internal celery-lease key, not a lease", 2)
     current: LeaseInfo | None = None
     client: redis.Redis | None = None
-    for store_url in _stores(app, url, ()):
-        client = _client(store_url)
+    for store_url in inspection.stores(app, url, ()):
+        client = inspection.client(store_url)
         current = read_lease(client, key)
         if current is not None:
             break
@@ -370,166 +234,17 @@ def release(ctx: click.Context, key: str, assume_yes: bool, url: str | None,
 
 # -- doctor ---------------------------------------------------------------------------------
 
-
-class _Report:
-    def __init__(self, ctx_obj: Any) -> None:
-        self.failures = 0
-        self.warnings = 0
-        self.obj = ctx_obj
-
-    def line(self, level: str, subject: str, message: str, fix: str = "") -> None:
-        colors = {"ok": "green", "warn": "yellow", "fail": "red", "info": "blue"}
-        if level == "fail":
-            self.failures += 1
-        elif level == "warn":
-            self.warnings += 1
-        tag = f"{level.upper():<4}"
-        style = getattr(self.obj, "style", None)
-        if style is not None and not getattr(self.obj, "no_color", True):
-            tag = style(tag, fg=colors[level], bold=True)
-        click.echo(f"{tag} {subject}: {message}")
-        if fix:
-            click.echo(f"     fix: {fix}")
+_COLORS = {"ok": "green", "warn": "yellow", "fail": "red", "info": "blue"}
 
 
-def _check_store(report: _Report, url: str, timeout: float) -> None:
-    subject = f"store {_safe(url)}"
-    client = _client(url)
-    try:
-        check = store.check_store(client)
-    except RedisError as exc:
-        report.line("fail", subject, f"unreachable: {exc!r}",
-                    "start Redis or set lease_backend to a reachable redis:// URL")
-        return
-    report.line("ok", subject, "reachable")
-    version = tuple(int(p) for p in check.version.split(".")[:2] if p.isdigit())
-    if version and version < MIN_REDIS:
-        report.line("fail", subject, f"Redis {check.version} is too old",
-                    "use Redis 3.2 or later (6.2+ recommended)")
-    else:
-        report.line("ok", subject, f"Redis {check.version}")
-    if check.safe:
-        report.line("ok", subject, "maxmemory-policy noeviction")
-    elif check.eviction_policy == "unknown":
-        report.line("warn", subject, "maxmemory-policy could not be read (CONFIG disabled?)",
-                    "make sure the server runs with maxmemory-policy noeviction")
-    else:
-        report.line("fail", subject,
-                    f"maxmemory-policy {check.eviction_policy} may evict a live lease",
-                    "CONFIG SET maxmemory-policy noeviction (and in redis.conf), or use a "
-                    "dedicated Redis for lease_backend")
-    samples = []
-    try:
-        for _ in range(20):
-            started = clock.now()
-            client.ping()
-            samples.append(clock.now() - started)
-        before = time.time()
-        seconds, micros = client.time()
-        after = time.time()
-    except RedisError as exc:
-        report.line("fail", subject, f"stopped answering during the latency check: {exc!r}")
-        return
-    worst, median = max(samples), statistics.median(samples)
-    detail = f"latency median {median * 1000:.2f} ms, max {worst * 1000:.2f} ms"
-    if worst >= timeout:
-        report.line("fail", subject, f"{detail}: at or above lease_store_timeout={timeout}s",
-                    "move the store closer or raise lease_ttl (the timeout is derived from it)")
-    elif worst >= timeout / 2:
-        report.line("warn", subject, f"{detail}: above half of lease_store_timeout={timeout}s",
-                    "raise lease_ttl / lease_store_timeout, or move the store closer")
-    else:
-        report.line("ok", subject, detail)
-    server = seconds + micros / 1e6
-    skew = server - (before + after) / 2
-    if abs(skew) > 2.0 + (after - before):
-        report.line("warn", subject,
-                    f"server clock differs from this host's by {skew:+.3f}s (lease deadlines do "
-                    f"not use wall clocks, but fencing tokens are server time and logs will "
-                    f"not line up)", "run NTP on both hosts")
-    else:
-        report.line("ok", subject, f"clock skew {skew:+.3f}s; local deadlines use "
-                    f"{clock.CLOCK_NAME}")
-
-
-def _safe(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.split("@", 1)[1]
-    return scheme + sep + rest
-
-
-def _visibility_timeout(app: Any) -> float | None:
-    broker = str(app.conf.get("broker_url") or "")
-    if not broker.startswith(("redis://", "rediss://", "redis+socket://", "unix://", "sqs://")):
-        return None
-    options = app.conf.get("broker_transport_options") or {}
-    return float(options.get("visibility_timeout", 3600))
-
-
-def _check_task(report: _Report, app: Any, task: Any, vt: float | None) -> float | None:
-    subject = f"task {task.name}"
-    try:
-        options = resolve_options(app.conf, task._lease_task_options(), subject)
-        resolve_backend(options, app.conf, subject)
-    except LeaseConfigError as exc:
-        report.line("fail", subject, str(exc))
-        return None
-    timing = (f"lease_ttl={options.ttl:g}s lease_renew_interval={options.renew_interval:g}s "
-              f"lease_store_timeout={options.store_timeout:g}s")
-    if options.renew_interval > options.ttl / 3 + 1e-9:
-        report.line("warn", subject, f"{timing}: the interval is above a third of the TTL, two "
-                    "failed renewals in a row lose the lease",
-                    f"lease_renew_interval={options.ttl / 3:.3f} or leave it unset")
-    else:
-        report.line("ok", subject, timing)
-    hard = task.time_limit or app.conf.get("task_time_limit")
-    soft = task.soft_time_limit or app.conf.get("task_soft_time_limit")
-    limit = hard or soft
-    if limit and options.ttl > float(limit):
-        report.line("warn", subject,
-                    f"lease_ttl={options.ttl:g}s is longer than the task's time limit "
-                    f"({float(limit):g}s): after a killed run the key blocks the next run for "
-                    f"up to lease_ttl",
-                    "lower lease_ttl (it only has to cover the longest pause between "
-                    "renewals, not the run)")
-    if vt is not None:
-        acks_late = bool(task.acks_late if task.acks_late is not None
-                         else app.conf.get("task_acks_late"))
-        if options.on_conflict == "retry" and options.ttl >= vt:
-            report.line("fail", subject,
-                        f"lease_on_conflict='retry' waits up to lease_ttl={options.ttl:g}s in "
-                        f"an ETA message, which the broker redelivers after visibility_timeout="
-                        f"{vt:g}s", f"broker_transport_options={{'visibility_timeout': "
-                        f"{max(vt, options.ttl * 4):g}}} or a shorter lease_ttl")
-        limit_text = "no hard time limit" if hard is None else f"time_limit={hard}s"
-        if acks_late and (hard is None or float(hard) >= vt):
-            report.line("warn", subject,
-                        f"acks_late with {limit_text} >= visibility_timeout={vt:g}s: a long "
-                        f"run is redelivered while it runs (the lease refuses the copy, but it "
-                        f"takes a slot)",
-                        "set time_limit below visibility_timeout, or raise visibility_timeout "
-                        "in broker_transport_options")
-    return options.store_timeout
-
-
-def _check_beat(report: _Report, app: Any) -> None:
-    from .beat import beat_lease_key, beat_options
-
-    scheduler = str(app.conf.get("beat_scheduler") or "")
-    configured = "LeasedScheduler" in scheduler or any(
-        app.conf.get(name) is not None for name in ("lease_beat_ttl", "lease_beat_key"))
-    if not configured:
-        return
-    try:
-        options = beat_options(app)
-        resolve_backend(options, app.conf, "celery beat leader lease")
-    except LeaseConfigError as exc:
-        report.line("fail", "beat", str(exc))
-        return
-    report.line("ok", "beat", f"leader lease {beat_lease_key(app)} ttl={options.ttl:g}s "
-                f"renew_interval={options.renew_interval:g}s (a standby takes over within "
-                f"{options.ttl:g}s)")
+def _print_finding(finding: inspection.Finding, ctx_obj: Any) -> None:
+    tag = f"{finding.level.upper():<4}"
+    style = getattr(ctx_obj, "style", None)
+    if style is not None and not getattr(ctx_obj, "no_color", True):
+        tag = style(tag, fg=_COLORS[finding.level], bold=True)
+    click.echo(f"{tag} {finding.subject}: {finding.message}")
+    if finding.fix:
+        click.echo(f"     fix: {finding.fix}")
 
 
 @lease.command(name="doctor", cls=CeleryCommand)
@@ -546,31 +261,11 @@ def doctor(ctx: click.Context, strict: bool, url: str | None, **kwargs: Any) -> 
     visibility_timeout, and the beat leader lease. Exits 1 when a check fails.
     """
     app = _app(ctx)
-    report = _Report(ctx.find_root().obj)
-    tasks = _leased_tasks(app)
-    if not tasks:
-        report.line("warn", "app", f"no LeasedTask is registered in app {app.main!r}",
-                    "pass -A with the module that defines the tasks, or add it to include")
-    vt = _visibility_timeout(app)
-    timeouts: dict[str, float] = {}
-    for task in tasks:
-        timeout = _check_task(report, app, task, vt)
-        if timeout is not None:
-            task_url = url or resolve_backend(
-                resolve_options(app.conf, task._lease_task_options(), task.name), app.conf,
-                task.name)
-            timeouts[task_url] = min(timeouts.get(task_url, timeout), timeout)
-    _check_beat(report, app)
-    if not timeouts:
-        try:
-            options = _app_options(app)
-            timeouts[url or resolve_backend(options, app.conf, "app settings")] = \
-                options.store_timeout
-        except LeaseConfigError as exc:
-            report.line("fail", "app", str(exc))
-    for store_url, timeout in timeouts.items():
-        _check_store(report, store_url, timeout)
-    summary = f"{report.failures} problem(s), {report.warnings} warning(s)"
-    click.echo(summary)
-    if report.failures or (strict and report.warnings):
+    failures = warnings = 0
+    for finding in inspection.diagnose(app, url):
+        failures += finding.level == "fail"
+        warnings += finding.level == "warn"
+        _print_finding(finding, ctx.find_root().obj)
+    click.echo(f"{failures} problem(s), {warnings} warning(s)")
+    if failures or (strict and warnings):
         sys.exit(1)

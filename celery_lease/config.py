@@ -16,11 +16,23 @@ import math
 import signal as _signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import LeaseConfigError
+from .keys import DEFAULT_PREFIX
 
-__all__ = ["DEFAULTS", "TASK_OPTIONS", "LeaseOptions", "resolve_backend", "resolve_options"]
+__all__ = [
+    "BEAT_WHERE",
+    "DEFAULTS",
+    "TASK_OPTIONS",
+    "LeaseOptions",
+    "LeaseSettings",
+    "beat_options",
+    "beat_settings",
+    "resolve_backend",
+    "resolve_options",
+    "resolve_settings",
+]
 
 logger = logging.getLogger("celery_lease")
 
@@ -30,7 +42,7 @@ DEFAULTS: dict[str, Any] = {
     "lease_ttl": 30.0,  # float seconds
     "lease_renew_interval": None,  # float seconds; default lease_ttl / 3
     "lease_store_timeout": None,  # float seconds; default min(interval / 2, 2.0)
-    "lease_key_prefix": "lease",
+    "lease_key_prefix": DEFAULT_PREFIX,
     "lease_on_conflict": "skip",  # skip | retry | fail
     "lease_on_store_error": "retry",  # retry | fail
     "lease_require_noeviction": False,
@@ -158,7 +170,8 @@ def _choice(name: str, value: Any, allowed: tuple[str, ...], where: str) -> str:
 
 
 def resolve_options(
-    conf: Mapping[str, Any], task_options: Mapping[str, Any], where: str
+    conf: Mapping[str, Any], task_options: Mapping[str, Any], where: str,
+    names: Mapping[str, str] | None = None,
 ) -> LeaseOptions:
     """Merge app settings and task options and validate them.
 
@@ -166,10 +179,16 @@ def resolve_options(
         conf: the app's configuration (``app.conf``), read with ``.get``.
         task_options: per-task values; ``None`` means "not set, use the app setting".
         where: what to name in error messages, e.g. ``"task proj.tasks.sync"``.
+        names: the setting name to show in errors for a value taken from ``task_options``
+            (beat passes ``{"lease_ttl": "lease_beat_ttl", ...}``).
 
     Raises:
         LeaseConfigError: a value is invalid; the message names the option and the fix.
     """
+    relabel = names or {}
+
+    def label(name: str) -> str:
+        return relabel.get(name, name) if task_options.get(name) is not None else name
 
     def pick(name: str) -> Any:
         value = task_options.get(name)
@@ -177,21 +196,22 @@ def resolve_options(
             value = conf.get(name)
         return DEFAULTS[name] if value is None else value
 
-    ttl = _duration("lease_ttl", pick("lease_ttl"), where)
+    ttl_name, interval_name = label("lease_ttl"), label("lease_renew_interval")
+    ttl = _duration(ttl_name, pick("lease_ttl"), where)
     raw_interval = pick("lease_renew_interval")
     interval = ttl / 3 if raw_interval is None else _duration(
-        "lease_renew_interval", raw_interval, where)
+        interval_name, raw_interval, where)
     if interval > ttl / 2:
         raise LeaseConfigError(
-            f"lease_renew_interval={interval!r} ({where}) is above half of lease_ttl={ttl!r}: one "
-            f"slow renewal would lose the lease. Use at most lease_ttl / 3 "
-            f"(lease_renew_interval={ttl / 3:.3f}) or leave it unset"
+            f"{interval_name}={interval!r} ({where}) is above half of {ttl_name}={ttl!r}: one "
+            f"slow renewal would lose the lease. Use at most {ttl_name} / 3 "
+            f"({interval_name}={ttl / 3:.3f}) or leave it unset"
         )
     if interval > ttl / 3 + 1e-9:
         logger.warning(
-            "lease_renew_interval=%r (%s) is above a third of lease_ttl=%r: two failed renewals "
-            "in a row will lose the lease; consider lease_renew_interval=%.3f",
-            interval, where, ttl, ttl / 3,
+            "%s=%r (%s) is above a third of %s=%r: two failed renewals "
+            "in a row will lose the lease; consider %s=%.3f",
+            interval_name, interval, where, ttl_name, ttl, interval_name, ttl / 3,
         )
     raw_timeout = pick("lease_store_timeout")
     timeout = min(interval / 2, 2.0) if raw_timeout is None else _duration(
@@ -199,7 +219,7 @@ def resolve_options(
     if timeout >= interval:
         raise LeaseConfigError(
             f"lease_store_timeout={timeout!r} ({where}) must be shorter than "
-            f"lease_renew_interval={interval!r}, or a hanging renewal silently becomes no "
+            f"{interval_name}={interval!r}, or a hanging renewal silently becomes no "
             f"renewal; use at most {interval / 2:.3f}"
         )
     prefix = pick("lease_key_prefix")
@@ -224,6 +244,77 @@ def resolve_options(
         on_store_error=_choice(
             "lease_on_store_error", pick("lease_on_store_error"), ON_STORE_ERROR, where),
     )
+
+
+class LeaseSettings(NamedTuple):
+    """Everything needed to take a lease, resolved and validated once: the one settings object.
+
+    A named tuple, so ``options, url, signum = task.lease_settings()`` keeps working.
+
+    Attributes:
+        options: the validated :class:`LeaseOptions` (durations in float seconds).
+        url: the Redis URL of the lease store (``lease_backend``, else a Redis ``broker_url``).
+        signum: the ``lease_signal`` number.
+    """
+
+    options: LeaseOptions
+    url: str
+    signum: int
+
+
+def resolve_settings(
+    conf: Mapping[str, Any], task_options: Mapping[str, Any], where: str,
+    names: Mapping[str, str] | None = None,
+) -> LeaseSettings:
+    """Resolve options, store URL and signal number in one go (tasks, worker, CLI, beat).
+
+    Args:
+        conf: the app's configuration (``app.conf``).
+        task_options: per-task (or per-use) overrides; ``None`` values fall back to ``conf``.
+        where: what to name in error messages.
+        names: see :func:`resolve_options`.
+
+    Raises:
+        LeaseConfigError: an invalid value, no Redis URL, or an unusable ``lease_signal``.
+    """
+    options = resolve_options(conf, task_options, where, names)
+    return LeaseSettings(options, resolve_backend(options, conf, where),
+                         check_process_settings(conf, where))
+
+
+#: What errors about the beat leader lease name as the place of the mistake.
+BEAT_WHERE = "celery beat leader lease"
+_BEAT_NAMES = {"lease_ttl": "lease_beat_ttl", "lease_renew_interval": "lease_beat_renew_interval"}
+
+
+def beat_options(conf: Mapping[str, Any]) -> LeaseOptions:
+    """The beat leader lease's options: ``lease_beat_ttl`` and ``lease_beat_renew_interval``
+    (float seconds) over the ``lease_*`` settings, validated by the tasks' rules.
+
+    With ``lease_beat_ttl`` set and no ``lease_beat_renew_interval``, the interval is a third of
+    ``lease_beat_ttl`` (not the tasks' ``lease_renew_interval``).
+
+    Raises:
+        LeaseConfigError: an invalid value, naming the ``lease_beat_*`` setting at fault.
+    """
+    ttl = conf.get("lease_beat_ttl")
+    interval = conf.get("lease_beat_renew_interval")
+    if interval is None and ttl is not None:
+        interval = _duration("lease_beat_ttl", ttl, BEAT_WHERE) / 3
+    overrides = {"lease_ttl": ttl, "lease_renew_interval": interval}
+    return resolve_options(conf, overrides, BEAT_WHERE, _BEAT_NAMES)
+
+
+def beat_settings(conf: Mapping[str, Any]) -> LeaseSettings:
+    """:func:`beat_options` with the store URL and the signal number.
+
+    Raises:
+        LeaseConfigError: as :func:`beat_options`; or no Redis URL, or an unusable
+            ``lease_signal``.
+    """
+    options = beat_options(conf)
+    return LeaseSettings(options, resolve_backend(options, conf, BEAT_WHERE),
+                         check_process_settings(conf, BEAT_WHERE))
 
 
 def _is_redis_url(url: Any) -> bool:

@@ -26,6 +26,7 @@ import os
 import signal
 import threading
 from collections import defaultdict
+from dataclasses import dataclass
 
 from redis.exceptions import RedisError, ResponseError
 
@@ -33,11 +34,57 @@ from . import clock, interrupt, signals, store
 from .errors import LostCause
 from .lease import Lease
 
-__all__ = ["Heartbeat", "heartbeat"]
+__all__ = ["Heartbeat", "Plan", "heartbeat", "plan_pass"]
 
 logger = logging.getLogger("celery_lease")
 
 _MAX_SLEEP = 1.0  # float seconds
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one heartbeat pass does (see :func:`plan_pass`).
+
+    Attributes:
+        expired: leases past their local deadline: declared lost, before anything is sent.
+        renew: the leases to renew now, in one round trip (all on one client); may be empty.
+        wake: clock seconds of the next renewal or deadline, when nothing is sent.
+    """
+
+    expired: list[Lease]
+    renew: list[Lease]
+    wake: float
+
+
+def plan_pass(leases: list[Lease], now: float) -> Plan:
+    """Decide one pass at clock time ``now`` (float seconds). Pure: sends and changes nothing.
+
+    - every lease at or past its deadline is expired, whatever else is due;
+    - of the leases of one client, renewal is due when one of them is due; the ones due within
+      half an interval ride along (renewing early is harmless, and it makes leases taken at
+      different times share one round trip per interval);
+    - no round trip is planned whose timeout could still be running at the earliest deadline:
+      the pass waits for that deadline instead, declares it, then renews the rest.
+    """
+    expired = [lease for lease in leases if now >= lease.deadline]
+    live = [lease for lease in leases if now < lease.deadline]
+    if not live:
+        return Plan(expired, [], now)
+    earliest_deadline = min(lease.deadline for lease in live)
+    wake = min(min(lease.next_renewal for lease in live), earliest_deadline)
+    by_client: dict[int, list[Lease]] = defaultdict(list)
+    for lease in live:
+        by_client[id(lease.client)].append(lease)
+    for group in by_client.values():
+        if not any(lease.next_renewal <= now for lease in group):
+            continue
+        timeout = max(lease.options.store_timeout for lease in group)
+        if now + timeout >= earliest_deadline:
+            wake = earliest_deadline
+            continue
+        due = [x for x in group if x.next_renewal - x.renew_interval / 2 <= now]
+        return Plan(expired, due, wake)
+    return Plan(expired, [], wake)
 
 
 class Heartbeat:
@@ -66,11 +113,8 @@ class Heartbeat:
         Called before a release is sent, so nothing renews a lease after its release.
         """
         with self._cond:
-            lease.released = True
             self._leases.discard(lease)
-            if lease.in_flight:
-                self._cond.wait_for(
-                    lambda: not lease.in_flight, timeout=lease.options.store_timeout * 2)
+        lease.stop_renewing(wait=lease.options.store_timeout * 2)
 
     def held(self) -> list[Lease]:
         """A snapshot of the leases being renewed."""
@@ -96,46 +140,25 @@ class Heartbeat:
             while not self._leases:
                 self._cond.wait()
             leases = list(self._leases)
-        now = clock.now()
-        live = []
-        for lease in leases:  # deadlines first
-            if now >= lease.deadline:
-                self._drop(lease)
-                lease.mark_lost(lease.deadline_cause)
-            else:
-                live.append(lease)
-        if not live:
-            return
-        earliest_deadline = min(lease.deadline for lease in live)
-        wake = min(min(lease.next_renewal for lease in live), earliest_deadline)
-        by_client: dict[int, list[Lease]] = defaultdict(list)
-        for lease in live:
-            by_client[id(lease.client)].append(lease)
-        for group in by_client.values():
-            if not any(lease.next_renewal <= now for lease in group):
-                continue
-            timeout = max(lease.options.store_timeout for lease in group)
-            if now + timeout >= earliest_deadline:
-                # The call could still be hanging when a deadline passes: declare that loss
-                # first, then renew the rest.
-                wake = earliest_deadline
-                continue
-            # Piggy-back leases due within half an interval: one round trip per interval.
-            self._renew([x for x in group if x.next_renewal - x.renew_interval / 2 <= now])
+        step = plan_pass(leases, clock.now())
+        for lease in step.expired:  # deadlines first
+            self._drop(lease)
+            lease.mark_lost(lease.deadline_cause)
+        if step.renew:
+            self._renew(step.renew)
             return  # start the next pass with a fresh deadline check
+        if step.expired:
+            return
         with self._cond:
             if self._leases:
-                self._cond.wait(min(max(wake - clock.now(), 0.0), _MAX_SLEEP))
+                self._cond.wait(min(max(step.wake - clock.now(), 0.0), _MAX_SLEEP))
 
     def _drop(self, lease: Lease) -> None:
         with self._cond:
             self._leases.discard(lease)
 
     def _renew(self, group: list[Lease]) -> None:
-        with self._cond:
-            group = [lease for lease in group if not lease.released]
-            for lease in group:
-                lease.in_flight = True
+        group = [lease for lease in group if lease.begin_renewal()]
         if not group:
             return
         sent_at = clock.now()
@@ -146,13 +169,11 @@ class Heartbeat:
         except RedisError as exc:
             replies = [exc] * len(group)
         finally:
-            with self._cond:
-                for lease in group:
-                    lease.in_flight = False
-                self._cond.notify_all()
+            for lease in group:
+                lease.end_renewal()
         replied_at = clock.now()
         for lease, reply in zip(group, replies, strict=True):
-            if lease.released:
+            if lease.retired:
                 continue
             if reply == 1:
                 margin = lease.deadline - replied_at
@@ -169,10 +190,10 @@ class Heartbeat:
 
     def _failed(self, lease: Lease, error: RedisError) -> None:
         now = clock.now()
-        if isinstance(error, ResponseError):  # the store answered, with an error
-            lease.store_error = error
-        # Try again soon, but only while a try can still finish before the deadline.
-        lease.next_renewal = now + min(lease.renew_interval / 3, _MAX_SLEEP)
+        # Try again soon (the pass sends it only while it can finish before the deadline). An
+        # error reply is remembered: the store answered, so a passed deadline is its doing.
+        lease.renewal_failed(now + min(lease.renew_interval / 3, _MAX_SLEEP),
+                             error if isinstance(error, ResponseError) else None)
         logger.warning(
             "lease renewal failed: key=%s task=%s[%s] fencing_token=%d error=%s "
             "time_left=%.3fs", lease.key, lease.task_name, lease.task_id, lease.fencing_token,

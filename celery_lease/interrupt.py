@@ -43,7 +43,10 @@ class Target(Protocol):
         """The body has ended: never deliver after this, and drop anything still pending."""
 
 
-class _Disarmable:
+class _OneExecution:
+    """A target bound to one running execution: ``running`` turns False at ``finish()``, after
+    which nothing is delivered; ``lock`` orders a delivery against that."""
+
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.running = True
@@ -75,7 +78,7 @@ def _install(signum: int) -> None:
         signal.signal(signum, _on_signal)
 
 
-class _SignalTarget(_Disarmable):
+class _SignalTarget(_OneExecution):
     mechanism = "signal"
 
     def __init__(self, signum: int) -> None:
@@ -112,7 +115,7 @@ def _set_async_exc(thread_id: int, exc_type: type[BaseException] | None) -> int:
     return int(ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), exc))
 
 
-class _ThreadTarget(_Disarmable):
+class _ThreadTarget(_OneExecution):
     mechanism = "async-exception"
 
     def __init__(self) -> None:
@@ -146,7 +149,7 @@ class _ThreadTarget(_Disarmable):
 
 # --- gevent / eventlet: throw into the greenlet ----------------------------------------------
 
-class _GeventTarget(_Disarmable):
+class _GeventTarget(_OneExecution):
     mechanism = "greenlet"
 
     def __init__(self) -> None:
@@ -172,7 +175,7 @@ class _GeventTarget(_Disarmable):
         self.running = False
 
 
-class _EventletTarget(_Disarmable):
+class _EventletTarget(_OneExecution):
     mechanism = "greenlet"
 
     def __init__(self) -> None:

@@ -6,6 +6,16 @@ agree), defaults applied, then encoded by type, so that ``1``, ``"1"``, ``True``
 differ while a tuple equals a list (as after a JSON round trip). Sets and dict keys are ordered
 by their encoding, which does not depend on ``PYTHONHASHSEED``. The braces are the Redis
 Cluster hash tag: every key one lease touches (the lease and its fencing counter) shares it.
+
+This module owns every key the library writes:
+
+- a lease key, ``<prefix>:{...}`` (:func:`build_key`, :func:`beat_leader_key`);
+- its fencing counter, ``<lease key>:fence`` (:func:`fence_key`), which also notes the token of
+  the last execution that released it;
+- the beat leader's record of last runs, ``<leader key>:last-run`` (:func:`last_run_key`).
+
+:data:`INTERNAL_SUFFIXES` lists the suffixes of the keys that are not leases, for tools that
+scan a prefix (``celery lease ls``).
 """
 
 from __future__ import annotations
@@ -20,7 +30,27 @@ from typing import Any
 
 from .errors import LeaseKeyError
 
-__all__ = ["KeySpec", "build_key", "encode_value", "fence_key"]
+__all__ = [
+    "BEAT_TASK_NAME",
+    "DEFAULT_PREFIX",
+    "INTERNAL_SUFFIXES",
+    "KeySpec",
+    "beat_leader_key",
+    "build_key",
+    "encode_value",
+    "fence_key",
+    "is_internal",
+    "last_run_key",
+]
+
+#: The default ``lease_key_prefix``.
+DEFAULT_PREFIX = "lease"
+#: The task name recorded as the holder of a beat leader lease (``celery lease ls`` shows it).
+BEAT_TASK_NAME = "celery.beat"
+_FENCE = ":fence"
+_LAST_RUN = ":last-run"
+#: Suffixes of the keys written beside leases that are not leases themselves.
+INTERNAL_SUFFIXES = (_FENCE, _LAST_RUN)
 
 #: ``None`` (all arguments), a sequence of parameter names, or a callable returning a string.
 KeySpec = None | Sequence[str] | Callable[..., str]
@@ -190,4 +220,19 @@ def build_key(
 
 def fence_key(key: str) -> str:
     """The key of the fencing counter that goes with lease ``key`` (same hash tag)."""
-    return key + ":fence"
+    return key + _FENCE
+
+
+def beat_leader_key(prefix: str, app_name: str) -> str:
+    """The default beat leader lease key of the app named ``app_name`` (``app.main``)."""
+    return f"{prefix}:{{{BEAT_TASK_NAME}:{app_name}}}"
+
+
+def last_run_key(leader_key: str) -> str:
+    """The hash in which beat leaders record each entry's last send (same hash tag)."""
+    return leader_key + _LAST_RUN
+
+
+def is_internal(key: str) -> bool:
+    """True for a key the library writes beside leases (a fencing counter, beat state)."""
+    return key.endswith(INTERNAL_SUFFIXES)

@@ -6,6 +6,7 @@ import contextvars
 import logging
 import os
 import threading
+import warnings
 from typing import TYPE_CHECKING
 
 from . import clock, signals
@@ -44,6 +45,16 @@ class Lease:
             downstream writes and let the store refuse a lower one than it has seen.
         task_name, task_id: str.
         ttl, renew_interval: float seconds.
+        acquired_at: deadline-clock seconds (:func:`celery_lease.clock.now`) of the first send
+            of the acquire.
+        confirmed_at: deadline-clock seconds of the send of the last confirmed grant or renewal.
+        deadline: deadline-clock seconds at which the lease counts as lost locally.
+
+    State and who changes it: the execution that took it and the heartbeat thread both act on
+    a lease, only through its methods, and every change happens under the lease's own lock
+    (a condition variable, so :meth:`stop_renewing` can wait for a renewal on the wire). The
+    float fields are read without the lock: a reader sees the old or the new value, both of
+    which were true a moment ago.
     """
 
     def __init__(
@@ -73,14 +84,86 @@ class Lease:
         self.acquired_at = sent_at
         self.confirmed_at = sent_at  # send time of the last confirmed grant or renewal
         self.deadline = sent_at + options.ttl - options.drift_margin
-        self.next_renewal = sent_at + options.renew_interval
-        self.released = False
-        self.in_flight = False  # a renewal for it is on the wire (guarded by the heartbeat)
-        # The store answered the last renewal with an error (OOM, READONLY after a failover...):
-        # if the deadline passes like that, the cause is "store_error", not a silent "deadline".
-        self.store_error: Exception | None = None
+        self._next_renewal = sent_at + options.renew_interval
+        self._retired = False
+        self._in_flight = False
+        self._store_error: Exception | None = None
         self._lost: LeaseLost | None = None
-        self._lock = threading.Lock()
+        self._state = threading.Condition()
+
+    # -- state, read-only from outside -------------------------------------------------------
+
+    @property
+    def next_renewal(self) -> float:
+        """Deadline-clock seconds at which the heartbeat should renew this lease next."""
+        return self._next_renewal
+
+    @property
+    def in_flight(self) -> bool:
+        """True while a renewal of this lease is on the wire."""
+        return self._in_flight
+
+    @property
+    def store_error(self) -> Exception | None:
+        """The error reply the store gave the last renewal (OOM, READONLY after a failover...),
+        or ``None`` after a confirmed one: if the deadline passes like that, the cause is
+        ``store_error``, not a silent ``deadline``."""
+        return self._store_error
+
+    @property
+    def retired(self) -> bool:
+        """True once the holder stopped renewing (the lease is being or has been released)."""
+        return self._retired
+
+    @property
+    def released(self) -> bool:
+        """Deprecated alias of :attr:`retired` (it never meant "the store deleted the key")."""
+        warnings.warn("Lease.released is deprecated; use Lease.retired", DeprecationWarning,
+                      stacklevel=2)
+        return self._retired
+
+    # -- state changes ------------------------------------------------------------------------
+
+    def begin_renewal(self) -> bool:
+        """Mark a renewal as being sent. Returns False (and marks nothing) once retired."""
+        with self._state:
+            if self._retired:
+                return False
+            self._in_flight = True
+            return True
+
+    def end_renewal(self) -> None:
+        """The renewal begun by :meth:`begin_renewal` has its answer (or failed)."""
+        with self._state:
+            self._in_flight = False
+            self._state.notify_all()
+
+    def confirm(self, sent_at: float) -> None:
+        """Record a renewal confirmed by the store (``sent_at``: clock seconds when sent)."""
+        with self._state:
+            self.confirmed_at = sent_at
+            self._store_error = None
+            self.deadline = sent_at + self.ttl - self.options.drift_margin
+            self._next_renewal = sent_at + self.renew_interval
+
+    def renewal_failed(self, retry_at: float, error_reply: Exception | None) -> None:
+        """Record a renewal that proved nothing: try again at ``retry_at`` (clock seconds).
+
+        Args:
+            retry_at: when the next try is due, deadline-clock seconds.
+            error_reply: the store's error reply, or ``None`` when it did not answer at all.
+        """
+        with self._state:
+            if error_reply is not None:
+                self._store_error = error_reply
+            self._next_renewal = retry_at
+
+    def stop_renewing(self, wait: float) -> None:
+        """Retire the lease: nothing renews it from now on. Returns once no renewal of it is
+        on the wire, or after ``wait`` float seconds; called before its release is sent."""
+        with self._state:
+            self._retired = True
+            self._state.wait_for(lambda: not self._in_flight, timeout=wait)
 
     @property
     def expires_in(self) -> float:
@@ -98,12 +181,22 @@ class Lease:
         """True once the lease is lost: refused by the store, or its local deadline passed."""
         return self._lost is not None or clock.now() >= self.deadline
 
-    @property
-    def loss(self) -> LeaseLost | None:
-        """The :class:`LeaseLost` describing the loss, or ``None`` while the lease holds."""
+    def detect_loss(self) -> LeaseLost | None:
+        """The :class:`LeaseLost` describing the loss, or ``None`` while the lease holds.
+
+        A local deadline that passed unnoticed (a starved heartbeat) is recorded as a loss here,
+        with its log line and :data:`~celery_lease.signals.lease_lost` signal.
+        """
         if self._lost is None and clock.now() >= self.deadline:
             self.mark_lost(self.deadline_cause, deliver=False)
         return self._lost
+
+    @property
+    def loss(self) -> LeaseLost | None:
+        """Deprecated: use :meth:`detect_loss` (this property records a passed deadline)."""
+        warnings.warn("Lease.loss is deprecated; use Lease.detect_loss()", DeprecationWarning,
+                      stacklevel=2)
+        return self.detect_loss()
 
     def check(self) -> None:
         """Raise :class:`LeaseLost` if the lease is lost; do nothing otherwise.
@@ -114,7 +207,7 @@ class Lease:
         Raises:
             LeaseLost: the lease was refused by the store or its local deadline passed.
         """
-        error = self.loss
+        error = self.detect_loss()
         if error is not None:
             # The task has the error now: no asynchronous copy may land later (say, in the
             # cleanup it runs while handling this one).
@@ -144,14 +237,7 @@ class Lease:
     def deadline_cause(self) -> str:
         """The cause to report when the local deadline passes: ``store_error`` when the store
         refused the last renewal with an error reply, else ``deadline``."""
-        return LostCause.STORE_ERROR if self.store_error is not None else LostCause.DEADLINE
-
-    def confirm(self, sent_at: float) -> None:
-        """Record a renewal confirmed by the store (``sent_at``: clock seconds when sent)."""
-        self.confirmed_at = sent_at
-        self.store_error = None
-        self.deadline = sent_at + self.ttl - self.options.drift_margin
-        self.next_renewal = sent_at + self.renew_interval
+        return LostCause.STORE_ERROR if self._store_error is not None else LostCause.DEADLINE
 
     def mark_lost(self, cause: str, *, deliver: bool = True) -> LeaseLost | None:
         """Record the loss once: log it, send :data:`~celery_lease.signals.lease_lost`, and (from
@@ -160,8 +246,8 @@ class Lease:
         """
         now = clock.now()
         late = now - self.confirmed_at if cause == LostCause.REFUSED else now - self.deadline
-        with self._lock:
-            if self._lost is not None or self.released:
+        with self._state:
+            if self._lost is not None or self._retired:
                 return None
             error = self._lost = LeaseLost(self.key, cause, self.fencing_token, max(late, 0.0))
         logger.warning(
@@ -181,5 +267,5 @@ class Lease:
         return error
 
     def __repr__(self) -> str:
-        state = "lost" if self._lost else "released" if self.released else "held"
+        state = "lost" if self._lost else "retired" if self._retired else "held"
         return f"<Lease {self.key} fence={self.fencing_token} {state}>"

@@ -12,29 +12,26 @@ import inspect
 import logging
 import os
 import socket
-import uuid
 from collections.abc import Mapping
 from typing import Any, ClassVar, NoReturn
 
 from celery import Task, states
 from celery.exceptions import Ignore
 from kombu.serialization import dumps, loads
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import clock, interrupt, signals, store
+from . import interrupt, lifecycle, signals, store
 from .config import (
     TASK_OPTIONS,
     LeaseOptions,
+    LeaseSettings,
     check_names,
     check_process_settings,
-    resolve_backend,
     resolve_options,
+    resolve_settings,
     validate_lease_key,
 )
 from .errors import LeaseConflict, LeaseLost, LeaseStoreUnavailable
-from .heartbeat import heartbeat
 from .keys import KeySpec, build_key
 from .lease import Lease, _current
 
@@ -101,7 +98,7 @@ class LeasedTask(Task):  # type: ignore[misc]
 
     _lease_signature: ClassVar[inspect.Signature | None] = None
     _lease_spec_cache: ClassVar[tuple[KeySpec] | None] = None
-    _lease_resolved: ClassVar[tuple[int, LeaseOptions, str, int] | None] = None
+    _lease_resolved: ClassVar[tuple[int, LeaseSettings] | None] = None
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
@@ -118,9 +115,8 @@ class LeasedTask(Task):  # type: ignore[misc]
         cls._lease_signature = _run_signature(cls)
         sig = cls._lease_signature
         validate_lease_key(cls._lease_key_spec(), lambda: list(sig.parameters), where)
-        from .worker import install
-
-        install(app)
+        # By name: the worker module imports this one, not the other way round.
+        app.steps["worker"].add("celery_lease.worker:LeaseStoreCheck")
 
     @classmethod
     def _lease_key_spec(cls) -> KeySpec:
@@ -137,21 +133,23 @@ class LeasedTask(Task):  # type: ignore[misc]
     def _lease_task_options(cls) -> dict[str, Any]:
         return {name: getattr(cls, name, None) for name in TASK_OPTIONS}
 
-    def lease_settings(self) -> tuple[LeaseOptions, str, int]:
-        """The effective options, the store URL and the signal number, resolved once per process.
+    def lease_settings(self) -> LeaseSettings:
+        """The effective settings (options, store URL, signal number), resolved once per
+        process and task class. A named tuple: ``options, url, signum = ...`` works.
 
         Raises:
             LeaseConfigError: a setting is invalid or no Redis URL is configured.
         """
-        resolved = type(self)._lease_resolved
+        cls = type(self)
+        # Looked up in the class's own __dict__: a subclass of a leased task must not see
+        # its parent's settings (its options may differ).
+        resolved = cls.__dict__.get("_lease_resolved")
         if resolved is None or resolved[0] != os.getpid():
-            where = f"task {self.name}"
-            options = resolve_options(self.app.conf, self._lease_task_options(), where)
-            url = resolve_backend(options, self.app.conf, where)
-            signum = check_process_settings(self.app.conf, where)
-            resolved = (os.getpid(), options, url, signum)
-            type(self)._lease_resolved = resolved
-        return resolved[1], resolved[2], resolved[3]
+            settings = resolve_settings(
+                self.app.conf, self._lease_task_options(), f"task {self.name}")
+            resolved = (os.getpid(), settings)
+            cls._lease_resolved = resolved
+        return resolved[1]  # type: ignore[no-any-return]
 
     def lease_key_for(self, args: Any = (), kwargs: Mapping[str, Any] | None = None) -> str:
         """The lease key a call with ``args`` and ``kwargs`` takes.
@@ -221,7 +219,8 @@ class LeasedTask(Task):  # type: ignore[misc]
     def _acquire(
         self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Lease | dict[str, Any]:
-        options, url, signum = self.lease_settings()
+        settings = self.lease_settings()
+        options, url, signum = settings
         key = self.lease_key_for(args, kwargs)
         client = store.client_for(url, options.store_timeout)
         earlier = (request.headers or {}).get(REDELIVERY_HEADER)
@@ -229,71 +228,26 @@ class LeasedTask(Task):  # type: ignore[misc]
             logger.info("task %s[%s] already finished in an earlier delivery: not run again",
                         self.name, request.id)
             raise Ignore()
-        token = uuid.uuid4().hex
         task_id = request.id or ""
-        holder = store.holder_json(
-            self.name, task_id, request.hostname or socket.gethostname(), os.getpid())
+        holder = lifecycle.HolderInfo(
+            self.name, task_id, request.hostname or socket.gethostname())
         target = interrupt.for_current_context(signum)
-        # The local deadline counts from the first send: if its reply was lost after the
-        # script ran, the lifetime on the server started then, not at the second try.
-        sent_at = clock.now()
         try:
-            try:
-                found = store.acquire(client, key, token, options.ttl_ms, holder)
-            except (RedisConnectionError, RedisTimeoutError):
-                # Ask again with the same token, which the script recognises as ours: a lost
-                # reply leaves no phantom lease.
-                found = store.acquire(client, key, token, options.ttl_ms, holder)
+            got = lifecycle.take(settings, client, key, holder, target, sender=self)
         except RedisError as exc:
-            target.finish()
-            self._abandon(client, key, token)
             self._store_error(options, key, exc)
-        if not found.granted:
-            target.finish()
-            return self._conflict(request, options, key, found)
-        lease = Lease(
-            key=key, token=token, fencing_token=found.holder.fencing_token, task_name=self.name,
-            task_id=task_id, options=options, client=client, target=target, sent_at=sent_at)
-        heartbeat(signum).add(lease)
-        logger.debug("lease acquired: key=%s task=%s[%s] token=%s fencing_token=%d ttl=%.3fs",
-                     key, self.name, task_id, token, lease.fencing_token, options.ttl)
-        signals.lease_acquired.send(
-            sender=self, key=key, token=token, fencing_token=lease.fencing_token,
-            task_id=task_id, ttl=options.ttl, latency=clock.now() - sent_at)
-        return lease
+        if not isinstance(got, Lease):
+            return self._conflict(request, options, key, got)
+        return got
 
     def _release(self, lease: Lease) -> None:
-        # A deadline that passed unnoticed (a starved heartbeat) is recorded as a loss before
-        # the lease is unregistered: the body's result stands, the overlap does not go unseen.
-        error = lease.loss
-        heartbeat().remove(lease)  # unregistered before the release is sent
-        released = False
-        if lease.pid == os.getpid():  # never in a forked child
-            try:
-                released = store.release(lease.client, lease.key, lease.token)
-            except RedisError as exc:
-                logger.warning(
-                    "lease release failed (it expires within %.3fs): key=%s error=%s",
-                    lease.ttl, lease.key, store.describe(exc))
+        ending = lifecycle.end(lease, sender=self)
+        error = ending.loss
         if error is not None:
             self._event("task-lease-lost", lease_key=lease.key, lease_cause=error.cause,
                         fencing_token=lease.fencing_token, lease_late=error.late,
                         lease_holder=f"{self.request.hostname or socket.gethostname()}:"
                                      f"{lease.pid}")
-        logger.debug("lease released: key=%s task=%s[%s] token=%s fencing_token=%d "
-                     "held=%.3fs released=%s", lease.key, self.name, lease.task_id, lease.token,
-                     lease.fencing_token, clock.now() - lease.acquired_at, released)
-        signals.lease_released.send(
-            sender=self, key=lease.key, token=lease.token, fencing_token=lease.fencing_token,
-            task_id=lease.task_id, held=clock.now() - lease.acquired_at, released=released)
-
-    @staticmethod
-    def _abandon(client: Any, key: str, token: str) -> None:
-        """Best effort: release a grant whose reply may have been lost (else it lapses)."""
-        try:
-            store.release(client, key, token)
-        except RedisError:
-            pass
 
     def _store_error(self, options: LeaseOptions, key: str, exc: RedisError) -> NoReturn:
         error = LeaseStoreUnavailable(key, "acquire", store.describe(exc))

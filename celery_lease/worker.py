@@ -7,6 +7,9 @@ worker before it consumes a single message:
 - every leased task's settings are valid and a Redis URL is known (else the worker refuses
   to start with a message naming ``lease_backend``);
 - ``lease_signal`` names a usable signal;
+- each store runs Redis 6.0 or later (else an error is logged: the release's note of who ended
+  last would silently not be written, and ``celery lease ls`` would fail; the worker still
+  starts, since leases themselves work);
 - each store answers, and its ``maxmemory-policy`` is ``noeviction``. Any other policy can
   evict a live lease (the holder is told nothing), so the worker logs a loud warning naming the
   setting and the fix, and refuses to start when ``lease_require_noeviction`` is true.
@@ -24,8 +27,10 @@ from celery import bootsteps
 from redis.exceptions import RedisError
 
 from . import store
-from .config import check_process_settings, resolve_backend, resolve_options
+from .config import check_process_settings
 from .errors import LeaseConfigError
+from .inspection import redis_version_problem, safe_url
+from .task import LeasedTask
 
 __all__ = ["LeaseStoreCheck", "check_app", "install"]
 
@@ -41,15 +46,11 @@ def check_app(app: Any) -> list[store.StoreCheck]:
         LeaseConfigError: a setting is invalid, no Redis URL is known, or the eviction policy
             is unsafe while ``lease_require_noeviction`` is set.
     """
-    from .task import LeasedTask
-
     check_process_settings(app.conf, "app.conf")
     stores: dict[str, float] = {}
     for task in list(app.tasks.values()):
         if isinstance(task, LeasedTask):
-            where = f"task {task.name}"
-            options = resolve_options(app.conf, task._lease_task_options(), where)
-            url = resolve_backend(options, app.conf, where)
+            options, url, _ = task.lease_settings()
             stores[url] = min(stores.get(url, options.store_timeout), options.store_timeout)
     checks = []
     for url, timeout in stores.items():
@@ -57,12 +58,16 @@ def check_app(app: Any) -> list[store.StoreCheck]:
             check = store.check_store(store.client_for(url, max(timeout, 1.0)))
         except RedisError as exc:
             logger.error("lease store %s is unreachable at worker start: %r; leased tasks "
-                         "follow lease_on_store_error until it answers", _safe(url), exc)
+                         "follow lease_on_store_error until it answers", safe_url(url), exc)
             continue
         checks.append(check)
+        problem = redis_version_problem(check.version)
+        if problem:
+            logger.error("lease store %s: %s; redeliveries of finished runs may run again",
+                         safe_url(url), problem)
         if not check.safe:
             message = (
-                f"lease store {_safe(url)} runs with maxmemory-policy={check.eviction_policy}: "
+                f"lease store {safe_url(url)} runs with maxmemory-policy={check.eviction_policy}: "
                 f"Redis may evict a live lease and let a second execution start while the first "
                 f"still runs. Fix: CONFIG SET maxmemory-policy noeviction (and in redis.conf), "
                 f"or use a dedicated Redis for lease_backend"
@@ -71,14 +76,6 @@ def check_app(app: Any) -> list[store.StoreCheck]:
                 raise LeaseConfigError(message + " (refusing to start: lease_require_noeviction)")
             logger.warning("!" * 20 + " " + message)
     return checks
-
-
-def _safe(url: str) -> str:
-    """``url`` without its password, for logs."""
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.split("@", 1)[1]
-    return scheme + sep + rest
 
 
 class LeaseStoreCheck(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -93,4 +90,4 @@ class LeaseStoreCheck(bootsteps.StartStopStep):  # type: ignore[misc]
 
 def install(app: Any) -> None:
     """Register :class:`LeaseStoreCheck` with ``app``'s worker (idempotent)."""
-    app.steps["worker"].add(LeaseStoreCheck)
+    app.steps["worker"].add("celery_lease.worker:LeaseStoreCheck")

@@ -299,3 +299,58 @@ def test_leased_scheduler_wraps_the_configured_scheduler_and_only_the_leader_sen
     app.conf.lease_beat_scheduler = "celery_lease.beat:LeasedScheduler"
     with pytest.raises(LeaseConfigError, match="lease_beat_scheduler"):
         LeasedScheduler(app=app, lazy=True)
+
+
+def test_two_beats_wrapping_redbeat_elect_one_leader_and_fail_over(
+    redis_url: str, worker_factory: WorkerFactory, beats: list[BeatProcess], tmp_path: Path
+) -> None:
+    ttl = 1.5
+    env = _env(redis_url, worker_factory.queue, BEAT_PERIOD="0.25", BEAT_TASK="tick",
+               BEAT_TTL=str(ttl), BEAT_INNER="redbeat")
+    worker = worker_factory(APP, pool="solo", env=env)
+    client = redis.Redis.from_url(redis_url)
+    b1 = BeatProcess(env, tmp_path, "r1").start()
+    b2 = BeatProcess(env, tmp_path, "r2").start()
+    beats += [b1, b2]
+
+    def logs() -> str:
+        return "\n".join(f"--- {b.name}\n{b.log()[-1500:]}" for b in beats) + \
+            f"\n--- worker\n{worker.log_tail()}"
+
+    first_pid = wait_for(lambda: _leader_pid(client), 20, message=logs)
+    leader, standby = (b1, b2) if first_pid == b1.pid else (b2, b1)
+    wait_for(lambda: len(_ticks_by(client)) >= 4, 15, message=logs)
+    wait_for(lambda: "standby; leader is" in standby.log(), 10, message=logs)
+    assert ". redis -> " in leader.log()  # RedBeat's banner line: it is the wrapped one
+    assert client.zcard(f"redbeat-{worker_factory.queue}:schedule") == 1  # its state
+    assert {pid for pid, _ in _ticks_by(client)} == {leader.pid}  # only the leader sends
+
+    leader.signal(signal.SIGKILL)
+    wait_for(lambda: _leader_pid(client) == standby.pid, ttl + 3, interval=0.01, message=logs)
+    count = len(_ticks_by(client))
+    wait_for(lambda: len(_ticks_by(client)) >= count + 3, 10, message=logs)
+    assert {pid for pid, _ in _ticks_by(client)[count:]} == {standby.pid}
+
+
+def test_a_scheduler_that_sends_by_apply_async_directly_is_guarded_too(redis_url: str) -> None:
+    # RedBeat's tick calls apply_async itself, never apply_entry: a beat that lost the lease
+    # between its election and the send must not send.
+    app = Celery("redbeat_guard", broker=redis_url)
+    app.conf.update(lease_beat_scheduler="redbeat.RedBeatScheduler", redbeat_redis_url=redis_url,
+                    redbeat_lock_key=None, lease_beat_ttl=2.0, task_default_queue="guarded",
+                    beat_schedule={"every": {"task": "x.y", "schedule": 0.05}})
+    scheduler = LeasedScheduler(app=app)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        wait_for(lambda: client.llen("guarded") > 0 or scheduler.tick() is None, 5,
+                 interval=0.02)
+        assert scheduler.leader is not None and scheduler.leader.is_leader
+        assert type(scheduler.inner).__name__ == "RedBeatScheduler"
+        sent = client.llen("guarded")
+        assert scheduler.leader.lease is not None
+        scheduler.leader.lease.lose()  # lost after the election, before the tick's send
+        time.sleep(0.1)  # the entry (every 0.05 s) is due again: a send would happen now
+        scheduler.inner.tick()
+        assert client.llen("guarded") == sent
+    finally:
+        scheduler.close()

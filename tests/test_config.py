@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 
 import pytest
 from celery import Celery
 
 from celery_lease import LeaseConfigError, LeasedTask
-from celery_lease.config import resolve_backend, resolve_options, resolve_signal
+from celery_lease.config import beat_settings, resolve_backend, resolve_options, resolve_signal
 
 
 def make_app(**conf: object) -> Celery:
@@ -150,3 +151,58 @@ def test_absurd_lifetimes_are_refused(value: float) -> None:
 def test_malformed_backend_url_is_refused_naming_lease_backend() -> None:
     with pytest.raises(LeaseConfigError, match="lease_backend="):
         register(make_app(), lease_backend="redis://localhost:63 79/1")
+
+
+def test_a_subclass_of_a_leased_task_uses_its_own_settings_after_its_parent_ran() -> None:
+    app = make_app(lease_ttl=30.0)
+
+    class Parent(LeasedTask):  # type: ignore[misc]
+        name = "cfg.parent"
+        lease_ttl = 9.0
+
+        def run(self, a: int) -> int:
+            return a
+
+    parent = app.register_task(Parent())
+    assert parent.lease_settings().options.ttl == 9.0  # resolved and cached for Parent
+
+    class Child(Parent):
+        name = "cfg.child"
+        lease_ttl = 3.0
+        lease_key_prefix = "child"
+
+    child = app.register_task(Child())
+    options, _, _ = child.lease_settings()
+    assert (options.ttl, options.key_prefix) == (3.0, "child")
+    assert parent.lease_settings().options.ttl == 9.0
+
+
+def test_lease_settings_is_one_named_object_that_still_unpacks() -> None:
+    settings = register(make_app(lease_signal="SIGUSR2")).lease_settings()
+    assert settings.url == "redis://127.0.0.1:1/0"
+    assert settings.signum == signal.SIGUSR2
+    options, url, signum = settings
+    assert (options, url, signum) == (settings.options, settings.url, settings.signum)
+
+
+@pytest.mark.parametrize(
+    ("conf", "named"),
+    [
+        ({"lease_beat_ttl": "30s"}, "lease_beat_ttl"),
+        ({"lease_beat_ttl": 0}, "lease_beat_ttl"),
+        ({"lease_beat_ttl": 30.0, "lease_beat_renew_interval": 20.0},
+         "lease_beat_renew_interval"),
+        ({"lease_beat_renew_interval": math.nan}, "lease_beat_renew_interval"),
+    ],
+)
+def test_beat_settings_are_validated_like_tasks_and_name_the_beat_setting(
+    conf: dict[str, object], named: str,
+) -> None:
+    with pytest.raises(LeaseConfigError, match=named):
+        beat_settings(make_app(**conf).conf)
+
+
+def test_beat_interval_defaults_to_a_third_of_the_beat_ttl_not_the_task_interval() -> None:
+    settings = beat_settings(make_app(lease_renew_interval=5.0, lease_beat_ttl=3.0).conf)
+    assert (settings.options.ttl, settings.options.renew_interval) == (3.0, 1.0)
+    assert settings.url == "redis://127.0.0.1:1/0"

@@ -60,7 +60,7 @@ def test_c13_direct_call_takes_no_lease_eager_and_apply_take_and_release(
     assert job.apply((3,)).get() == 3 and seen[-1] is not None
     assert lease_keys(client) == []
     assert seen[-1].task_id  # apply() gave it a real id, not a phantom one
-    assert seen[-1].released
+    assert seen[-1].retired
 
 
 def test_eager_conflict_returns_the_skip_marker(redis_url: str) -> None:

@@ -15,7 +15,14 @@ import pytest
 from celery import Celery
 
 from celery_lease import LeasedTask, LeaseKeyError
-from celery_lease.keys import encode_value
+from celery_lease.keys import (
+    INTERNAL_SUFFIXES,
+    beat_leader_key,
+    encode_value,
+    fence_key,
+    is_internal,
+    last_run_key,
+)
 
 
 def make_app() -> Celery:
@@ -151,3 +158,19 @@ def test_bad_lease_key_callable_and_self_referential_argument_name_the_task() ->
     loop.append(loop)
     with pytest.raises(LeaseKeyError, match="'a' contains itself"):
         task_of(f, name="loop").lease_key_for((loop,))
+
+
+def test_every_key_written_beside_a_lease_shares_its_hash_tag_and_is_known_internal() -> None:
+    lease = "lease:{proj.sync:abc}"
+    leader = beat_leader_key("lease", "proj")
+    assert leader == "lease:{celery.beat:proj}"
+    for key in (fence_key(lease), last_run_key(leader)):
+        assert is_internal(key) and key.endswith(INTERNAL_SUFFIXES)
+    assert fence_key(lease).split("{")[1].split("}")[0] == "proj.sync:abc"
+    assert not is_internal(lease) and not is_internal(leader)
+
+
+def test_the_task_module_does_not_import_the_worker_module() -> None:
+    code = ("import sys, celery_lease.task; "
+            "assert 'celery_lease.worker' not in sys.modules, 'task imports worker'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -8,6 +8,7 @@ Configured from environment variables (set by the tests):
 - ``BEAT_PERIOD`` (float seconds): adds a beat entry sending ``ops.slow`` (``SLOW_SECONDS``)
   or ``ops.tick`` (``BEAT_TASK=tick``) every period.
 - ``BEAT_TTL`` (float seconds): ``lease_beat_ttl``.
+- ``BEAT_INNER=redbeat``: ``LeasedScheduler`` wraps RedBeat's scheduler (its own lock off).
 - ``RECORD_SIGNALS=1``: every celery-lease signal is recorded in the ``signals`` list.
 - ``METRICS_PORT``: serve the lease metrics on that port.
 - ``VISIBILITY_TIMEOUT`` (float seconds): the broker's ``visibility_timeout``.
@@ -46,6 +47,9 @@ if os.environ.get("VISIBILITY_TIMEOUT"):
         "visibility_timeout": float(os.environ["VISIBILITY_TIMEOUT"])}
 if os.environ.get("BEAT_TTL"):
     app.conf.lease_beat_ttl = float(os.environ["BEAT_TTL"])
+if os.environ.get("BEAT_INNER") == "redbeat":
+    app.conf.update(lease_beat_scheduler="redbeat.RedBeatScheduler", redbeat_redis_url=BROKER,
+                    redbeat_lock_key=None, redbeat_key_prefix=f"redbeat-{QUEUE}")
 if os.environ.get("BEAT_PERIOD"):
     task = "ops.tick" if os.environ.get("BEAT_TASK") == "tick" else "ops.slow"
     app.conf.beat_schedule = {

@@ -1,0 +1,213 @@
+"""Taking and ending a lease: the one place where a lease is taken, for tasks, beat and more.
+
+:class:`~celery_lease.task.LeasedTask` and :class:`~celery_lease.beat.BeatLeader` both go
+through here; so should anything else that holds a lease (a lease around any block of code, an
+asynchronous release), so that the guarantees below hold everywhere.
+
+API (durations are float seconds, times are :func:`celery_lease.clock.now` seconds)::
+
+    holder = HolderInfo(task_name, task_id, hostname)        # who is asking, for the store
+    got = take(settings, client, key, holder, target, sender=...)
+    if isinstance(got, Lease): ...                           # granted, renewed from now on
+    else: ...                                                # an AcquireResult: held elsewhere
+    ending = end(lease, sender=...)                          # Ending(loss, released, held)
+
+    # or in two halves, for a caller that sends the release itself (e.g. pipelined):
+    loss = retire(lease)                                     # no more renewals
+    ...                                                      # store.release(...) however
+    ending = announce_end(lease, loss, released, sender=...)
+
+:func:`take`:
+
+1. sends the acquire with a fresh token; on an ambiguous failure (connection error or timeout:
+   the script may have run and only the reply been lost) asks once more with the same token,
+   which the script recognises as its own, so a lost reply leaves no phantom lease;
+2. counts the local deadline from the *first* send: if the first reply was lost after the
+   script ran, the lifetime on the server started then;
+3. registers the lease with the process's heartbeat and sends
+   :data:`~celery_lease.signals.lease_acquired`.
+
+On a conflict it returns the :class:`~celery_lease.store.AcquireResult` (holder, time left)
+and does not retry; on a store error it finishes ``target``, releases what the failed attempt
+may have been granted (best effort) and raises the :class:`redis.exceptions.RedisError`.
+
+:func:`end` (= :func:`retire`, a token-checked release, :func:`announce_end`):
+
+1. records a local deadline that passed unnoticed (a starved heartbeat) as a loss;
+2. unregisters the lease from the heartbeat (returns once no renewal of it is on the wire), so
+   nothing renews it after its release;
+3. releases it, only while its token holds the key, and never from a forked child;
+4. sends :data:`~celery_lease.signals.lease_released`.
+
+Policies (skip, retry, standby...) and the caller's own logs and events stay with the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from . import clock, signals, store
+from .config import LeaseSettings
+from .errors import LeaseLost
+from .heartbeat import heartbeat
+from .interrupt import Target
+from .lease import Lease
+
+__all__ = ["Ending", "HolderInfo", "announce_end", "end", "retire", "take"]
+
+logger = logging.getLogger("celery_lease")
+
+
+@dataclass(frozen=True)
+class HolderInfo:
+    """Who holds a lease, as written into the stored value (``celery lease ls`` shows it).
+
+    Attributes:
+        task_name: the task name, or what stands for it (``celery.beat`` for beat).
+        task_id: the task id, or what stands for it (the beat node name).
+        hostname: the host the holder runs on.
+    """
+
+    task_name: str
+    task_id: str
+    hostname: str
+
+    def to_json(self) -> str:
+        """The stored holder description, with the calling process's pid."""
+        return store.holder_json(self.task_name, self.task_id, self.hostname, os.getpid())
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a lease ended.
+
+    Attributes:
+        loss: the :class:`~celery_lease.errors.LeaseLost` if it was lost while held, else None.
+        released: True when the release deleted the key (False: the store no longer had this
+            token, could not be reached, or the release was not sent from this process).
+        held: float seconds from the first send of the acquire to the end.
+    """
+
+    loss: LeaseLost | None
+    released: bool
+    held: float
+
+
+def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderInfo,
+         target: Target, *, sender: Any) -> Lease | store.AcquireResult:
+    """Take lease ``key`` and start renewing it (see the module docstring for the steps).
+
+    Args:
+        settings: the resolved settings (TTL, intervals, signal).
+        client: the store's client (:func:`celery_lease.store.client_for`).
+        key: the lease key.
+        holder: who asks.
+        target: where a loss is delivered; finished here when no lease results.
+        sender: the ``sender`` of the signals sent.
+
+    Returns:
+        The granted :class:`~celery_lease.lease.Lease`, or the
+        :class:`~celery_lease.store.AcquireResult` describing the holder on a conflict.
+
+    Raises:
+        redis.exceptions.RedisError: the store failed (after the one same-token retry).
+    """
+    options = settings.options
+    token = uuid.uuid4().hex
+    stored_holder = holder.to_json()
+    # The local deadline counts from the first send: if its reply was lost after the script
+    # ran, the lifetime on the server started then, not at the second try.
+    sent_at = clock.now()
+    try:
+        try:
+            found = store.acquire(client, key, token, options.ttl_ms, stored_holder)
+        except (RedisConnectionError, RedisTimeoutError):
+            found = store.acquire(client, key, token, options.ttl_ms, stored_holder)
+    except RedisError:
+        target.finish()
+        _abandon(client, key, token)
+        raise
+    if not found.granted:
+        target.finish()
+        return found
+    lease = Lease(
+        key=key, token=token, fencing_token=found.holder.fencing_token,
+        task_name=holder.task_name, task_id=holder.task_id, options=options, client=client,
+        target=target, sent_at=sent_at)
+    heartbeat(settings.signum).add(lease)
+    logger.debug("lease acquired: key=%s task=%s[%s] token=%s fencing_token=%d ttl=%.3fs",
+                 key, holder.task_name, holder.task_id, token, lease.fencing_token, options.ttl)
+    signals.lease_acquired.send(
+        sender=sender, key=key, token=token, fencing_token=lease.fencing_token,
+        task_id=holder.task_id, ttl=options.ttl, latency=clock.now() - sent_at)
+    return lease
+
+
+def _abandon(client: redis.Redis, key: str, token: str) -> None:
+    """Best effort: release a grant whose reply may have been lost (else it lapses)."""
+    try:
+        store.release(client, key, token)
+    except RedisError:
+        pass
+
+
+def retire(lease: Lease) -> LeaseLost | None:
+    """First half of :func:`end`: record a passed deadline as a loss, stop renewing.
+
+    Returns the loss, if the lease was lost. The caller must then release the lease
+    (token-checked, e.g. :func:`celery_lease.store.release`) and call :func:`announce_end`.
+    """
+    # Before it is unregistered: a retired lease records no loss.
+    loss = lease.detect_loss()
+    heartbeat().remove(lease)  # unregistered before the release is sent
+    return loss
+
+
+def announce_end(lease: Lease, loss: LeaseLost | None, released: bool, *,
+                 sender: Any) -> Ending:
+    """Second half of :func:`end`: log and send :data:`~celery_lease.signals.lease_released`.
+
+    Args:
+        lease: the retired lease.
+        loss: what :func:`retire` returned.
+        released: whether the release deleted the key.
+        sender: the signal's ``sender``.
+    """
+    held = clock.now() - lease.acquired_at
+    logger.debug("lease released: key=%s task=%s[%s] token=%s fencing_token=%d held=%.3fs "
+                 "released=%s", lease.key, lease.task_name, lease.task_id, lease.token,
+                 lease.fencing_token, held, released)
+    signals.lease_released.send(
+        sender=sender, key=lease.key, token=lease.token, fencing_token=lease.fencing_token,
+        task_id=lease.task_id, held=held, released=released)
+    return Ending(loss, released, held)
+
+
+def end(lease: Lease, *, sender: Any) -> Ending:
+    """End ``lease``: record a missed deadline, stop renewing, release, announce.
+
+    Never raises for a store error: a release that fails is logged and the key expires within
+    one TTL on its own.
+
+    Args:
+        lease: a lease returned by :func:`take`.
+        sender: the ``sender`` of :data:`~celery_lease.signals.lease_released`.
+    """
+    loss = retire(lease)
+    released = False
+    if lease.pid == os.getpid():  # never in a forked child: the parent's lease is not ours
+        try:
+            released = store.release(lease.client, lease.key, lease.token)
+        except RedisError as exc:
+            logger.warning("lease release failed (it expires within %.3fs): key=%s error=%s",
+                           lease.ttl, lease.key, store.describe(exc))
+    return announce_end(lease, loss, released, sender=sender)
