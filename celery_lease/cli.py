@@ -33,8 +33,9 @@ import redis
 from celery.bin.base import CeleryCommand, handle_preload_options
 from redis.exceptions import RedisError
 
-from . import clock, store
+from . import clock, connection, store
 from .config import LeaseOptions, resolve_backend, resolve_options
+from .connection import safe_url as _safe
 from .errors import LeaseConfigError, LeaseError
 
 __all__ = ["LeaseInfo", "lease", "read_lease", "scan_leases"]
@@ -127,7 +128,7 @@ def scan_leases(client: redis.Redis, prefix: str, count: int = SCAN_COUNT) -> It
             if value is not None:
                 yield _info(key, value, int(pttl))
 
-    for raw in client.scan_iter(match=_glob_escape(prefix) + ":*", count=count, _type="STRING"):
+    for raw in connection.scan(client, _glob_escape(prefix) + ":*", count, "STRING"):
         key = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
         if key.endswith(_INTERNAL_SUFFIXES):
             continue
@@ -183,8 +184,9 @@ def _stores(app: Any, url: str | None, prefixes: Sequence[str]) -> dict[str, set
     return found
 
 
-def _client(url: str) -> redis.Redis:
-    return store.client_for(url, CLI_TIMEOUT)
+def _client(url: str, app: Any = None) -> redis.Redis:
+    options = app.conf.get("lease_backend_options") if app is not None else None
+    return store.client_for(url, CLI_TIMEOUT, options)
 
 
 def _human(seconds: float) -> str:
@@ -263,7 +265,7 @@ def ls(ctx: click.Context, task_name: str | None, as_json: bool, url: str | None
     app = _app(ctx)
     found: list[LeaseInfo] = []
     for store_url, store_prefixes in _stores(app, url, prefixes).items():
-        client = _client(store_url)
+        client = _client(store_url, app)
         for prefix in sorted(store_prefixes):
             for info in scan_leases(client, prefix):
                 if task_name is None or info.task == task_name:
@@ -320,8 +322,8 @@ def show(ctx: click.Context, task_name: str, args: tuple[str, ...], kwargs_json:
         _fail("--kwargs must be a JSON object, e.g. '{\"account\": 7}'", 2)
     call_args = [_parse_arg(a) for a in args]
     key = task.lease_key_for(call_args, call_kwargs)
-    _, url, _ = task.lease_settings()
-    info = read_lease(_client(url), key)
+    options, url, _ = task.lease_settings()
+    info = read_lease(store.client_for(url, CLI_TIMEOUT, options.backend_options), key)
     if as_json:
         click.echo(json.dumps({"key": key, "holder": asdict(info) if info else None}, indent=2))
         return
@@ -350,7 +352,7 @@ def release(ctx: click.Context, key: str, assume_yes: bool, url: str | None,
     current: LeaseInfo | None = None
     client: redis.Redis | None = None
     for store_url in _stores(app, url, ()):
-        client = _client(store_url)
+        client = _client(store_url, app)
         current = read_lease(client, key)
         if current is not None:
             break
@@ -392,9 +394,9 @@ class _Report:
             click.echo(f"     fix: {fix}")
 
 
-def _check_store(report: _Report, url: str, timeout: float) -> None:
+def _check_store(report: _Report, url: str, timeout: float, app: Any = None) -> None:
     subject = f"store {_safe(url)}"
-    client = _client(url)
+    client = _client(url, app)
     try:
         check = store.check_store(client)
     except RedisError as exc:
@@ -402,6 +404,12 @@ def _check_store(report: _Report, url: str, timeout: float) -> None:
                     "start Redis or set lease_backend to a reachable redis:// URL")
         return
     report.line("ok", subject, "reachable")
+    topology = connection.describe_topology(client)
+    report.line("info", subject, f"{topology.kind}, TLS {'on' if topology.tls else 'off'}, "
+                f"primaries {', '.join(topology.primaries)}, replicas "
+                f"{', '.join(topology.replicas) or 'none seen'}, eviction policy "
+                f"{topology.eviction_policy}"
+                f"{f' (read via {topology.policy_source})' if topology.policy_source else ''}")
     version = tuple(int(p) for p in check.version.split(".")[:2] if p.isdigit())
     if version and version < MIN_REDIS:
         report.line("fail", subject, f"Redis {check.version} is too old",
@@ -450,13 +458,6 @@ def _check_store(report: _Report, url: str, timeout: float) -> None:
     else:
         report.line("ok", subject, f"clock skew {skew:+.3f}s; local deadlines use "
                     f"{clock.CLOCK_NAME}")
-
-
-def _safe(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.split("@", 1)[1]
-    return scheme + sep + rest
 
 
 def _visibility_timeout(app: Any) -> float | None:
@@ -569,7 +570,7 @@ def doctor(ctx: click.Context, strict: bool, url: str | None, **kwargs: Any) -> 
         except LeaseConfigError as exc:
             report.line("fail", "app", str(exc))
     for store_url, timeout in timeouts.items():
-        _check_store(report, store_url, timeout)
+        _check_store(report, store_url, timeout, app)
     summary = f"{report.failures} problem(s), {report.warnings} warning(s)"
     click.echo(summary)
     if report.failures or (strict and report.warnings):

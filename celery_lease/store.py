@@ -21,18 +21,15 @@ there for the holder's successors and for operators (``celery lease ls``).
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis
-from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError, ResponseError
-from redis.retry import Retry
 
+from . import connection
 from .keys import fence_key
 
 __all__ = [
@@ -119,55 +116,18 @@ _acquire = _Script(ACQUIRE_LUA)
 _renew = _Script(RENEW_LUA)
 _release = _Script(RELEASE_LUA)
 
-_clients: dict[tuple[str, float], redis.Redis] = {}
-_clients_lock = threading.Lock()
+
+def client_for(url: str, timeout: float, options: Any = None) -> redis.Redis:
+    """The process-wide client: see :func:`celery_lease.connection.client_for`."""
+    return connection.client_for(url, timeout, options)  # type: ignore[no-any-return]
 
 
-def _client_kwargs(timeout: float) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {
-        "socket_timeout": timeout,
-        "socket_connect_timeout": timeout,
-        "retry": Retry(NoBackoff(), 0),  # no hidden retry loops (defaults differ 5.x..8.x)
-        "retry_on_timeout": False,
-        "health_check_interval": 0,
-        "socket_keepalive": True,
-    }
-    params = inspect.signature(redis.Redis.__init__).parameters
-    if "maint_notifications_config" in params:  # redis-py 7+: would relax our timeouts
-        from redis.maint_notifications import MaintNotificationsConfig
-
-        kwargs["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
-    return kwargs
-
-
-def client_for(url: str, timeout: float) -> redis.Redis:
-    """A process-wide Redis client for ``url`` whose every call times out after ``timeout``.
-
-    Args:
-        url: Redis URL.
-        timeout: float seconds for connect and for each reply.
-
-    Clients are cached per (url, timeout); :func:`reset_clients` drops them in a forked child.
-    """
-    key = (url, timeout)
-    client = _clients.get(key)
-    if client is None:
-        with _clients_lock:
-            client = _clients.get(key)
-            if client is None:
-                client = redis.Redis.from_url(url, **_client_kwargs(timeout))
-                _clients[key] = client
-    return client
+reset_clients = connection.reset_clients
 
 
 def describe(error: BaseException) -> str:
     """``"ErrorType: message"``: redis-py 8's ``repr`` of a server error drops the message."""
     return f"{type(error).__name__}: {error}"
-
-
-def reset_clients() -> None:
-    """Forget every cached client (their sockets belong to the parent after a fork)."""
-    _clients.clear()
 
 
 @dataclass(frozen=True)

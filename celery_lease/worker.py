@@ -12,7 +12,9 @@ worker before it consumes a single message:
   setting and the fix, and refuses to start when ``lease_require_noeviction`` is true.
 
 An unreachable store is logged, not fatal: tasks then follow ``lease_on_store_error``, which
-beats a worker that crash-loops while Redis restarts.
+beats a worker that crash-loops while Redis restarts. A store error that waiting cannot fix (a
+wrong password, an ACL denial, a refused TLS certificate, a missing database) refuses the start
+with a message naming the setting to fix.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from redis.exceptions import RedisError
 
 from . import store
 from .config import check_process_settings, resolve_backend, resolve_options
+from .connection import permanent_error
+from .connection import safe_url as _safe
 from .errors import LeaseConfigError
 
 __all__ = ["LeaseStoreCheck", "check_app", "install"]
@@ -44,20 +48,28 @@ def check_app(app: Any) -> list[store.StoreCheck]:
     from .task import LeasedTask
 
     check_process_settings(app.conf, "app.conf")
-    stores: dict[str, float] = {}
+    stores: dict[tuple[str, str], tuple[float, Any]] = {}
     for task in list(app.tasks.values()):
         if isinstance(task, LeasedTask):
             where = f"task {task.name}"
             options = resolve_options(app.conf, task._lease_task_options(), where)
             url = resolve_backend(options, app.conf, where)
-            stores[url] = min(stores.get(url, options.store_timeout), options.store_timeout)
+            key = (url, repr(sorted(options.backend_options.items())))
+            timeout = min(stores.get(key, (options.store_timeout,))[0], options.store_timeout)
+            stores[key] = (timeout, options.backend_options)
     checks = []
-    for url, timeout in stores.items():
+    for (url, _), (timeout, backend_options) in stores.items():
         try:
-            check = store.check_store(store.client_for(url, max(timeout, 1.0)))
+            check = store.check_store(store.client_for(url, max(timeout, 1.0), backend_options))
         except RedisError as exc:
-            logger.error("lease store %s is unreachable at worker start: %r; leased tasks "
-                         "follow lease_on_store_error until it answers", _safe(url), exc)
+            permanent = permanent_error(exc)
+            if permanent:
+                raise LeaseConfigError(f"lease store {_safe(url)}: {permanent} (refusing to "
+                                       f"start: no leased task can run until this is fixed)"
+                                       ) from None
+            logger.error("lease store %s is unreachable at worker start: %s; leased tasks "
+                         "follow lease_on_store_error until it answers", _safe(url),
+                         store.describe(exc))
             continue
         checks.append(check)
         if not check.safe:
@@ -71,14 +83,6 @@ def check_app(app: Any) -> list[store.StoreCheck]:
                 raise LeaseConfigError(message + " (refusing to start: lease_require_noeviction)")
             logger.warning("!" * 20 + " " + message)
     return checks
-
-
-def _safe(url: str) -> str:
-    """``url`` without its password, for logs."""
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.split("@", 1)[1]
-    return scheme + sep + rest
 
 
 class LeaseStoreCheck(bootsteps.StartStopStep):  # type: ignore[misc]
