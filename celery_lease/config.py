@@ -60,6 +60,7 @@ OTHER_NAMES = ("lease_key", "lease_beat_scheduler", "lease_beat_ttl",
 ON_CONFLICT = ("skip", "retry", "fail")
 ON_STORE_ERROR = ("retry", "fail")
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://", "sentinel://")
+_FALLBACK = "lease_backend (unset, so broker_url)"
 # Signals that Celery, billiard or the OS already use, or that cannot be caught.
 _RESERVED_SIGNALS = {"SIGUSR1", "SIGINT", "SIGTERM", "SIGQUIT", "SIGHUP", "SIGKILL", "SIGSTOP",
                      "SIGCHLD", "SIGALRM", "SIGTTIN", "SIGTTOU", "SIGSEGV", "SIGBUS", "SIGFPE"}
@@ -218,8 +219,11 @@ def resolve_options(
             f"'{{' or '}}' (braces are reserved for the Redis Cluster hash tag)"
         )
     backend, backend_options = pick("lease_backend"), pick("lease_backend_options") or {}
-    if backend is not None:  # else checked with the broker_url fallback (resolve_backend)
+    broker = conf.get("broker_url")
+    if backend is not None:
         connection.validate_backend(backend, backend_options, where)
+    elif isinstance(broker, str) and broker.startswith(_REDIS_SCHEMES):  # the fallback
+        connection.validate_backend(broker, backend_options, where, _FALLBACK)
     min_replicas = pick("lease_min_replicas")
     if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or min_replicas < 0:
         raise LeaseConfigError(f"lease_min_replicas={min_replicas!r} ({where}) must be a whole "
@@ -248,8 +252,7 @@ def resolve_backend(options: LeaseOptions, conf: Mapping[str, Any], where: str) 
         return options.backend
     broker = conf.get("broker_url")
     if isinstance(broker, str) and broker.startswith(_REDIS_SCHEMES):
-        connection.validate_backend(broker, options.backend_options, where,
-                                    "lease_backend (unset, so broker_url)")
+        connection.validate_backend(broker, options.backend_options, where, _FALLBACK)
         return broker
     raise LeaseConfigError(
         f"lease_backend is not set ({where}) and broker_url {connection.safe_url(broker)!r} is "

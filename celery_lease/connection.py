@@ -53,6 +53,7 @@ OVERRIDDEN = ("retry_on_timeout", "retry_on_error", "health_check_interval", "de
 _QUERY_KEYS = ("db", "virtual_host", "password", "username", "client_name", *_TLS_KEYS)
 _OPTION_KEYS = ("cluster", "master_name", "sentinel_kwargs", "min_other_sentinels",
                 "client_name", *_TLS_KEYS)
+_warned: set[tuple[str, str, str]] = set()  # overridden options already logged
 _CERT_REQS = {"cert_required": ssl.CERT_REQUIRED, "required": ssl.CERT_REQUIRED,
               "cert_optional": ssl.CERT_OPTIONAL, "optional": ssl.CERT_OPTIONAL,
               "cert_none": ssl.CERT_NONE, "none": ssl.CERT_NONE}
@@ -134,6 +135,9 @@ def _options_items(values: Mapping[str, Any], allowed: tuple[str, ...], origin: 
                         f"remove {key} from {origin}; set lease_store_timeout instead (it "
                         "defaults to min(lease_renew_interval / 2, 2.0) seconds)")
         if key in OVERRIDDEN:
+            if (safe_url(url), origin, key) in _warned:
+                continue
+            _warned.add((safe_url(url), origin, key))
             logger.warning("%s: %s %s=%r is ignored: the lease client always uses its own "
                            "value (see docs/reference/settings.md)", setting, origin, key, value)
             continue
@@ -335,10 +339,11 @@ def build_client(spec: StoreSpec, timeout: float) -> Any:
             kwargs["cluster_error_retry_attempts"] = 0
         _maint_off(RedisCluster, kwargs)
         return RedisCluster(**kwargs)
-    tcp = "path" not in params
-    if not tcp:
-        params["unix_socket_path"] = params.pop("path")
-    kwargs = {**params, **_library_kwargs(timeout, tcp)}
+    if "path" in params:  # a pool of our own: redis.Redis drops socket_connect_timeout here
+        pool = redis.ConnectionPool(connection_class=redis.UnixDomainSocketConnection,
+                                    **params, **_library_kwargs(timeout, False))
+        return redis.Redis(connection_pool=pool)
+    kwargs = {**params, **_library_kwargs(timeout, True)}
     _maint_off(redis.Redis, kwargs)
     return redis.Redis(**kwargs)
 
