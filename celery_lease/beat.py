@@ -165,10 +165,12 @@ class BeatLeader:
         sent_at = clock.now()
         try:
             try:
-                found = store.acquire(self.client, self.key, token, self.options.ttl_ms, holder)
+                found = store.acquire(self.client, self.key, token, self.options.ttl_ms, holder,
+                                      self.options.min_replicas)
             except (RedisConnectionError, RedisTimeoutError):
                 sent_at = clock.now()  # the reply may be lost: the same token is granted again
-                found = store.acquire(self.client, self.key, token, self.options.ttl_ms, holder)
+                found = store.acquire(self.client, self.key, token, self.options.ttl_ms, holder,
+                                      self.options.min_replicas)
         except RedisError as exc:
             if not self._store_down:
                 logger.warning("beat: lease store unreachable, staying standby (key=%s): %r",

@@ -239,11 +239,13 @@ class LeasedTask(Task):  # type: ignore[misc]
         sent_at = clock.now()
         try:
             try:
-                found = store.acquire(client, key, token, options.ttl_ms, holder)
+                found = store.acquire(
+                    client, key, token, options.ttl_ms, holder, options.min_replicas)
             except (RedisConnectionError, RedisTimeoutError):
                 # Ask again with the same token, which the script recognises as ours: a lost
                 # reply leaves no phantom lease.
-                found = store.acquire(client, key, token, options.ttl_ms, holder)
+                found = store.acquire(
+                    client, key, token, options.ttl_ms, holder, options.min_replicas)
         except RedisError as exc:
             target.finish()
             self._abandon(client, key, token)
