@@ -20,7 +20,15 @@ from celery_lease import LeaseConfigError, LeasedTask, connection, store
 from celery_lease.config import resolve_backend, resolve_options
 from celery_lease.worker import check_app
 from tests.support.fixtures import RedisFactory
-from tests.support.secure import AclRedisServer, Certificates, SystemRedisServer, TlsRedisServer
+from tests.support.secure import (
+    AclRedisServer,
+    Certificates,
+    SystemRedisServer,
+    TlsRedisServer,
+    certificates,
+)
+
+certs = pytest.fixture(scope="module", name="certs")(certificates)
 
 HOLDER = store.holder_json("t.job", "task-1", "host", 42)
 
@@ -116,7 +124,7 @@ def test_query_options_that_would_weaken_the_client_are_overridden(
 @pytest.mark.parametrize("option", ["socket_timeout=30", "socket_connect_timeout=30"])
 def test_timeouts_in_the_url_are_refused_at_registration(option: str) -> None:
     app = make_app(lease_backend=f"redis://127.0.0.1:6379/1?{option}")
-    with pytest.raises(LeaseConfigError, match="lease_backend=.*lease_store_timeout"):
+    with pytest.raises(LeaseConfigError, match=r"lease_backend=.*lease_store_timeout"):
         register(app)
 
 
@@ -205,13 +213,6 @@ def test_configuration_errors_never_show_the_password() -> None:
 
 
 @pytest.fixture(scope="module")
-def certs() -> Iterator[Certificates]:
-    found = Certificates()
-    yield found
-    found.close()
-
-
-@pytest.fixture(scope="module")
 def tls_server(certs: Certificates) -> Iterator[TlsRedisServer]:
     server = TlsRedisServer(certs).start()
     yield server
@@ -255,7 +256,7 @@ def test_wrong_ca_refuses_the_worker_start_naming_the_setting(
     app = make_app(lease_backend=tls_server.url(),
                    lease_backend_options={"ssl_ca_certs": certs.other_ca_file})
     register(app)
-    with pytest.raises(LeaseConfigError, match="certificate verify failed.*ssl_ca_certs") as err:
+    with pytest.raises(LeaseConfigError, match=r"certificate verify failed.*ssl_ca_certs") as err:
         check_app(app)
     assert "unreachable" not in str(err.value)
 

@@ -14,9 +14,11 @@ import pytest
 
 from tests.support.redis_server import RedisServer
 from tests.support.rig import Rig
-from tests.support.secure import AclRedisServer, Certificates, TlsRedisServer
+from tests.support.secure import AclRedisServer, Certificates, TlsRedisServer, certificates
 from tests.support.waiting import wait_for
 from tests.support.workers import CeleryWorker
+
+certs = pytest.fixture(scope="module", name="certs")(certificates)
 
 
 class SecureRig(Rig):
@@ -82,13 +84,6 @@ def test_minimal_acl_user_learns_of_a_refused_renewal(acl_rig: Rig) -> None:
 def test_minimal_acl_user_paused_store_raises_by_the_local_deadline(acl_rig: Rig) -> None:
     acl_rig.reset()
     paused_store_raises_by_the_deadline(acl_rig, "acl-paused")
-
-
-@pytest.fixture(scope="module")
-def certs() -> Iterator[Certificates]:
-    found = Certificates()
-    yield found
-    found.close()
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ssl
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,13 @@ class Certificates:
 
     def close(self) -> None:
         self._tmp.cleanup()
+
+
+def certificates() -> Iterator[Certificates]:
+    """A fresh CA with server and client certificates (wrap it as a pytest fixture)."""
+    found = Certificates()
+    yield found
+    found.close()
 
 
 class TlsRedisServer(SystemRedisServer):
