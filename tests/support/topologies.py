@@ -22,6 +22,7 @@ from mirakuru import TCPExecutor
 from redis.cluster import ClusterNode, RedisCluster
 from redis.sentinel import Sentinel
 
+from tests.support.proxy import TcpProxy
 from tests.support.redis_server import HOST, free_port, no_retry, redis_server_binary
 from tests.support.waiting import wait_for
 
@@ -141,7 +142,10 @@ class _Topology:
         return node.start()
 
     def close(self) -> None:
-        """Stop every process and remove the directory."""
+        """Stop every process (and proxy) and remove the directory."""
+        proxy = getattr(self, "replication_proxy", None)
+        if proxy is not None:
+            proxy.close()
         for node in reversed(self.nodes):
             node.stop()
         self._tmp.cleanup()
@@ -160,9 +164,13 @@ class SentinelSetup(_Topology):
     after a SIGKILL takes about that plus one election round (~1-2 s on loopback).
     """
 
-    def __init__(self, down_after_ms: int = 1000) -> None:
+    def __init__(self, down_after_ms: int = 1000, replication_proxy: bool = False) -> None:
         super().__init__("redis-sentinel-")
         self.down_after_ms = down_after_ms
+        self._with_proxy = replication_proxy
+        #: With ``replication_proxy=True``, the replica replicates through this proxy: blackhole
+        #: it and grants stop reaching the replica, cut it and what was in flight is gone.
+        self.replication_proxy: TcpProxy | None = None
         self.data: list[Node] = []
         self.sentinels: list[Node] = []
 
@@ -171,7 +179,11 @@ class SentinelSetup(_Topology):
         try:
             fast_sync = {"repl-diskless-sync-delay": "0"}
             primary = self._node("primary", fast_sync)
-            replica = self._node("replica", {**fast_sync, "replicaof": f"{HOST} {primary.port}"})
+            upstream = primary.port
+            if self._with_proxy:
+                self.replication_proxy = TcpProxy(primary.port)
+                upstream = self.replication_proxy.port
+            replica = self._node("replica", {**fast_sync, "replicaof": f"{HOST} {upstream}"})
             self.data = [primary, replica]
             conf = (
                 f"sentinel resolve-hostnames no\n"
@@ -239,7 +251,6 @@ class SentinelSetup(_Topology):
                     return False
             replicas = [n for n in self.data if n.port != primary_port and n.pid is not None]
             return all(n.info("replication").get("master_link_status") == "up"
-                       and n.info("replication").get("master_port") == primary_port
                        for n in replicas)
 
         wait_for(agreed, timeout, interval=0.1,
