@@ -468,7 +468,10 @@ def describe_topology(client: Any) -> Topology:
     if _is_cluster(client):
         kind = "cluster"
         primaries = tuple(n.name for n in client.get_primaries())
-        replicas = tuple(n.name for n in client.get_replicas())
+        # INFO of each primary: CLUSTER SLOTS leaves out a replica until it reports an offset
+        seen = {n.name for n in client.get_replicas()}
+        seen.update(r for node in _node_clients(client) for r in _replicas_of(node))
+        replicas = tuple(sorted(seen))
         tls = bool(client.nodes_manager.connection_kwargs.get("ssl"))
     else:
         assert pool is not None

@@ -6,6 +6,7 @@ with trustme certificates, and a server whose lease user has exactly the documen
 
 from __future__ import annotations
 
+import json
 import logging
 import ssl
 import time
@@ -27,6 +28,8 @@ from tests.support.secure import (
     TlsRedisServer,
     certificates,
 )
+from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, RESULT_BACKEND_ENV
+from tests.test_cli import celery_lease
 
 certs = pytest.fixture(scope="module", name="certs")(certificates)
 
@@ -335,3 +338,33 @@ def test_a_frozen_store_times_out_at_the_library_timeout_with_overrides_in_the_u
     finally:
         server.resume()
 
+
+
+# -- the CLI on these stores ---------------------------------------------------------------
+
+
+def cli_env(redis_url: str, lease_backend: str) -> dict[str, str]:
+    return {BROKER_URL_ENV: redis_url, RESULT_BACKEND_ENV: redis_url, QUEUE_ENV: "cli-conn",
+            "LEASE_BACKEND": lease_backend}
+
+
+def test_cli_under_the_minimal_acl_lists_and_describes_the_store(
+        acl_server: AclRedisServer, redis_url: str) -> None:
+    client = store.client_for(acl_server.lease_url(), 0.5)
+    store.acquire(client, "lease:{cli-acl}", uuid.uuid4().hex, 30_000, HOLDER)
+    env = cli_env(redis_url, acl_server.lease_url())
+    listed = celery_lease(env, "ls", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert "lease:{cli-acl}" in [item["key"] for item in json.loads(listed.stdout)]
+    doctor = celery_lease(env, "doctor")
+    assert f"standalone, TLS off, primaries 127.0.0.1:{acl_server.port}" in doctor.stdout
+    assert "eviction policy noeviction (read via INFO)" in doctor.stdout
+    assert AclRedisServer.PASSWORD not in doctor.stdout + doctor.stderr
+
+
+def test_cli_on_a_unix_url_with_a_password_answers(unix_server: tuple, redis_url: str) -> None:
+    _, sock = unix_server
+    done = celery_lease(cli_env(redis_url, f"unix://:sockpw@{sock}?db=0"), "doctor")
+    assert "Traceback" not in done.stderr, done.stderr
+    assert f"standalone, TLS off, primaries {sock}" in done.stdout
+    assert "sockpw" not in done.stdout + done.stderr
