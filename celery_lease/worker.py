@@ -7,7 +7,8 @@ worker before it consumes a single message:
 - every leased task's settings are valid and a Redis URL is known (else the worker refuses
   to start with a message naming ``lease_backend``);
 - ``lease_signal`` names a usable signal;
-- each store answers, and its ``maxmemory-policy`` is ``noeviction``. Any other policy can
+- each store answers, its user may run the lease scripts on the lease keys, and its
+  ``maxmemory-policy`` is ``noeviction``. Any other policy can
   evict a live lease (the holder is told nothing), so the worker logs a loud warning naming the
   setting and the fix, and refuses to start when ``lease_require_noeviction`` is true.
 
@@ -48,19 +49,22 @@ def check_app(app: Any) -> list[store.StoreCheck]:
     from .task import LeasedTask
 
     check_process_settings(app.conf, "app.conf")
-    stores: dict[tuple[str, str], tuple[float, Any]] = {}
+    stores: dict[tuple[str, str], tuple[float, Any, set[str]]] = {}
     for task in list(app.tasks.values()):
         if isinstance(task, LeasedTask):
             where = f"task {task.name}"
             options = resolve_options(app.conf, task._lease_task_options(), where)
             url = resolve_backend(options, app.conf, where)
             key = (url, repr(sorted(options.backend_options.items())))
-            timeout = min(stores.get(key, (options.store_timeout,))[0], options.store_timeout)
-            stores[key] = (timeout, options.backend_options)
+            timeout, _, prefixes = stores.get(key, (options.store_timeout, None, set()))
+            stores[key] = (min(timeout, options.store_timeout), options.backend_options,
+                           {*prefixes, options.key_prefix})
     checks = []
-    for (url, _), (timeout, backend_options) in stores.items():
+    for (url, _), (timeout, backend_options, prefixes) in stores.items():
         try:
-            check = store.check_store(store.client_for(url, max(timeout, 1.0), backend_options))
+            client = store.client_for(url, max(timeout, 1.0), backend_options)
+            check = store.check_store(client)
+            _probe_permissions(client, prefixes)
         except RedisError as exc:
             permanent = permanent_error(exc)
             if permanent:
@@ -83,6 +87,16 @@ def check_app(app: Any) -> list[store.StoreCheck]:
                 raise LeaseConfigError(message + " (refusing to start: lease_require_noeviction)")
             logger.warning("!" * 20 + " " + message)
     return checks
+
+
+def _probe_permissions(client: Any, prefixes: set[str]) -> None:
+    """Run the renewal script on an absent key under each prefix: it writes nothing, and an
+    ACL user without the script commands or the key pattern gets NOPERM here, not at the
+    first acquire."""
+    probes = [(f"{prefix}:{{celery-lease:permission-probe}}", "-", 1) for prefix in prefixes]
+    for reply in store.renew_many(client, probes):
+        if isinstance(reply, RedisError):
+            raise reply
 
 
 class LeaseStoreCheck(bootsteps.StartStopStep):  # type: ignore[misc]

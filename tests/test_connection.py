@@ -310,6 +310,28 @@ def test_wrong_password_refuses_the_worker_start_as_permanent(
     assert "unreachable" not in str(err.value) and "wrong" not in str(err.value)
 
 
+@pytest.mark.parametrize(("user", "rules"), [
+    ("wrongkeys", ["reset", "on", ">pw", "~jobs:*", "-@all", "+info", "+evalsha", "+eval",
+                   "+script|load", "+get"]),
+    ("noscripts", ["reset", "on", ">pw", "~lease:*", "-@all", "+info", "+get", "+set"]),
+])
+def test_a_user_missing_a_permission_refuses_the_worker_start(
+        acl_server: AclRedisServer, user: str, rules: list[str]) -> None:
+    with acl_server.client() as admin:
+        admin.execute_command("ACL", "SETUSER", user, *rules)
+    app = make_app(lease_backend=f"redis://{user}:pw@127.0.0.1:{acl_server.port}/0")
+    register(app)
+    with pytest.raises(LeaseConfigError, match=r"NOPERM|no permissions") as err:
+        check_app(app)
+    assert "section ACL" in str(err.value) and "unreachable" not in str(err.value)
+
+
+def test_the_minimal_user_passes_the_worker_start_check(acl_server: AclRedisServer) -> None:
+    app = make_app(lease_backend=acl_server.lease_url())
+    register(app)
+    assert [c.eviction_policy for c in check_app(app)] == ["noeviction"]
+
+
 def test_scan_over_a_standalone_store_uses_scan_only(acl_server: AclRedisServer) -> None:
     client = store.client_for(acl_server.lease_url(), 0.5)
     keys = [f"lease:{{scan-{i}}}" for i in range(30)]
