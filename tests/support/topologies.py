@@ -359,27 +359,30 @@ class ClusterSetup(_Topology):
         return RedisCluster(startup_nodes=[ClusterNode(HOST, n.port) for n in self.live()],
                             **kwargs)
 
-    def migrate_slot(self, slot: int, target: Node, between: Any = None) -> None:
+    def migrate_slot(self, slot: int, target: Node, between: Any = None,
+                     first: tuple[str, ...] = ()) -> None:
         """Move ``slot`` to ``target`` the way ``redis-cli --cluster reshard`` does it: mark it
         importing/migrating, ``MIGRATE`` its keys in batches, then assign it everywhere.
 
-        ``between`` (a callable) runs after the first batch, while the slot is half-moved and
-        clients get ``ASK`` for the keys that already left.
+        ``between`` (a callable) runs after the first batch (the keys ``first``, else one key),
+        while the slot is half-moved and clients get ``ASK`` for the keys that already left.
         """
         source = self.owner(slot)
         if source is target:
             return
         with target.client(decode_responses=True) as dst, \
                 source.client(decode_responses=True) as src:
-            dst_id, src_id = dst.cluster_myid(), src.cluster_myid()
+            dst_id = dst.execute_command("CLUSTER MYID")
+            src_id = src.execute_command("CLUSTER MYID")
             dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", src_id)
             src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", dst_id)
-            first = True
-            while keys := src.execute_command("CLUSTER GETKEYSINSLOT", slot, 1):
-                src.execute_command("MIGRATE", HOST, target.port, "", 0, 5000, "KEYS", *keys)
-                if first and between is not None:
+            batch = list(first)
+            while batch or (batch := src.execute_command("CLUSTER GETKEYSINSLOT", slot, 1)):
+                src.execute_command("MIGRATE", HOST, target.port, "", 0, 5000, "KEYS", *batch)
+                batch = []
+                if between is not None:
                     between()
-                first = False
+                    between = None
             for node in self.primaries():
                 with node.client() as client:
                     client.execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
