@@ -121,7 +121,8 @@ class BeatLeader:
     @property
     def client(self) -> redis.Redis:
         """The Redis client of the lease store (process-wide, timeouts = ``store_timeout``)."""
-        return store.client_for(self.url, self.options.store_timeout)
+        options = self.options
+        return store.client_for(self.url, options.store_timeout, options.backend_options)
 
     @property
     def is_leader(self) -> bool:

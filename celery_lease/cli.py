@@ -129,7 +129,7 @@ def ls(ctx: click.Context, task_name: str | None, as_json: bool, url: str | None
     app = _app(ctx)
     found: list[LeaseInfo] = []
     for store_url, store_prefixes in inspection.stores(app, url, prefixes).items():
-        client = inspection.client(store_url)
+        client = inspection.client(store_url, app)
         for prefix in sorted(store_prefixes):
             for info in scan_leases(client, prefix):
                 if task_name is None or info.task == task_name:
@@ -184,8 +184,8 @@ def show(ctx: click.Context, task_name: str, args: tuple[str, ...], kwargs_json:
         _fail("--kwargs must be a JSON object, e.g. '{\"account\": 7}'", 2)
     call_args = [_parse_arg(a) for a in args]
     key = task.lease_key_for(call_args, call_kwargs)
-    _, url, _ = task.lease_settings()
-    info = read_lease(inspection.client(url), key)
+    options, url, _ = task.lease_settings()
+    info = read_lease(store.client_for(url, inspection.CLI_TIMEOUT, options.backend_options), key)
     if as_json:
         click.echo(json.dumps({"key": key, "holder": asdict(info) if info else None}, indent=2))
         return
@@ -214,7 +214,7 @@ def release(ctx: click.Context, key: str, assume_yes: bool, url: str | None,
     current: LeaseInfo | None = None
     client: redis.Redis | None = None
     for store_url in inspection.stores(app, url, ()):
-        client = inspection.client(store_url)
+        client = inspection.client(store_url, app)
         current = read_lease(client, key)
         if current is not None:
             break

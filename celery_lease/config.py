@@ -15,9 +15,10 @@ import logging
 import math
 import signal as _signal
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from . import connection
 from .errors import LeaseConfigError
 from .keys import DEFAULT_PREFIX
 
@@ -39,6 +40,8 @@ logger = logging.getLogger("celery_lease")
 #: Setting name -> default. ``None`` for a derived default.
 DEFAULTS: dict[str, Any] = {
     "lease_backend": None,  # Redis URL; falls back to a Redis broker_url
+    "lease_backend_options": None,  # dict: TLS, Sentinel and Cluster options (connection.py)
+    "lease_min_replicas": 0,  # int >= 0: replicas that must acknowledge a grant (WAIT)
     "lease_ttl": 30.0,  # float seconds
     "lease_renew_interval": None,  # float seconds; default lease_ttl / 3
     "lease_store_timeout": None,  # float seconds; default min(interval / 2, 2.0)
@@ -52,6 +55,8 @@ DEFAULTS: dict[str, Any] = {
 #: The settings a task may override with a task option of the same name.
 TASK_OPTIONS = (
     "lease_backend",
+    "lease_backend_options",
+    "lease_min_replicas",
     "lease_ttl",
     "lease_renew_interval",
     "lease_store_timeout",
@@ -66,7 +71,8 @@ OTHER_NAMES = ("lease_key", "lease_beat_scheduler", "lease_beat_ttl",
 
 ON_CONFLICT = ("skip", "retry", "fail")
 ON_STORE_ERROR = ("retry", "fail")
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://")
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://", "sentinel://")
+_FALLBACK = "lease_backend (unset, so broker_url)"
 # Signals that Celery, billiard or the OS already use, or that cannot be caught.
 _RESERVED_SIGNALS = {"SIGUSR1", "SIGINT", "SIGTERM", "SIGQUIT", "SIGHUP", "SIGKILL", "SIGSTOP",
                      "SIGCHLD", "SIGALRM", "SIGTTIN", "SIGTTOU", "SIGSEGV", "SIGBUS", "SIGFPE"}
@@ -84,6 +90,8 @@ class LeaseOptions:
         key_prefix: prefix of every lease key (no ``{`` or ``}``).
         on_conflict: ``"skip"``, ``"retry"`` or ``"fail"``.
         on_store_error: ``"retry"`` or ``"fail"``.
+        backend_options: ``lease_backend_options`` (dict; empty when unset).
+        min_replicas: replicas that must acknowledge a grant (int >= 0).
     """
 
     backend: str | None
@@ -93,6 +101,8 @@ class LeaseOptions:
     key_prefix: str
     on_conflict: str
     on_store_error: str
+    backend_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    min_replicas: int = 0
 
     @property
     def ttl_ms(self) -> int:
@@ -228,12 +238,16 @@ def resolve_options(
             f"lease_key_prefix={prefix!r} ({where}) must be a non-empty string without "
             f"'{{' or '}}' (braces are reserved for the Redis Cluster hash tag)"
         )
-    backend = pick("lease_backend")
-    if backend is not None and not _is_redis_url(backend):
-        raise LeaseConfigError(
-            f"lease_backend={backend!r} ({where}) must be a Redis URL such as "
-            f"'redis://localhost:6379/1'"
-        )
+    backend, backend_options = pick("lease_backend"), pick("lease_backend_options") or {}
+    broker = conf.get("broker_url")
+    if backend is not None:
+        connection.validate_backend(backend, backend_options, where)
+    elif isinstance(broker, str) and broker.startswith(_REDIS_SCHEMES):  # the fallback
+        connection.validate_backend(broker, backend_options, where, _FALLBACK)
+    min_replicas = pick("lease_min_replicas")
+    if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or min_replicas < 0:
+        raise LeaseConfigError(f"lease_min_replicas={min_replicas!r} ({where}) must be a whole "
+                               f"number of replicas >= 0 (0: do not wait for replicas)")
     return LeaseOptions(
         backend=backend,
         ttl=ttl,
@@ -243,6 +257,8 @@ def resolve_options(
         on_conflict=_choice("lease_on_conflict", pick("lease_on_conflict"), ON_CONFLICT, where),
         on_store_error=_choice(
             "lease_on_store_error", pick("lease_on_store_error"), ON_STORE_ERROR, where),
+        backend_options=backend_options,
+        min_replicas=min_replicas,
     )
 
 
@@ -317,18 +333,6 @@ def beat_settings(conf: Mapping[str, Any]) -> LeaseSettings:
                          check_process_settings(conf, BEAT_WHERE))
 
 
-def _is_redis_url(url: Any) -> bool:
-    if not isinstance(url, str) or not url.startswith(_REDIS_SCHEMES):
-        return False
-    from redis.connection import parse_url
-
-    try:
-        parse_url(url)  # type: ignore[no-untyped-call]
-    except ValueError:
-        return False
-    return True
-
-
 def resolve_backend(options: LeaseOptions, conf: Mapping[str, Any], where: str) -> str:
     """The Redis URL leases live in: ``lease_backend``, else a Redis ``broker_url``.
 
@@ -339,9 +343,11 @@ def resolve_backend(options: LeaseOptions, conf: Mapping[str, Any], where: str) 
         return options.backend
     broker = conf.get("broker_url")
     if isinstance(broker, str) and broker.startswith(_REDIS_SCHEMES):
+        connection.validate_backend(broker, options.backend_options, where, _FALLBACK)
         return broker
     raise LeaseConfigError(
-        f"lease_backend is not set ({where}) and broker_url {broker!r} is not a Redis URL: set "
+        f"lease_backend is not set ({where}) and broker_url {connection.safe_url(broker)!r} is "
+        f"not a Redis URL: set "
         f"app.conf.lease_backend = 'redis://host:6379/1' to say where leases live"
     )
 

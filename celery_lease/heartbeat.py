@@ -225,8 +225,7 @@ def _after_fork_in_child() -> None:
     # The parent's thread does not exist here; its leases are not ours to renew or release.
     _instance = None
     _instance_lock = threading.Lock()
-    store.reset_clients()
-    interrupt.reset_after_fork()
+    interrupt.reset_after_fork()  # store clients: celery_lease.connection's own fork hook
 
 
 if hasattr(os, "register_at_fork"):

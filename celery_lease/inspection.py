@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from kombu.utils.url import maybe_sanitize_url
 from redis.exceptions import RedisError
 
-from . import clock, config, store
+from . import clock, config, connection, store
 from .config import LeaseOptions, resolve_backend, resolve_options
+from .connection import safe_url
 from .errors import LeaseConfigError
 from .keys import DEFAULT_PREFIX, is_internal
 from .task import LeasedTask
@@ -54,11 +54,6 @@ def redis_version_problem(version: str) -> str | None:
     return (f"Redis {version} is too old: celery-lease needs Redis "
             f"{MIN_REDIS[0]}.{MIN_REDIS[1]} or later (SET ... KEEPTTL in the release, "
             f"SCAN ... TYPE in `celery lease ls`)")
-
-
-def safe_url(url: str) -> str:
-    """``url`` without its password, for messages."""
-    return str(maybe_sanitize_url(url))
 
 
 # -- listing ---------------------------------------------------------------------------------
@@ -143,7 +138,7 @@ def scan_leases(client: redis.Redis, prefix: str, count: int = SCAN_COUNT) -> It
             if value is not None:
                 yield _info(key, value, int(pttl))
 
-    for raw in client.scan_iter(match=_glob_escape(prefix) + ":*", count=count, _type="STRING"):
+    for raw in connection.scan(client, _glob_escape(prefix) + ":*", count, "STRING"):
         key = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
         if is_internal(key):
             continue
@@ -198,9 +193,11 @@ def stores(app: Any, url: str | None, prefixes: Sequence[str]) -> dict[str, set[
     return found
 
 
-def client(url: str) -> redis.Redis:
-    """The client the inspection functions use for ``url`` (:data:`CLI_TIMEOUT` per call)."""
-    return store.client_for(url, CLI_TIMEOUT)
+def client(url: str, app: Any = None) -> redis.Redis:
+    """The client the inspection functions use for ``url`` (:data:`CLI_TIMEOUT` per call), with
+    ``app``'s ``lease_backend_options`` (Sentinel, Cluster, TLS) when an app is given."""
+    options = app.conf.get("lease_backend_options") if app is not None else None
+    return store.client_for(url, CLI_TIMEOUT, options)
 
 
 # -- the doctor's checks ------------------------------------------------------------------------
@@ -223,17 +220,23 @@ class Finding:
     fix: str = ""
 
 
-def check_store(url: str, timeout: float) -> list[Finding]:
-    """Reachability, version, eviction policy, latency against ``timeout`` (float seconds),
-    and clock skew of the store at ``url``."""
+def check_store(url: str, timeout: float, app: Any = None) -> list[Finding]:
+    """Reachability, topology, version, eviction policy, latency against ``timeout`` (float
+    seconds), and clock skew of the store at ``url`` (with ``app``'s backend options)."""
     subject = f"store {safe_url(url)}"
-    redis_client = client(url)
+    redis_client = client(url, app)
     try:
         check = store.check_store(redis_client)
     except RedisError as exc:
-        return [Finding("fail", subject, f"unreachable: {exc!r}",
+        return [Finding("fail", subject, f"unreachable: {store.describe(exc)}",
                         "start Redis or set lease_backend to a reachable redis:// URL")]
     found = [Finding("ok", subject, "reachable")]
+    topology = connection.describe_topology(redis_client)
+    source = f" (read via {topology.policy_source})" if topology.policy_source else ""
+    found.append(Finding(
+        "info", subject, f"{topology.kind}, TLS {'on' if topology.tls else 'off'}, primaries "
+        f"{', '.join(topology.primaries)}, replicas {', '.join(topology.replicas) or 'none seen'}"
+        f", eviction policy {topology.eviction_policy}{source}"))
     problem = redis_version_problem(check.version)
     if problem:
         found.append(Finding("fail", subject, problem,
@@ -262,7 +265,7 @@ def check_store(url: str, timeout: float) -> list[Finding]:
         after = time.time()
     except RedisError as exc:
         found.append(Finding("fail", subject,
-                             f"stopped answering during the latency check: {exc!r}"))
+                             f"stopped answering during the latency check: {store.describe(exc)}"))
         return found
     worst, median = max(samples), statistics.median(samples)
     detail = f"latency median {median * 1000:.2f} ms, max {worst * 1000:.2f} ms"
@@ -387,5 +390,5 @@ def diagnose(app: Any, url: str | None = None) -> Iterator[Finding]:
         except LeaseConfigError as exc:
             yield Finding("fail", "app", str(exc))
     for store_url, timeout in timeouts.items():
-        yield from check_store(store_url, timeout)
+        yield from check_store(store_url, timeout, app)
 

@@ -129,9 +129,11 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
     sent_at = clock.now()
     try:
         try:
-            found = store.acquire(client, key, token, options.ttl_ms, stored_holder)
+            found = store.acquire(
+                client, key, token, options.ttl_ms, stored_holder, options.min_replicas)
         except (RedisConnectionError, RedisTimeoutError):
-            found = store.acquire(client, key, token, options.ttl_ms, stored_holder)
+            found = store.acquire(
+                client, key, token, options.ttl_ms, stored_holder, options.min_replicas)
     except RedisError:
         target.finish()
         _abandon(client, key, token)

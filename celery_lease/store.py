@@ -21,23 +21,27 @@ there for the holder's successors and for operators (``celery lease ls``).
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis
-from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError, ResponseError
-from redis.retry import Retry
+from redis.exceptions import (
+    AskError,
+    MovedError,
+    NoScriptError,
+    RedisError,
+    ResponseError,
+)
 
+from . import connection, routing
 from .keys import fence_key
 
 __all__ = [
     "AcquireResult",
     "Holder",
+    "NotReplicated",
     "StoreCheck",
     "acquire",
     "check_store",
@@ -119,55 +123,33 @@ _acquire = _Script(ACQUIRE_LUA)
 _renew = _Script(RENEW_LUA)
 _release = _Script(RELEASE_LUA)
 
-_clients: dict[tuple[str, float], redis.Redis] = {}
-_clients_lock = threading.Lock()
+
+def client_for(url: str, timeout: float, options: Any = None) -> redis.Redis:
+    """The process-wide client: see :func:`celery_lease.connection.client_for`."""
+    return connection.client_for(url, timeout, options)  # type: ignore[no-any-return]
 
 
-def _client_kwargs(timeout: float) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {
-        "socket_timeout": timeout,
-        "socket_connect_timeout": timeout,
-        "retry": Retry(NoBackoff(), 0),  # no hidden retry loops (defaults differ 5.x..8.x)
-        "retry_on_timeout": False,
-        "health_check_interval": 0,
-        "socket_keepalive": True,
-    }
-    params = inspect.signature(redis.Redis.__init__).parameters
-    if "maint_notifications_config" in params:  # redis-py 7+: would relax our timeouts
-        from redis.maint_notifications import MaintNotificationsConfig
-
-        kwargs["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
-    return kwargs
+reset_clients = connection.reset_clients
 
 
-def client_for(url: str, timeout: float) -> redis.Redis:
-    """A process-wide Redis client for ``url`` whose every call times out after ``timeout``.
+class NotReplicated(RedisError):
+    """A grant was not acknowledged by ``min_replicas`` replicas within the store timeout.
 
-    Args:
-        url: Redis URL.
-        timeout: float seconds for connect and for each reply.
-
-    Clients are cached per (url, timeout); :func:`reset_clients` drops them in a forked child.
+    The grant was released again (best effort; otherwise it lapses with its TTL). A
+    :class:`redis.exceptions.RedisError`, so callers treat it as any store error: the task
+    body does not run (``lease_on_store_error`` decides what happens instead).
     """
-    key = (url, timeout)
-    client = _clients.get(key)
-    if client is None:
-        with _clients_lock:
-            client = _clients.get(key)
-            if client is None:
-                client = redis.Redis.from_url(url, **_client_kwargs(timeout))
-                _clients[key] = client
-    return client
 
 
 def describe(error: BaseException) -> str:
-    """``"ErrorType: message"``: redis-py 8's ``repr`` of a server error drops the message."""
-    return f"{type(error).__name__}: {error}"
+    """``"ErrorType: message (on <topology and node>)"`` for logs and errors.
 
-
-def reset_clients() -> None:
-    """Forget every cached client (their sockets belong to the parent after a fork)."""
-    _clients.clear()
+    redis-py 8's ``repr`` of a server error drops the message; the node is the one noted by the
+    store function that got the error (:func:`celery_lease.routing.where`), if any.
+    """
+    text = f"{type(error).__name__}: {error}"
+    node = getattr(error, "lease_store_where", None)
+    return f"{text} (on {node})" if node else text
 
 
 @dataclass(frozen=True)
@@ -237,20 +219,70 @@ class AcquireResult:
     remaining: float
 
 
-def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str) -> AcquireResult:
+def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
+            min_replicas: int = 0) -> AcquireResult:
     """Take lease ``key`` for ``token`` with lifetime ``ttl_ms`` (int milliseconds).
 
     One round trip (two when the server lost its script cache). Safe to repeat with the same
     token after an ambiguous failure: the repeat is granted with the same fencing token.
 
+    Args:
+        min_replicas: int; when above 0, ``WAIT min_replicas`` goes in the same round trip
+            (a pipeline on the key's primary) and a grant counts only once that many replicas
+            acknowledged it. ``WAIT`` waits at most half the client's socket timeout (the store
+            timeout), so its reply arrives before the socket gives up.
+
     Raises:
-        redis.exceptions.RedisError: connection problems, timeouts, OOM and other store errors.
+        NotReplicated: fewer than ``min_replicas`` replicas acknowledged the grant in time;
+            the grant was released again.
+        redis.exceptions.RedisError: connection problems, timeouts, OOM and other store errors
+            (with :func:`where` noted for :func:`describe`).
     """
-    granted, value, pttl = _acquire(
-        client, (key, fence_key(key)), (token, ttl_ms, holder, ttl_ms + FENCE_COUNTER_EXTRA_MS))
+    keys, argv = (key, fence_key(key)), (token, ttl_ms, holder, ttl_ms + FENCE_COUNTER_EXTRA_MS)
+    try:
+        if min_replicas > 0:
+            granted, value, pttl = _acquire_replicated(client, keys, argv, min_replicas)
+        else:
+            granted, value, pttl = _acquire(client, keys, argv)
+    except RedisError as exc:
+        raise routing.note(exc, client, key) from None
     if granted and b":" not in value:  # a fresh grant answers with the fencing token alone
         return AcquireResult(True, Holder(token, int(value)), ttl_ms / 1000)
     return AcquireResult(bool(granted), parse_value(value), max(int(pttl), 0) / 1000)
+
+
+def _acquire_replicated(client: Any, keys: tuple[str, str], argv: tuple[Any, ...],
+                        min_replicas: int) -> Any:
+    """The acquire script and ``WAIT`` in one pipeline on the primary that owns the key."""
+    node = routing.owner(client, keys[0])  # WAIT counts the writes of its own connection
+    timeout = node.connection_pool.connection_kwargs.get("socket_timeout") or 1.0
+    wait_ms = max(1, int(timeout * 1000 / 2))
+
+    def send(script: tuple[Any, ...]) -> list[Any]:
+        pipe = node.pipeline(transaction=False)
+        pipe.execute_command(*script)
+        pipe.execute_command("WAIT", min_replicas, wait_ms)
+        return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+
+    found, acked = send(_acquire.args(keys, argv))
+    if isinstance(found, NoScriptError):
+        found, acked = send(("EVAL", _acquire.source, len(keys), *keys, *argv))
+    if isinstance(found, MovedError) and routing.is_cluster(client):
+        client.nodes_manager.initialize()  # the slot moved (a resharding): ask its new owner
+        return _acquire_replicated(client, keys, argv, min_replicas)
+    if isinstance(found, Exception):
+        raise found
+    granted = found[0]
+    if granted and (isinstance(acked, Exception) or int(acked) < min_replicas):
+        try:
+            _release(client, keys, (argv[0],))
+        except RedisError:
+            pass  # it lapses with its TTL; nobody ran under it
+        if isinstance(acked, Exception):
+            raise acked
+        raise NotReplicated(f"WAIT {min_replicas}: only {acked} replica(s) acknowledged the "
+                            f"grant within {wait_ms} ms (lease_min_replicas); released")
+    return found
 
 
 def release(client: redis.Redis, key: str, token: str) -> bool:
@@ -262,7 +294,10 @@ def release(client: redis.Redis, key: str, token: str) -> bool:
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
-    return bool(_release(client, (key, fence_key(key)), (token,)))
+    try:
+        return bool(_release(client, (key, fence_key(key)), (token,)))
+    except RedisError as exc:
+        raise routing.note(exc, client, key) from None
 
 
 def released_last(client: redis.Redis, key: str, token: str) -> bool:
@@ -280,29 +315,44 @@ def released_last(client: redis.Redis, key: str, token: str) -> bool:
 def renew_many(
     client: redis.Redis, leases: Sequence[tuple[str, str, int]]
 ) -> list[int | RedisError]:
-    """Renew many leases in one round trip (a pipeline of conditional renewals).
+    """Renew many leases in one round trip per primary (a pipeline of conditional renewals).
+
+    With a :class:`redis.cluster.RedisCluster` client, redis-py's cluster pipeline groups the
+    renewals by the node that owns each key's slot: one round trip per primary, all written
+    before any reply is read. A renewal answered ``MOVED``/``ASK`` (its slot is moving) is sent
+    again to the owner alone; Redis runs a script only where the key's slot is served, so a
+    lease is never renewed on a node that no longer owns it.
 
     Args:
         leases: ``(key, token, ttl_ms)`` triples.
 
     Returns:
         One entry per lease: ``1`` renewed, ``0`` key absent, ``-1`` held by another token, or
-        the :class:`RedisError` that lease's command got.
+        the :class:`RedisError` that lease's command got (:func:`describe` names its node).
 
     Raises:
         redis.exceptions.RedisError: the round trip itself failed (connection, timeout).
     """
-    def send() -> list[Any]:
-        pipe = client.pipeline(transaction=False)
-        for key, token, ttl_ms in leases:
-            pipe.execute_command(*_renew.args((key,), (token, ttl_ms)))  # type: ignore[no-untyped-call]
-        return pipe.execute(raise_on_error=False)
-
-    replies = send()
-    if any(isinstance(r, NoScriptError) for r in replies):
-        client.script_load(RENEW_LUA)  # the server restarted or flushed its scripts
-        replies = send()
-    return [r if isinstance(r, RedisError) else int(r) for r in replies]
+    commands = [_renew.args((key,), (token, ttl_ms)) for key, token, ttl_ms in leases]
+    try:
+        replies = routing.send_many(client, commands)
+        if any(isinstance(r, NoScriptError) for r in replies):
+            # The server restarted, failed over or flushed its scripts (every primary of a
+            # cluster: SCRIPT LOAD goes to each of them).
+            client.script_load(RENEW_LUA)
+            replies = routing.send_many(client, commands)
+    except RedisError as exc:
+        raise routing.note(exc, client, None) from None
+    out: list[int | RedisError] = []
+    for (key, token, ttl_ms), reply in zip(leases, replies, strict=True):
+        if isinstance(reply, (MovedError, AskError)):
+            try:  # redis-py follows the redirection (ASKING first for ASK)
+                reply = _renew(client, (key,), (token, ttl_ms))
+            except RedisError as exc:
+                reply = exc
+        out.append(routing.note(reply, client, key) if isinstance(reply, RedisError)
+                   else int(reply))
+    return out
 
 
 @dataclass(frozen=True)

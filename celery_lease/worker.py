@@ -10,12 +10,15 @@ worker before it consumes a single message:
 - each store runs Redis 6.0 or later (else an error is logged: the release's note of who ended
   last would silently not be written, and ``celery lease ls`` would fail; the worker still
   starts, since leases themselves work);
-- each store answers, and its ``maxmemory-policy`` is ``noeviction``. Any other policy can
+- each store answers, its user may run the lease scripts on the lease keys, and its
+  ``maxmemory-policy`` is ``noeviction``. Any other policy can
   evict a live lease (the holder is told nothing), so the worker logs a loud warning naming the
   setting and the fix, and refuses to start when ``lease_require_noeviction`` is true.
 
 An unreachable store is logged, not fatal: tasks then follow ``lease_on_store_error``, which
-beats a worker that crash-loops while Redis restarts.
+beats a worker that crash-loops while Redis restarts. A store error that waiting cannot fix (a
+wrong password, an ACL denial, a refused TLS certificate, a missing database) refuses the start
+with a message naming the setting to fix.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from redis.exceptions import RedisError
 
 from . import store
 from .config import check_process_settings
+from .connection import permanent_error, safe_url
 from .errors import LeaseConfigError
-from .inspection import redis_version_problem, safe_url
+from .inspection import redis_version_problem
 from .task import LeasedTask
 
 __all__ = ["LeaseStoreCheck", "check_app", "install"]
@@ -47,18 +51,29 @@ def check_app(app: Any) -> list[store.StoreCheck]:
             is unsafe while ``lease_require_noeviction`` is set.
     """
     check_process_settings(app.conf, "app.conf")
-    stores: dict[str, float] = {}
+    stores: dict[tuple[str, str], tuple[float, Any, set[str]]] = {}
     for task in list(app.tasks.values()):
         if isinstance(task, LeasedTask):
             options, url, _ = task.lease_settings()
-            stores[url] = min(stores.get(url, options.store_timeout), options.store_timeout)
+            key = (url, repr(sorted(options.backend_options.items())))
+            timeout, _, prefixes = stores.get(key, (options.store_timeout, None, set()))
+            stores[key] = (min(timeout, options.store_timeout), options.backend_options,
+                           {*prefixes, options.key_prefix})
     checks = []
-    for url, timeout in stores.items():
+    for (url, _), (timeout, backend_options, prefixes) in stores.items():
         try:
-            check = store.check_store(store.client_for(url, max(timeout, 1.0)))
+            client = store.client_for(url, max(timeout, 1.0), backend_options)
+            check = store.check_store(client)
+            _probe_permissions(client, prefixes)
         except RedisError as exc:
-            logger.error("lease store %s is unreachable at worker start: %r; leased tasks "
-                         "follow lease_on_store_error until it answers", safe_url(url), exc)
+            permanent = permanent_error(exc)
+            if permanent:
+                raise LeaseConfigError(f"lease store {safe_url(url)}: {permanent} (refusing to "
+                                       f"start: no leased task can run until this is fixed)"
+                                       ) from None
+            logger.error("lease store %s is unreachable at worker start: %s; leased tasks "
+                         "follow lease_on_store_error until it answers", safe_url(url),
+                         store.describe(exc))
             continue
         checks.append(check)
         problem = redis_version_problem(check.version)
@@ -76,6 +91,16 @@ def check_app(app: Any) -> list[store.StoreCheck]:
                 raise LeaseConfigError(message + " (refusing to start: lease_require_noeviction)")
             logger.warning("!" * 20 + " " + message)
     return checks
+
+
+def _probe_permissions(client: Any, prefixes: set[str]) -> None:
+    """Run the renewal script on an absent key under each prefix: it writes nothing, and an
+    ACL user without the script commands or the key pattern gets NOPERM here, not at the
+    first acquire."""
+    probes = [(f"{prefix}:{{celery-lease:permission-probe}}", "-", 1) for prefix in prefixes]
+    for reply in store.renew_many(client, probes):
+        if isinstance(reply, RedisError):
+            raise reply
 
 
 class LeaseStoreCheck(bootsteps.StartStopStep):  # type: ignore[misc]

@@ -29,6 +29,7 @@ app = Celery("lease_app", broker=BROKER, backend=BROKER)
 app.conf.update(
     task_default_queue=os.environ.get("TEST_QUEUE", "celery"),
     lease_backend=os.environ.get("LEASE_BACKEND", BROKER),
+    lease_backend_options=json.loads(os.environ.get("LEASE_BACKEND_OPTIONS", "null")),
     lease_ttl=TTL,
     lease_on_store_error=os.environ.get("LEASE_ON_STORE_ERROR", "retry"),
     lease_require_noeviction=os.environ.get("LEASE_REQUIRE_NOEVICTION") == "1",

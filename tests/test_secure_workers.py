@@ -1,0 +1,126 @@
+"""Real workers against a TLS store and a store whose user has exactly the documented ACL.
+
+The broker is a plain server; only the lease store is secured, so the tests can pause and
+empty it (as the admin) without touching the broker or the journal the tasks write to.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.redis_server import RedisServer
+from tests.support.rig import Rig
+from tests.support.secure import AclRedisServer, Certificates, TlsRedisServer, certificates
+from tests.support.waiting import wait_for
+from tests.support.workers import CeleryWorker
+
+certs = pytest.fixture(scope="module", name="certs")(certificates)
+
+
+class SecureRig(Rig):
+    """A :class:`Rig` whose lease store is ``server``, reached as ``url`` with ``options``."""
+
+    def __init__(self, broker: RedisServer, pool: str, log_dir: Path, server: RedisServer,
+                 url: str, options: dict[str, str] | None = None) -> None:
+        super().__init__(broker, pool, log_dir)
+        self.store.close()
+        self.store = server.start()
+        self.leases = self.store.client()
+        self.url, self.options = url if "://" in url else "", options
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = super().env(LEASE_BACKEND=self.url or self.store.url(),
+                          LEASE_BACKEND_OPTIONS=json.dumps(self.options))
+        return {**env, **extra}
+
+
+def hold_and_finish(rig: Rig, tag: str) -> None:
+    rig.send("hold", tag, 0.3, "sleep")
+    rig.wait_event(tag, "end", timeout=30)
+    wait_for(lambda: rig.lease_keys() == [], 5, message="lease left after the run")
+
+
+def paused_store_raises_by_the_deadline(rig: Rig, tag: str) -> None:
+    rig.send("hold", tag, 30.0, "sleep")
+    rig.wait_event(tag, "start", timeout=30)
+    rig.store.pause()
+    try:
+        lost = rig.wait_event(tag, "lost", timeout=15)[0]
+    finally:
+        rig.store.resume()
+    assert lost["cause"] == "deadline"
+    assert 0 <= lost["at"] - lost["deadline"] < 0.25
+
+
+@pytest.fixture(scope="module", params=["solo", "prefork"])
+def acl_rig(request: pytest.FixtureRequest, broker: RedisServer,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    server = AclRedisServer()
+    rig = SecureRig(broker, request.param, tmp_path_factory.mktemp(f"acl-{request.param}"),
+                    server, "")
+    rig.url = server.lease_url()
+    rig.worker()
+    yield rig
+    rig.close()
+
+
+def test_minimal_acl_user_runs_a_leased_task(acl_rig: Rig) -> None:
+    acl_rig.reset()
+    hold_and_finish(acl_rig, "acl-run")
+
+
+def test_minimal_acl_user_learns_of_a_refused_renewal(acl_rig: Rig) -> None:
+    acl_rig.reset()
+    acl_rig.send("hold", "acl-refused", 30.0, "sleep")
+    start = acl_rig.wait_event("acl-refused", "start", timeout=30)[0]
+    acl_rig.leases.delete(str(start["key"]))
+    assert acl_rig.wait_event("acl-refused", "lost")[0]["cause"] == "refused"
+
+
+def test_minimal_acl_user_paused_store_raises_by_the_local_deadline(acl_rig: Rig) -> None:
+    acl_rig.reset()
+    paused_store_raises_by_the_deadline(acl_rig, "acl-paused")
+
+
+@pytest.fixture(scope="module")
+def tls_rig(broker: RedisServer, certs: Certificates,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    server = TlsRedisServer(certs, mutual=True)
+    options = {"ssl_ca_certs": certs.ca_file, "ssl_certfile": certs.client_cert,
+               "ssl_keyfile": certs.client_key}
+    rig = SecureRig(broker, "solo", tmp_path_factory.mktemp("tls"), server, "", options)
+    # Options the lease client overrides: neither may delay LeaseLost past the deadline.
+    rig.url = f"{server.url()}?retry_on_timeout=true&health_check_interval=30"
+    rig.worker()
+    yield rig
+    rig.close()
+
+
+def test_mutual_tls_worker_runs_a_leased_task(tls_rig: Rig) -> None:
+    tls_rig.reset()
+    hold_and_finish(tls_rig, "tls-run")
+
+
+def test_mutual_tls_paused_store_raises_by_the_deadline_despite_url_options(
+        tls_rig: Rig) -> None:
+    tls_rig.reset()
+    paused_store_raises_by_the_deadline(tls_rig, "tls-paused")
+
+
+def test_worker_with_the_wrong_ca_refuses_to_start_naming_the_setting(
+        tls_rig: Rig, certs: Certificates) -> None:
+    env = tls_rig.env(LEASE_BACKEND_OPTIONS=json.dumps({"ssl_ca_certs": certs.other_ca_file}))
+    refused = CeleryWorker("tests.apps.lease_app", pool="solo", concurrency=1,
+                           queue=tls_rig.queue + "-wrong-ca", env=env,
+                           log_dir=tls_rig.log_dir).start()
+    try:
+        assert refused.wait(60) is not None, "the worker started with a CA it cannot verify"
+        log = refused.log_text()
+        assert "ssl_ca_certs" in log and "certificate verify failed" in log
+        assert "unreachable" not in log
+    finally:
+        refused.kill()
