@@ -13,9 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.redis_server import RedisServer
+from harness.redis_server import RedisServer
+from harness.waiting import wait_for
 from tests.support.rig import Rig, measured, resume_process, stop_process
-from tests.support.waiting import wait_for
 
 POOLS = ["prefork", "solo", "threads", "gevent", "eventlet"]
 # The threads pool cannot interrupt time.sleep: its tasks sleep in short chunks instead.

@@ -27,9 +27,9 @@ import pytest
 import redis
 
 from celery_lease import LeaseLost, store
+from harness.redis_server import free_port
+from harness.waiting import wait_for
 from tests.support.fixtures import WorkerFactory
-from tests.support.redis_server import free_port
-from tests.support.waiting import wait_for
 from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, REPO_ROOT, RESULT_BACKEND_ENV
 
 APP = "tests.apps.ops_app"

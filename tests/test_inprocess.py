@@ -28,7 +28,7 @@ from celery_lease import (
     store,
 )
 from celery_lease.heartbeat import heartbeat
-from tests.support.waiting import wait_for
+from harness.waiting import wait_for
 
 
 def make_app(url: str, **conf: Any) -> Celery:

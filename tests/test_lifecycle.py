@@ -11,9 +11,9 @@ import pytest
 from celery.exceptions import TimeoutError as CeleryTimeout
 
 from celery_lease import LeaseConflict, LeaseStoreUnavailable
-from tests.support.redis_server import RedisServer
+from harness.redis_server import RedisServer
+from harness.waiting import wait_for
 from tests.support.rig import Rig, stop_process
-from tests.support.waiting import wait_for
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.support.proxy import TcpProxy
-from tests.support.redis_server import RedisServer
+from harness.proxy import TcpProxy
+from harness.redis_server import RedisServer
+from harness.waiting import wait_for
+from harness.workers import CeleryWorker
 from tests.support.rig import APP, Rig, measured
-from tests.support.waiting import wait_for
-from tests.support.workers import CeleryWorker
 
 MakeRig = Callable[[str], Rig]
 

@@ -169,7 +169,7 @@ def test_every_key_of_a_lease_shares_one_cluster_slot(throwaway_redis: RedisFact
     server = throwaway_redis({"cluster-enabled": "yes", "cluster-config-file": "nodes.conf"},
                              port=_port_with_free_cluster_bus())
     server.client().execute_command("CLUSTER", "ADDSLOTS", *range(16384))
-    from tests.support.waiting import wait_for
+    from harness.waiting import wait_for
 
     wait_for(lambda: b"cluster_state:ok" in server.client().execute_command("CLUSTER", "INFO"),
              10, message="cluster did not come up")
