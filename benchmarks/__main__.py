@@ -27,8 +27,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import redis
+
+from harness import REPO_ROOT
+from harness.redis_server import RedisServer, redis_server_binary
+
 from . import cycle, detection, overhead, renewal, report, stall
-from ._infra import REPO_ROOT, RedisProcess, Worker, redis_server_binary, section_timer
+from ._infra import Worker, client_kwargs, section_timer
 
 DEFAULT_OUT = REPO_ROOT / "docs" / "benchmarks"
 DOC = REPO_ROOT / "docs" / "benchmarks.md"
@@ -89,9 +94,9 @@ def machine(quick: bool, redis_version: str) -> dict[str, Any]:
     }
 
 
-def _start_workers(broker: RedisProcess, lease_store: RedisProcess, log_dir: Path,
-                   stall_ttls: tuple[float, ...]) -> dict[str, Worker]:
-    env = {"BENCH_BROKER": broker.url, "BENCH_LEASE_STORE": lease_store.url,
+def _start_workers(broker: RedisServer, lease_store: RedisServer, records: redis.Redis,
+                   log_dir: Path, stall_ttls: tuple[float, ...]) -> dict[str, Worker]:
+    env = {"BENCH_BROKER": broker.url(), "BENCH_LEASE_STORE": lease_store.url(),
            "BENCH_DETECT_TTL": str(detection.TTL),
            "BENCH_STALL_TTLS": ",".join(str(t) for t in stall_ttls)}
     workers = {}
@@ -99,7 +104,7 @@ def _start_workers(broker: RedisProcess, lease_store: RedisProcess, log_dir: Pat
         queues = [f"tp-{pool}", f"det-{pool}"] if pool in overhead.POOLS else [f"det-{pool}"]
         if pool == "prefork":
             queues.append("stall")
-        workers[pool] = Worker(pool, concurrency, queues, env, log_dir).start()
+        workers[pool] = Worker(pool, concurrency, queues, env, log_dir, records).start()
     return workers
 
 
@@ -108,9 +113,9 @@ def run_all(quick: bool, log_dir: Path) -> dict[str, Any]:
     total = section_timer()
     timings: dict[str, float] = {}
     stall_ttls = STALL_TTLS_QUICK if quick else STALL_TTLS_FULL
-    with RedisProcess() as broker, RedisProcess() as lease_store:
+    with RedisServer() as broker, RedisServer() as lease_store:
         results: dict[str, Any] = {"meta": machine(quick, broker.version())}
-        records = broker.client()
+        records = broker.client(**client_kwargs())
 
         def step(name: str) -> None:
             timings[name] = round(section(), 1)
@@ -118,10 +123,9 @@ def run_all(quick: bool, log_dir: Path) -> dict[str, Any]:
 
         section = section_timer()
         print("1/5 lease cycle cost", file=sys.stderr, flush=True)
-        results["cycle"] = cycle.run(broker.url, quick)
-        if broker.process is not None and hasattr(os, "sched_setaffinity"):
-            results["cycle"]["same_core"] = cycle.run_same_core(
-                broker.url, broker.process.pid, quick)
+        results["cycle"] = cycle.run(broker.url(), quick)
+        if broker.pid is not None and hasattr(os, "sched_setaffinity"):
+            results["cycle"]["same_core"] = cycle.run_same_core(broker.url(), broker.pid, quick)
         step("cycle")
 
         section = section_timer()
@@ -130,18 +134,18 @@ def run_all(quick: bool, log_dir: Path) -> dict[str, Any]:
         workers: dict[str, Worker] = {}
         try:
             results["renewal"] = renewal.run(
-                broker.url, quick,
+                broker.url(), quick,
                 on_steady=lambda: workers.update(
-                    _start_workers(broker, lease_store, log_dir, stall_ttls)))
+                    _start_workers(broker, lease_store, records, log_dir, stall_ttls)))
             step("renewal")
             section = section_timer()
             for worker in workers.values():
-                worker.wait_ready(records)
+                worker.wait_ready()
             step("workers ready")
 
             from .app import make_app
 
-            app = make_app(broker.url, lease_store.url, detection.TTL, stall_ttls)
+            app = make_app(broker.url(), lease_store.url(), detection.TTL, stall_ttls)
             section = section_timer()
             print("2/5 task overhead", file=sys.stderr, flush=True)
             results["overhead"] = overhead.run(app, records, workers, quick)

@@ -26,7 +26,10 @@ from typing import Any
 import redis
 from celery import Celery
 
-from ._infra import RedisProcess, Worker, summary, wait_for
+from harness.redis_server import RedisServer
+from harness.waiting import wait_for
+
+from ._infra import Worker, client_kwargs, summary
 
 POOLS = ("prefork", "solo", "threads", "gevent", "eventlet")
 CAUSES = ("refused", "deadline")
@@ -44,7 +47,7 @@ UNINTERRUPTIBLE = {
 
 
 def trial(
-    app: Celery, records: redis.Redis, lease_store: RedisProcess, pool: str, cause: str,
+    app: Celery, records: redis.Redis, lease_store: RedisServer, pool: str, cause: str,
     body: str, rng: random.Random, limit: float = LIMIT,
 ) -> dict[str, Any]:
     """One execution of ``bench.hold`` losing its lease by ``cause``; returns what it saw."""
@@ -54,7 +57,7 @@ def trial(
     wait_for(lambda: records.hexists(key, "started"), 30.0, 0.002, f"{pool} hold task start")
     lease_key = (records.hget(key, "lease_key") or b"").decode()
     time.sleep(0.05 + rng.random() * TTL / 3)
-    store = lease_store.client()
+    store = lease_store.client(**client_kwargs())
     try:
         event_at = time.time()
         if cause == "refused":
@@ -82,7 +85,7 @@ def trial(
 
 
 def run(
-    app: Celery, records: redis.Redis, lease_store: RedisProcess, workers: dict[str, Worker],
+    app: Celery, records: redis.Redis, lease_store: RedisServer, workers: dict[str, Worker],
     quick: bool, seed: int = 4,
 ) -> dict[str, Any]:
     """Benchmark 4 on one worker per pool; ``repeats`` trials per (pool, cause, body)."""

@@ -29,7 +29,9 @@ import psutil
 import redis
 from celery import Celery
 
-from ._infra import Worker, spread, wait_for
+from harness.waiting import wait_for
+
+from ._infra import Worker, spread
 
 VARIANTS = ("plain", "floor", "leased", "singleton", "once")
 LABELS = {

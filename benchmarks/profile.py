@@ -26,7 +26,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ._infra import REPO_ROOT, RedisProcess, percentile
+from harness import REPO_ROOT
+from harness.redis_server import RedisServer
+
+from ._infra import percentile
 
 
 def _median_us(fn: Callable[[], Any], count: int = 3000) -> float:
@@ -125,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from .app import make_app
 
-    with RedisProcess() as server:
-        os.environ["BENCH_BROKER"] = server.url
-        app = make_app(server.url)
+    with RedisServer() as server:
+        os.environ["BENCH_BROKER"] = server.url()
+        app = make_app(server.url())
         leased = app.tasks["bench.leased"]
         for i in range(200):  # warm-up
             leased.apply(("warm", i, 10**9))
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         profiler.stop()
         text = profiler.output_text(unicode=False, color=False, show_all=False)
         (args.out / "profile-leased-task.txt").write_text(text)
-        measured = steps(app, server.url)
+        measured = steps(app, server.url())
     (args.out / "profile-steps.json").write_text(json.dumps(
         {k: round(v, 1) for k, v in measured.items()}, indent=1) + "\n")
     print(text)

@@ -33,7 +33,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ._infra import REPO_ROOT, percentile
+from harness import REPO_ROOT
+
+from ._infra import percentile
 
 NS = (1, 100, 1000, 10000)
 #: python-redis-lock starts one thread per lock: these are the Ns run for it. At 10 000 it

@@ -23,7 +23,9 @@ import psutil
 import redis
 from celery import Celery
 
-from ._infra import Worker, summary, wait_for
+from harness.waiting import wait_for
+
+from ._infra import Worker, summary
 
 
 def _entries(records: redis.Redis, trial: str) -> list[dict[str, Any]]:

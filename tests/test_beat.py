@@ -28,8 +28,8 @@ from celery.beat import Scheduler
 
 from celery_lease import LeaseConfigError, store
 from celery_lease.beat import LeasedScheduler
+from harness.waiting import wait_for
 from tests.support.fixtures import WorkerFactory
-from tests.support.waiting import wait_for
 from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, REPO_ROOT, RESULT_BACKEND_ENV
 
 APP = "tests.apps.ops_app"

@@ -15,8 +15,8 @@ import redis
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 
 from celery_lease import LeaseLost, store
+from harness.waiting import wait_for
 from tests.support.fixtures import RedisFactory, WorkerFactory
-from tests.support.waiting import wait_for
 from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, REPO_ROOT, RESULT_BACKEND_ENV
 
 APP = "tests.apps.ops_app"

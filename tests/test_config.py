@@ -1,4 +1,4 @@
-"""Settings validation: bad input fails at task registration, naming the option (C26)."""
+"""Settings validation: bad input fails at task registration, naming the option."""
 
 from __future__ import annotations
 
@@ -42,34 +42,34 @@ def register(app: Celery, **options: object) -> LeasedTask:
         ("lease_renew_interval", math.nan),
     ],
 )
-def test_c26_invalid_durations_fail_at_registration(option: str, value: object) -> None:
+def test_invalid_durations_fail_at_registration(option: str, value: object) -> None:
     with pytest.raises(LeaseConfigError, match=option):
         register(make_app(), **{option: value})
 
 
-def test_c26_interval_above_half_ttl_is_refused_with_the_fix() -> None:
+def test_interval_above_half_ttl_is_refused_with_the_fix() -> None:
     with pytest.raises(LeaseConfigError, match=r"lease_renew_interval=6.0.*above half") as info:
         register(make_app(), lease_ttl=10.0, lease_renew_interval=6.0)
     assert "lease_ttl / 3" in str(info.value)
 
 
-def test_c26_interval_above_a_third_is_warned(caplog: pytest.LogCaptureFixture) -> None:
+def test_interval_above_a_third_is_warned(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="celery_lease"):
         register(make_app(), lease_ttl=10.0, lease_renew_interval=4.0)
     assert "above a third of lease_ttl" in caplog.text
 
 
-def test_c26_store_timeout_not_shorter_than_interval_is_refused() -> None:
+def test_store_timeout_not_shorter_than_interval_is_refused() -> None:
     with pytest.raises(LeaseConfigError, match=r"lease_store_timeout=3.0.*shorter than"):
         register(make_app(), lease_ttl=9.0, lease_store_timeout=3.0)
 
 
-def test_c26_app_setting_is_validated_too() -> None:
+def test_app_setting_is_validated_too() -> None:
     with pytest.raises(LeaseConfigError, match="lease_ttl=-5"):
         register(make_app(lease_ttl=-5))
 
 
-def test_c26_fractional_seconds_are_exact() -> None:
+def test_fractional_seconds_are_exact() -> None:
     options = resolve_options({}, {"lease_ttl": 1.9}, "t")
     assert options.ttl_ms == 1900
     assert resolve_options({}, {"lease_ttl": 0.0015}, "t").ttl_ms == 2

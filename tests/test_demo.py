@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 import redis
 
+from harness import REPO_ROOT
+from harness.redis_server import free_port
+from harness.waiting import wait_for
 from tests.support.fixtures import RedisFactory
-from tests.support.redis_server import free_port
-from tests.support.waiting import wait_for
-from tests.support.workers import REPO_ROOT
 
 TTL = 2.0  # the demo's default: short, so the whole demo stays well under a minute
 

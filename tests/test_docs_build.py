@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.workers import REPO_ROOT
+from harness import REPO_ROOT
 
 
 def test_mkdocs_build_strict(tmp_path: Path) -> None:

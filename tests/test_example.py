@@ -12,8 +12,8 @@ from celery import Celery
 from celery_lease import is_skipped
 from example_project.celery_app import make_app
 from example_project.fencing import RedisFencedStore, SqliteFencedStore
+from harness.waiting import wait_for
 from tests.support.fixtures import WorkerFactory
-from tests.support.waiting import wait_for
 
 APP = "example_project.celery_app"
 

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.redis_server import RedisServer
+from harness.redis_server import RedisServer
+from harness.waiting import wait_for
 from tests.support.rig import Rig, measured, resume_process, stop_process
-from tests.support.waiting import wait_for
 
 POOLS = ["prefork", "solo", "threads", "gevent", "eventlet"]
 # The threads pool cannot interrupt time.sleep: its tasks sleep in short chunks instead.
@@ -42,7 +42,7 @@ def start_holder(rig: Rig, tag: str, seconds: float = 30.0) -> dict[str, object]
     return rig.wait_event(tag, "start")[0]
 
 
-def test_c10_renewal_refused_raises_lease_lost(pool_rig: Rig) -> None:
+def test_deleted_key_renewal_refused_raises_lease_lost(pool_rig: Rig) -> None:
     rig = pool_rig
     start = start_holder(rig, "refused")
     rig.leases.delete(str(start["key"]))
@@ -59,7 +59,7 @@ def test_c10_renewal_refused_raises_lease_lost(pool_rig: Rig) -> None:
     wait_for(lambda: rig.journal(event="lost-signal"), 5, message="no lease_lost signal")
 
 
-def test_c10_overwritten_key_is_refused_and_left_alone(pool_rig: Rig) -> None:
+def test_overwritten_key_is_refused_and_left_alone(pool_rig: Rig) -> None:
     rig = pool_rig
     start = start_holder(rig, "overwritten")
     rig.leases.set(str(start["key"]), "someone-else:1:{}", px=60_000)
@@ -70,7 +70,7 @@ def test_c10_overwritten_key_is_refused_and_left_alone(pool_rig: Rig) -> None:
     assert 50_000 < rig.leases.pttl(str(start["key"])) <= 60_000  # not renewed, not deleted
 
 
-def test_c11_store_paused_raises_by_the_local_deadline(pool_rig: Rig) -> None:
+def test_store_paused_raises_by_the_local_deadline(pool_rig: Rig) -> None:
     rig = pool_rig
     start_holder(rig, "paused")
     rig.store.pause()
@@ -86,7 +86,7 @@ def test_c11_store_paused_raises_by_the_local_deadline(pool_rig: Rig) -> None:
     # store in test_pool_specific, where the test can still reach the server.)
 
 
-def test_c28_store_restarted_lease_lost_then_new_leases_work(pool_rig: Rig) -> None:
+def test_store_restarted_lease_lost_then_new_leases_work(pool_rig: Rig) -> None:
     rig = pool_rig
     start_holder(rig, "restart")
     rig.store.restart()
@@ -97,7 +97,7 @@ def test_c28_store_restarted_lease_lost_then_new_leases_work(pool_rig: Rig) -> N
     wait_for(lambda: rig.lease_keys() == [], 5, message="lease left after the run")
 
 
-def test_c05_killed_holder_lease_gone_within_one_ttl(pool_rig: Rig) -> None:
+def test_killed_holder_lease_gone_within_one_ttl(pool_rig: Rig) -> None:
     """prefork: the pool child is killed; other pools: the whole worker process."""
     rig = pool_rig
     victim = None
@@ -147,10 +147,11 @@ def test_stray_lease_signal_is_ignored_and_the_worker_keeps_consuming(pool_rig: 
     assert all(w.is_running() for w in rig.workers)
 
 
-def test_c09_c17_paused_past_lifetime_successor_runs_old_holder_learns_first(
+def test_paused_past_lifetime_successor_runs_old_holder_learns_first(
     pool_rig: Rig,
 ) -> None:
-    """The seed's timeline: A paused past its lifetime, B takes over, A resumes (C09, C17)."""
+    """A is paused past its lease's lifetime, B takes over, A resumes: A learns of the loss
+    before it can act again, and its release leaves B's lease alone."""
     rig = pool_rig
     start = start_holder(rig, "paused-holder")
     key = str(start["key"])
@@ -182,8 +183,8 @@ def test_c09_c17_paused_past_lifetime_successor_runs_old_holder_learns_first(
         rig.workers.remove(b)
 
 
-def test_c08_other_producers_refused_while_the_holder_runs(pool_rig: Rig) -> None:
-    """C08: send_task twice while a first execution runs; the holder is untouched."""
+def test_other_producers_refused_while_the_holder_runs(pool_rig: Rig) -> None:
+    """send_task twice while a first execution runs; the holder is untouched."""
     rig = pool_rig
     if rig.pool == "solo":
         pytest.skip("solo runs one task at a time: a duplicate waits in the queue")

@@ -7,14 +7,11 @@ and the task page; renewals must not add events.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -27,9 +24,10 @@ import pytest
 import redis
 
 from celery_lease import LeaseLost, store
+from harness.redis_server import free_port
+from harness.waiting import wait_for
+from harness.workers import CeleryProcess
 from tests.support.fixtures import WorkerFactory
-from tests.support.redis_server import free_port
-from tests.support.waiting import wait_for
 from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, REPO_ROOT, RESULT_BACKEND_ENV
 
 APP = "tests.apps.ops_app"
@@ -37,26 +35,23 @@ FLOWERCONFIG = REPO_ROOT / "example_project" / "flowerconfig.py"
 SCREENSHOT = REPO_ROOT / "docs" / "img" / "flower-task.png"
 
 
-class Flower:
-    """A ``celery -A <app> flower`` subprocess on a free port."""
+class Flower(CeleryProcess):
+    """A ``celery -A <app> flower`` subprocess on a free port, started at once."""
+
+    kind = "flower"
 
     def __init__(self, env: dict[str, str], log_dir: Path) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_dir / "flower.log"
-        environ = {**os.environ, **env, "PYTHONUNBUFFERED": "1",
-                   "FLOWER_UNAUTHENTICATED_API": "true"}
-        environ["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPO_ROOT), environ.get("PYTHONPATH", "")) if p)
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", APP, "flower", f"--port={self.port}",
-                 "--address=127.0.0.1", f"--conf={FLOWERCONFIG}", "--db=" + str(log_dir / "fl")],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environ,
-                cwd=log_dir, start_new_session=True)
+        super().__init__(
+            APP,
+            ["flower", f"--port={self.port}", "--address=127.0.0.1", f"--conf={FLOWERCONFIG}",
+             "--db=" + str(log_dir / "fl")],
+            env={**env, "FLOWER_UNAUTHENTICATED_API": "true"}, log_dir=log_dir, name="flower")
+        self.start()
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        return self.log_text()
 
     def get(self, path: str) -> tuple[int, str]:
         try:
@@ -76,15 +71,6 @@ class Flower:
         data = urllib.parse.urlencode(form).encode()
         with urllib.request.urlopen(self.base + path, data=data, timeout=5) as response:
             return json.loads(response.read().decode())
-
-    def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(5)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(5)
 
 
 @pytest.fixture

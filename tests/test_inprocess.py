@@ -28,7 +28,7 @@ from celery_lease import (
     store,
 )
 from celery_lease.heartbeat import heartbeat
-from tests.support.waiting import wait_for
+from harness.waiting import wait_for
 
 
 def make_app(url: str, **conf: Any) -> Celery:
@@ -42,7 +42,7 @@ def lease_keys(client: redis.Redis) -> list[bytes]:
     return [k for k in client.scan_iter("lease:*") if not k.endswith(b":fence")]
 
 
-def test_c13_direct_call_takes_no_lease_eager_and_apply_take_and_release(
+def test_direct_call_takes_no_lease_eager_and_apply_take_and_release(
     redis_url: str,
 ) -> None:
     app = make_app(redis_url)
@@ -77,7 +77,7 @@ def test_eager_conflict_returns_the_skip_marker(redis_url: str) -> None:
     assert is_skipped(result) and result["holder_task_id"] == "other-id"
 
 
-def test_c15_refusing_a_duplicate_costs_one_round_trip(redis_url: str) -> None:
+def test_refusing_a_duplicate_costs_one_round_trip(redis_url: str) -> None:
     app = make_app(redis_url)
 
     @app.task(base=LeasedTask, lease_ttl=5.0)  # type: ignore[misc]
@@ -104,7 +104,7 @@ def test_c15_refusing_a_duplicate_costs_one_round_trip(redis_url: str) -> None:
     assert elapsed < 1.0  # nothing waited or polled
 
 
-def test_c03_every_error_pickles_and_survives_json_serialization() -> None:
+def test_every_error_pickles_and_survives_json_serialization() -> None:
     import pickle
 
     errors = [
@@ -127,7 +127,7 @@ def test_c03_every_error_pickles_and_survives_json_serialization() -> None:
         "lease:{k}", "refused", 7, 0.25)
 
 
-def test_c29_nothing_after_release(redis_url: str) -> None:
+def test_no_command_names_the_key_after_release(redis_url: str) -> None:
     """Watch with MONITOR: after a lease's release, no command names its key."""
     app = make_app(redis_url)
 
@@ -192,7 +192,7 @@ def test_heartbeat_renews_many_leases_in_one_round_trip_per_interval(redis_url: 
     assert 0.8 <= per_interval <= 2.0  # one pass per interval, whatever the number of leases
 
 
-def test_c25_exit_without_release_is_prompt_and_lease_expires(redis_url: str) -> None:
+def test_exit_without_release_is_prompt_and_lease_expires(redis_url: str) -> None:
     code = textwrap.dedent(f"""
         import threading
         from celery import Celery
@@ -252,7 +252,7 @@ class _nothing:
 
 
 def test_threads_two_keys_each_renews_and_releases_its_own(redis_url: str) -> None:
-    """C14 in one process: two executions at once, one loses its lease, the other does not."""
+    """In one process: two executions at once, one loses its lease, the other does not."""
     app = make_app(redis_url)
     outcome: dict[int, str] = {}
     running = threading.Barrier(3)

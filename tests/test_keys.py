@@ -1,4 +1,4 @@
-"""Lease keys from call arguments (C20-C23, C27)."""
+"""Lease keys from call arguments: spellings, types, subsets, bound tasks, hash tags."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def f(a: Any, b: Any = 2) -> None:
     pass
 
 
-def test_c21_call_spellings_take_the_same_lease() -> None:
+def test_call_spellings_take_the_same_lease() -> None:
     task = task_of(f)
     spellings = [((1, 2), {}), ((1,), {"b": 2}), ((), {"a": 1, "b": 2}), ((), {"b": 2, "a": 1}),
                  ((1,), {})]
@@ -48,13 +48,13 @@ def test_c21_call_spellings_take_the_same_lease() -> None:
     assert task.lease_key_for((1, 3)) not in keys
 
 
-def test_c20_types_are_distinguished() -> None:
+def test_argument_types_are_distinguished() -> None:
     values = [1, "1", True, 1.0, None, b"1", [1], {"1": 1}, {1: 1}, decimal.Decimal("1")]
     assert len({encode_value(v) for v in values}) == len(values)
     assert encode_value((1, 2)) == encode_value([1, 2])  # as after a JSON round trip
 
 
-def test_c20_serializer_types_produce_a_key() -> None:
+def test_serializer_types_produce_a_key() -> None:
     task = task_of(f)
     key = task.lease_key_for((uuid.uuid4(), {
         "when": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), "d": dt.date(2026, 1, 1),
@@ -63,7 +63,7 @@ def test_c20_serializer_types_produce_a_key() -> None:
     assert key.startswith("lease:{")
 
 
-def test_c20_unencodable_argument_names_task_and_parameter() -> None:
+def test_unencodable_argument_error_names_task_and_parameter() -> None:
     task = task_of(f)
     with pytest.raises(LeaseKeyError) as info:
         task.lease_key_for((object(),))
@@ -72,7 +72,7 @@ def test_c20_unencodable_argument_names_task_and_parameter() -> None:
     assert "0x" not in message  # never a repr with a memory address
 
 
-def test_c20_a_one_megabyte_argument_gives_a_short_key() -> None:
+def test_a_one_megabyte_argument_gives_a_short_key() -> None:
     key = task_of(f).lease_key_for(("x" * 1_000_000,))
     assert len(key) < 200
 
@@ -94,7 +94,7 @@ def test_sets_and_dicts_do_not_depend_on_hash_seed() -> None:
     assert len(outs) == 1
 
 
-def test_c22_subset_including_a_default_and_empty_subset() -> None:
+def test_key_subset_counts_defaults_and_empty_subset_keys_on_name() -> None:
     task = task_of(f, lease_key=("b",))
     assert task.lease_key_for((1,)) == task.lease_key_for((9,), {"b": 2})
     assert task.lease_key_for((1,)) != task.lease_key_for((1, 3))
@@ -102,7 +102,7 @@ def test_c22_subset_including_a_default_and_empty_subset() -> None:
     assert per_name.lease_key_for((1,)) == per_name.lease_key_for((2, 3)) == "lease:{per.name}"
 
 
-def test_c23_bound_task_with_subset_never_keys_on_self() -> None:
+def test_bound_task_with_subset_never_keys_on_self() -> None:
     app = make_app()
 
     @app.task(bind=True, base=LeasedTask, lease_key=("account",), shared=False)  # type: ignore[misc]
@@ -138,7 +138,7 @@ def test_bad_arguments_are_a_key_error_naming_the_task() -> None:
         task_of(f, name="bad").lease_key_for((1, 2, 3))
 
 
-def test_c27_braces_in_names_and_custom_keys_cannot_move_the_hash_tag() -> None:
+def test_braces_in_names_and_custom_keys_cannot_move_the_hash_tag() -> None:
     from celery_lease.keys import fence_key
 
     odd_name = task_of(f, name="odd}name")

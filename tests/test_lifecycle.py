@@ -11,9 +11,9 @@ import pytest
 from celery.exceptions import TimeoutError as CeleryTimeout
 
 from celery_lease import LeaseConflict, LeaseStoreUnavailable
-from tests.support.redis_server import RedisServer
+from harness.redis_server import RedisServer
+from harness.waiting import wait_for
 from tests.support.rig import Rig, stop_process
-from tests.support.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def no_lease_left(rig: Rig) -> None:
     wait_for(lambda: rig.lease_keys() == [], 5, message=lambda: f"left: {rig.lease_keys()}")
 
 
-def test_c01_retry_runs_and_leaves_no_lease(rig: Rig) -> None:
+def test_retry_runs_and_leaves_no_lease(rig: Rig) -> None:
     assert rig.send("retry_once", "r1").get(timeout=20) == "r1"
     starts = rig.journal("r1", "start")
     assert [s["retries"] for s in starts] == [0, 1]
@@ -43,7 +43,7 @@ def test_c01_retry_runs_and_leaves_no_lease(rig: Rig) -> None:
     no_lease_left(rig)
 
 
-def test_c02_autoretry_exhausted_every_attempt_ran_no_lease_left(rig: Rig) -> None:
+def test_autoretry_exhausted_every_attempt_ran_no_lease_left(rig: Rig) -> None:
     result = rig.send("always_fails", "r2")
     with pytest.raises(ValueError, match="r2"):
         result.get(timeout=20)
@@ -51,7 +51,7 @@ def test_c02_autoretry_exhausted_every_attempt_ran_no_lease_left(rig: Rig) -> No
     no_lease_left(rig)
 
 
-def test_c19_self_requeue_runs_after_the_current_execution_releases(rig: Rig) -> None:
+def test_self_requeue_runs_after_the_current_execution_releases(rig: Rig) -> None:
     rig.send("requeue", "r19", 2)
     ends = rig.wait_event("r19", "end", count=3, timeout=30)
     starts = rig.journal("r19", "start")
@@ -62,7 +62,7 @@ def test_c19_self_requeue_runs_after_the_current_execution_releases(rig: Rig) ->
     no_lease_left(rig)
 
 
-def test_c07_same_message_redelivered_while_running_is_a_conflict(rig: Rig) -> None:
+def test_same_message_redelivered_while_running_is_a_conflict(rig: Rig) -> None:
     first = rig.send("hold", "r7", 2.0, "sleep", task_id="same-id-r7")
     rig.wait_event("r7", "start")
     rig.send("hold", "r7", 2.0, "sleep", task_id="same-id-r7")  # the broker delivers it again
@@ -75,7 +75,7 @@ def test_c07_same_message_redelivered_while_running_is_a_conflict(rig: Rig) -> N
     assert first.get(timeout=1) == "r7"
 
 
-def test_c07_redelivery_of_a_task_without_stored_results_runs_once(rig: Rig) -> None:
+def test_redelivery_of_a_task_without_stored_results_runs_once(rig: Rig) -> None:
     rig.send("quiet", "r7q", 1.0, task_id="same-id-r7q")
     rig.wait_event("r7q", "start")
     rig.send("quiet", "r7q", 1.0, task_id="same-id-r7q")
@@ -84,7 +84,7 @@ def test_c07_redelivery_of_a_task_without_stored_results_runs_once(rig: Rig) -> 
     assert len(rig.journal("r7q", "start")) == 1
 
 
-def test_c19_self_requeue_with_arguments_json_changes(rig: Rig) -> None:
+def test_self_requeue_with_arguments_json_changes(rig: Rig) -> None:
     rig.send("requeue_json", {"1": "a"}, 1)
     rig.wait_event("rqj", "end", count=2, timeout=20)
     assert [s["times"] for s in rig.journal("rqj", "start")] == [1, 0]
@@ -122,7 +122,7 @@ def test_redelivery_after_the_holder_died_runs_once_its_lease_lapsed(rig: Rig) -
     assert time.monotonic() - killed < rig.ttl + 1.0 + 3.0  # one lifetime, then the run
 
 
-def test_c04_revoked_before_running_never_takes_a_lease(rig: Rig) -> None:
+def test_revoked_before_running_never_takes_a_lease(rig: Rig) -> None:
     result = rig.send("hold", "r4", 0.1, "sleep", countdown=1.5)
     result.revoke()
     wait_for(lambda: result.state == "REVOKED", 10)
@@ -130,7 +130,7 @@ def test_c04_revoked_before_running_never_takes_a_lease(rig: Rig) -> None:
     assert [k for k in rig.leases.scan_iter("lease:{hold*") if b"r4" in k] == []
 
 
-def test_c04_running_task_revoked_with_terminate_leaves_no_lease(rig: Rig) -> None:
+def test_running_task_revoked_with_terminate_leaves_no_lease(rig: Rig) -> None:
     result = rig.send("hold", "r4t", 30.0, "sleep")
     key = str(rig.wait_event("r4t", "start")[0]["key"])
     result.revoke(terminate=True)
@@ -138,7 +138,7 @@ def test_c04_running_task_revoked_with_terminate_leaves_no_lease(rig: Rig) -> No
              message="lease outlived one TTL after revoke(terminate=True)")
 
 
-def test_c06_hard_time_limit_never_deletes_the_next_holders_lease(rig: Rig) -> None:
+def test_hard_time_limit_never_deletes_the_next_holders_lease(rig: Rig) -> None:
     """A is paused past its 0.6 s lifetime, B takes the key, then A's 1 s hard limit fires:
     whatever the parent runs for the killed child, B's lease stays B's."""
     rig.send("limited", "r6", 5.0)
@@ -179,7 +179,7 @@ def test_conflict_policy_retry_runs_after_the_holder(rig: Rig) -> None:
     assert starts[1]["t"] >= rig.journal("pr", "end")[0]["t"]
 
 
-def test_c12_store_down_at_start_retries_then_runs(rig: Rig) -> None:
+def test_store_down_at_start_retries_then_runs(rig: Rig) -> None:
     rig.store.stop()
     try:
         result = rig.send("hold", "r12", 0.1, "sleep")
@@ -191,7 +191,7 @@ def test_c12_store_down_at_start_retries_then_runs(rig: Rig) -> None:
     assert result.get(timeout=30) == "r12"
 
 
-def test_c12_store_down_at_start_fail_policy(
+def test_store_down_at_start_with_fail_policy_fails_without_running(
     broker: RedisServer, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     rig = Rig(broker, "solo", tmp_path_factory.mktemp("fail-policy"))
@@ -206,7 +206,7 @@ def test_c12_store_down_at_start_fail_policy(
         rig.close()
 
 
-def test_c16_conflict_visible_in_log_signal_and_event(rig: Rig) -> None:
+def test_conflict_visible_in_log_signal_and_event(rig: Rig) -> None:
     received: list[dict[str, object]] = []
     with rig.app.connection() as conn:
         recv = rig.app.events.Receiver(conn, handlers={"*": received.append})

@@ -15,9 +15,9 @@ import redis
 from celery import Celery
 
 from celery_lease import LeaseLost, store
+from harness.redis_server import free_port
+from harness.waiting import wait_for
 from tests.support.fixtures import WorkerFactory
-from tests.support.redis_server import free_port
-from tests.support.waiting import wait_for
 from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, RESULT_BACKEND_ENV
 
 prometheus_client = pytest.importorskip("prometheus_client")

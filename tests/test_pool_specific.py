@@ -7,11 +7,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.support.proxy import TcpProxy
-from tests.support.redis_server import RedisServer
+from harness.proxy import TcpProxy
+from harness.redis_server import RedisServer
+from harness.waiting import wait_for
+from harness.workers import CeleryWorker
 from tests.support.rig import APP, Rig, measured
-from tests.support.waiting import wait_for
-from tests.support.workers import CeleryWorker
 
 MakeRig = Callable[[str], Rig]
 
@@ -32,7 +32,7 @@ def make_rig(
         rig.close()
 
 
-def test_c14_threads_pool_two_keys_at_once_each_its_own(make_rig: MakeRig) -> None:
+def test_threads_pool_two_keys_at_once_each_its_own(make_rig: MakeRig) -> None:
     rig = make_rig("threads")
     rig.worker(concurrency=4)
     rig.send("hold", "k1", 3.0, "chunks")
@@ -52,7 +52,7 @@ def test_c14_threads_pool_two_keys_at_once_each_its_own(make_rig: MakeRig) -> No
 
 
 @pytest.mark.parametrize("pool", ["gevent", "eventlet"])
-def test_c30_starved_green_heartbeat_check_raises_before_anything_else(
+def test_starved_green_heartbeat_check_raises_before_anything_else(
     make_rig: MakeRig, pool: str
 ) -> None:
     rig = make_rig(pool)
@@ -63,7 +63,7 @@ def test_c30_starved_green_heartbeat_check_raises_before_anything_else(
     assert rig.journal("cpu", "end") == []
 
 
-def test_c11_black_holed_store_raises_by_the_local_deadline(make_rig: MakeRig) -> None:
+def test_black_holed_store_raises_by_the_local_deadline(make_rig: MakeRig) -> None:
     rig = make_rig("prefork")
     with TcpProxy(rig.store.port) as proxy:
         rig.worker(LEASE_BACKEND=f"redis://127.0.0.1:{proxy.port}/0",
@@ -100,7 +100,7 @@ def test_warm_shutdown_and_soft_time_limit_release_the_lease(make_rig: MakeRig) 
     assert not rig.leases.exists(key)
 
 
-def test_c24_eviction_policy_is_warned_at_start_and_refused_on_request(
+def test_eviction_policy_is_warned_at_start_and_refused_on_request(
     make_rig: MakeRig,
 ) -> None:
     rig = make_rig("solo")

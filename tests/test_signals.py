@@ -11,9 +11,9 @@ import redis
 from celery import Celery
 
 from celery_lease import LeaseLost, store
+from harness.redis_server import RedisServer
+from harness.waiting import wait_for
 from tests.support.fixtures import ProxyFactory, WorkerFactory
-from tests.support.redis_server import RedisServer
-from tests.support.waiting import wait_for
 from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, RESULT_BACKEND_ENV
 
 APP = "tests.apps.ops_app"

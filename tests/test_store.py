@@ -66,7 +66,7 @@ def test_fencing_counter_has_a_lifetime(client: redis.Redis) -> None:
     assert client.pttl(fence_key("lease:{f}")) > 3600 * 1000
 
 
-def test_c18_renewal_sets_never_adds(client: redis.Redis) -> None:
+def test_renewal_sets_never_adds(client: redis.Redis) -> None:
     t = token()
     store.acquire(client, "lease:{r}", t, 1000, HOLDER)
     for _ in range(30):
@@ -74,7 +74,7 @@ def test_c18_renewal_sets_never_adds(client: redis.Redis) -> None:
     assert 0 < client.pttl("lease:{r}") <= 1000
 
 
-def test_c17_no_blind_renewal_of_a_successor(client: redis.Redis) -> None:
+def test_no_blind_renewal_of_a_successor(client: redis.Redis) -> None:
     a, b = token(), token()
     store.acquire(client, "lease:{s}", a, 1000, HOLDER)
     client.delete("lease:{s}")  # A's lease lapsed
@@ -84,7 +84,7 @@ def test_c17_no_blind_renewal_of_a_successor(client: redis.Redis) -> None:
     assert store.renew_many(client, [("lease:{gone}", a, 1000)]) == [0]
 
 
-def test_c09_release_of_the_old_holder_leaves_the_successor(client: redis.Redis) -> None:
+def test_release_of_the_old_holder_leaves_the_successor(client: redis.Redis) -> None:
     a, b = token(), token()
     store.acquire(client, "lease:{s}", a, 1000, HOLDER)
     client.delete("lease:{s}")
@@ -124,7 +124,7 @@ def _calls(client: redis.Redis, command: str) -> int:
     return int(stats.get("calls", 0))
 
 
-def test_c28_scripts_reload_after_a_restart(throwaway_redis: RedisFactory) -> None:
+def test_scripts_reload_after_a_restart(throwaway_redis: RedisFactory) -> None:
     server = throwaway_redis()
     client = store.client_for(server.url(), 1.0)
     t = token()
@@ -155,7 +155,7 @@ def test_oom_refuses_acquire_without_leaving_a_key_and_renewal_still_works(
         assert client.pttl(key) > 0
 
 
-def test_c24_store_check_reports_the_eviction_policy(throwaway_redis: RedisFactory) -> None:
+def test_store_check_reports_the_eviction_policy(throwaway_redis: RedisFactory) -> None:
     safe = store.check_store(store.client_for(throwaway_redis().url(), 1.0))
     assert safe.safe and safe.eviction_policy == "noeviction"
     lru = throwaway_redis({"maxmemory-policy": "allkeys-lru"})
@@ -163,13 +163,13 @@ def test_c24_store_check_reports_the_eviction_policy(throwaway_redis: RedisFacto
     assert not check.safe and check.eviction_policy == "allkeys-lru"
 
 
-def test_c27_every_key_of_a_lease_shares_one_cluster_slot(throwaway_redis: RedisFactory) -> None:
+def test_every_key_of_a_lease_shares_one_cluster_slot(throwaway_redis: RedisFactory) -> None:
     from redis.cluster import RedisCluster
 
     server = throwaway_redis({"cluster-enabled": "yes", "cluster-config-file": "nodes.conf"},
                              port=_port_with_free_cluster_bus())
     server.client().execute_command("CLUSTER", "ADDSLOTS", *range(16384))
-    from tests.support.waiting import wait_for
+    from harness.waiting import wait_for
 
     wait_for(lambda: b"cluster_state:ok" in server.client().execute_command("CLUSTER", "INFO"),
              10, message="cluster did not come up")

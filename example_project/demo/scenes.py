@@ -190,7 +190,7 @@ def crashed_holder(ctx: Context) -> SceneResult:
                              "code runs", status="dead")
     worker_a = ctx.workers["A"]
     assert worker_a.child is not None
-    worker_a.child.crash()
+    worker_a.child.kill()
     stage.action("B", "the job is requested again (lease_on_conflict='retry')")
     second = ctx.send("B", job_id, 4, retry=True)
     ctx.restart_worker("A")
@@ -327,7 +327,7 @@ def pause(ctx: Context) -> SceneResult:
                                   "lease", status="working")
         worker_a.child.resume()
     finally:
-        if worker_a.child.stopped:
+        if worker_a.child.paused:
             worker_a.child.resume()
     _need(stage, lambda: bool(stage.first("stopped", "A")), 5 + 2 * ttl, "A to stop")
     _need(stage, lambda: bool(stage.first("end", "B")), 8 * ctx.step + 2 * ttl + 10,

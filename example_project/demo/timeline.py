@@ -181,7 +181,7 @@ class Stage:
         worker = self.workers.get(found.letter)
         if found.pid and not _alive(found.pid):
             text += " (holder dead)"
-        elif worker is not None and worker.child is not None and worker.child.stopped:
+        elif worker is not None and worker.child is not None and worker.child.paused:
             text += " (holder paused)"
         return text
 

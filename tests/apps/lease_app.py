@@ -114,7 +114,7 @@ def requeue_json(self: Any, mapping: dict[Any, Any], times: int) -> int:
 
 @app.task(bind=True, base=LeasedTask, name="green_cpu", lease_key=("tag",))
 def green_cpu(self: Any, tag: str, seconds: float) -> str:
-    """Spin without yielding (starves a green heartbeat), then look at the lease (C30)."""
+    """Spin without yielding (starves a green heartbeat), then look at the lease."""
     record("start", tag)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -130,7 +130,7 @@ def green_cpu(self: Any, tag: str, seconds: float) -> str:
 
 @app.task(bind=True, base=LeasedTask, name="retry_once", lease_key=("tag",))
 def retry_once(self: Any, tag: str) -> str:
-    """Retry itself once with ``countdown=0`` (C01)."""
+    """Retry itself once with ``countdown=0``."""
     record("start", tag, retries=self.request.retries)
     if self.request.retries == 0:
         raise self.retry(countdown=0)
@@ -141,14 +141,14 @@ def retry_once(self: Any, tag: str) -> str:
 @app.task(bind=True, base=LeasedTask, name="always_fails", lease_key=("tag",),
           autoretry_for=(ValueError,), max_retries=2, default_retry_delay=0)
 def always_fails(self: Any, tag: str) -> None:
-    """Fail every attempt; autoretry gives up after two retries (C02)."""
+    """Fail every attempt; autoretry gives up after two retries."""
     record("start", tag, retries=self.request.retries)
     raise ValueError(tag)
 
 
 @app.task(bind=True, base=LeasedTask, name="requeue", lease_key=("tag",))
 def requeue(self: Any, tag: str, times: int) -> int:
-    """Enqueue itself with the same key at the end of its body (C19)."""
+    """Enqueue itself with the same key at the end of its body."""
     record("start", tag, times=times)
     time.sleep(0.3)
     if times > 0:
@@ -160,7 +160,7 @@ def requeue(self: Any, tag: str, times: int) -> int:
 @app.task(bind=True, base=LeasedTask, name="limited", lease_key=("tag",), time_limit=1.0,
           lease_ttl=0.6)
 def limited(self: Any, tag: str, seconds: float) -> None:
-    """Overrun a hard time limit (C06)."""
+    """Overrun a hard time limit."""
     record("start", tag)
     time.sleep(seconds)
     record("end", tag)

@@ -9,17 +9,14 @@ import contextlib
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.support.proxy import TcpProxy
-from tests.support.redis_server import RedisServer
-from tests.support.workers import (
-    BROKER_URL_ENV,
-    QUEUE_ENV,
-    RESULT_BACKEND_ENV,
-    CeleryWorker,
-)
+from harness.proxy import TcpProxy
+from harness.redis_server import RedisServer
+from harness.workers import CeleryWorker
+from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, RESULT_BACKEND_ENV
 
 DEFAULT_APP = "tests.apps.smoke_app"
 
@@ -68,10 +65,17 @@ class RedisFactory(_Factory):
     """Callable that starts throwaway servers; all are closed at teardown."""
 
     def __call__(
-        self, config: Mapping[str, str] | None = None, port: int | None = None
+        self,
+        config: Mapping[str, str | Sequence[str]] | None = None,
+        port: int | None = None,
+        **options: Any,
     ) -> RedisServer:
-        """Start and return a new server with extra ``config``."""
-        server = RedisServer(port=port, config=dict(config or {}))
+        """Start and return a new server with extra ``config``.
+
+        ``options`` go to :class:`~harness.redis_server.RedisServer` (``binary``,
+        ``config_file``, ``args``).
+        """
+        server = RedisServer(port=port, config=config, **options)
         self._cleanup.callback(server.close)
         return server.start()
 

@@ -15,9 +15,9 @@ from typing import Any
 
 from celery import Celery
 
-from tests.support.redis_server import RedisServer
-from tests.support.waiting import wait_for
-from tests.support.workers import CeleryWorker
+from harness.redis_server import RedisServer
+from harness.waiting import wait_for
+from harness.workers import CeleryWorker
 
 APP = "tests.apps.lease_app"
 CONCURRENCY = {"prefork": 2, "solo": 1, "threads": 4, "gevent": 4, "eventlet": 4}
