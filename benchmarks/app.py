@@ -93,7 +93,7 @@ def _hold(task: Any, trial: str, body: str, limit: float) -> str:
             "at_clock": repr(at_clock), "deadline": repr(lease.deadline)})
         return "raised"
     at_clock, at_wall = clock.now(), time.time()
-    loss = lease.loss
+    loss = lease.detect_loss()
     rec.hset(key, mapping={
         "outcome": "not-raised", "cause": loss.cause if loss else "", "at_wall": repr(at_wall),
         "at_clock": repr(at_clock), "deadline": repr(lease.deadline)})

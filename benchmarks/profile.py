@@ -44,12 +44,11 @@ def _median_us(fn: Callable[[], Any], count: int = 3000) -> float:
 def steps(app: Any, url: str) -> dict[str, float]:
     """Median µs of each step of a leased execution, each measured alone."""
     from celery_lease import clock, interrupt, signals, store
-    from celery_lease.config import resolve_options
     from celery_lease.heartbeat import heartbeat
     from celery_lease.lease import Lease
 
     task = app.tasks["bench.leased"]
-    options = resolve_options(app.conf, task._lease_task_options(), "profile")
+    options = task.lease_settings().options
     client = store.client_for(url, options.store_timeout)
     args = ("run", 1, 10**9)
     result: dict[str, float] = {}
