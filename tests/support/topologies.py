@@ -19,7 +19,6 @@ from typing import Any
 import redis
 from mirakuru import TCPExecutor
 from redis.cluster import ClusterNode, RedisCluster
-from redis.sentinel import Sentinel
 
 from tests.support.proxy import TcpProxy
 from tests.support.redis_server import HOST, free_port, no_retry, redis_server_binary
@@ -198,19 +197,9 @@ class SentinelSetup(_Topology):
         return self
 
     @property
-    def sentinel_addresses(self) -> list[tuple[str, int]]:
-        """``[(host, port), ...]`` of the three sentinels."""
-        return [(HOST, node.port) for node in self.sentinels]
-
-    @property
     def sentinel_url(self) -> str:
         """The Celery-style ``sentinel://h:p;sentinel://h:p/0`` URL."""
         return ";".join(f"sentinel://{HOST}:{node.port}" for node in self.sentinels) + "/0"
-
-    def sentinel(self, **kwargs: Any) -> Sentinel:
-        """A redis-py :class:`Sentinel` of the three sentinels; ``kwargs`` go to each client."""
-        kwargs.setdefault("retry", no_retry())
-        return Sentinel(self.sentinel_addresses, socket_timeout=2.0, **kwargs)
 
     def primary_port(self) -> int:
         """The port the sentinels name as primary now (asks the first one that answers)."""
@@ -403,12 +392,6 @@ class ClusterSetup(_Topology):
         return {n.port: {k.removeprefix("cmdstat_"): int(v["calls"])
                          for k, v in n.info("commandstats").items()}
                 for n in self.primaries()}
-
-
-def wait_role(node: Node, role: str, timeout: float = 20.0) -> None:
-    """Wait until ``node`` says ``role`` (``"master"`` or ``"slave"``) in INFO replication."""
-    wait_for(lambda: node.info("replication").get("role") == role, timeout, interval=0.05,
-             message=lambda: f"{node} never became {role}:\n{node.log_tail()}")
 
 
 @contextlib.contextmanager
