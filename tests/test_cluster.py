@@ -8,9 +8,11 @@ promoted) leaves each holder either with a lease its new primary really holds or
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,8 @@ from redis.connection import Connection
 from celery_lease import connection, store
 from celery_lease.keys import fence_key
 from tests.support.holders import Holders
+from tests.support.redis_server import RedisServer
+from tests.support.rig import Rig
 from tests.support.topologies import ClusterSetup, cluster_setup
 from tests.support.waiting import wait_for
 
@@ -194,3 +198,34 @@ def test_a_dead_primary_costs_only_its_own_leases_when_the_cluster_stays_up() ->
                  message=lambda: f"survivors stopped renewing: {h.errors[-3:]}")
         assert all(r.ended is None for r in others)
         assert any(f"Error 111 connecting to 127.0.0.1:{victim.port}" in e for e in h.errors)
+
+
+def test_a_worker_keeps_its_leases_while_their_slot_moves(
+    cluster: ClusterSetup, broker: RedisServer, tmp_path: Path,
+) -> None:
+    rig = Rig(broker, "prefork", tmp_path, ttl=3.0)  # renewals every second
+    try:
+        rig.worker(LEASE_BACKEND=seed_url(cluster),
+                   LEASE_BACKEND_OPTIONS=json.dumps({"cluster": True}))
+        tags = ["slot-a", "slot-b"]
+        for tag in tags:
+            rig.send("hold", tag, 6.0, "sleep")
+        started = {tag: rig.wait_event(tag, "start")[0] for tag in tags}
+        key = str(started["slot-a"]["key"])
+        client = connection.client_for(seed_url(cluster), 1.0, {"cluster": True})
+        slot = client.keyslot(key)
+        target = next(p for p in cluster.primaries() if p is not cluster.owner(slot))
+
+        def renewed_on_target() -> None:  # a renewal lands on the importing node (via ASK)
+            with target.client() as node:
+                node.execute_command("ASKING")
+                low = node.pttl(key)
+                wait_for(lambda: (node.execute_command("ASKING"), node.pttl(key))[1] > low, 5,
+                         message="no renewal reached the importing node")
+
+        cluster.migrate_slot(slot, target, between=renewed_on_target, first=(key,))
+        for tag in tags:
+            rig.wait_event(tag, "end", timeout=20)
+        assert rig.journal(event="lost") == []
+    finally:
+        rig.close()
