@@ -84,8 +84,9 @@ def send_many(client: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
 def where(client: Any, key: str | None = None) -> str:
     """The topology and node ``client`` sends ``key``'s commands to, for error messages.
 
-    ``"cluster node 10.0.0.7:6379 (slot 1234)"``, ``"sentinel service 'mymaster'"`` or
-    ``"redis 10.0.0.5:6379"``. Never contains credentials; never sends a command.
+    ``"cluster node 10.0.0.7:6379 (slot 1234)"``, ``"sentinel service 'mymaster', primary
+    10.0.0.5:6379"`` or ``"redis 10.0.0.5:6379"``. Never contains credentials; never sends a
+    command.
     """
     try:
         if is_cluster(client):
@@ -96,8 +97,10 @@ def where(client: Any, key: str | None = None) -> str:
                    f"(slot {slot})"
         pool = client.connection_pool
         service = getattr(pool, "service_name", None)
-        if service is not None:
-            return f"sentinel service {service!r}"
+        if service is not None:  # the primary the last connection was made to, if any
+            address = getattr(pool, "master_address", None)
+            primary = f", primary {address[0]}:{address[1]}" if address else ""
+            return f"sentinel service {service!r}{primary}"
         kwargs = pool.connection_kwargs
         address = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
         return f"redis {address}"
