@@ -10,10 +10,11 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError, RedisError, TimeoutError
 
 __all__ = ["is_cluster", "note", "owner", "send_many", "where"]
 
@@ -37,10 +38,11 @@ def send_many(client: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
 
     On a cluster, redirections are not followed inside the pipeline: redis-py would then resend
     every command of a failed node one by one (one timeout each). A reply that is a
-    ``MOVED``/``ASK`` error is for the caller to send again alone.
+    ``MOVED``/``ASK`` error is for the caller to send again alone. A node that cannot be
+    reached costs only its own commands (they get its error), not the whole pass.
 
     Raises:
-        redis.exceptions.RedisError: the round trip failed as a whole.
+        redis.exceptions.RedisError: the round trip failed as a whole (off a cluster).
     """
     if not is_cluster(client):
         pipe = client.pipeline(transaction=False)
@@ -51,19 +53,40 @@ def send_many(client: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
 
     # The owner is named here: left to redis-py, a script's keys would be asked of a server
     # (COMMAND GETKEYS) once per command.
-    nodes = client.nodes_manager
-    stack = [PipelineCommand(  # type: ignore[no-untyped-call]
-        args, {"target_nodes": nodes.get_node_from_slot(client.keyslot(args[3]))}, i)
-        for i, args in enumerate(commands)]
-    return client.pipeline(transaction=False).send_cluster_commands(  # type: ignore[no-any-return]
-        stack, raise_on_error=False, allow_redirections=False)
+    owners = [client.nodes_manager.get_node_from_slot(client.keyslot(a[3])) for a in commands]
+
+    def send(indexes: Sequence[int]) -> list[Any]:
+        stack = [PipelineCommand(  # type: ignore[no-untyped-call]
+            commands[i], {"target_nodes": owners[i]}, pos) for pos, i in enumerate(indexes)]
+        return client.pipeline(transaction=False).send_cluster_commands(  # type: ignore[no-any-return]
+            stack, raise_on_error=False, allow_redirections=False)
+
+    try:
+        return send(range(len(commands)))
+    except (ConnectionError, TimeoutError):
+        pass
+    # A node could not be reached at all (redis-py refreshed its slot table and gave up on the
+    # whole pipeline): send each node its own, so the leases on the others still renew.
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, node in enumerate(owners):
+        groups[node.name].append(i)
+    replies: list[Any] = [None] * len(commands)
+    for group in groups.values():
+        try:
+            answers = send(group)
+        except RedisError as exc:
+            answers = [exc] * len(group)
+        for i, answer in zip(group, answers, strict=True):
+            replies[i] = answer
+    return replies
 
 
 def where(client: Any, key: str | None = None) -> str:
     """The topology and node ``client`` sends ``key``'s commands to, for error messages.
 
-    ``"cluster node 10.0.0.7:6379 (slot 1234)"``, ``"sentinel service 'mymaster'"`` or
-    ``"redis 10.0.0.5:6379"``. Never contains credentials; never sends a command.
+    ``"cluster node 10.0.0.7:6379 (slot 1234)"``, ``"sentinel service 'mymaster', primary
+    10.0.0.5:6379"`` or ``"redis 10.0.0.5:6379"``. Never contains credentials; never sends a
+    command.
     """
     try:
         if is_cluster(client):
@@ -74,8 +97,10 @@ def where(client: Any, key: str | None = None) -> str:
                    f"(slot {slot})"
         pool = client.connection_pool
         service = getattr(pool, "service_name", None)
-        if service is not None:
-            return f"sentinel service {service!r}"
+        if service is not None:  # the primary the last connection was made to, if any
+            address = getattr(pool, "master_address", None)
+            primary = f", primary {address[0]}:{address[1]}" if address else ""
+            return f"sentinel service {service!r}{primary}"
         kwargs = pool.connection_kwargs
         address = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
         return f"redis {address}"

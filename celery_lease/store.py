@@ -12,7 +12,9 @@ there for the holder's successors and for operators (``celery lease ls``).
   matches. Release deletes only while the token matches. Both are safe to repeat.
 - The fencing token is ``max(previous + 1, server time in microseconds)``: strictly increasing
   per key across every grant, even when the counter key was evicted or the server restarted
-  empty (as long as the server clock does not step back further than the counter lifetime).
+  empty (as long as the server clock does not step back further than the counter lifetime),
+  and across a failover that lost the counter (as long as the new primary's clock is not
+  behind the old one's by more than the failover took; docs/deploying.md, Sentinel).
 - Checks come before writes in every script, and the only write that can be refused under
   ``maxmemory`` (``SET``) is the first write, so a script never leaves a key without a lifetime.
   ``PEXPIRE`` and ``DEL`` are not refused under OOM, so renewals and releases keep working.

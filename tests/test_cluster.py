@@ -8,9 +8,11 @@ promoted) leaves each holder either with a lease its new primary really holds or
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,8 @@ from redis.connection import Connection
 from celery_lease import connection, store
 from celery_lease.keys import fence_key
 from tests.support.holders import Holders
+from tests.support.redis_server import RedisServer
+from tests.support.rig import Rig
 from tests.support.topologies import ClusterSetup, cluster_setup
 from tests.support.waiting import wait_for
 
@@ -37,9 +41,9 @@ def seed_url(setup: ClusterSetup) -> str:
     return f"redis://127.0.0.1:{setup.live()[0].port}/0"
 
 
-def holders(setup: ClusterSetup) -> Holders:
+def holders(setup: ClusterSetup, ttl: float = TTL) -> Holders:
     return Holders(lease_backend=seed_url(setup), lease_backend_options={"cluster": True},
-                   lease_ttl=TTL, lease_renew_interval=INTERVAL, lease_store_timeout=0.4)
+                   lease_ttl=ttl, lease_renew_interval=INTERVAL, lease_store_timeout=0.4)
 
 
 def holder_on_owner(setup: ClusterSetup, client: Any, key: str) -> store.Holder | None:
@@ -150,3 +154,78 @@ def test_a_primary_killed_under_running_holders(cluster: ClusterSetup) -> None:
                 assert holder is not None and holder.token == run.token
         # Failed renewals during the failover named the cluster node they went to.
         assert all("cluster" in e for e in h.errors), h.errors[:3]
+
+
+def test_a_cluster_that_is_down_runs_no_body_and_holders_keep_leases_to_their_deadline() -> None:
+    ttl = 3.0
+    with cluster_setup(replicas=0) as cluster, holders(cluster, ttl) as h:
+        client = connection.client_for(seed_url(cluster), 1.0, {"cluster": True})
+        for n in range(6):
+            assert h.start(n).error is None
+        victim = cluster.owner(client.keyslot(h.runs[0].key))
+        victim.kill()  # no replica to promote: after cluster-node-timeout, CLUSTERDOWN everywhere
+        down_at = time.monotonic()
+        survivor = cluster.live()[0]
+        wait_for(lambda: survivor.cluster_info().get("cluster_state") == "fail", 10)
+        fresh = next(n for n in range(100, 200)  # a key a surviving primary would serve
+                     if cluster.owner(client.keyslot(h.key_of(n))) is not victim)
+        outcome = h.start(fresh)
+        assert outcome.done.wait(5) and outcome.error is not None
+        assert "ClusterDown" in str(outcome.error) and "on cluster node" in str(outcome.error)
+        assert all(r.n != fresh for r in h.runs)  # no body ran
+        wait_for(lambda: all(r.ended is not None for r in h.runs), ttl + 5)
+        for run in h.runs:  # held until the local deadline (never refused: nobody answered)
+            assert run.lost is not None and run.lost.cause in ("store_error", "deadline")
+            assert run.ended is not None and run.ended - down_at > ttl - 2 * INTERVAL - 0.5
+        assert any("CLUSTERDOWN" in e or "ClusterDown" in e for e in h.errors), h.errors[:3]
+
+
+def test_a_dead_primary_costs_only_its_own_leases_when_the_cluster_stays_up() -> None:
+    ttl = 3.0
+    partial = {"cluster-require-full-coverage": "no"}  # the other primaries keep serving
+    with cluster_setup(replicas=0, options=partial) as cluster, holders(cluster, ttl) as h:
+        client = connection.client_for(seed_url(cluster), 1.0, {"cluster": True})
+        for n in range(9):
+            assert h.start(n).error is None
+        victim = cluster.owner(client.keyslot(h.runs[0].key))
+        on_victim = {r.n for r in h.runs if cluster.owner(client.keyslot(r.key)) is victim}
+        assert 0 < len(on_victim) < len(h.runs)
+        victim.kill()
+        wait_for(lambda: all(r.ended is not None for r in h.runs if r.n in on_victim), ttl + 5)
+        since = time.monotonic()
+        others = [r for r in h.runs if r.n not in on_victim]
+        wait_for(lambda: all(h.renewals_of(r.key, since) >= 2 for r in others), 5,
+                 message=lambda: f"survivors stopped renewing: {h.errors[-3:]}")
+        assert all(r.ended is None for r in others)
+        assert any(f"Error 111 connecting to 127.0.0.1:{victim.port}" in e for e in h.errors)
+
+
+def test_a_worker_keeps_its_leases_while_their_slot_moves(
+    cluster: ClusterSetup, broker: RedisServer, tmp_path: Path,
+) -> None:
+    rig = Rig(broker, "prefork", tmp_path, ttl=3.0)  # renewals every second
+    try:
+        rig.worker(LEASE_BACKEND=seed_url(cluster),
+                   LEASE_BACKEND_OPTIONS=json.dumps({"cluster": True}))
+        tags = ["slot-a", "slot-b"]
+        for tag in tags:
+            rig.send("hold", tag, 6.0, "sleep")
+        started = {tag: rig.wait_event(tag, "start")[0] for tag in tags}
+        key = str(started["slot-a"]["key"])
+        client = connection.client_for(seed_url(cluster), 1.0, {"cluster": True})
+        slot = client.keyslot(key)
+        target = next(p for p in cluster.primaries() if p is not cluster.owner(slot))
+
+        def renewed_on_target() -> None:  # a renewal lands on the importing node (via ASK)
+            with target.client() as node:
+                node.execute_command("ASKING")
+                low = node.pttl(key)
+                wait_for(lambda: (node.execute_command("ASKING"), node.pttl(key))[1] > low, 5,
+                         message="no renewal reached the importing node")
+
+        cluster.migrate_slot(slot, target, between=renewed_on_target, first=(key,))
+        for tag in tags:
+            rig.wait_event(tag, "end", timeout=20)
+        assert rig.journal(event="lost") == []
+    finally:
+        rig.close()

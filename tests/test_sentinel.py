@@ -7,14 +7,18 @@ grant no replica acknowledged never runs a body.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from celery_lease import LeaseStoreUnavailable, store
 from tests.support.holders import Holders
+from tests.support.redis_server import RedisServer
+from tests.support.rig import Rig
 from tests.support.topologies import MASTER_NAME, SentinelSetup
 from tests.support.waiting import wait_for
 
@@ -117,10 +121,38 @@ def test_min_replicas_runs_no_body_on_a_grant_no_replica_acknowledged(
         assert outcome.done.wait(5)
         assert isinstance(outcome.error, LeaseStoreUnavailable), outcome.error
         assert "NotReplicated" in str(outcome.error)
-        assert f"sentinel service {MASTER_NAME!r}" in str(outcome.error)
+        primary = sentinel.primary().address
+        assert f"sentinel service {MASTER_NAME!r}, primary {primary}" in str(outcome.error)
         assert h.runs == []  # the body never ran
         # The unacknowledged grant was released: once replication heals, anyone may take it.
         assert held_on(sentinel, sentinel.primary_port(), h.key_of(1)) is None
         proxy.heal()
         outcome = h.start(1)
         assert outcome.error is None and h.running(1) is not None
+
+
+def test_a_worker_whose_unreplicated_grant_vanished_gets_lease_lost(
+    sentinel: SentinelSetup, broker: RedisServer, tmp_path: Path,
+) -> None:
+    proxy = sentinel.replication_proxy
+    assert proxy is not None
+    rig = Rig(broker, "prefork", tmp_path, ttl=TTL)
+    try:
+        rig.worker(LEASE_BACKEND=sentinel.sentinel_url,
+                   LEASE_BACKEND_OPTIONS=json.dumps({"master_name": MASTER_NAME}))
+        proxy.blackhole()
+        rig.send("hold", "failover", 60.0, "sleep")
+        first = rig.wait_event("failover", "start")[0]
+        old = sentinel.primary_port()
+        sentinel.node_on(old).kill()
+        proxy.cut()
+        sentinel.wait_failover(old)
+        lost = rig.wait_event("failover", "lost", timeout=20)[0]
+        assert lost["cause"] == "refused"  # the new primary never had the grant
+        assert rig.journal("failover", "step") == []  # the sleep was interrupted
+        rig.send("hold", "failover", 0.1, "sleep")
+        second = rig.wait_event("failover", "start", count=2)[1]
+        assert second["fence"] > first["fence"]
+        rig.wait_event("failover", "end")
+    finally:
+        rig.close()

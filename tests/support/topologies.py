@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,6 @@ from typing import Any
 import redis
 from mirakuru import TCPExecutor
 from redis.cluster import ClusterNode, RedisCluster
-from redis.sentinel import Sentinel
 
 from tests.support.proxy import TcpProxy
 from tests.support.redis_server import HOST, free_port, no_retry, redis_server_binary
@@ -199,19 +197,9 @@ class SentinelSetup(_Topology):
         return self
 
     @property
-    def sentinel_addresses(self) -> list[tuple[str, int]]:
-        """``[(host, port), ...]`` of the three sentinels."""
-        return [(HOST, node.port) for node in self.sentinels]
-
-    @property
     def sentinel_url(self) -> str:
         """The Celery-style ``sentinel://h:p;sentinel://h:p/0`` URL."""
         return ";".join(f"sentinel://{HOST}:{node.port}" for node in self.sentinels) + "/0"
-
-    def sentinel(self, **kwargs: Any) -> Sentinel:
-        """A redis-py :class:`Sentinel` of the three sentinels; ``kwargs`` go to each client."""
-        kwargs.setdefault("retry", no_retry())
-        return Sentinel(self.sentinel_addresses, socket_timeout=2.0, **kwargs)
 
     def primary_port(self) -> int:
         """The port the sentinels name as primary now (asks the first one that answers)."""
@@ -258,14 +246,23 @@ class SentinelSetup(_Topology):
                      n.log_tail(8) for n in self.sentinels))
 
     def wait_failover(self, old_port: int, timeout: float = 20.0) -> int:
-        """Wait until the sentinels name a primary other than ``old_port`` that answers as one;
-        returns its port."""
+        """Wait until every sentinel's ``SENTINEL MASTER`` (what redis-py's ``Sentinel`` reads)
+        names a primary other than ``old_port``, not down, that answers as a primary; returns
+        its port. (``GET-MASTER-ADDR-BY-NAME`` names the promoted replica earlier, while the
+        failover is still in progress and clients cannot find a primary yet.)"""
 
         def promoted() -> int | None:
-            try:
-                port = self.primary_port()
-            except AssertionError:
-                return None
+            ports = set()
+            for node in self.sentinels:
+                try:
+                    with node.client(socket_timeout=1, decode_responses=True) as client:
+                        master = client.sentinel_master(MASTER_NAME)
+                except redis.RedisError:
+                    return None
+                if "down" in str(master["flags"]):
+                    return None
+                ports.add(int(master["port"]))
+            port = ports.pop() if len(ports) == 1 else old_port
             if port == old_port:
                 return None
             role = self.node_on(port).info("replication").get("role")
@@ -283,10 +280,12 @@ class ClusterSetup(_Topology):
     over to its replica.
     """
 
-    def __init__(self, replicas: int = 1, node_timeout_ms: int = 1000) -> None:
+    def __init__(self, replicas: int = 1, node_timeout_ms: int = 1000,
+                 options: dict[str, str] | None = None) -> None:
         super().__init__("redis-cluster-")
         self.replicas = replicas
         self.node_timeout_ms = node_timeout_ms
+        self.options = dict(options or {})  # more redis-server settings for every node
 
     def start(self) -> ClusterSetup:
         """Start the nodes, create the cluster and wait for ``cluster_state:ok`` everywhere."""
@@ -298,6 +297,7 @@ class ClusterSetup(_Topology):
                     "cluster-node-timeout": str(self.node_timeout_ms),
                     "cluster-replica-validity-factor": "0",  # a replica may always take over
                     "repl-diskless-sync-delay": "0",
+                    **self.options,
                 })
             subprocess.run(
                 [_cli(), "--cluster", "create", *(n.address for n in self.nodes),
@@ -394,12 +394,6 @@ class ClusterSetup(_Topology):
                 for n in self.primaries()}
 
 
-def wait_role(node: Node, role: str, timeout: float = 20.0) -> None:
-    """Wait until ``node`` says ``role`` (``"master"`` or ``"slave"``) in INFO replication."""
-    wait_for(lambda: node.info("replication").get("role") == role, timeout, interval=0.05,
-             message=lambda: f"{node} never became {role}:\n{node.log_tail()}")
-
-
 @contextlib.contextmanager
 def sentinel_setup(**kwargs: Any) -> Iterator[SentinelSetup]:
     """A started :class:`SentinelSetup`, closed on exit."""
@@ -410,8 +404,5 @@ def sentinel_setup(**kwargs: Any) -> Iterator[SentinelSetup]:
 @contextlib.contextmanager
 def cluster_setup(**kwargs: Any) -> Iterator[ClusterSetup]:
     """A started :class:`ClusterSetup`, closed on exit."""
-    started = time.monotonic()
     with ClusterSetup(**kwargs) as setup:
-        setup.start()
-        setup.started_in = time.monotonic() - started  # type: ignore[attr-defined]
-        yield setup
+        yield setup.start()
