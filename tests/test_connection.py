@@ -37,18 +37,23 @@ HOLDER = store.holder_json("t.job", "task-1", "host", 42)
 
 
 def make_app(**conf: object) -> Celery:
+    """An app with ``conf``, not finalized yet: finalizing binds every shared task (those of
+    other test modules too) and validates their settings against ``conf``, which
+    :func:`register` does inside the test's ``pytest.raises``."""
     app = Celery("conn", broker="memory://", set_as_current=False)
     app.conf.update(**conf)
-    app.finalize()
     return app
 
 
 def register(app: Celery, **options: object) -> LeasedTask:
-    @app.task(base=LeasedTask, shared=False, name=f"job-{uuid.uuid4().hex[:6]}", **options)  # type: ignore[misc]
+    name = f"job-{uuid.uuid4().hex[:6]}"
+
+    @app.task(base=LeasedTask, shared=False, name=name, **options)  # type: ignore[misc]
     def job() -> int:
         return 1
 
-    return job  # type: ignore[no-any-return]
+    app.finalize()
+    return app.tasks[name]  # type: ignore[no-any-return]
 
 
 def works(client: redis.Redis) -> bool:
