@@ -62,7 +62,8 @@ class Holders:
         self._stop = threading.Event()
         runs = self.runs
 
-        @self.app.task(bind=True, base=LeasedTask, name="hold")  # type: ignore[misc]
+        @self.app.task(  # type: ignore[misc]
+            bind=True, base=LeasedTask, name="holders.hold", shared=False)
         def hold(task: Any, n: int) -> int:
             lease = task.lease
             run = Run(n, lease.key, lease.token, lease.fencing_token, time.monotonic())
