@@ -25,11 +25,14 @@ from .keys import DEFAULT_PREFIX
 __all__ = [
     "BEAT_WHERE",
     "DEFAULTS",
+    "MIN_STORE_TIMEOUT",
+    "MIN_TTL",
     "TASK_OPTIONS",
     "LeaseOptions",
     "LeaseSettings",
     "beat_options",
     "beat_settings",
+    "check_app_settings",
     "resolve_backend",
     "resolve_options",
     "resolve_settings",
@@ -119,6 +122,11 @@ class LeaseOptions:
 
 
 _MAX_SECONDS = 366 * 24 * 3600.0  # a lease that long is a configuration mistake
+#: The shortest store timeout accepted, float seconds: below it a healthy round trip plus a
+#: garbage collection or scheduling pause times out (docs/reference/settings.md).
+MIN_STORE_TIMEOUT = 0.05
+#: The smallest ``lease_ttl`` whose derived store timeout (``lease_ttl / 6``) reaches the floor.
+MIN_TTL = round(MIN_STORE_TIMEOUT * 6, 3)
 
 
 def _duration(name: str, value: Any, where: str) -> float:
@@ -140,20 +148,62 @@ def _duration(name: str, value: Any, where: str) -> float:
     return seconds
 
 
-def check_names(names: Any, kind: str, where: str) -> None:
-    """Refuse unknown ``lease_*`` names (a typo such as ``lease_tll`` would be ignored).
+def check_names(names: Any, kind: str, where: str, namespace: str | None = None) -> None:
+    """Refuse unknown ``lease_*`` names (a typo such as ``lease_tll`` would be ignored), all
+    of them in one error.
+
+    Args:
+        names: the names to check (task option names, or ``app.conf.keys()``).
+        kind: ``"task option"`` or ``"setting"``, for the message.
+        where: what to name in the message.
+        namespace: the prefix Celery reads settings under (``app.conf.prefix``, e.g.
+            ``"CELERY_"`` after ``config_from_object(obj, namespace="CELERY")``): a name
+            spelt with it (``CELERY_LEASE_TLL``) is checked as the plain name it stands for.
 
     Raises:
-        LeaseConfigError: naming the unknown option and the closest known one.
+        LeaseConfigError: naming every unknown name and the closest known one of each.
     """
     import difflib
 
     known = (*DEFAULTS, *OTHER_NAMES)
+    found = []
     for name in names:
-        if isinstance(name, str) and name.startswith("lease_") and name not in known:
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            raise LeaseConfigError(f"unknown {kind} {name} ({where}){hint}")
+        if not isinstance(name, str):
+            continue
+        prefix = ""
+        if namespace and name.lower().startswith(namespace.lower()):
+            prefix = name[:len(namespace)]  # Celery reads lease_ttl as <prefix>LEASE_TTL
+        plain = name[len(prefix):].lower() if prefix else name
+        if not plain.startswith("lease_") or plain in known:
+            continue
+        close = difflib.get_close_matches(plain, known, n=1)
+        hint = f"did you mean {_spell(close[0], prefix)}?" if close else ""
+        found.append((_spell(plain, prefix) if prefix else name, hint))
+    found.sort()
+    if len(found) == 1:
+        shown, hint = found[0]
+        raise LeaseConfigError(f"unknown {kind} {shown} ({where})" + (f"; {hint}" if hint else ""))
+    if found:
+        raise LeaseConfigError(f"{len(found)} unknown {kind}s ({where}): " + "; ".join(
+            shown + (f", {hint}" if hint else "") for shown, hint in found))
+
+
+def _spell(name: str, prefix: str) -> str:
+    """``name`` as written under a namespace prefix, with the plain name beside it."""
+    if not prefix:
+        return name
+    return f"{prefix}{name.upper() if prefix.isupper() else name} ({name})"
+
+
+def check_app_settings(conf: Any, where: str = "app.conf") -> None:
+    """Refuse unknown ``lease_*`` settings of an app, under every spelling Celery reads
+    (plain, and with the ``namespace=`` prefix of ``config_from_object``).
+
+    Raises:
+        LeaseConfigError: naming every unknown setting and the closest known one.
+    """
+    names = list(conf.keys())  # first: this loads a pending configuration, prefix included
+    check_names(names, "setting", where, getattr(conf, "prefix", None))
 
 
 def check_process_settings(conf: Mapping[str, Any], where: str) -> int:
@@ -226,6 +276,16 @@ def resolve_options(
     raw_timeout = pick("lease_store_timeout")
     timeout = min(interval / 2, 2.0) if raw_timeout is None else _duration(
         "lease_store_timeout", raw_timeout, where)
+    if timeout < MIN_STORE_TIMEOUT - 1e-9:
+        given = (f"lease_store_timeout={raw_timeout!r} ({where}) is" if raw_timeout is not None
+                 else f"{ttl_name}={ttl!r} ({where}) gives a store timeout (min({interval_name} "
+                      f"/ 2, 2.0) with {interval_name}={interval:.4g}) of")
+        raise LeaseConfigError(
+            f"{given} {timeout * 1000:.0f} ms, below the {MIN_STORE_TIMEOUT * 1000:.0f} ms floor: "
+            f"a healthy store call (a network round trip plus a GC or scheduling pause) would "
+            f"time out and renewals fail. The smallest {ttl_name} that works is {MIN_TTL} (with "
+            f"{interval_name} and lease_store_timeout unset)"
+        )
     if timeout >= interval:
         raise LeaseConfigError(
             f"lease_store_timeout={timeout!r} ({where}) must be shorter than "
