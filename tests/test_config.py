@@ -240,7 +240,8 @@ def test_every_unknown_setting_is_reported_in_one_error() -> None:
     for name, hint in (("lease_tll", "lease_ttl"), ("lease_on_confict", "lease_on_conflict")):
         assert f"{name}, did you mean {hint}?" in message
     assert "lease_frobnicate" in message
-    with pytest.raises(LeaseConfigError, match="2 unknown task options.*lease_tl, .*lease_tll, "):
+    with pytest.raises(LeaseConfigError,
+            match=r"2 unknown task options.*lease_tl, .*lease_tll, "):
         register(make_app(), lease_tll=5.0, lease_tl=1.0)
 
 
