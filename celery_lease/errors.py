@@ -7,9 +7,10 @@ rebuilds an exception as ``cls(*args)`` (case C03).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from celery.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import CeleryCommandException, SoftTimeLimitExceeded
 
 __all__ = [
     "LeaseConfigError",
@@ -17,9 +18,14 @@ __all__ = [
     "LeaseError",
     "LeaseKeyError",
     "LeaseLost",
+    "LeaseStartRefused",
     "LeaseStoreUnavailable",
     "LostCause",
 ]
+
+#: Exit status of a ``celery worker`` / ``celery beat`` that refused to start (sysexits'
+#: configuration error).
+EX_CONFIG: int = getattr(os, "EX_CONFIG", 78)
 
 
 class LostCause:
@@ -51,6 +57,28 @@ class LeaseConfigError(LeaseError, ValueError):
     Raised as early as possible: when the task is registered for per-task options, at worker
     start for app-wide settings. The message names the option and the fix.
     """
+
+
+class LeaseStartRefused(LeaseConfigError, CeleryCommandException):  # type: ignore[misc]
+    """A worker or beat refused to start: no leased task (or no election) can work like this.
+
+    A :class:`LeaseConfigError` for code that builds a worker or scheduler itself; also the
+    Click exception Celery's commands use, so ``celery worker`` / ``celery beat`` print one
+    ``Error: celery-lease refused to start this <what>: <why>`` line and exit with
+    :data:`EX_CONFIG` (78) instead of a traceback.
+
+    Args:
+        what: ``"worker"`` or ``"beat"``.
+        message: what is wrong and the fix (str).
+    """
+
+    def __init__(self, what: str = "worker", message: str = "") -> None:
+        CeleryCommandException.__init__(
+            self, f"celery-lease refused to start this {what}: {message}", EX_CONFIG)
+        self.args = (what, message)
+
+    def __str__(self) -> str:
+        return str(self.message)
 
 
 class LeaseKeyError(LeaseError, TypeError):

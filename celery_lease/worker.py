@@ -22,55 +22,29 @@ missing database), with a message naming the setting to fix; and ``lease_require
 set while the store cannot be reached, since the policy it promises cannot be checked (a
 supervisor restarts the worker, which starts once the store answers).
 
-A refusal is :class:`WorkerStartRefused`: a :class:`~celery_lease.errors.LeaseConfigError`
-for code that builds a worker itself, and for ``celery worker`` a Click error, so the command
-prints one ``Error: ...`` line and exits with :data:`EX_CONFIG` instead of a traceback.
+A refusal is :class:`~celery_lease.errors.LeaseStartRefused`: a ``LeaseConfigError`` for code
+that builds a worker itself, and for ``celery worker`` a Click error, so the command prints one
+``Error: ...`` line and exits with ``EX_CONFIG`` (78) instead of a traceback.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from celery import bootsteps
-from celery.exceptions import CeleryCommandException
 from redis.exceptions import RedisError
 
 from . import store
 from .config import check_app_settings, check_process_settings
 from .connection import permanent_error, safe_url
-from .errors import LeaseConfigError
+from .errors import LeaseConfigError, LeaseStartRefused
 from .inspection import redis_version_problem
 from .task import LeasedTask
 
-__all__ = ["EX_CONFIG", "LeaseStoreCheck", "WorkerStartRefused", "check_app", "install"]
+__all__ = ["LeaseStoreCheck", "check_app", "install"]
 
 logger = logging.getLogger("celery_lease")
-
-#: Exit status of a worker that refused to start (sysexits' configuration error, 78).
-EX_CONFIG: int = getattr(os, "EX_CONFIG", 78)
-
-
-class WorkerStartRefused(LeaseConfigError, CeleryCommandException):  # type: ignore[misc]
-    """The worker start check found a problem no leased task can run with.
-
-    A :class:`~celery_lease.errors.LeaseConfigError`; also a Click exception, so ``celery
-    worker`` prints ``Error: celery-lease refused to start this worker: <why>`` and exits with
-    :data:`EX_CONFIG`.
-
-    Args:
-        message: what is wrong and the fix (str).
-    """
-
-    def __init__(self, message: str) -> None:
-        CeleryCommandException.__init__(
-            self, f"celery-lease refused to start this worker: {message}", EX_CONFIG)
-        self.args = (message,)
-
-    def __str__(self) -> str:
-        return str(self.message)
-
 
 def check_app(app: Any) -> list[store.StoreCheck]:
     """Validate the lease settings of every leased task of ``app`` and check each store.
@@ -154,7 +128,7 @@ class LeaseStoreCheck(bootsteps.StartStopStep):  # type: ignore[misc]
         except LeaseConfigError as exc:
             # Raised from the worker's construction: Click prints it as one line and exits.
             logger.critical("celery-lease refused to start this worker: %s", exc)
-            raise WorkerStartRefused(str(exc)) from None
+            raise LeaseStartRefused("worker", str(exc)) from None
 
 
 def install(app: Any) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from celery_lease.worker import EX_CONFIG
+from celery_lease.errors import EX_CONFIG
 from harness.redis_server import free_port
 from harness.workers import CeleryWorker
 from tests.support.fixtures import WorkerFactory
