@@ -405,9 +405,10 @@ def resolve_backend(options: LeaseOptions, conf: Mapping[str, Any], where: str) 
     if isinstance(broker, str) and broker.startswith(_REDIS_SCHEMES):
         connection.validate_backend(broker, options.backend_options, where, _FALLBACK)
         return broker
+    broker_is = "is not set either" if broker is None else \
+        f"{connection.safe_url(broker)!r} is not a Redis URL"
     raise LeaseConfigError(
-        f"lease_backend is not set ({where}) and broker_url {connection.safe_url(broker)!r} is "
-        f"not a Redis URL: set "
+        f"lease_backend is not set ({where}) and broker_url {broker_is}: set "
         f"app.conf.lease_backend = 'redis://host:6379/1' to say where leases live"
     )
 

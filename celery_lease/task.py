@@ -375,8 +375,9 @@ class LeasedTask(Task):  # type: ignore[misc]
             logger.exception("could not store the skipped marker of %s", request.id)
         else:
             logger.info("skipped: task %s[%s] not run, lease %s held by %s (task %s, %.1fs "
-                        "left); result stored as SUCCESS with a skip marker", self.name,
-                        request.id, key, holder.where, holder.task_id or "?", found.remaining)
+                        "left, fencing_token=%d); result stored as SUCCESS with a skip marker",
+                        self.name, request.id, key, holder.where, holder.task_id or "?",
+                        found.remaining, holder.fencing_token)
         # Ignore, not a returned marker: a return would send task-succeeded, which would
         # replace the task-lease-skipped state in Flower.
         raise Ignore()

@@ -146,7 +146,8 @@ def test_overlong_periodic_run_never_overlaps_and_the_skip_is_visible(
     assert conflict["holder_task_id"] in {r["id"] for r in runs} | {
         s["task_id"] for s in _records(client, "signals") if s["signal"] == "lease_acquired"}
     assert conflict["remaining"] > 0
-    assert "lease conflict (skip): task ops.slow" in worker.log_text()
+    assert "skipped: task ops.slow[" in worker.log_text()
+    assert "result stored as SUCCESS with a skip marker" in worker.log_text()
 
 
 def _ticks_by(client: redis.Redis) -> list[tuple[int, float]]:
