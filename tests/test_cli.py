@@ -265,9 +265,17 @@ def test_without_an_app_the_cli_says_how_to_give_one(redis_url: str) -> None:
     assert "hint: no app was given" in done.stderr and "celery -A proj lease" in done.stderr
 
 
-def test_a_store_error_keeps_its_message(redis_url: str) -> None:
-    dead = f"redis://127.0.0.1:{free_port()}/0"
+def test_a_store_error_keeps_its_message_and_no_command_shows_a_credential(
+    redis_url: str,
+) -> None:
+    dead = f"redis://user:s3cr3t@127.0.0.1:{free_port()}/0"
     done = celery_lease(_env(redis_url, "q"), "ls", "--url", dead)
     assert done.returncode == 1
     assert done.stderr.startswith("lease store error: ConnectionError: Error 111 connecting to "
                                   "127.0.0.1"), done.stderr
+    for args in (("ls", "--url", dead), ("doctor", "--url", dead), ("release", "k", "--url",
+                                                                     dead, "--yes")):
+        run = celery_lease(_env(redis_url, "q", LEASE_BACKEND=dead), *args)
+        assert run.returncode != 0 and "s3cr3t" not in run.stdout + run.stderr, args
+    doctor = celery_lease(_env(redis_url, "q", LEASE_BACKEND=dead), "doctor")
+    assert "user:**@127.0.0.1" in doctor.stdout and "s3cr3t" not in doctor.stdout

@@ -25,7 +25,7 @@ from celery_lease.config import (
 
 def make_app(**conf: object) -> Celery:
     app = Celery("cfg", broker="memory://", set_as_current=False)
-    app.conf.update(lease_backend="redis://127.0.0.1:1/0", **conf)
+    app.conf.update({"lease_backend": "redis://127.0.0.1:1/0", **conf})
     app.finalize()
     return app
 
@@ -310,3 +310,23 @@ def test_every_misspelt_namespaced_setting_is_reported_in_any_namespace_case(
         register(django_app(django_settings("celery_lease_tll = 5.0\n"), namespace="celery"))
     # Outside the namespace Celery does not read a name at all: not ours to judge.
     register(django_app(django_settings("LEASE_TLL = 5.0\n")))
+
+
+@pytest.mark.parametrize(("conf", "options"), [
+    ({"broker_url": "amqp://user:s3cr3t@host:5672//", "lease_backend": None}, {}),
+    ({"broker_url": "redis://user:s3cr3t@host:6379/0?socket_timeout=abc",
+      "lease_backend": None}, {}),
+    ({}, {"lease_backend": "redis://:s3cr3t@host:12x/0"}),
+    ({}, {"lease_backend": "redis://u:s3cr3t@host/0?password=s3cr3t&frob=1"}),
+    ({}, {"lease_backend": "sentinel://:s3cr3t@a:26379;sentinel://:s3cr3t@b:26379",
+          "lease_backend_options": {"frob": 1}}),
+    ({}, {"lease_backend": "rediss://h/0",
+          "lease_backend_options": [("ssl_password", "s3cr3t")]}),
+])
+def test_no_configuration_error_shows_a_credential(conf: dict[str, object],
+                                                   options: dict[str, object]) -> None:
+    app = make_app(**conf)
+    with pytest.raises(LeaseConfigError) as info:
+        register(app, **options).lease_settings()
+    assert "s3cr3t" not in str(info.value)
+    assert "lease_backend" in str(info.value)  # and it still names what to fix
