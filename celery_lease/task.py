@@ -397,4 +397,4 @@ class LeasedTask(Task):  # type: ignore[misc]
         try:
             self.send_event(type_, retry=False, **fields)
         except Exception as exc:
-            logger.debug("could not send %s: %r", type_, exc)
+            logger.debug("could not send %s: %s: %s", type_, type(exc).__name__, exc)
