@@ -32,7 +32,6 @@ __all__ = [
     "LeaseSettings",
     "beat_options",
     "beat_settings",
-    "check_app_settings",
     "resolve_backend",
     "resolve_options",
     "resolve_settings",
@@ -146,64 +145,6 @@ def _duration(name: str, value: Any, where: str) -> float:
     if round(seconds * 1000) < 1:
         raise LeaseConfigError(f"{name}={value!r} ({where}) is below Redis' 1 ms resolution")
     return seconds
-
-
-def check_names(names: Any, kind: str, where: str, namespace: str | None = None) -> None:
-    """Refuse unknown ``lease_*`` names (a typo such as ``lease_tll`` would be ignored), all
-    of them in one error.
-
-    Args:
-        names: the names to check (task option names, or ``app.conf.keys()``).
-        kind: ``"task option"`` or ``"setting"``, for the message.
-        where: what to name in the message.
-        namespace: the prefix Celery reads settings under (``app.conf.prefix``, e.g.
-            ``"CELERY_"`` after ``config_from_object(obj, namespace="CELERY")``): a name
-            spelt with it (``CELERY_LEASE_TLL``) is checked as the plain name it stands for.
-
-    Raises:
-        LeaseConfigError: naming every unknown name and the closest known one of each.
-    """
-    import difflib
-
-    known = (*DEFAULTS, *OTHER_NAMES)
-    found = []
-    for name in names:
-        if not isinstance(name, str):
-            continue
-        prefix = ""
-        if namespace and name.lower().startswith(namespace.lower()):
-            prefix = name[:len(namespace)]  # Celery reads lease_ttl as <prefix>LEASE_TTL
-        plain = name[len(prefix):].lower() if prefix else name
-        if not plain.startswith("lease_") or plain in known:
-            continue
-        close = difflib.get_close_matches(plain, known, n=1)
-        hint = f"did you mean {_spell(close[0], prefix)}?" if close else ""
-        found.append((_spell(plain, prefix) if prefix else name, hint))
-    found.sort()
-    if len(found) == 1:
-        shown, hint = found[0]
-        raise LeaseConfigError(f"unknown {kind} {shown} ({where})" + (f"; {hint}" if hint else ""))
-    if found:
-        raise LeaseConfigError(f"{len(found)} unknown {kind}s ({where}): " + "; ".join(
-            shown + (f", {hint}" if hint else "") for shown, hint in found))
-
-
-def _spell(name: str, prefix: str) -> str:
-    """``name`` as written under a namespace prefix, with the plain name beside it."""
-    if not prefix:
-        return name
-    return f"{prefix}{name.upper() if prefix.isupper() else name} ({name})"
-
-
-def check_app_settings(conf: Any, where: str = "app.conf") -> None:
-    """Refuse unknown ``lease_*`` settings of an app, under every spelling Celery reads
-    (plain, and with the ``namespace=`` prefix of ``config_from_object``).
-
-    Raises:
-        LeaseConfigError: naming every unknown setting and the closest known one.
-    """
-    names = list(conf.keys())  # first: this loads a pending configuration, prefix included
-    check_names(names, "setting", where, getattr(conf, "prefix", None))
 
 
 def check_process_settings(conf: Mapping[str, Any], where: str) -> int:

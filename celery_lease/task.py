@@ -28,8 +28,6 @@ from .config import (
     TASK_OPTIONS,
     LeaseOptions,
     LeaseSettings,
-    check_app_settings,
-    check_names,
     check_process_settings,
     resolve_options,
     resolve_settings,
@@ -38,6 +36,7 @@ from .config import (
 from .errors import LeaseConflict, LeaseKeyError, LeaseLost, LeaseStoreUnavailable
 from .keys import KeySpec, build_key
 from .lease import Lease, _current
+from .names import check_task_names
 
 __all__ = ["SKIPPED_MARKER", "LeasedTask", "is_skipped"]
 
@@ -112,8 +111,7 @@ class LeasedTask(Task):  # type: ignore[misc]
             return
         where = f"task {cls.name}"
         given = {n for k in cls.__mro__[:cls.__mro__.index(LeasedTask)] for n in vars(k)}
-        check_names(given, "task option", where)
-        check_app_settings(app.conf)
+        check_task_names(given, app.conf, where)
         check_process_settings(app.conf, "app.conf")
         resolve_options(app.conf, cls._lease_task_options(), where)
         cls._lease_signature = _run_signature(cls)

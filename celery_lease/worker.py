@@ -36,10 +36,11 @@ from celery import bootsteps
 from redis.exceptions import RedisError
 
 from . import store
-from .config import check_app_settings, check_process_settings
+from .config import check_process_settings
 from .connection import permanent_error, safe_url
 from .errors import LeaseConfigError, LeaseStartRefused
 from .inspection import redis_version_problem
+from .names import check_app_settings
 from .task import LeasedTask
 
 __all__ = ["LeaseStoreCheck", "check_app", "install"]

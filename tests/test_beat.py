@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -390,7 +391,10 @@ def _lead(scheduler: LeasedScheduler, client: redis.Redis, queue: str) -> None:
     wait_for(lambda: scheduler.tick() is None or client.llen(queue) > 0, 5, interval=0.02)
 
 
-def test_apps_on_one_redis_each_lead_their_own_schedule(redis_url: str, tmp_path: Path) -> None:
+def test_apps_on_one_redis_each_lead_their_own_schedule(
+    redis_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="celery_lease")
     client = redis.Redis.from_url(redis_url)
     schedulers = [
         LeasedScheduler(app=_beat_app("billing", redis_url, "billing"),
@@ -413,6 +417,8 @@ def test_apps_on_one_redis_each_lead_their_own_schedule(redis_url: str, tmp_path
             "lease:{celery.beat:first}", "lease:{celery.beat:second}"]
         for queue in ("billing", "reports", "first-unnamed", "second-unnamed"):
             assert client.llen(queue) > 0, queue  # each schedule is sent by its own leader
+        became = [r for r in caplog.records if r.getMessage().startswith("beat: became leader")]
+        assert len(became) == 4 and {r.levelno for r in became} == {logging.INFO}
     finally:
         for scheduler in schedulers:
             scheduler.close()

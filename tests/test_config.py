@@ -243,6 +243,11 @@ def test_every_unknown_setting_is_reported_in_one_error() -> None:
     with pytest.raises(LeaseConfigError,
             match=r"2 unknown task options.*lease_tl, .*lease_tll, "):
         register(make_app(), lease_tll=5.0, lease_tl=1.0)
+    with pytest.raises(LeaseConfigError) as both:  # options and settings in the same error
+        register(make_app(lease_on_confict="fail"), lease_tll=5.0)
+    assert str(both.value) == (
+        "unknown task option lease_tll (task tests.test_config.job); did you mean lease_ttl?\n"
+        "unknown setting lease_on_confict (app.conf); did you mean lease_on_conflict?")
 
 
 DJANGO_SETTINGS = """\
