@@ -51,21 +51,38 @@ class LeaseError(Exception):
         return (type(self), self.args)
 
 
-class LeaseConfigError(LeaseError, ValueError):
+class LeaseConfigError(LeaseError, ValueError, CeleryCommandException):  # type: ignore[misc]
     """A lease setting or task option is invalid.
 
     Raised as early as possible: when the task is registered for per-task options, at worker
     start for app-wide settings. The message names the option and the fix.
+
+    It is also the Click exception Celery's commands use: raised while ``celery worker`` (or
+    any ``celery`` command) loads the app, it is printed as one line, ``Error: celery-lease
+    configuration error: <message>``, and the command exits with :data:`EX_CONFIG` (78)
+    instead of printing a traceback.
     """
 
+    exit_code = EX_CONFIG
 
-class LeaseStartRefused(LeaseConfigError, CeleryCommandException):  # type: ignore[misc]
+    def __init__(self, *args: Any) -> None:
+        Exception.__init__(self, *args)  # not Click's: the args are the message, as usual
+        self.show_color = None  # what Click's own __init__ would set: colour if a terminal
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)
+
+    @property
+    def message(self) -> str:
+        """The line a ``celery`` command prints (after ``Error: ``)."""
+        return f"celery-lease configuration error: {self}"
+
+
+class LeaseStartRefused(LeaseConfigError):
     """A worker or beat refused to start: no leased task (or no election) can work like this.
 
-    A :class:`LeaseConfigError` for code that builds a worker or scheduler itself; also the
-    Click exception Celery's commands use, so ``celery worker`` / ``celery beat`` print one
-    ``Error: celery-lease refused to start this <what>: <why>`` line and exit with
-    :data:`EX_CONFIG` (78) instead of a traceback.
+    Printed by ``celery worker`` / ``celery beat`` as one line, ``Error: celery-lease refused
+    to start this <what>: <why>``, with exit status :data:`EX_CONFIG` (78).
 
     Args:
         what: ``"worker"`` or ``"beat"``.
@@ -73,12 +90,15 @@ class LeaseStartRefused(LeaseConfigError, CeleryCommandException):  # type: igno
     """
 
     def __init__(self, what: str = "worker", message: str = "") -> None:
-        CeleryCommandException.__init__(
-            self, f"celery-lease refused to start this {what}: {message}", EX_CONFIG)
-        self.args = (what, message)
+        super().__init__(what, message)
 
     def __str__(self) -> str:
-        return str(self.message)
+        return f"celery-lease refused to start this {self.args[0]}: {self.args[1]}"
+
+    @property
+    def message(self) -> str:
+        """The line a ``celery`` command prints (after ``Error: ``)."""
+        return str(self)
 
 
 class LeaseKeyError(LeaseError, TypeError):

@@ -50,3 +50,33 @@ def test_require_noeviction_with_an_unreachable_store_refuses_to_start(
     # Without the promise, the worker starts and the tasks follow lease_on_store_error.
     started = worker_factory("tests.apps.lease_app", env=env)
     assert "is unreachable at worker start" in started.log_text()
+
+
+DJANGO_STYLE_PROJECT = {
+    "djsettings.py": (
+        "# A Django settings module as a Django project writes it (read without Django).\n"
+        "DEBUG = False\n"
+        "CELERY_BROKER_URL = 'redis://127.0.0.1:1/0'\n"
+        "CELERY_LEASE_BACKEND = 'redis://127.0.0.1:1/0'\n"
+        "CELERY_LEASE_TLL = 5.0\n"
+        "CELERY_LEASE_ON_CONFICT = 'retry'\n"),
+    "djproj.py": (
+        "from celery import Celery\n"
+        "from celery_lease import LeasedTask\n"
+        "app = Celery('djproj')\n"
+        "app.config_from_object('djsettings', namespace='CELERY')\n"
+        "@app.task(base=LeasedTask)\n"
+        "def sync(account_id): ...\n"),
+}
+
+
+def test_misspelt_namespaced_settings_stop_a_real_worker_in_one_line(tmp_path: Path) -> None:
+    for name, text in DJANGO_STYLE_PROJECT.items():
+        (tmp_path / name).write_text(text)
+    output = _refused(CeleryWorker("djproj", pool="solo", queue="refused", log_dir=tmp_path,
+                                   env={"PYTHONPATH": str(tmp_path)}))
+    assert output.strip().splitlines()[-1] == (
+        "Error: celery-lease configuration error: 2 unknown settings (app.conf): "
+        "CELERY_LEASE_ON_CONFICT (lease_on_confict), did you mean CELERY_LEASE_ON_CONFLICT "
+        "(lease_on_conflict)?; CELERY_LEASE_TLL (lease_tll), did you mean CELERY_LEASE_TTL "
+        "(lease_ttl)?")
