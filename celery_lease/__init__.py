@@ -13,6 +13,7 @@ from .errors import (
     LeaseError,
     LeaseKeyError,
     LeaseLost,
+    LeaseStartRefused,
     LeaseStoreUnavailable,
     LostCause,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "LeaseError",
     "LeaseKeyError",
     "LeaseLost",
+    "LeaseStartRefused",
     "LeaseStoreUnavailable",
     "LeasedTask",
     "LostCause",

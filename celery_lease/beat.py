@@ -29,7 +29,8 @@ Settings (Celery settings, durations in float seconds):
 - ``lease_beat_scheduler``: the wrapped scheduler class or ``"module:Class"`` name.
 - ``lease_beat_ttl``: the leader lease TTL (default ``lease_ttl``, 30.0).
 - ``lease_beat_renew_interval``: default ``lease_beat_ttl / 3``.
-- ``lease_beat_key``: default ``"<lease_key_prefix>:{celery.beat:<app main name>}"``.
+- ``lease_beat_key``: default ``"<lease_key_prefix>:{celery.beat:<app main name>}"``; an app
+  without a name (``Celery()``) must set it (:func:`beat_lease_key`).
 - ``lease_backend`` (else a Redis ``broker_url``): where the lease lives.
 """
 
@@ -48,7 +49,7 @@ from redis.exceptions import RedisError
 
 from . import clock, config, lifecycle, signals, store
 from .config import BEAT_WHERE, DEFAULTS, LeaseOptions, LeaseSettings
-from .errors import LeaseConfigError, LeaseLost
+from .errors import LeaseConfigError, LeaseLost, LeaseStartRefused
 from .keys import BEAT_TASK_NAME, beat_leader_key, last_run_key
 from .lease import Lease
 
@@ -61,12 +62,29 @@ _SELF_NAMES = ("celery_lease.beat:LeasedScheduler", "celery_lease.beat.LeasedSch
 
 
 def beat_lease_key(app: Any) -> str:
-    """The leader lease key of ``app``'s beat: ``lease_beat_key`` or the derived default."""
+    """The leader lease key of ``app``'s beat: ``lease_beat_key``, else one derived from the
+    app's name (``Celery("proj")`` leads ``lease:{celery.beat:proj}``).
+
+    Every beat of one app must share the key, and two apps must not: an app created without a
+    name (``Celery()``, or ``__main__`` when the module runs as a script) has nothing to tell it
+    from another app on the same Redis, so no key is guessed for it.
+
+    Raises:
+        LeaseConfigError: no ``lease_beat_key`` and the app has no name of its own.
+    """
     configured = app.conf.get("lease_beat_key")
     if configured:
         return str(configured)
+    main = app.main
+    if not main or main == "__main__":
+        raise LeaseConfigError(
+            f"{BEAT_WHERE}: the app has no name (main={main!r}: created as Celery() or run as "
+            f"a script), so its default leader key would be the same as that of any other "
+            f"unnamed app on this Redis, and only one of their beats would ever send. Set "
+            f"lease_beat_key (e.g. app.conf.lease_beat_key = 'lease:{{celery.beat:proj}}'), "
+            f"the same for every beat of this app, or name the app: Celery('proj')")
     prefix = app.conf.get("lease_key_prefix") or DEFAULTS["lease_key_prefix"]
-    return beat_leader_key(prefix, app.main or "default")
+    return beat_leader_key(prefix, main)
 
 
 def beat_options(app: Any) -> LeaseOptions:
@@ -116,6 +134,7 @@ class BeatLeader:
         self.terms = 0  # how many times this process became leader
         self._next_try = 0.0
         self._seen_fence = -1  # last leader seen while standby (to log each leader once)
+        self._seen_leader = ""  # who that leader was, for the log line of a take-over
         self._store_down = False
 
     @property
@@ -153,8 +172,8 @@ class BeatLeader:
                                  sender=BEAT_TASK_NAME)
         except RedisError as exc:
             if not self._store_down:
-                logger.warning("beat: lease store unreachable, staying standby (key=%s): %r",
-                               self.key, exc)
+                logger.warning("beat: lease store unreachable, staying standby (key=%s): %s",
+                               self.key, store.describe(exc))
             self._store_down = True
             self._next_try = clock.now() + self.options.renew_interval
             return False
@@ -166,16 +185,20 @@ class BeatLeader:
             return False
         self.lease = got
         self.terms += 1
-        self._seen_fence = -1
-        logger.warning(
-            "beat: became leader key=%s token=%s fencing_token=%d ttl=%.3fs node=%s",
-            self.key, got.token, got.fencing_token, self.options.ttl, self.node)
+        # INFO: taking the lead is the normal start of every beat (and of every hand-over);
+        # a lost lead is what is logged as a WARNING (step_down).
+        logger.info(
+            "beat: became leader key=%s token=%s fencing_token=%d ttl=%.3fs node=%s%s",
+            self.key, got.token, got.fencing_token, self.options.ttl, self.node,
+            f" (after {self._seen_leader})" if self._seen_leader else "")
+        self._seen_fence, self._seen_leader = -1, ""
         return True
 
     def _standby(self, found: store.AcquireResult) -> None:
         leader = found.holder
         if leader.fencing_token != self._seen_fence:
             self._seen_fence = leader.fencing_token
+            self._seen_leader = f"{leader.task_id or leader.hostname} (pid {leader.pid})"
             logger.info(
                 "beat: standby; leader is %s (pid %d) key=%s fencing_token=%d "
                 "expires_in=%.3fs", leader.hostname, leader.pid, self.key,
@@ -209,15 +232,15 @@ class BeatLeader:
         try:
             self.client.hset(self.state_key, name, repr(at))
         except RedisError as exc:
-            logger.warning("beat: could not record the last run of %s in %s: %r",
-                           name, self.state_key, exc)
+            logger.warning("beat: could not record the last run of %s in %s: %s",
+                           name, self.state_key, store.describe(exc))
 
     def last_runs(self) -> dict[str, float]:
         """Entry name -> epoch float seconds of its last send by any leader."""
         try:
             raw = self.client.hgetall(self.state_key)
         except RedisError as exc:
-            logger.warning("beat: could not read %s: %r", self.state_key, exc)
+            logger.warning("beat: could not read %s: %s", self.state_key, store.describe(exc))
             return {}
         runs = {}
         for name, value in raw.items():
@@ -259,11 +282,21 @@ class LeasedScheduler:
         **kwargs: passed to the wrapped scheduler (``schedule_filename``, ``max_interval``...).
 
     Raises:
-        LeaseConfigError: invalid ``lease_beat_*`` settings or no Redis URL (at first tick).
+        LeaseStartRefused: (a ``LeaseConfigError``) when built, lazily or not: an app without
+            a name and no ``lease_beat_key``, invalid ``lease_beat_*`` settings, or no Redis
+            URL.
     """
 
     def __init__(self, app: Any, lazy: bool = False, **kwargs: Any) -> None:
         self.app = app
+        try:
+            # Refused before anything is built, lazy instance included: `celery beat` builds
+            # that one for its banner outside the block that logs a start error with its
+            # traceback, so Click prints the refusal as one line and exits.
+            beat_lease_key(app)
+            config.beat_settings(app.conf)
+        except LeaseConfigError as exc:
+            raise LeaseStartRefused("beat", str(exc)) from None
         self.inner: Any = _inner_class(app)(app=app, lazy=lazy, **kwargs)
         self.leader: BeatLeader | None = None
         self._lazy = lazy

@@ -3,7 +3,7 @@
 Registered as a ``celery`` subcommand through the ``celery.commands`` entry point, so it runs
 with the app given by ``-A``::
 
-    celery -A proj lease ls [--task NAME] [--json]
+    celery -A proj lease ls [--task NAME] [--wide | --json]
     celery -A proj lease show TASK [ARGS...] [--kwargs JSON] [--json]
     celery -A proj lease release KEY [--yes]
     celery -A proj lease doctor [--strict]
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -34,7 +35,7 @@ from redis.exceptions import RedisError
 from . import inspection, store
 from .errors import LeaseConfigError, LeaseError
 from .inspection import LeaseInfo, read_lease, scan_leases
-from .keys import is_internal
+from .keys import BEAT_TASK_NAME, is_internal
 from .task import LeasedTask
 
 __all__ = ["LeaseInfo", "lease", "read_lease", "scan_leases"]
@@ -65,19 +66,49 @@ def _human(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m"
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+_MIN_COLUMN = 8  # characters a shortened column keeps
+
+
+def _shorten(text: str, width: int) -> str:
+    """``text`` cut in the middle to ``width`` characters (both ends stay recognisable)."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "~" + text[len(text) - (width - 1 - head):]
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int | None = None
+           ) -> str:
+    """Left-aligned columns; with ``width``, the widest columns are shortened in the middle
+    (never below :data:`_MIN_COLUMN`) until each line fits."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
               for i, h in enumerate(headers)]
+    while width is not None and sum(widths) + 2 * (len(widths) - 1) > width:
+        widest = max(range(len(widths)), key=lambda i: widths[i])
+        if widths[widest] <= max(_MIN_COLUMN, len(headers[widest])):
+            break
+        widths[widest] -= 1
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
     for row in rows:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        lines.append("  ".join(_shorten(c, w).ljust(w)
+                               for c, w in zip(row, widths, strict=True)).rstrip())
     return "\n".join(lines)
 
 
 def _describe(info: LeaseInfo) -> str:
-    return (f"task {info.task or '?'} [{info.task_id or '?'}] on {info.host or '?'} "
+    return (f"task {info.task or '?'} [{info.task_id or '?'}] on host {info.host or '?'} "
             f"(pid {info.pid}), fencing token {info.fencing_token}, "
             f"expires in {_human(info.ttl)}")
+
+
+def _no_app_hint() -> str:
+    """A hint when ``celery`` was run without ``-A``: the settings seen are Celery's defaults."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or ctx.find_root().params.get("app"):
+        return ""
+    return ("\nhint: no app was given, so these are Celery's default settings: run it as "
+            "`celery -A proj lease ...` with the module that defines your Celery app (or set "
+            "CELERY_APP)")
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -93,12 +124,12 @@ def _config_guard(fn: Callable[P, None]) -> Callable[P, None]:
         try:
             return fn(*args, **kwargs)
         except LeaseConfigError as exc:
-            _fail(f"configuration error: {exc}", 2)
+            _fail(f"configuration error: {exc}{_no_app_hint()}", 2)
         except LeaseError as exc:
             _fail(f"error: {exc}", 2)
         except RedisError as exc:
-            _fail(f"lease store error: {exc!r}. Check lease_backend / --url and that Redis "
-                  f"is reachable", 1)
+            _fail(f"lease store error: {store.describe(exc)}. Check lease_backend / --url and "
+                  f"that Redis is reachable", 1)
 
     return wrapper
 
@@ -117,16 +148,21 @@ def lease(ctx: click.Context, /, **kwargs: Any) -> None:
 @lease.command(name="ls", cls=CeleryCommand)
 @click.option("--task", "task_name", default=None, help="Only leases held by this task name.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per lease, in a list.")
+@click.option("--wide", is_flag=True,
+              help="Every column in full (fencing token, key), whatever the terminal width.")
 @click.option("--url", default=None, help=_URL_HELP)
 @click.option("--prefix", "prefixes", multiple=True,
               help="Key prefix to scan (repeatable; default: every configured prefix).")
 @click.pass_context
 @handle_preload_options  # type: ignore[untyped-decorator]
 @_config_guard
-def ls(ctx: click.Context, task_name: str | None, as_json: bool, url: str | None,
+def ls(ctx: click.Context, task_name: str | None, as_json: bool, wide: bool, url: str | None,
        prefixes: tuple[str, ...], **kwargs: Any) -> None:
-    """List held leases: task, task id, holder host and pid, fencing token, time left."""
+    """List held leases: task, task id, holder host and pid, time left (--wide: fencing token
+    and key as well; --json: everything). Exits 2 when --task names no registered task."""
     app = _app(ctx)
+    if task_name is not None and task_name != BEAT_TASK_NAME and task_name not in app.tasks:
+        _fail(f"no task named {task_name!r} is registered in app {app.main!r}", 2)
     found: list[LeaseInfo] = []
     for store_url, store_prefixes in inspection.stores(app, url, prefixes).items():
         client = inspection.client(store_url, app)
@@ -141,10 +177,17 @@ def ls(ctx: click.Context, task_name: str | None, as_json: bool, url: str | None
     if not found:
         click.echo("no leases held" + (f" by {task_name}" if task_name else ""))
         return
-    rows = [(i.task or "?", i.task_id or "?", i.host or "?", str(i.pid), str(i.fencing_token),
-             _human(i.ttl), i.key) for i in found]
-    click.echo(_table(("TASK", "TASK ID", "HOST", "PID", "FENCING TOKEN", "TIME LEFT", "KEY"),
-                      rows))
+    rows: list[tuple[str, ...]]
+    if wide:
+        rows = [(i.task or "?", i.task_id or "?", i.host or "?", str(i.pid),
+                 str(i.fencing_token), _human(i.ttl), i.key) for i in found]
+        click.echo(_table(("TASK", "TASK ID", "HOST", "PID", "FENCING TOKEN", "TIME LEFT",
+                           "KEY"), rows))
+    else:
+        rows = [(i.task or "?", i.task_id or "?", i.host or "?", str(i.pid), _human(i.ttl))
+                for i in found]
+        click.echo(_table(("TASK", "TASK ID", "HOST", "PID", "TIME LEFT"), rows,
+                          width=shutil.get_terminal_size().columns))
     click.echo(f"{len(found)} lease(s)")
 
 

@@ -25,6 +25,8 @@ from .keys import DEFAULT_PREFIX
 __all__ = [
     "BEAT_WHERE",
     "DEFAULTS",
+    "MIN_STORE_TIMEOUT",
+    "MIN_TTL",
     "TASK_OPTIONS",
     "LeaseOptions",
     "LeaseSettings",
@@ -119,6 +121,11 @@ class LeaseOptions:
 
 
 _MAX_SECONDS = 366 * 24 * 3600.0  # a lease that long is a configuration mistake
+#: The shortest store timeout accepted, float seconds: below it a healthy round trip plus a
+#: garbage collection or scheduling pause times out (docs/reference/settings.md).
+MIN_STORE_TIMEOUT = 0.05
+#: The smallest ``lease_ttl`` whose derived store timeout (``lease_ttl / 6``) reaches the floor.
+MIN_TTL = round(MIN_STORE_TIMEOUT * 6, 3)
 
 
 def _duration(name: str, value: Any, where: str) -> float:
@@ -138,22 +145,6 @@ def _duration(name: str, value: Any, where: str) -> float:
     if round(seconds * 1000) < 1:
         raise LeaseConfigError(f"{name}={value!r} ({where}) is below Redis' 1 ms resolution")
     return seconds
-
-
-def check_names(names: Any, kind: str, where: str) -> None:
-    """Refuse unknown ``lease_*`` names (a typo such as ``lease_tll`` would be ignored).
-
-    Raises:
-        LeaseConfigError: naming the unknown option and the closest known one.
-    """
-    import difflib
-
-    known = (*DEFAULTS, *OTHER_NAMES)
-    for name in names:
-        if isinstance(name, str) and name.startswith("lease_") and name not in known:
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            raise LeaseConfigError(f"unknown {kind} {name} ({where}){hint}")
 
 
 def check_process_settings(conf: Mapping[str, Any], where: str) -> int:
@@ -226,6 +217,16 @@ def resolve_options(
     raw_timeout = pick("lease_store_timeout")
     timeout = min(interval / 2, 2.0) if raw_timeout is None else _duration(
         "lease_store_timeout", raw_timeout, where)
+    if timeout < MIN_STORE_TIMEOUT - 1e-9:
+        given = (f"lease_store_timeout={raw_timeout!r} ({where}) is" if raw_timeout is not None
+                 else f"{ttl_name}={ttl!r} ({where}) gives a store timeout (min({interval_name} "
+                      f"/ 2, 2.0) with {interval_name}={interval:.4g}) of")
+        raise LeaseConfigError(
+            f"{given} {timeout * 1000:.0f} ms, below the {MIN_STORE_TIMEOUT * 1000:.0f} ms floor: "
+            f"a healthy store call (a network round trip plus a GC or scheduling pause) would "
+            f"time out and renewals fail. The smallest {ttl_name} that works is {MIN_TTL} (with "
+            f"{interval_name} and lease_store_timeout unset)"
+        )
     if timeout >= interval:
         raise LeaseConfigError(
             f"lease_store_timeout={timeout!r} ({where}) must be shorter than "
@@ -345,9 +346,10 @@ def resolve_backend(options: LeaseOptions, conf: Mapping[str, Any], where: str) 
     if isinstance(broker, str) and broker.startswith(_REDIS_SCHEMES):
         connection.validate_backend(broker, options.backend_options, where, _FALLBACK)
         return broker
+    broker_is = "is not set either" if broker is None else \
+        f"{connection.safe_url(broker)!r} is not a Redis URL"
     raise LeaseConfigError(
-        f"lease_backend is not set ({where}) and broker_url {connection.safe_url(broker)!r} is "
-        f"not a Redis URL: set "
+        f"lease_backend is not set ({where}) and broker_url {broker_is}: set "
         f"app.conf.lease_backend = 'redis://host:6379/1' to say where leases live"
     )
 

@@ -222,8 +222,9 @@ def parse_store(url: Any, options: Mapping[str, Any] | None = None,
     if options is None:
         options = {}
     if not isinstance(options, Mapping):
-        raise LeaseConfigError(f"lease_backend_options={options!r} must be a dict, e.g. "
-                               "{'ssl_ca_certs': '/etc/ssl/redis-ca.pem'}")
+        # The type, not the value: it may hold a password (ssl_password, sentinel_kwargs).
+        raise LeaseConfigError(f"lease_backend_options (a {type(options).__name__}) must be a "
+                               "dict, e.g. {'ssl_ca_certs': '/etc/ssl/redis-ca.pem'}")
     opts = _options_items(options, _OPTION_KEYS, "lease_backend_options", setting, url)
     nodes = [_node_params(chunk, setting, url) for chunk in url.split(";") if chunk.strip()]
     schemes = {scheme for scheme, _ in nodes}

@@ -7,9 +7,10 @@ rebuilds an exception as ``cls(*args)`` (case C03).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from celery.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import CeleryCommandException, SoftTimeLimitExceeded
 
 __all__ = [
     "LeaseConfigError",
@@ -17,9 +18,14 @@ __all__ = [
     "LeaseError",
     "LeaseKeyError",
     "LeaseLost",
+    "LeaseStartRefused",
     "LeaseStoreUnavailable",
     "LostCause",
 ]
+
+#: Exit status of a ``celery worker`` / ``celery beat`` that refused to start (sysexits'
+#: configuration error).
+EX_CONFIG: int = getattr(os, "EX_CONFIG", 78)
 
 
 class LostCause:
@@ -45,12 +51,54 @@ class LeaseError(Exception):
         return (type(self), self.args)
 
 
-class LeaseConfigError(LeaseError, ValueError):
+class LeaseConfigError(LeaseError, ValueError, CeleryCommandException):  # type: ignore[misc]
     """A lease setting or task option is invalid.
 
     Raised as early as possible: when the task is registered for per-task options, at worker
     start for app-wide settings. The message names the option and the fix.
+
+    It is also the Click exception Celery's commands use: raised while ``celery worker`` (or
+    any ``celery`` command) loads the app, it is printed as one line, ``Error: celery-lease
+    configuration error: <message>``, and the command exits with :data:`EX_CONFIG` (78)
+    instead of printing a traceback.
     """
+
+    exit_code = EX_CONFIG
+
+    def __init__(self, *args: Any) -> None:
+        Exception.__init__(self, *args)  # not Click's: the args are the message, as usual
+        self.show_color = None  # what Click's own __init__ would set: colour if a terminal
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)
+
+    @property
+    def message(self) -> str:
+        """The line a ``celery`` command prints (after ``Error: ``)."""
+        return f"celery-lease configuration error: {self}"
+
+
+class LeaseStartRefused(LeaseConfigError):
+    """A worker or beat refused to start: no leased task (or no election) can work like this.
+
+    Printed by ``celery worker`` / ``celery beat`` as one line, ``Error: celery-lease refused
+    to start this <what>: <why>``, with exit status :data:`EX_CONFIG` (78).
+
+    Args:
+        what: ``"worker"`` or ``"beat"``.
+        message: what is wrong and the fix (str).
+    """
+
+    def __init__(self, what: str = "worker", message: str = "") -> None:
+        super().__init__(what, message)
+
+    def __str__(self) -> str:
+        return f"celery-lease refused to start this {self.args[0]}: {self.args[1]}"
+
+    @property
+    def message(self) -> str:
+        """The line a ``celery`` command prints (after ``Error: ``)."""
+        return str(self)
 
 
 class LeaseKeyError(LeaseError, TypeError):

@@ -67,11 +67,13 @@ class LeaseInfo:
         key: the Redis key (str).
         task: the holder's task name (str; ``celery.beat`` for a beat leader lease).
         task_id: the holder's task id (str; the beat node for a beat lease).
-        host: the holder's hostname (str).
+        host: the holder's host name (str), without a worker's node name: the same for a
+            worker (``celery@web1`` holds it on ``web1``), a beat and an eager call.
         pid: the holder's process id (int, 0 when unknown).
         fencing_token: int.
         ttl: float seconds left on the server (-1.0 for a key without expiry).
         token: the holder's execution token (str).
+        node: the worker's node name (``celery@web1``) when a worker holds it, else ``""``.
     """
 
     key: str
@@ -82,13 +84,17 @@ class LeaseInfo:
     fencing_token: int
     ttl: float
     token: str
+    node: str = ""
 
 
 def _info(key: str, value: bytes | str, pttl: int) -> LeaseInfo:
     holder = store.parse_value(value)
+    # A worker records its node name (celery@web1), beat and eager calls the host name.
+    node = holder.hostname if "@" in holder.hostname else ""
     return LeaseInfo(key=key, task=holder.task_name, task_id=holder.task_id,
-                     host=holder.hostname, pid=holder.pid, fencing_token=holder.fencing_token,
-                     ttl=pttl / 1000 if pttl >= 0 else -1.0, token=holder.token)
+                     host=holder.hostname.rpartition("@")[2], pid=holder.pid,
+                     fencing_token=holder.fencing_token,
+                     ttl=pttl / 1000 if pttl >= 0 else -1.0, token=holder.token, node=node)
 
 
 def _glob_escape(text: str) -> str:
@@ -351,9 +357,10 @@ def check_beat(app: Any) -> list[Finding]:
         return []
     try:
         options = config.beat_settings(app.conf).options
+        key = beat_lease_key(app)
     except LeaseConfigError as exc:
         return [Finding("fail", "beat", str(exc))]
-    return [Finding("ok", "beat", f"leader lease {beat_lease_key(app)} ttl={options.ttl:g}s "
+    return [Finding("ok", "beat", f"leader lease {key} ttl={options.ttl:g}s "
                     f"renew_interval={options.renew_interval:g}s (a standby takes over within "
                     f"{options.ttl:g}s)")]
 

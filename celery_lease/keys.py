@@ -195,12 +195,23 @@ def build_key(
 
     Raises:
         LeaseKeyError: the arguments do not fit the signature, an argument in the key cannot be
-            encoded stably, or a ``lease_key`` callable did not return a non-empty string.
+            encoded stably, a ``lease_key`` callable does not take the call's arguments, or it
+            did not return a non-empty string.
+        Exception: whatever a ``lease_key`` callable's own body raises, unchanged (a
+            ``TypeError`` bug inside it included).
     """
     if callable(spec):
         try:
             custom = spec(*args, **kwargs)
         except TypeError as exc:
+            tb = exc.__traceback__
+            if tb is not None and tb.tb_next is not None:
+                # Raised inside the callable's body (a frame below this one): its own bug,
+                # left as it is with its traceback, and said where it came from.
+                add_note = getattr(exc, "add_note", None)  # Python 3.11+
+                if add_note is not None:
+                    add_note(f"raised by the lease_key callable of task {task_name}")
+                raise
             raise LeaseKeyError(
                 f"task {task_name}: the lease_key callable does not take the task's arguments: "
                 f"{exc}; give it the task's parameters (or *args, **kwargs)") from None

@@ -12,28 +12,31 @@ import inspect
 import logging
 import os
 import socket
+import time
 from collections.abc import Mapping
 from typing import Any, ClassVar, NoReturn
 
 from celery import Task, states
 from celery.exceptions import Ignore
+from celery.result import allow_join_result
+from celery.utils import uuid
 from kombu.serialization import dumps, loads
 from redis.exceptions import RedisError
 
-from . import interrupt, lifecycle, signals, store
+from . import eager, interrupt, lifecycle, signals, store
 from .config import (
     TASK_OPTIONS,
     LeaseOptions,
     LeaseSettings,
-    check_names,
     check_process_settings,
     resolve_options,
     resolve_settings,
     validate_lease_key,
 )
-from .errors import LeaseConflict, LeaseLost, LeaseStoreUnavailable
+from .errors import LeaseConflict, LeaseKeyError, LeaseLost, LeaseStoreUnavailable
 from .keys import KeySpec, build_key
 from .lease import Lease, _current
+from .names import check_task_names
 
 __all__ = ["SKIPPED_MARKER", "LeasedTask", "is_skipped"]
 
@@ -108,8 +111,7 @@ class LeasedTask(Task):  # type: ignore[misc]
             return
         where = f"task {cls.name}"
         given = {n for k in cls.__mro__[:cls.__mro__.index(LeasedTask)] for n in vars(k)}
-        check_names(given, "task option", where)
-        check_names(list(app.conf.keys()), "setting", "app.conf")
+        check_task_names(given, app.conf, where)
         check_process_settings(app.conf, "app.conf")
         resolve_options(app.conf, cls._lease_task_options(), where)
         cls._lease_signature = _run_signature(cls)
@@ -157,13 +159,28 @@ class LeasedTask(Task):  # type: ignore[misc]
         Pass the arguments as the worker receives them: with the JSON serializer a dict key
         ``1`` arrives as ``"1"`` and a tuple as a list (tuples and lists give the same key).
 
+        Args:
+            args: the positional arguments, a list or tuple (``("42",)``, not ``"42"``).
+            kwargs: the keyword arguments, a mapping.
+
         Raises:
-            LeaseKeyError: an argument cannot be encoded stably, or the arguments do not fit.
+            LeaseKeyError: ``args`` is not a list or tuple (a string would be iterated as
+                arguments), an argument cannot be encoded stably, or the arguments do not fit.
         """
+        if args is None:
+            args = ()
+        if not isinstance(args, (list, tuple)):
+            raise LeaseKeyError(
+                f"task {self.name}: lease_key_for(args={args!r}) takes the positional "
+                f"arguments as a list or tuple, e.g. lease_key_for(({args!r},))")
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise LeaseKeyError(
+                f"task {self.name}: lease_key_for(kwargs={kwargs!r}) takes the keyword "
+                f"arguments as a dict")
         options, _, _ = self.lease_settings()
         sig = type(self)._lease_signature or _run_signature(type(self))
         return build_key(
-            options.key_prefix, self.name, sig, self._lease_key_spec(), tuple(args or ()),
+            options.key_prefix, self.name, sig, self._lease_key_spec(), tuple(args),
             kwargs or {})
 
     @property
@@ -175,7 +192,7 @@ class LeasedTask(Task):  # type: ignore[misc]
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         holding = _current.get()
-        if holding is not None and not holding.lost:
+        if holding is not None and not holding.lost and not holding.retired:
             try:
                 # The key the worker will compute: from the arguments as the serializer hands
                 # them over (JSON turns {1: "a"} into {"1": "a"}).
@@ -190,7 +207,31 @@ class LeasedTask(Task):  # type: ignore[misc]
             if same_key:
                 options["headers"] = {
                     **(options.get("headers") or {}), SUCCESSOR_HEADER: holding.token}
+                if self.app.conf.task_always_eager:
+                    # A worker runs it after the holder ends; so does eager mode (not nested).
+                    task_id = options.pop("task_id", None) or uuid()
+                    return eager.defer(
+                        holding.token, task_id, self.name,
+                        lambda: super(LeasedTask, self).apply_async(
+                            args, kwargs, task_id=task_id, **options))
         return super().apply_async(args, kwargs, **options)
+
+    def on_replace(self, sig: Any) -> Any:
+        """Celery's replacement hook; in eager mode the holder's lease is released first.
+
+        On a worker the replaced execution ends (``Ignore``) and its lease is released before
+        the replacement runs; eager mode runs the replacement inside ``replace()``, so the
+        lease is released here, as the holder's body is over.
+        """
+        if not self.request.is_eager:
+            return super().on_replace(sig)
+        lease = _current.get()
+        if lease is not None:
+            self._end(lease)
+        # Celery reads the finished replacement's EagerResult with .get(), which it refuses
+        # under the delay() of always-eager mode; nothing can block: it ran already.
+        with allow_join_result():
+            return super().on_replace(sig)
 
     # -- execution ---------------------------------------------------------------------------
 
@@ -209,12 +250,21 @@ class LeasedTask(Task):  # type: ignore[misc]
             raise LeaseLost(*exc.args).with_traceback(exc.__traceback__) from None
         finally:
             try:
-                # A loss delivered while the body was ending can still land in here: the
-                # release below runs whatever happens.
-                lease.target.finish()
-            finally:
                 _current.reset(reset)
-                self._release(lease)
+                self._end(lease)
+            finally:
+                eager.run_deferred(lease.token)  # eager successors: after the release
+
+    def _end(self, lease: Lease) -> None:
+        """Stop loss delivery and release ``lease`` (once: ``on_replace`` may end it early)."""
+        if lease.retired:
+            return
+        try:
+            # A loss delivered while the body was ending can still land in here: the
+            # release below runs whatever happens.
+            lease.target.finish()
+        finally:
+            self._release(lease)
 
     def _acquire(
         self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -272,8 +322,10 @@ class LeasedTask(Task):  # type: ignore[misc]
             policy = "fail"
         else:
             policy = options.on_conflict
-        logger.info("lease conflict (%s): task %s[%s] not run: %s (fencing_token=%d)",
-                    policy, self.name, request.id, conflict, holder.fencing_token)
+        # A skip says what happened in its own line below, once the marker is stored.
+        logger.log(logging.DEBUG if policy == "skip" else logging.INFO,
+                   "lease conflict (%s): task %s[%s] not run: %s (fencing_token=%d)",
+                   policy, self.name, request.id, conflict, holder.fencing_token)
         signals.lease_conflict.send(
             sender=self, key=key, task_id=request.id, holder_task_id=holder.task_id,
             holder=holder.where, remaining=found.remaining, policy=policy,
@@ -299,7 +351,12 @@ class LeasedTask(Task):  # type: ignore[misc]
             ).apply_async()
             raise Ignore()
         if policy == "retry":
-            raise self.retry(exc=conflict, countdown=max(found.remaining, 0.05))
+            countdown = max(found.remaining, 0.05)
+            if request.is_eager:
+                # Eager mode runs a retry at once, ignoring its countdown: wait here the time
+                # a worker's retry would wait, or every retry would meet the same holder.
+                time.sleep(countdown)
+            raise self.retry(exc=conflict, countdown=countdown)
         if policy == "fail":
             raise conflict
         # skip: store a marker result so AsyncResult.get() returns instead of hanging
@@ -314,6 +371,13 @@ class LeasedTask(Task):  # type: ignore[misc]
             self.backend.mark_as_done(request.id, marker, request=request, state=states.SUCCESS)
         except Exception:
             logger.exception("could not store the skipped marker of %s", request.id)
+        else:
+            logger.info("skipped: task %s[%s] not run, lease %s held by %s (task %s, %.1fs "
+                        "left, fencing_token=%d); result stored as SUCCESS with a skip marker",
+                        self.name, request.id, key, holder.where, holder.task_id or "?",
+                        found.remaining, holder.fencing_token)
+        # Ignore, not a returned marker: a return would send task-succeeded, which would
+        # replace the task-lease-skipped state in Flower.
         raise Ignore()
 
     @staticmethod
@@ -331,4 +395,4 @@ class LeasedTask(Task):  # type: ignore[misc]
         try:
             self.send_event(type_, retry=False, **fields)
         except Exception as exc:
-            logger.debug("could not send %s: %r", type_, exc)
+            logger.debug("could not send %s: %s: %s", type_, type(exc).__name__, exc)

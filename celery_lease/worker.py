@@ -16,9 +16,15 @@ worker before it consumes a single message:
   setting and the fix, and refuses to start when ``lease_require_noeviction`` is true.
 
 An unreachable store is logged, not fatal: tasks then follow ``lease_on_store_error``, which
-beats a worker that crash-loops while Redis restarts. A store error that waiting cannot fix (a
-wrong password, an ACL denial, a refused TLS certificate, a missing database) refuses the start
-with a message naming the setting to fix.
+beats a worker that crash-loops while Redis restarts. Two exceptions refuse the start: a store
+error that waiting cannot fix (a wrong password, an ACL denial, a refused TLS certificate, a
+missing database), with a message naming the setting to fix; and ``lease_require_noeviction``
+set while the store cannot be reached, since the policy it promises cannot be checked (a
+supervisor restarts the worker, which starts once the store answers).
+
+A refusal is :class:`~celery_lease.errors.LeaseStartRefused`: a ``LeaseConfigError`` for code
+that builds a worker itself, and for ``celery worker`` a Click error, so the command prints one
+``Error: ...`` line and exits with ``EX_CONFIG`` (78) instead of a traceback.
 """
 
 from __future__ import annotations
@@ -32,14 +38,14 @@ from redis.exceptions import RedisError
 from . import store
 from .config import check_process_settings
 from .connection import permanent_error, safe_url
-from .errors import LeaseConfigError
+from .errors import LeaseConfigError, LeaseStartRefused
 from .inspection import redis_version_problem
+from .names import check_app_settings
 from .task import LeasedTask
 
 __all__ = ["LeaseStoreCheck", "check_app", "install"]
 
 logger = logging.getLogger("celery_lease")
-
 
 def check_app(app: Any) -> list[store.StoreCheck]:
     """Validate the lease settings of every leased task of ``app`` and check each store.
@@ -47,9 +53,11 @@ def check_app(app: Any) -> list[store.StoreCheck]:
     Returns the checks of the stores that answered.
 
     Raises:
-        LeaseConfigError: a setting is invalid, no Redis URL is known, or the eviction policy
-            is unsafe while ``lease_require_noeviction`` is set.
+        LeaseConfigError: a setting is invalid or unknown, no Redis URL is known, a store error
+            that waiting cannot fix, or ``lease_require_noeviction`` is set while the eviction
+            policy is unsafe or the store cannot be reached.
     """
+    check_app_settings(app.conf)
     check_process_settings(app.conf, "app.conf")
     stores: dict[tuple[str, str], tuple[float, Any, set[str]]] = {}
     for task in list(app.tasks.values()):
@@ -71,6 +79,12 @@ def check_app(app: Any) -> list[store.StoreCheck]:
                 raise LeaseConfigError(f"lease store {safe_url(url)}: {permanent} (refusing to "
                                        f"start: no leased task can run until this is fixed)"
                                        ) from None
+            if app.conf.get("lease_require_noeviction"):
+                raise LeaseConfigError(
+                    f"lease store {safe_url(url)} cannot be reached ({store.describe(exc)}), so "
+                    f"its maxmemory-policy cannot be checked and lease_require_noeviction=True "
+                    f"refuses to start without that check; start the worker once the store "
+                    f"answers, or set lease_require_noeviction=False") from None
             logger.error("lease store %s is unreachable at worker start: %s; leased tasks "
                          "follow lease_on_store_error until it answers", safe_url(url),
                          store.describe(exc))
@@ -110,7 +124,12 @@ class LeaseStoreCheck(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
-        check_app(parent.app)
+        try:
+            check_app(parent.app)
+        except LeaseConfigError as exc:
+            # Raised from the worker's construction: Click prints it as one line and exits.
+            logger.critical("celery-lease refused to start this worker: %s", exc)
+            raise LeaseStartRefused("worker", str(exc)) from None
 
 
 def install(app: Any) -> None:

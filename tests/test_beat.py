@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -26,8 +27,9 @@ import redis
 from celery import Celery
 from celery.beat import Scheduler
 
-from celery_lease import LeaseConfigError, store
+from celery_lease import LeaseConfigError, LeaseStartRefused, store
 from celery_lease.beat import LeasedScheduler
+from celery_lease.errors import EX_CONFIG
 from harness.waiting import wait_for
 from tests.support.fixtures import WorkerFactory
 from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, REPO_ROOT, RESULT_BACKEND_ENV
@@ -145,7 +147,8 @@ def test_overlong_periodic_run_never_overlaps_and_the_skip_is_visible(
     assert conflict["holder_task_id"] in {r["id"] for r in runs} | {
         s["task_id"] for s in _records(client, "signals") if s["signal"] == "lease_acquired"}
     assert conflict["remaining"] > 0
-    assert "lease conflict (skip): task ops.slow" in worker.log_text()
+    assert "skipped: task ops.slow[" in worker.log_text()
+    assert "result stored as SUCCESS with a skip marker" in worker.log_text()
 
 
 def _ticks_by(client: redis.Redis) -> list[tuple[int, float]]:
@@ -354,3 +357,76 @@ def test_a_scheduler_that_sends_by_apply_async_directly_is_guarded_too(redis_url
         assert client.llen("guarded") == sent
     finally:
         scheduler.close()
+
+
+def test_an_unnamed_apps_beat_refuses_to_guess_a_leader_key_in_one_line(
+    redis_url: str, tmp_path: Path,
+) -> None:
+    environ = {**os.environ, BROKER_URL_ENV: redis_url, "PYTHONUNBUFFERED": "1",
+               "PYTHONPATH": os.pathsep.join(
+                   p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.apps.unnamed_app", "beat", "-l", "info",
+         "-s", str(tmp_path / "schedule")], capture_output=True, text=True, env=environ,
+        cwd=tmp_path, timeout=60)
+    assert done.returncode == EX_CONFIG, done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    error = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert len(error) == 1 and error[0].startswith(
+        "Error: celery-lease refused to start this beat: celery beat leader lease: the app has "
+        "no name"), done.stderr
+    assert "Set lease_beat_key" in error[0]
+    assert redis.Redis.from_url(redis_url).keys("lease:*") == []  # no election took place
+
+
+def _beat_app(name: str | None, redis_url: str, queue: str, **conf: Any) -> Celery:
+    app = Celery(name, broker=redis_url, set_as_current=False)
+    app.conf.update(lease_beat_ttl=1.0, task_default_queue=queue,
+                    beat_schedule={f"{queue}-entry": {"task": f"{queue}.task", "schedule": 0.05}},
+                    **conf)
+    return app
+
+
+def _lead(scheduler: LeasedScheduler, client: redis.Redis, queue: str) -> None:
+    wait_for(lambda: scheduler.tick() is None or client.llen(queue) > 0, 5, interval=0.02)
+
+
+def test_apps_on_one_redis_each_lead_their_own_schedule(
+    redis_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="celery_lease")
+    client = redis.Redis.from_url(redis_url)
+    schedulers = [
+        LeasedScheduler(app=_beat_app("billing", redis_url, "billing"),
+                        schedule_filename=str(tmp_path / "billing")),
+        LeasedScheduler(app=_beat_app("reports", redis_url, "reports"),
+                        schedule_filename=str(tmp_path / "reports")),
+        LeasedScheduler(app=_beat_app(None, redis_url, "first-unnamed",
+                                      lease_beat_key="lease:{celery.beat:first}"),
+                        schedule_filename=str(tmp_path / "first")),
+        LeasedScheduler(app=_beat_app("__main__", redis_url, "second-unnamed",
+                                      lease_beat_key="lease:{celery.beat:second}"),
+                        schedule_filename=str(tmp_path / "second")),
+    ]
+    try:
+        for scheduler in schedulers:
+            _lead(scheduler, client, scheduler.app.conf.task_default_queue)
+        assert all(s.leader is not None and s.leader.is_leader for s in schedulers)
+        assert [s.leader.key for s in schedulers if s.leader] == [
+            "lease:{celery.beat:billing}", "lease:{celery.beat:reports}",
+            "lease:{celery.beat:first}", "lease:{celery.beat:second}"]
+        for queue in ("billing", "reports", "first-unnamed", "second-unnamed"):
+            assert client.llen(queue) > 0, queue  # each schedule is sent by its own leader
+        became = [r for r in caplog.records if r.getMessage().startswith("beat: became leader")]
+        assert len(became) == 4 and {r.levelno for r in became} == {logging.INFO}
+    finally:
+        for scheduler in schedulers:
+            scheduler.close()
+
+    for name in (None, "__main__"):
+        app = _beat_app(name, redis_url, "refused")
+        with pytest.raises(LeaseStartRefused, match="Set lease_beat_key") as info:
+            LeasedScheduler(app=app, schedule_filename=str(tmp_path / "refused"))
+        assert isinstance(info.value, LeaseConfigError)
+        with pytest.raises(LeaseStartRefused):  # celery beat's banner instance too
+            LeasedScheduler(app=app, lazy=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -15,6 +16,7 @@ import redis
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 
 from celery_lease import LeaseLost, store
+from harness.redis_server import free_port
 from harness.waiting import wait_for
 from tests.support.fixtures import RedisFactory, WorkerFactory
 from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, REPO_ROOT, RESULT_BACKEND_ENV
@@ -81,22 +83,37 @@ def test_ls_lists_the_leases_real_workers_hold(held: dict[str, Any]) -> None:
     for item in leases:
         assert item["task"] == "ops.hold"
         assert item["pid"] == held["worker"].pid  # threads pool: the worker process
-        assert item["host"] == held["worker"].hostname
+        assert item["host"] == socket.gethostname()  # the host, as for beat and eager calls
+        assert item["node"] == held["worker"].hostname  # the worker's node name
         assert item["fencing_token"] > 0
         assert 0 < item["ttl"] <= 2.0
         assert item["key"].startswith("lease:{ops.hold:")
 
-    table = celery_lease(held["env"], "ls")
+    # Not a terminal: the table fits 80 columns (COLUMNS says how wide a terminal is).
+    table = celery_lease({**held["env"], "COLUMNS": "80"}, "ls")
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
-    assert lines[0].split() == ["TASK", "TASK", "ID", "HOST", "PID", "FENCING", "TOKEN",
-                                "TIME", "LEFT", "KEY"]
-    for task_id in held["ids"]:
-        assert any(task_id in line and str(held["worker"].pid) in line for line in lines)
+    assert lines[0].split() == ["TASK", "TASK", "ID", "HOST", "PID", "TIME", "LEFT"]
+    assert max(len(line) for line in lines) <= 80, table.stdout
+    for item in leases:
+        row = next(line for line in lines if line.startswith("ops.hold") and
+                   item["task_id"][:8] in line)
+        assert f" {socket.gethostname()[:8]}" in row and f" {held['worker'].pid} " in row
     assert lines[-1] == "2 lease(s)"
+    wide = celery_lease({**held["env"], "COLUMNS": "80"}, "ls", "--wide")
+    assert wide.stdout.splitlines()[0].split() == [
+        "TASK", "TASK", "ID", "HOST", "PID", "FENCING", "TOKEN", "TIME", "LEFT", "KEY"]
+    for item in leases:  # in full, whatever the width
+        assert any(item["task_id"] in line and item["key"] in line
+                   for line in wide.stdout.splitlines())
 
     other = celery_lease(held["env"], "ls", "--task", "ops.slow")
     assert other.returncode == 0 and "no leases held by ops.slow" in other.stdout
+    unknown = celery_lease(held["env"], "ls", "--task", "ops.nope")
+    shown = celery_lease(held["env"], "show", "ops.nope")
+    assert unknown.returncode == shown.returncode == 2
+    assert unknown.stderr == shown.stderr == \
+        "no task named 'ops.nope' is registered in app 'ops_app'\n"
     mine = json.loads(celery_lease(held["env"], "ls", "--task", "ops.hold", "--json").stdout)
     assert len(mine) == 2
 
@@ -235,3 +252,30 @@ def test_doctor_fails_and_says_what_to_fix(
     down = celery_lease(env, "doctor")
     assert down.returncode == 1
     assert "unreachable" in down.stdout
+
+
+def test_without_an_app_the_cli_says_how_to_give_one(redis_url: str) -> None:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CELERY_")}
+    environ["PYTHONPATH"] = str(REPO_ROOT)
+    done = subprocess.run([sys.executable, "-m", "celery", "lease", "ls"], capture_output=True,
+                          text=True, env=environ, timeout=30, cwd=REPO_ROOT)
+    assert done.returncode == 2, done.stderr
+    assert "lease_backend is not set (app settings) and broker_url is not set either" \
+        in done.stderr  # what is wrong...
+    assert "hint: no app was given" in done.stderr and "celery -A proj lease" in done.stderr
+
+
+def test_a_store_error_keeps_its_message_and_no_command_shows_a_credential(
+    redis_url: str,
+) -> None:
+    dead = f"redis://user:s3cr3t@127.0.0.1:{free_port()}/0"
+    done = celery_lease(_env(redis_url, "q"), "ls", "--url", dead)
+    assert done.returncode == 1
+    assert done.stderr.startswith("lease store error: ConnectionError: Error 111 connecting to "
+                                  "127.0.0.1"), done.stderr
+    for args in (("ls", "--url", dead), ("doctor", "--url", dead), ("release", "k", "--url",
+                                                                     dead, "--yes")):
+        run = celery_lease(_env(redis_url, "q", LEASE_BACKEND=dead), *args)
+        assert run.returncode != 0 and "s3cr3t" not in run.stdout + run.stderr, args
+    doctor = celery_lease(_env(redis_url, "q", LEASE_BACKEND=dead), "doctor")
+    assert "user:**@127.0.0.1" in doctor.stdout and "s3cr3t" not in doctor.stdout

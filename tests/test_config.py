@@ -5,17 +5,27 @@ from __future__ import annotations
 import logging
 import math
 import signal
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from celery import Celery
 
 from celery_lease import LeaseConfigError, LeasedTask
-from celery_lease.config import beat_settings, resolve_backend, resolve_options, resolve_signal
+from celery_lease.config import (
+    MIN_STORE_TIMEOUT,
+    MIN_TTL,
+    beat_settings,
+    resolve_backend,
+    resolve_options,
+    resolve_signal,
+)
 
 
 def make_app(**conf: object) -> Celery:
     app = Celery("cfg", broker="memory://", set_as_current=False)
-    app.conf.update(lease_backend="redis://127.0.0.1:1/0", **conf)
+    app.conf.update({"lease_backend": "redis://127.0.0.1:1/0", **conf})
     app.finalize()
     return app
 
@@ -72,7 +82,7 @@ def test_app_setting_is_validated_too() -> None:
 def test_fractional_seconds_are_exact() -> None:
     options = resolve_options({}, {"lease_ttl": 1.9}, "t")
     assert options.ttl_ms == 1900
-    assert resolve_options({}, {"lease_ttl": 0.0015}, "t").ttl_ms == 2
+    assert resolve_options({}, {"lease_ttl": 0.3006}, "t").ttl_ms == 301
     assert options.renew_interval == pytest.approx(1.9 / 3)
     assert options.store_timeout == pytest.approx(1.9 / 6)
 
@@ -206,3 +216,122 @@ def test_beat_interval_defaults_to_a_third_of_the_beat_ttl_not_the_task_interval
     settings = beat_settings(make_app(lease_renew_interval=5.0, lease_beat_ttl=3.0).conf)
     assert (settings.options.ttl, settings.options.renew_interval) == (3.0, 1.0)
     assert settings.url == "redis://127.0.0.1:1/0"
+
+
+def test_a_ttl_too_short_for_a_working_store_timeout_is_refused_with_the_smallest_that_works(
+) -> None:
+    with pytest.raises(LeaseConfigError, match=r"lease_ttl=0.1 .* of 17 ms, below the 50 ms") \
+            as info:
+        register(make_app(), lease_ttl=0.1)
+    assert f"smallest lease_ttl that works is {MIN_TTL}" in str(info.value)
+    with pytest.raises(LeaseConfigError, match=r"lease_store_timeout=0.01 .* is 10 ms"):
+        register(make_app(), lease_ttl=1.0, lease_store_timeout=0.01)
+    with pytest.raises(LeaseConfigError, match=r"lease_beat_ttl=0.2 .*below the 50 ms"):
+        beat_settings({"lease_backend": "redis://h/0", "lease_beat_ttl": 0.2})
+    assert resolve_options({}, {"lease_ttl": MIN_TTL}, "t").store_timeout == pytest.approx(
+        MIN_STORE_TIMEOUT)
+
+
+def test_every_unknown_setting_is_reported_in_one_error() -> None:
+    with pytest.raises(LeaseConfigError) as info:
+        register(make_app(lease_tll=5.0, lease_on_confict="fail", lease_frobnicate=1))
+    message = str(info.value)
+    assert message.startswith("3 unknown settings (app.conf)")
+    for name, hint in (("lease_tll", "lease_ttl"), ("lease_on_confict", "lease_on_conflict")):
+        assert f"{name}, did you mean {hint}?" in message
+    assert "lease_frobnicate" in message
+    with pytest.raises(LeaseConfigError,
+            match=r"2 unknown task options.*lease_tl, .*lease_tll, "):
+        register(make_app(), lease_tll=5.0, lease_tl=1.0)
+    with pytest.raises(LeaseConfigError) as both:  # options and settings in the same error
+        register(make_app(lease_on_confict="fail"), lease_tll=5.0)
+    assert str(both.value) == (
+        "unknown task option lease_tll (task tests.test_config.job); did you mean lease_ttl?\n"
+        "unknown setting lease_on_confict (app.conf); did you mean lease_on_conflict?")
+
+
+DJANGO_SETTINGS = """\
+# A Django settings module, as a Django project writes it (read without Django).
+DEBUG = False
+TIME_ZONE = "UTC"
+INSTALLED_APPS = ["accounts"]
+CELERY_BROKER_URL = "redis://127.0.0.1:1/0"
+CELERY_LEASE_BACKEND = "redis://127.0.0.1:1/1"
+CELERY_LEASE_ON_CONFLICT = "retry"
+"""
+
+
+@pytest.fixture
+def django_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                    ) -> Iterator[Callable[[str], str]]:
+    """Write a settings module with ``extra`` lines; return its importable name."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    written = []
+
+    def write(extra: str) -> str:
+        name = f"django_style_settings_{len(written)}"
+        (tmp_path / f"{name}.py").write_text(DJANGO_SETTINGS + extra)
+        written.append(name)
+        return name
+
+    yield write
+    for name in written:
+        sys.modules.pop(name, None)
+
+
+def django_app(module: str, namespace: str = "CELERY") -> Celery:
+    app = Celery("proj", set_as_current=False)
+    app.config_from_object(module, namespace=namespace)
+    app.finalize()  # what a worker does before it runs: the tasks are registered
+    return app
+
+
+def test_namespaced_settings_take_effect_and_a_misspelt_one_is_refused_like_a_plain_one(
+    django_settings: Callable[[str], str],
+) -> None:
+    app = django_app(django_settings("CELERY_LEASE_TTL = 12.0\n"))
+    job = register(app)
+    options, url, _ = job.lease_settings()
+    assert (options.ttl, options.on_conflict, url) == (12.0, "retry", "redis://127.0.0.1:1/1")
+
+    with pytest.raises(LeaseConfigError) as plain:
+        register(make_app(lease_tll=5.0))
+    with pytest.raises(LeaseConfigError) as namespaced:
+        register(django_app(django_settings("CELERY_LEASE_TLL = 5.0\n")))
+    assert "did you mean lease_ttl?" in str(plain.value)
+    assert str(namespaced.value) == (
+        "unknown setting CELERY_LEASE_TLL (lease_tll) (app.conf); did you mean "
+        "CELERY_LEASE_TTL (lease_ttl)?")
+
+
+def test_every_misspelt_namespaced_setting_is_reported_in_any_namespace_case(
+    django_settings: Callable[[str], str],
+) -> None:
+    with pytest.raises(LeaseConfigError, match=r"^2 unknown settings") as info:
+        register(django_app(django_settings(
+            "CELERY_LEASE_TLL = 5.0\nCELERY_LEASE_RENEW_INTERVALL = 1.0\n")))
+    assert "did you mean CELERY_LEASE_RENEW_INTERVAL (lease_renew_interval)?" in str(info.value)
+    with pytest.raises(LeaseConfigError, match=r"celery_lease_tll \(lease_tll\)"):
+        register(django_app(django_settings("celery_lease_tll = 5.0\n"), namespace="celery"))
+    # Outside the namespace Celery does not read a name at all: not ours to judge.
+    register(django_app(django_settings("LEASE_TLL = 5.0\n")))
+
+
+@pytest.mark.parametrize(("conf", "options"), [
+    ({"broker_url": "amqp://user:s3cr3t@host:5672//", "lease_backend": None}, {}),
+    ({"broker_url": "redis://user:s3cr3t@host:6379/0?socket_timeout=abc",
+      "lease_backend": None}, {}),
+    ({}, {"lease_backend": "redis://:s3cr3t@host:12x/0"}),
+    ({}, {"lease_backend": "redis://u:s3cr3t@host/0?password=s3cr3t&frob=1"}),
+    ({}, {"lease_backend": "sentinel://:s3cr3t@a:26379;sentinel://:s3cr3t@b:26379",
+          "lease_backend_options": {"frob": 1}}),
+    ({}, {"lease_backend": "rediss://h/0",
+          "lease_backend_options": [("ssl_password", "s3cr3t")]}),
+])
+def test_no_configuration_error_shows_a_credential(conf: dict[str, object],
+                                                   options: dict[str, object]) -> None:
+    app = make_app(**conf)
+    with pytest.raises(LeaseConfigError) as info:
+        register(app, **options).lease_settings()
+    assert "s3cr3t" not in str(info.value)
+    assert "lease_backend" in str(info.value)  # and it still names what to fix

@@ -22,6 +22,7 @@ from celery_lease import (
     LeasedTask,
     LeaseKeyError,
     LeaseLost,
+    LeaseStartRefused,
     LeaseStoreUnavailable,
     current_lease,
     is_skipped,
@@ -113,6 +114,7 @@ def test_every_error_pickles_and_survives_json_serialization() -> None:
         LeaseStoreUnavailable("lease:{k}", "acquire", "ConnectionError()"),
         LeaseConfigError("lease_ttl=0 is bad"),
         LeaseKeyError("task t: argument 'a'"),
+        LeaseStartRefused("beat", "no name"),
     ]
     backend = BaseBackend(Celery(set_as_current=False), serializer="json")
     for error in errors:

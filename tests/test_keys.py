@@ -174,3 +174,31 @@ def test_the_task_module_does_not_import_the_worker_module() -> None:
     code = ("import sys, celery_lease.task; "
             "assert 'celery_lease.worker' not in sys.modules, 'task imports worker'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_type_error_inside_a_lease_key_callable_is_reported_as_that_bug() -> None:
+    def key_of(account: Any, b: Any = 2) -> str:
+        return "account-" + account  # the bug: str + int
+
+    task = task_of(f, name="buggy", lease_key=key_of)
+    with pytest.raises(TypeError) as info:
+        task.lease_key_for((7,))
+    assert not isinstance(info.value, LeaseKeyError)
+    assert "can only concatenate str" in str(info.value)
+    frames = [entry.name for entry in info.traceback]
+    assert frames[-1] == "key_of"  # the original traceback, down to the faulty line
+    if sys.version_info >= (3, 11):
+        assert info.value.__notes__ == ["raised by the lease_key callable of task buggy"]
+    # A callable that does not take the call's arguments is still named as such.
+    with pytest.raises(LeaseKeyError, match="lease_key callable does not take"):
+        task.lease_key_for((1, 2, 3))
+
+
+@pytest.mark.parametrize("args", ["42", b"42", 42, {"a": 1}, {4, 2}])
+def test_lease_key_for_refuses_arguments_that_are_not_a_list_or_tuple(args: Any) -> None:
+    task = task_of(f, name="acct")
+    with pytest.raises(LeaseKeyError, match=r"task acct: lease_key_for\(args=.*list or tuple"):
+        task.lease_key_for(args)
+    assert task.lease_key_for(["42"]) == task.lease_key_for(("42",)) != task.lease_key_for(("4",))
+    with pytest.raises(LeaseKeyError, match="keyword arguments as a dict"):
+        task.lease_key_for((1,), [("b", 2)])  # type: ignore[arg-type]

@@ -228,7 +228,7 @@ def test_conflict_visible_in_log_signal_and_event(rig: Rig) -> None:
     assert skipped["lease_holder_task_id"] == holder.id
     assert str(skipped["lease_key"]).startswith("lease:{hold:")
     assert rig.journal(event="conflict-signal")[0]["policy"] == "skip"
-    assert "lease conflict (skip)" in rig.logs()
+    assert "skipped: task " in rig.logs()
 
 
 def test_skipped_duplicate_get_returns_a_marker_not_a_hang(rig: Rig) -> None:

@@ -1,0 +1,82 @@
+"""``celery worker`` refusing to start, as a user sees it: a real worker process whose lease
+configuration no task can run with prints one readable refusal (no traceback), exits with
+``EX_CONFIG`` and never reports ready; an unreachable store is only refused when
+``lease_require_noeviction`` promised a check of its eviction policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from celery_lease.errors import EX_CONFIG
+from harness.redis_server import free_port
+from harness.workers import CeleryWorker
+from tests.support.fixtures import WorkerFactory
+
+
+def _refused(worker: CeleryWorker) -> str:
+    worker.start()
+    code = worker.wait(60)
+    output = worker.log_text()
+    assert code == EX_CONFIG, output[-3000:]
+    assert "ready." not in output
+    assert "Traceback" not in output, output[-3000:]
+    return output
+
+
+def test_a_worker_whose_configuration_cannot_work_refuses_in_one_line_without_credentials(
+    tmp_path: Path,
+) -> None:
+    output = _refused(CeleryWorker("tests.apps.no_backend_app", pool="solo", queue="refused",
+                                   log_dir=tmp_path))
+    errors = [line for line in output.splitlines() if line.startswith("Error:")]
+    assert errors == [
+        "Error: celery-lease refused to start this worker: lease_backend is not set (task "
+        "no_backend.job) and broker_url 'amqp://guest:**@127.0.0.1:5672//' is not a Redis URL: "
+        "set app.conf.lease_backend = 'redis://host:6379/1' to say where leases live"]
+    assert "guest:guest" not in output
+
+
+def test_require_noeviction_with_an_unreachable_store_refuses_to_start(
+    tmp_path: Path, redis_url: str, worker_factory: WorkerFactory,
+) -> None:
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    env = {"TEST_BROKER_URL": redis_url, "TEST_QUEUE": worker_factory.queue,
+           "LEASE_BACKEND": dead}
+    output = _refused(CeleryWorker("tests.apps.lease_app", pool="solo",
+                                   queue=worker_factory.queue, log_dir=tmp_path,
+                                   env={**env, "LEASE_REQUIRE_NOEVICTION": "1"}))
+    assert f"lease store {dead} cannot be reached" in output
+    assert "lease_require_noeviction=True refuses to start without that check" in output
+    # Without the promise, the worker starts and the tasks follow lease_on_store_error.
+    started = worker_factory("tests.apps.lease_app", env=env)
+    assert "is unreachable at worker start" in started.log_text()
+
+
+DJANGO_STYLE_PROJECT = {
+    "djsettings.py": (
+        "# A Django settings module as a Django project writes it (read without Django).\n"
+        "DEBUG = False\n"
+        "CELERY_BROKER_URL = 'redis://127.0.0.1:1/0'\n"
+        "CELERY_LEASE_BACKEND = 'redis://127.0.0.1:1/0'\n"
+        "CELERY_LEASE_TLL = 5.0\n"
+        "CELERY_LEASE_ON_CONFICT = 'retry'\n"),
+    "djproj.py": (
+        "from celery import Celery\n"
+        "from celery_lease import LeasedTask\n"
+        "app = Celery('djproj')\n"
+        "app.config_from_object('djsettings', namespace='CELERY')\n"
+        "@app.task(base=LeasedTask)\n"
+        "def sync(account_id): ...\n"),
+}
+
+
+def test_misspelt_namespaced_settings_stop_a_real_worker_in_one_line(tmp_path: Path) -> None:
+    for name, text in DJANGO_STYLE_PROJECT.items():
+        (tmp_path / name).write_text(text)
+    output = _refused(CeleryWorker("djproj", pool="solo", queue="refused", log_dir=tmp_path,
+                                   env={"PYTHONPATH": str(tmp_path)}))
+    assert output.strip().splitlines()[-1] == (
+        "Error: celery-lease configuration error: 2 unknown settings (app.conf): "
+        "CELERY_LEASE_ON_CONFICT (lease_on_confict), did you mean CELERY_LEASE_ON_CONFLICT "
+        "(lease_on_conflict)?; CELERY_LEASE_TLL (lease_tll), did you mean CELERY_LEASE_TTL "
+        "(lease_ttl)?")
