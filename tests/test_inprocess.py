@@ -49,7 +49,7 @@ def test_direct_call_takes_no_lease_eager_and_apply_take_and_release(
     app = make_app(redis_url)
     seen: list[Any] = []
 
-    @app.task(bind=True, base=LeasedTask, lease_ttl=2.0)  # type: ignore[misc]
+    @app.task(bind=True, base=LeasedTask, lease_ttl=2.0, shared=False)  # type: ignore[misc]
     def job(self: Any, n: int) -> int:
         seen.append(current_lease())
         return n
@@ -67,7 +67,7 @@ def test_direct_call_takes_no_lease_eager_and_apply_take_and_release(
 def test_eager_conflict_returns_the_skip_marker(redis_url: str) -> None:
     app = make_app(redis_url)
 
-    @app.task(base=LeasedTask, lease_ttl=5.0)  # type: ignore[misc]
+    @app.task(base=LeasedTask, lease_ttl=5.0, shared=False)  # type: ignore[misc]
     def job(n: int) -> int:
         return n
 
@@ -81,7 +81,7 @@ def test_eager_conflict_returns_the_skip_marker(redis_url: str) -> None:
 def test_refusing_a_duplicate_costs_one_round_trip(redis_url: str) -> None:
     app = make_app(redis_url)
 
-    @app.task(base=LeasedTask, lease_ttl=5.0)  # type: ignore[misc]
+    @app.task(base=LeasedTask, lease_ttl=5.0, shared=False)  # type: ignore[misc]
     def job(n: int) -> int:
         return n
 
@@ -133,7 +133,7 @@ def test_no_command_names_the_key_after_release(redis_url: str) -> None:
     """Watch with MONITOR: after a lease's release, no command names its key."""
     app = make_app(redis_url)
 
-    @app.task(base=LeasedTask, lease_ttl=0.3)  # type: ignore[misc]
+    @app.task(base=LeasedTask, lease_ttl=0.3, shared=False)  # type: ignore[misc]
     def job(n: int) -> str:
         time.sleep(0.35)  # several renewals (interval 0.1 s)
         return current_lease().key  # type: ignore[union-attr]
@@ -175,7 +175,7 @@ def test_heartbeat_renews_many_leases_in_one_round_trip_per_interval(redis_url: 
     started = threading.Barrier(21)
     done = threading.Event()
 
-    @app.task(base=LeasedTask, lease_ttl=0.6)  # type: ignore[misc]
+    @app.task(base=LeasedTask, lease_ttl=0.6, shared=False)  # type: ignore[misc]
     def job(n: int) -> None:
         started.wait(5)
         done.wait(5)
@@ -202,7 +202,7 @@ def test_exit_without_release_is_prompt_and_lease_expires(redis_url: str) -> Non
         app = Celery("exiting", broker="memory://", set_as_current=False)
         app.conf.update(lease_backend={redis_url!r}, task_always_eager=True)
 
-        @app.task(base=LeasedTask, lease_ttl=1.0)
+        @app.task(base=LeasedTask, lease_ttl=1.0, shared=False)
         def job():
             threading.Event().wait()  # never returns: the lease is never released
 
@@ -228,7 +228,7 @@ def test_forked_child_never_renews_or_releases_the_parents_lease(redis_url: str)
     app = make_app(redis_url)
     result: dict[str, Any] = {}
 
-    @app.task(base=LeasedTask, lease_ttl=1.0)  # type: ignore[misc]
+    @app.task(base=LeasedTask, lease_ttl=1.0, shared=False)  # type: ignore[misc]
     def job() -> None:
         lease = current_lease()
         assert lease is not None
@@ -259,7 +259,7 @@ def test_threads_two_keys_each_renews_and_releases_its_own(redis_url: str) -> No
     outcome: dict[int, str] = {}
     running = threading.Barrier(3)
 
-    @app.task(bind=True, base=LeasedTask, lease_ttl=0.6)  # type: ignore[misc]
+    @app.task(bind=True, base=LeasedTask, lease_ttl=0.6, shared=False)  # type: ignore[misc]
     def job(self: Any, n: int) -> None:
         running.wait(5)
         try:
@@ -291,7 +291,7 @@ def test_every_way_an_execution_ends_releases_its_lease(redis_url: str, outcome:
 
     app = make_app(redis_url, task_eager_propagates=False)
 
-    @app.task(bind=True, base=LeasedTask, lease_ttl=0.6)  # type: ignore[misc]
+    @app.task(bind=True, base=LeasedTask, lease_ttl=0.6, shared=False)  # type: ignore[misc]
     def job(self: Any) -> str:
         if outcome == "exception":
             raise KeyError("boom")
@@ -313,7 +313,7 @@ def test_renewals_answered_with_errors_end_as_store_error(throwaway_redis: Any) 
     app = make_app(server.url(), task_eager_propagates=False)
     seen: dict[str, Any] = {}
 
-    @app.task(bind=True, base=LeasedTask, lease_ttl=0.9)  # type: ignore[misc]
+    @app.task(bind=True, base=LeasedTask, lease_ttl=0.9, shared=False)  # type: ignore[misc]
     def job(self: Any) -> None:
         server.client().replicaof("127.0.0.1", "1")  # read-only now: renewals get READONLY
         try:
@@ -341,7 +341,7 @@ def test_a_task_can_declare_its_lease_lost(redis_url: str) -> None:
 
     signals.lease_lost.connect(on_lost)
 
-    @app.task(bind=True, base=LeasedTask, lease_ttl=5.0)  # type: ignore[misc]
+    @app.task(bind=True, base=LeasedTask, lease_ttl=5.0, shared=False)  # type: ignore[misc]
     def job(self: Any) -> None:
         raise self.lease.lose()  # e.g. a fenced write was refused
 
@@ -359,7 +359,7 @@ def test_no_asynchronous_lease_lost_after_check_raised(redis_url: str) -> None:
     app = make_app(redis_url, task_eager_propagates=False)
     cleanup: list[str] = []
 
-    @app.task(bind=True, base=LeasedTask, lease_ttl=5.0)  # type: ignore[misc]
+    @app.task(bind=True, base=LeasedTask, lease_ttl=5.0, shared=False)  # type: ignore[misc]
     def job(self: Any) -> None:
         lease = self.lease
         lease.mark_lost("deadline", deliver=False)
