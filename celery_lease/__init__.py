@@ -16,10 +16,15 @@ from .errors import (
     LeaseStoreUnavailable,
     LostCause,
 )
+from .hold import Hold, hold
+from .hold_async import AsyncHold, hold_async
+from .keys import hold_name
 from .lease import Lease, current_lease
 from .task import LeasedTask, is_skipped
 
 __all__ = [
+    "AsyncHold",
+    "Hold",
     "Lease",
     "LeaseConfigError",
     "LeaseConflict",
@@ -30,6 +35,9 @@ __all__ = [
     "LeasedTask",
     "LostCause",
     "current_lease",
+    "hold",
+    "hold_async",
+    "hold_name",
     "is_skipped",
 ]
 
