@@ -111,7 +111,7 @@ class AsyncHold:
             else:  # Python 3.10: only the message tells
                 external = isinstance(exc, asyncio.CancelledError) and \
                     exc.args[:1] != (interrupt.CANCEL_MESSAGE,)
-        ending = await _off_loop(end, lease, lease.task_name)
+        ending = await _off_loop(lambda: end(lease, sender=lease.task_name))
         if external:
             if isinstance(exc, asyncio.CancelledError):
                 return False
