@@ -270,7 +270,8 @@ def hold(name: str, *, ttl: float | None = None, url: str | None = None, app: An
         ttl: lease lifetime, float seconds (default: the app's ``lease_ttl``).
         url: the store's Redis URL (default: the app's ``lease_backend``, else its Redis
             ``broker_url``).
-        app: the Celery app whose ``lease_*`` settings apply (default: ``celery.current_app``).
+        app: the Celery app whose ``lease_*`` settings apply (default: ``celery.current_app``,
+            which is per thread: the default app in a thread that did not create the app).
         on_conflict: ``"raise"`` (:class:`LeaseConflict` with the holder and its time left) or
             ``"wait"`` (until released, or ``timeout``; then :class:`LeaseConflict`).
         timeout: with ``"wait"``, the most float seconds to wait (``None``: no limit).
@@ -322,7 +323,9 @@ def _settings(name: str, app: Any, url: str | None, ttl: float | None,
         raise LeaseConfigError(
             f"{where}: no Redis URL for the lease store: pass url='redis://host:6379/1' or "
             f"app=<a Celery app with lease_backend or a Redis broker_url>, or set "
-            f"lease_backend on the current Celery app") from None
+            f"lease_backend on the current Celery app (Celery's current app is per thread: "
+            f"in a thread that did not create the app, pass app= or call app.set_default())"
+        ) from None
 
 
 def _holder() -> lifecycle.HolderInfo:
