@@ -25,6 +25,7 @@ freed can take it before a woken waiter.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -40,7 +41,7 @@ from redis.exceptions import RedisError
 from . import clock, connection, interrupt, lifecycle, store
 from .config import LeaseSettings, resolve_settings
 from .errors import LeaseConfigError, LeaseConflict, LeaseLost, LeaseStoreUnavailable
-from .keys import hold_key
+from .keys import DEFAULT_PREFIX, hold_key
 from .lease import Lease
 
 __all__ = ["HOLD_TASK_NAME", "Hold", "hold"]
@@ -68,7 +69,6 @@ class Hold:
 
     Attributes:
         name: the hold name (str).
-        key: the Redis key (str).
         lease: the :class:`~celery_lease.lease.Lease` while held, else ``None``.
     """
 
@@ -88,13 +88,29 @@ class Hold:
         self._params: dict[str, Any] = dict(
             ttl=ttl, url=url, app=app, on_conflict=on_conflict, timeout=timeout,
             blocking=blocking, renew_interval=renew_interval, key_prefix=key_prefix)
+        hold_key(DEFAULT_PREFIX, name)  # a bad name fails here, at once
         self.name = name
         self.on_conflict = on_conflict
         self.timeout = timeout
         self.blocking = blocking
-        self.settings = _settings(name, app, url, ttl, renew_interval, key_prefix)
-        self.key = hold_key(self.settings.options.key_prefix, name)
         self.lease: Lease | None = None
+
+    @functools.cached_property
+    def settings(self) -> LeaseSettings:
+        """The resolved settings, on first use: a decorator applied at import time reads the
+        app's configuration when the function is first called, not before it is configured.
+
+        Raises:
+            LeaseConfigError: an invalid option, or no Redis URL.
+        """
+        p = self._params
+        return _settings(self.name, p["app"], p["url"], p["ttl"], p["renew_interval"],
+                         p["key_prefix"])
+
+    @functools.cached_property
+    def key(self) -> str:
+        """The Redis key: ``<lease_key_prefix>:{hold:<name>}`` (resolves the settings)."""
+        return hold_key(self.settings.options.key_prefix, self.name)
 
     # -- taking and ending ----------------------------------------------------------------------
 
@@ -226,7 +242,10 @@ class Hold:
 
     def fresh(self) -> Hold:
         """A new, unheld object with the same options (the decorator uses one per call)."""
-        return type(self)(self.name, **self._params)
+        copy = type(self)(self.name, **self._params)
+        if "settings" in self.__dict__:  # resolved once per decorated function, not per call
+            copy.settings = self.settings
+        return copy
 
     def __call__(self, func: F) -> F:
         """Decorate ``func``: each call runs inside a fresh hold (signature kept by ``wrapt``).
@@ -285,9 +304,10 @@ def hold(name: str, *, ttl: float | None = None, url: str | None = None, app: An
     greenlet); a loss that could not be raised inside is raised when the block ends.
 
     Raises:
-        LeaseConfigError: an invalid option, or no Redis URL from ``url``, ``app`` or the
-            current app (raised here, before anything is sent).
-        LeaseKeyError: an invalid ``name``.
+        LeaseConfigError: an invalid ``on_conflict`` or ``timeout`` (here); an invalid setting,
+            or no Redis URL from ``url``, ``app`` or the current app (on entry, or at the first
+            call of a decorated function, before anything is sent).
+        LeaseKeyError: an invalid ``name`` (here).
         LeaseConflict: (on entry) held elsewhere, and not or no longer waited for.
         LeaseStoreUnavailable: (on entry) the store could not be reached.
         LeaseLost: the lease was lost while held.

@@ -60,10 +60,14 @@ class AsyncHold:
         lease: the :class:`~celery_lease.lease.Lease` while held, else ``None``.
     """
 
+    @property
+    def key(self) -> str:
+        """The Redis key (resolves the settings)."""
+        return self._hold.key
+
     def __init__(self, name: str, **options: Any) -> None:
         self._hold = Hold(name, **options)
         self.name = name
-        self.key = self._hold.key
         self.lease: Lease | None = None
         self._target: interrupt.AsyncioTarget | None = None
 

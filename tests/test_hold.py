@@ -111,7 +111,19 @@ def test_decorator_keeps_the_signature_and_holds_per_call(redis_url: str) -> Non
 def test_no_redis_url_is_a_config_error_naming_the_fix() -> None:
     app = Celery("no-redis", broker="amqp://guest@localhost//", set_as_current=False)
     with pytest.raises(LeaseConfigError, match=r"pass url='redis://"):
-        hold("x", app=app)
+        with hold("x", app=app):
+            pytest.fail("entered without a store")
+
+
+def test_decorator_reads_the_app_settings_at_the_first_call(redis_url: str) -> None:
+    app = Celery("late", set_as_current=False)
+
+    @hold("late-configured", app=app)
+    def job() -> bool:
+        return True
+
+    app.conf.lease_backend = redis_url  # configured after the decorator ran
+    assert job() is True
 
 
 def test_store_comes_from_the_current_app_settings(redis_url: str) -> None:
