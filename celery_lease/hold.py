@@ -26,6 +26,7 @@ freed can take it before a woken waiter.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import os
 import socket
@@ -149,7 +150,8 @@ class Hold:
 
     def wait_time(self, found: store.AcquireResult, deadline: float | None) -> float:
         """How long to wait for a release before trying again (float seconds, <= 0: give up)."""
-        chunk = min(found.remaining + EXPIRY_SLACK, WAIT_CHUNK)
+        # At least 10 ms: a foreign key without a lifetime (remaining 0) is no tight loop.
+        chunk = min(max(found.remaining + EXPIRY_SLACK, 0.01), WAIT_CHUNK)
         if deadline is None:
             return max(chunk, 0.001)
         left = deadline - clock.now()
@@ -252,8 +254,6 @@ class Hold:
 
         A coroutine function gets :func:`celery_lease.hold_async` instead.
         """
-        import inspect
-
         if inspect.iscoroutinefunction(func):
             from .hold_async import AsyncHold
 

@@ -288,9 +288,17 @@ def hold_name(label: str, *values: Any, **named: Any) -> str:
         LeaseKeyError: a bad label, or a value with no stable encoding.
     """
     _check_name(label, "hold_name label")
-    pairs = [(str(i), v) for i, v in enumerate(values)]
-    pairs += sorted(named.items())
-    return f"{label}:{_digest(pairs, f'hold_name({label!r})')}"
+    pairs = [(str(i), v) for i, v in enumerate(values)] + sorted(named.items())
+    h = hashlib.blake2b(digest_size=16)
+    for name, value in pairs:
+        try:
+            h.update(_tagged(b"p", name.encode()) + encode_value(value))
+        except (_Unencodable, RecursionError):
+            raise LeaseKeyError(
+                f"hold_name({label!r}): value {name} of type {type(value).__qualname__} has no "
+                f"stable encoding; pass str, int, float, bool, None, bytes, list, tuple, dict, "
+                f"set, UUID, datetime, date, time, timedelta or Decimal values") from None
+    return f"{label}:{h.hexdigest()}"
 
 
 def wake_key(key: str) -> str:

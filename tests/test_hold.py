@@ -147,8 +147,8 @@ def test_hold_name_encodes_values_by_type_and_order_of_keywords() -> None:
     assert hold_name("inv", (1, 2)) == hold_name("inv", [1, 2])
     assert hold_name("inv", a=1, b=2) == hold_name("inv", b=2, a=1)
     assert hold_name("inv", {3, 1, 2}).startswith("inv:")
-    with pytest.raises(LeaseKeyError):
-        hold_name("inv", object())
+    with pytest.raises(LeaseKeyError, match=r"hold_name\('inv'\): value 1 of type object"):
+        hold_name("inv", 1, object())
 
 
 def test_hold_inside_a_task_records_the_task_as_holder(redis_url: str) -> None:
