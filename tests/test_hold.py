@@ -5,9 +5,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
+import json
+import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +33,9 @@ from celery_lease.hold import HOLD_TASK_NAME
 from celery_lease.inspection import read_lease, scan_leases
 from celery_lease.keys import hold_key
 from tests.support.rig import measured
+from tests.support.workers import BROKER_URL_ENV, RESULT_BACKEND_ENV
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_hold_is_visible_with_its_holder_and_released_at_exit(redis_url: str) -> None:
@@ -303,3 +311,35 @@ def test_hold_async_conflict_and_wait(redis_url: str) -> None:
 async def _take_when_free(url: str) -> Any:
     async with hold_async("async-wait", url=url, on_conflict="wait", timeout=5.0) as lease:
         return lease.fencing_token
+
+
+def test_celery_lease_ls_lists_a_hold_with_its_holder(redis_url: str) -> None:
+    env = {**os.environ, BROKER_URL_ENV: redis_url, RESULT_BACKEND_ENV: redis_url,
+           "PYTHONPATH": str(ROOT)}
+    with hold("listed", url=redis_url, ttl=30.0) as lease:
+        done = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "tests.apps.lease_tasks_app", "lease", "ls",
+             "--json"], capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    listed = json.loads(done.stdout)
+    assert [(e["key"], e["task"], e["fencing_token"]) for e in listed] == [
+        (lease.key, HOLD_TASK_NAME, lease.fencing_token)]
+
+
+def test_hold_async_external_cancel_at_the_moment_of_loss_stays_a_cancellation(
+        redis_url: str) -> None:
+    async def main() -> str:
+        try:
+            async with hold_async("async-both", url=redis_url, ttl=5.0) as lease:
+                task = asyncio.current_task()
+                assert task is not None
+                task.cancel()  # someone cancels the task...
+                lease.mark_lost("refused")  # ...as the heartbeat delivers a loss
+                await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            return "cancelled"
+        except LeaseLost:
+            return "lost"
+        return "neither"
+
+    assert asyncio.run(main()) == "cancelled"

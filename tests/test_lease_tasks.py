@@ -85,9 +85,10 @@ def test_bad_entries_are_clear_errors_naming_the_entry(
         apply_lease_tasks(app)
 
 
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
 def test_worker_leases_the_tasks_and_retries_an_autoretry_task(
-        redis_url: str, worker_factory: Any) -> None:
-    worker_factory(APP, pool="threads", concurrency=4)
+        redis_url: str, worker_factory: Any, pool: str) -> None:
+    worker_factory(APP, pool=pool, concurrency=4)
     app = _client_app(redis_url, {}, worker_factory.queue)
     client = redis.Redis.from_url(redis_url)
     slow = app.send_task("thirdparty.close_day", ("2024-02-01",), {"note": "1.5"})
