@@ -33,6 +33,7 @@ from celery_lease.hold import HOLD_TASK_NAME
 from celery_lease.inspection import read_lease, scan_leases
 from celery_lease.keys import hold_key
 from tests.support.rig import measured
+from tests.support.topologies import cluster_setup
 from tests.support.workers import BROKER_URL_ENV, RESULT_BACKEND_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -343,3 +344,30 @@ def test_hold_async_external_cancel_at_the_moment_of_loss_stays_a_cancellation(
         return "neither"
 
     assert asyncio.run(main()) == "cancelled"
+
+
+def test_waiting_hold_is_woken_on_a_redis_cluster() -> None:
+    """The lease, its fencing counter and its wake list share one hash tag (one slot)."""
+    with cluster_setup() as setup:
+        app = Celery("on-cluster", set_as_current=False)
+        app.conf.update(lease_backend=f"redis://127.0.0.1:{setup.live()[0].port}/0",
+                        lease_backend_options={"cluster": True})
+        holding, release, released_at = threading.Event(), threading.Event(), []
+
+        def holder() -> None:
+            with hold("clustered", app=app, ttl=30.0):
+                holding.set()
+                release.wait(10)
+                released_at.append(time.perf_counter())
+
+        t = threading.Thread(target=holder)
+        t.start()
+        assert holding.wait(10)
+        waiter = hold("clustered", app=app, on_conflict="wait", timeout=20.0)
+        assert waiter.acquire(blocking=False) is False
+        release.set()
+        assert waiter.acquire()
+        woken = time.perf_counter() - released_at[0]
+        assert waiter.release() is True
+        t.join(10)
+    assert woken < 1.0  # by the release, not at the holder's expiry 30 s away

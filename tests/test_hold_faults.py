@@ -8,6 +8,7 @@ asyncio task (``hold_async``: cancellation). Faults: the holder paused past its 
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import signal
@@ -127,3 +128,14 @@ def test_holder_paused_past_its_lifetime_loses_and_another_takes_over(
             assert not lease.lost
     finally:
         holder.proc.send_signal(signal.SIGCONT)
+
+
+def test_greenlets_contending_under_gevent_never_hold_at_once(redis_url: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.apps.hold_contend", redis_url, "8", "2.0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["overlaps"] == 0 and result["rising"] is True
+    assert result["entries"] > 20
