@@ -245,8 +245,7 @@ class Hold:
     def fresh(self) -> Hold:
         """A new, unheld object with the same options (the decorator uses one per call)."""
         copy = type(self)(self.name, **self._params)
-        if "settings" in self.__dict__:  # resolved once per decorated function, not per call
-            copy.settings = self.settings
+        copy.settings = self.settings  # resolved once per decorated function, not per call
         return copy
 
     def __call__(self, func: F) -> F:
@@ -259,7 +258,7 @@ class Hold:
 
             @wrapt.decorator
             async def run_async(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-                async with AsyncHold(self.name, **self._params):
+                async with AsyncHold(self.name, settings=self.settings, **self._params):
                     return await wrapped(*args, **kwargs)
 
             return run_async(func)  # type: ignore[return-value]

@@ -65,8 +65,10 @@ class AsyncHold:
         """The Redis key (resolves the settings)."""
         return self._hold.key
 
-    def __init__(self, name: str, **options: Any) -> None:
+    def __init__(self, name: str, *, settings: Any = None, **options: Any) -> None:
         self._hold = Hold(name, **options)
+        if settings is not None:  # already resolved (the decorator's)
+            self._hold.settings = settings
         self.name = name
         self.lease: Lease | None = None
         self._target: interrupt.AsyncioTarget | None = None
@@ -79,6 +81,7 @@ class AsyncHold:
         if task is None:
             raise RuntimeError("hold_async() must be entered from an asyncio task")
         loop = asyncio.get_running_loop()
+        h.settings  # noqa: B018 - resolved here: celery.current_app is per thread
         wait = h.blocking and h.on_conflict == "wait"
         started = clock.now()
         deadline = None if h.timeout is None else started + h.timeout
