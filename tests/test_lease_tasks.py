@@ -115,3 +115,15 @@ def test_worker_refuses_to_start_on_a_pattern_matching_nothing(
                             ready_timeout=None)
     assert worker.wait(60) not in (None, 0)
     assert "lease_tasks['billing.*'] matches no registered task" in worker.log_text()
+
+
+def test_the_setting_lives_beside_leased_tasks_of_the_same_app(redis_url: str) -> None:
+    app = _client_app(redis_url, {"thirdparty.close_day": {}})
+
+    @app.task(base=LeasedTask, name="own.task")
+    def own() -> bool:
+        return celery_lease.current_lease() is not None
+
+    app.finalize()  # LeasedTask checks every lease_* setting name: lease_tasks is known
+    assert own.apply().get() is True
+    assert apply_lease_tasks(app) == ["thirdparty.close_day"]
