@@ -153,7 +153,7 @@ class Hold:
         # At least 10 ms: a foreign key without a lifetime (remaining 0) is no tight loop.
         chunk = min(max(found.remaining + EXPIRY_SLACK, 0.01), WAIT_CHUNK)
         if deadline is None:
-            return max(chunk, 0.001)
+            return chunk
         left = deadline - clock.now()
         return min(chunk, left) if left > 0 else 0.0
 
