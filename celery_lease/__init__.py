@@ -17,10 +17,16 @@ from .errors import (
     LeaseStoreUnavailable,
     LostCause,
 )
+from .hold import Hold, hold
+from .hold_async import AsyncHold, hold_async
+from .keys import hold_name
 from .lease import Lease, current_lease
+from .lease_tasks import apply_lease_tasks  # also: applies app.conf.lease_tasks at finalize
 from .task import LeasedTask, is_skipped
 
 __all__ = [
+    "AsyncHold",
+    "Hold",
     "Lease",
     "LeaseConfigError",
     "LeaseConflict",
@@ -31,7 +37,11 @@ __all__ = [
     "LeaseStoreUnavailable",
     "LeasedTask",
     "LostCause",
+    "apply_lease_tasks",
     "current_lease",
+    "hold",
+    "hold_async",
+    "hold_name",
     "is_skipped",
 ]
 

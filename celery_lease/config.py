@@ -67,8 +67,9 @@ TASK_OPTIONS = (
     "lease_on_store_error",
 )
 
-#: Settings read elsewhere (the beat leader lease, celery_lease.beat) and the task-only option.
-OTHER_NAMES = ("lease_key", "lease_beat_scheduler", "lease_beat_ttl",
+#: Settings read elsewhere (the beat leader lease, celery_lease.beat; lease_tasks,
+#: celery_lease.lease_tasks) and the task-only option.
+OTHER_NAMES = ("lease_key", "lease_tasks", "lease_beat_scheduler", "lease_beat_ttl",
                "lease_beat_renew_interval", "lease_beat_key")
 
 ON_CONFLICT = ("skip", "retry", "fail")

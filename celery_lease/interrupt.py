@@ -9,7 +9,9 @@ The mechanism is chosen per execution context when the lease is taken, never by 
   ``SIGUSR2``; billiard owns ``SIGUSR1``); it interrupts ``sleep``, socket reads and lock waits,
   but not C code that holds the GIL;
 - any other thread (the threads pool): ``PyThreadState_SetAsyncExc``; it lands at the next
-  bytecode, so it cannot interrupt a blocking call (``sleep``, ``recv``) until that returns.
+  bytecode, so it cannot interrupt a blocking call (``sleep``, ``recv``) until that returns;
+- an asyncio task (``hold_async``, :func:`for_asyncio_task`): the task is cancelled from its
+  loop (``call_soon_threadsafe``); the block's exit turns that cancellation into the loss.
 
 In each case the exception lands at the first point the runtime allows; where it cannot land
 (see the table), :meth:`Lease.check <celery_lease.lease.Lease.check>` raises it as soon as the
@@ -28,7 +30,7 @@ from kombu.utils.compat import detect_environment
 
 from .errors import LeaseLost
 
-__all__ = ["Target", "for_current_context"]
+__all__ = ["AsyncioTarget", "Target", "for_asyncio_task", "for_current_context"]
 
 
 class Target(Protocol):
@@ -195,6 +197,53 @@ class _EventletTarget(_OneExecution):
 
     def finish(self) -> None:
         self.running = False
+
+
+# --- asyncio: cancel the task from its loop ---------------------------------------------------
+
+#: The message of the cancellation that delivers a loss (``CancelledError.args``).
+CANCEL_MESSAGE = "celery_lease: lease lost"
+
+
+class AsyncioTarget(_OneExecution):
+    """Delivers a loss to an asyncio task by cancelling it from its own loop.
+
+    Attributes:
+        cancelled: True once the task was cancelled for the loss (``task.cancel()`` ran).
+        error: the loss delivered, if any.
+    """
+
+    mechanism = "asyncio-cancel"
+
+    def __init__(self, task: Any, loop: Any) -> None:
+        super().__init__()
+        self.task = task
+        self.loop = loop
+        self.cancelled = False
+        self.error: LeaseLost | None = None
+
+    def _cancel(self, error: LeaseLost) -> None:
+        # On the loop's thread, like finish(): nothing else runs between the check and cancel.
+        if self.running and not self.task.done() and not self.cancelled:
+            self.error = error
+            self.cancelled = bool(self.task.cancel(CANCEL_MESSAGE))
+
+    def deliver(self, error: LeaseLost) -> bool:
+        if not self.running:
+            return False
+        try:
+            self.loop.call_soon_threadsafe(self._cancel, error)
+        except RuntimeError:  # the loop is closed: nothing left to interrupt
+            return False
+        return True
+
+    def finish(self) -> None:
+        self.running = False
+
+
+def for_asyncio_task(task: Any, loop: Any) -> AsyncioTarget:
+    """The delivery target for asyncio ``task`` running on ``loop`` (call it on that loop)."""
+    return AsyncioTarget(task, loop)
 
 
 def for_current_context(signum: int) -> Target:

@@ -12,7 +12,9 @@ This module owns every key the library writes:
 - a lease key, ``<prefix>:{...}`` (:func:`build_key`, :func:`beat_leader_key`);
 - its fencing counter, ``<lease key>:fence`` (:func:`fence_key`), which also notes the token of
   the last execution that released it;
-- the beat leader's record of last runs, ``<leader key>:last-run`` (:func:`last_run_key`).
+- the beat leader's record of last runs, ``<leader key>:last-run`` (:func:`last_run_key`);
+- a hold's key, ``<prefix>:{hold:<name>}`` (:func:`hold_key`), and the short-lived list its
+  release pushes to wake a waiting hold, ``<hold key>:wake`` (:func:`wake_key`).
 
 :data:`INTERNAL_SUFFIXES` lists the suffixes of the keys that are not leases, for tools that
 scan a prefix (``celery lease ls``).
@@ -39,8 +41,11 @@ __all__ = [
     "build_key",
     "encode_value",
     "fence_key",
+    "hold_key",
+    "hold_name",
     "is_internal",
     "last_run_key",
+    "wake_key",
 ]
 
 #: The default ``lease_key_prefix``.
@@ -49,8 +54,11 @@ DEFAULT_PREFIX = "lease"
 BEAT_TASK_NAME = "celery.beat"
 _FENCE = ":fence"
 _LAST_RUN = ":last-run"
+_WAKE = ":wake"
 #: Suffixes of the keys written beside leases that are not leases themselves.
-INTERNAL_SUFFIXES = (_FENCE, _LAST_RUN)
+INTERNAL_SUFFIXES = (_FENCE, _LAST_RUN, _WAKE)
+#: The task name part of every hold key: ``<prefix>:{hold:<name>}``.
+HOLD_PREFIX = "hold:"
 
 #: ``None`` (all arguments), a sequence of parameter names, or a callable returning a string.
 KeySpec = None | Sequence[str] | Callable[..., str]
@@ -247,3 +255,63 @@ def last_run_key(leader_key: str) -> str:
 def is_internal(key: str) -> bool:
     """True for a key the library writes beside leases (a fencing counter, beat state)."""
     return key.endswith(INTERNAL_SUFFIXES)
+
+
+def _check_name(name: Any, what: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise LeaseKeyError(f"{what} {name!r} must be a non-empty str, e.g. 'invoice:42'")
+    if "{" in name or "}" in name:
+        raise LeaseKeyError(
+            f"{what} {name!r} contains a brace: braces are reserved for the Redis Cluster hash "
+            f"tag; use another character, or build the name with hold_name(label, *values)")
+    if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in name):
+        raise LeaseKeyError(
+            f"{what} {name!r} contains a control character; use printable text, or build the "
+            f"name with hold_name(label, *values)")
+    return name
+
+
+def hold_key(prefix: str, name: str) -> str:
+    """The lease key of ``celery_lease.hold(name)``: ``<prefix>:{hold:<name>}``.
+
+    A name over 120 characters is cut and suffixed with a hash of the whole (still unique).
+
+    Raises:
+        LeaseKeyError: ``name`` is empty, not a str, or contains a brace or a control character.
+    """
+    _check_name(name, "hold name")
+    return f"{prefix}:{{{_bounded(HOLD_PREFIX + name)}}}"
+
+
+def hold_name(label: str, *values: Any, **named: Any) -> str:
+    """A hold name built from values with the type-aware encoding task keys use.
+
+    ``hold_name("invoice", 42)`` is ``"invoice:<digest>"``; ``42``, ``"42"``, ``42.0`` and
+    ``True`` give different names, a tuple and a list the same one, and the digest does not
+    depend on ``PYTHONHASHSEED``. Keyword values count by name, in any order.
+
+    Args:
+        label: the readable part (no braces or control characters).
+        values, named: the values that identify the resource (str, int, float, bool, None,
+            bytes, list, tuple, dict, set, UUID, datetime, date, time, timedelta, Decimal).
+
+    Raises:
+        LeaseKeyError: a bad label, or a value with no stable encoding.
+    """
+    _check_name(label, "hold_name label")
+    pairs = [(str(i), v) for i, v in enumerate(values)] + sorted(named.items())
+    h = hashlib.blake2b(digest_size=16)
+    for name, value in pairs:
+        try:
+            h.update(_tagged(b"p", name.encode()) + encode_value(value))
+        except (_Unencodable, RecursionError):
+            raise LeaseKeyError(
+                f"hold_name({label!r}): value {name} of type {type(value).__qualname__} has no "
+                f"stable encoding; pass str, int, float, bool, None, bytes, list, tuple, dict, "
+                f"set, UUID, datetime, date, time, timedelta or Decimal values") from None
+    return f"{label}:{h.hexdigest()}"
+
+
+def wake_key(key: str) -> str:
+    """The list a hold's release pushes to, to wake holds waiting for ``key`` (same hash tag)."""
+    return key + _WAKE

@@ -38,7 +38,7 @@ from redis.exceptions import (
 )
 
 from . import connection, routing
-from .keys import fence_key
+from .keys import fence_key, wake_key
 
 __all__ = [
     "AcquireResult",
@@ -50,7 +50,9 @@ __all__ = [
     "client_for",
     "parse_value",
     "release",
+    "release_and_wake",
     "renew_many",
+    "wait_for_release",
 ]
 
 TOKEN_LENGTH = 32
@@ -99,6 +101,31 @@ return 0
 """
 
 
+# The release of a hold (celery_lease.hold): the same release, then one "free" element in the
+# key's wake list for a waiting hold's BLPOP. A separate script, so a task's release costs
+# nothing more. DEL first: the list holds at most one element (one waiter woken per release;
+# it passes the turn on with its own release). pcall: a wake refused under OOM only leaves
+# the waiters to their fallback, the holder's expiry.
+RELEASE_WAKE_LUA = _HELD + """
+if mine then
+  redis.call('DEL', KEYS[1])
+  local counter = string.match(redis.call('GET', KEYS[2]) or '', '^%d+')
+  if counter then
+    redis.pcall('SET', KEYS[2], counter .. ':' .. ARGV[1], 'KEEPTTL')
+  end
+  redis.call('DEL', KEYS[3])
+  redis.pcall('RPUSH', KEYS[3], '1')
+  redis.pcall('PEXPIRE', KEYS[3], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+# How long a wake element waits for a waiter, int milliseconds: long enough for a waiter
+# between its refused acquire and its BLPOP; a stale one costs a later waiter one acquire.
+WAKE_LIFETIME_MS = 2000
+
+
 class _Script:
     """A Lua script sent by SHA, loaded on ``NOSCRIPT`` (e.g. after a server restart).
 
@@ -124,6 +151,7 @@ class _Script:
 _acquire = _Script(ACQUIRE_LUA)
 _renew = _Script(RENEW_LUA)
 _release = _Script(RELEASE_LUA)
+_release_wake = _Script(RELEASE_WAKE_LUA)
 
 
 def client_for(url: str, timeout: float, options: Any = None) -> redis.Redis:
@@ -298,6 +326,36 @@ def release(client: redis.Redis, key: str, token: str) -> bool:
     """
     try:
         return bool(_release(client, (key, fence_key(key)), (token,)))
+    except RedisError as exc:
+        raise routing.note(exc, client, key) from None
+
+
+def release_and_wake(client: redis.Redis, key: str, token: str) -> bool:
+    """:func:`release`, and wake one hold waiting for ``key`` (:func:`wait_for_release`).
+
+    Used by holds only (their keys are never a task's), so a task's release is unchanged.
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    keys = (key, fence_key(key), wake_key(key))
+    try:
+        return bool(_release_wake(client, keys, (token, WAKE_LIFETIME_MS)))
+    except RedisError as exc:
+        raise routing.note(exc, client, key) from None
+
+
+def wait_for_release(client: redis.Redis, key: str, timeout: float) -> bool:
+    """Block up to ``timeout`` float seconds (at least 1 ms) for a release of ``key`` by
+    :func:`release_and_wake`. Returns True when woken by one, False on the timeout.
+
+    ``client`` must time out later than ``timeout`` (a client of its own for waiting).
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    try:
+        return client.blpop([wake_key(key)], max(timeout, 0.001)) is not None
     except RedisError as exc:
         raise routing.note(exc, client, key) from None
 

@@ -1,0 +1,149 @@
+"""``async with celery_lease.hold_async(name)``: :func:`celery_lease.hold` for asyncio code.
+
+The lease is taken and released by the same code as :func:`~celery_lease.hold` (run in the
+loop's default executor, so a store round trip never blocks the loop), renewed by the
+process's one heartbeat thread. A loss cancels the task that entered the block, from its own
+loop (:class:`celery_lease.interrupt.AsyncioTarget`); the block's exit turns that cancellation
+into :class:`~celery_lease.errors.LeaseLost`. A cancellation that came from elsewhere (a
+timeout, ``task.cancel()``) stays a ``CancelledError``, also when both happen at once: on
+Python 3.11+ the task's cancellation count tells them apart (``Task.uncancel``); on 3.10 the
+cancellation's message does.
+
+Waiting (``on_conflict="wait"``) blocks an executor thread in ``BLPOP`` for at most
+:data:`celery_lease.hold.WAIT_CHUNK` seconds at a time; a waiting task that is cancelled
+returns at once, its thread finishes that wait in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from . import clock, interrupt, store
+from .hold import Hold, end
+from .lease import Lease
+
+__all__ = ["AsyncHold", "hold_async"]
+
+T = TypeVar("T")
+
+
+async def _off_loop(call: Callable[..., T], *args: Any,
+                    abandoned: Callable[[T], None] | None = None) -> T:
+    """Run ``call(*args)`` in the default executor; if the awaiting task is cancelled, the
+    call still completes and ``abandoned`` gets its result (e.g. a lease to release)."""
+    future = asyncio.get_running_loop().run_in_executor(None, call, *args)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        if abandoned is not None:
+            def done(f: asyncio.Future[T]) -> None:
+                if not f.cancelled() and f.exception() is None:
+                    abandoned(f.result())
+            future.add_done_callback(done)
+        raise
+
+
+def _release_abandoned(got: Lease | store.AcquireResult) -> None:
+    if isinstance(got, Lease):  # granted to a task cancelled meanwhile: nobody runs under it
+        got.target.finish()
+        asyncio.get_running_loop().run_in_executor(None, lambda: end(got, sender=got.task_name))
+
+
+class AsyncHold:
+    """``async with`` a lease on ``name``; made by :func:`hold_async` (same options as
+    :func:`celery_lease.hold`).
+
+    Attributes:
+        name, key: as :class:`~celery_lease.hold.Hold`.
+        lease: the :class:`~celery_lease.lease.Lease` while held, else ``None``.
+    """
+
+    @property
+    def key(self) -> str:
+        """The Redis key (resolves the settings)."""
+        return self._hold.key
+
+    def __init__(self, name: str, *, settings: Any = None, **options: Any) -> None:
+        self._hold = Hold(name, **options)
+        if settings is not None:  # already resolved (the decorator's)
+            self._hold.settings = settings
+        self.name = name
+        self.lease: Lease | None = None
+        self._target: interrupt.AsyncioTarget | None = None
+
+    async def __aenter__(self) -> Lease:
+        h = self._hold
+        if self.lease is not None:
+            raise RuntimeError(f"hold {self.name!r} is held by this object already")
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("hold_async() must be entered from an asyncio task")
+        loop = asyncio.get_running_loop()
+        h.settings  # noqa: B018 - resolved here: celery.current_app is per thread
+        wait = h.blocking and h.on_conflict == "wait"
+        started = clock.now()
+        deadline = None if h.timeout is None else started + h.timeout
+        while True:
+            target = interrupt.for_asyncio_task(task, loop)
+            got = await _off_loop(h.try_take, target, abandoned=_release_abandoned)
+            if isinstance(got, Lease):
+                self.lease, self._target = got, target
+                return got
+            seconds = h.wait_time(got, deadline) if wait else 0.0
+            if seconds <= 0:
+                raise h.conflict(got, clock.now() - started if wait else 0.0)
+            await _off_loop(h.wait_released, seconds)
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        lease, target = self.lease, self._target
+        if lease is None or target is None:
+            raise RuntimeError(f"hold {self.name!r} is not held")
+        self.lease = self._target = None
+        target.finish()  # on the loop's thread: no cancellation for the loss after this
+        task = asyncio.current_task()
+        ours = target.cancelled
+        external = False
+        if ours:
+            if not isinstance(exc, asyncio.CancelledError):
+                # The body ended before our cancellation landed: take it here, not later.
+                try:
+                    await asyncio.sleep(0)
+                except asyncio.CancelledError:
+                    pass
+            uncancel = getattr(task, "uncancel", None)
+            if uncancel is not None:
+                external = uncancel() > 0
+            else:  # Python 3.10: only the message tells
+                external = isinstance(exc, asyncio.CancelledError) and \
+                    exc.args[:1] != (interrupt.CANCEL_MESSAGE,)
+        ending = await _off_loop(lambda: end(lease, sender=lease.task_name))
+        if external:
+            if isinstance(exc, asyncio.CancelledError):
+                return False
+            raise asyncio.CancelledError()
+        loss = target.error or ending.loss
+        if ours and (exc is None or isinstance(exc, asyncio.CancelledError)):
+            assert loss is not None
+            raise loss from None
+        if exc is None and ending.loss is not None:
+            raise ending.loss
+        return False
+
+
+def hold_async(name: str, **options: Any) -> AsyncHold:
+    """``async with hold_async(name, ...) as lease:``, the asyncio form of
+    :func:`celery_lease.hold` (same arguments: ``ttl``, ``url``, ``app``, ``on_conflict``,
+    ``timeout``, ``blocking``, ``renew_interval``, ``key_prefix``).
+
+    A loss cancels the task that entered the block and surfaces there as
+    :class:`LeaseLost`; any other cancellation stays a ``CancelledError``.
+
+    Raises:
+        LeaseConfigError, LeaseKeyError: as :func:`celery_lease.hold` (here, at once).
+        LeaseConflict, LeaseStoreUnavailable: on entry.
+        LeaseLost: the lease was lost while held.
+    """
+    return AsyncHold(name, **options)
+

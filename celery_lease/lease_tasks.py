@@ -1,0 +1,218 @@
+"""``app.conf.lease_tasks``: leased executions for tasks you did not write.
+
+::
+
+    app.conf.lease_tasks = {
+        "billing.tasks.close_day": {"lease_key": ["day"], "lease_ttl": 120.0},
+        "reports.*": {},  # a glob pattern: every matching task, default options
+    }
+
+Each matching task's executions take a lease exactly as a :class:`~celery_lease.LeasedTask`
+would: the same code runs them. For each task a private class ``Leased[<name>]`` derives from
+``LeasedTask`` and from the task's own class (so it has the task's retry, queue and other
+options) and shares the task's request stack; the task *instance* registered in the app gets
+three instance attributes, and its class is left alone (``type(task)``, ``isinstance`` and
+everything else anyone who imports the task sees stays as it was):
+
+- ``run``: the original ``run`` (or the autoretry wrapper) inside the private class's
+  lease-taking ``__call__``. Celery's tracer calls ``task.run`` (or the task's own ``__call__``,
+  which calls ``self.run``), in a worker and in ``apply()``/eager mode alike; a direct call
+  ``task(...)`` takes no lease, as with ``LeasedTask``;
+- ``apply_async``: marks a message the holder of the same key publishes (a retry) so that it
+  runs after the holder ends, as ``LeasedTask.apply_async`` does;
+- ``lease``: a view of :func:`celery_lease.current_lease` (attributes of the running
+  execution's lease; false outside one), for ``bind=True`` tasks that read ``self.lease``.
+
+When it applies: once the app is finalized (every task known then), again when the worker's
+default modules are imported, and at worker start, where it is strict: a pattern that matches
+no task, an unknown option, a ``lease_key`` naming a parameter the task does not take, a task
+that is already a ``LeasedTask``, or two patterns for one task stop the worker with a
+:class:`~celery_lease.errors.LeaseConfigError` naming the entry. Elsewhere (a script using
+``apply()``) call :func:`apply_lease_tasks` to get the same errors raised. Celery's own
+``celery.*`` tasks are never leased.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import inspect
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from celery import bootsteps
+from celery import signals as celery_signals
+from celery._state import connect_on_app_finalize
+
+from .config import TASK_OPTIONS, check_names, resolve_options, validate_lease_key
+from .errors import LeaseConfigError
+from .lease import current_lease
+from .task import LeasedTask
+
+__all__ = ["SETTING", "apply_lease_tasks"]
+
+logger = logging.getLogger("celery_lease")
+
+#: The setting's name.
+SETTING = "lease_tasks"
+_OPTIONS = (*TASK_OPTIONS, "lease_key")
+_MARK = "_lease_tasks_leased"  # instance attribute: the private class applied to this task
+
+
+class _LeaseView:
+    """``self.lease`` of a task leased by ``lease_tasks``: the running execution's lease."""
+
+    def __getattr__(self, name: str) -> Any:
+        lease = current_lease()
+        if lease is None:
+            raise AttributeError(f"no lease is held here (outside a leased execution): {name}")
+        return getattr(lease, name)
+
+    def __bool__(self) -> bool:
+        return current_lease() is not None
+
+    def __repr__(self) -> str:
+        return f"<current lease {current_lease()!r}>"
+
+
+def _entries(conf: Any) -> dict[str, dict[str, Any]]:
+    raw = conf.get(SETTING)
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise LeaseConfigError(
+            f"{SETTING}={raw!r} must be a dict of task names or glob patterns to option dicts, "
+            f"e.g. {SETTING} = {{'proj.tasks.sync': {{'lease_ttl': 60.0}}}}")
+    entries = {}
+    for pattern, options in raw.items():
+        where = f"app.conf.{SETTING}[{pattern!r}]"
+        if not isinstance(pattern, str) or not pattern:
+            raise LeaseConfigError(f"{where}: the key must be a task name or a glob pattern")
+        options = {} if options is None else options
+        if not isinstance(options, Mapping):
+            raise LeaseConfigError(
+                f"{where}={options!r} must be a dict of LeasedTask options ({{}} for defaults)")
+        check_names(options, "option", where)
+        for name in options:
+            if name not in _OPTIONS:
+                raise LeaseConfigError(
+                    f"{where}: {name!r} is not a per-task lease option; use one of "
+                    f"{', '.join(_OPTIONS)}")
+        entries[pattern] = dict(options)
+    return entries
+
+
+def _matches(entries: Mapping[str, Any], names: list[str]) -> dict[str, str]:
+    """Task name -> the entry that covers it (an exact name wins over patterns)."""
+    found: dict[str, str] = {}
+    for name in names:
+        if name.startswith("celery."):
+            continue
+        if name in entries:
+            found[name] = name
+            continue
+        hits = [p for p in entries if fnmatch.fnmatchcase(name, p)]
+        if len(hits) > 1:
+            raise LeaseConfigError(
+                f"app.conf.{SETTING}: task {name} matches both {hits[0]!r} and {hits[1]!r}; "
+                f"name it exactly to say which options apply")
+        if hits:
+            found[name] = hits[0]
+    return found
+
+
+def _lease(app: Any, task: Any, pattern: str, options: Mapping[str, Any]) -> None:
+    """Give the registered ``task`` instance lease-taking executions (see the module doc)."""
+    where = f"app.conf.{SETTING}[{pattern!r}] for task {task.name}"
+    if isinstance(task, LeasedTask):
+        raise LeaseConfigError(
+            f"{where}: the task is a LeasedTask already; set its options on it instead")
+    original = task.run
+    signature = inspect.signature(original)  # the real one: through autoretry and bind=True
+    resolve_options(app.conf, {k: v for k, v in options.items() if k != "lease_key"}, where)
+    validate_lease_key(options.get("lease_key"), lambda: list(signature.parameters), where)
+    attrs: dict[str, Any] = {
+        "run": staticmethod(original), "__module__": __name__,
+        "__qualname__": f"Leased[{task.name}]", "_lease_signature": signature,
+        "_lease_spec_cache": None, "_lease_resolved": None,
+    }
+    attrs.update(options)
+    # The task's own class after LeasedTask: its options (retries, queue...) and its class-level
+    # request stack (it is bound already) are shared; nothing is registered under this class.
+    shadow_cls = type(f"Leased[{task.name}]", (LeasedTask, type(task)), attrs)
+    shadow = shadow_cls()
+    shadow.__dict__.update(
+        {k: v for k, v in vars(task).items() if k not in ("run", "apply_async", "lease")})
+
+    @functools.wraps(original)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return shadow(*args, **kwargs)
+
+    task.run = run
+    task.apply_async = shadow.apply_async
+    task.lease = _LeaseView()
+    setattr(task, _MARK, shadow_cls)
+
+
+def apply_lease_tasks(app: Any, *, strict: bool = True) -> list[str]:
+    """Apply ``app.conf.lease_tasks`` to the app's registered tasks (idempotent).
+
+    Args:
+        app: the Celery app.
+        strict: also refuse a pattern that matches no task (at worker start; a script that
+            imports only some task modules may pass False).
+
+    Returns:
+        The names of the tasks that take a lease through the setting, sorted.
+
+    Raises:
+        LeaseConfigError: an invalid entry, naming it and the fix.
+    """
+    entries = _entries(app.conf)
+    if not entries:
+        return []
+    tasks = app.tasks
+    found = _matches(entries, list(tasks))
+    if strict:
+        for pattern in entries:
+            if pattern not in found.values():
+                raise LeaseConfigError(
+                    f"app.conf.{SETTING}[{pattern!r}] matches no registered task; check the "
+                    f"name, and that its module is imported (imports/include or autodiscover)")
+    for name, pattern in found.items():
+        task = tasks[name]
+        if _MARK not in vars(task):
+            _lease(app, task, pattern, entries[pattern])
+    return sorted(found)
+
+
+class LeaseTasksStep(bootsteps.Step):  # type: ignore[misc]
+    """Worker bootstep: apply ``lease_tasks`` strictly before the worker consumes anything
+    (the consumer builds each task's tracer later, from the patched ``run``)."""
+
+    name = "celery_lease.lease_tasks"
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        leased = apply_lease_tasks(worker.app, strict=True)
+        logger.info("lease_tasks: %d task(s) leased: %s", len(leased), ", ".join(leased))
+
+
+def _on_finalize(app: Any) -> None:
+    if app.conf.get(SETTING) is None:
+        return
+    app.steps["worker"].add(LeaseTasksStep)
+
+    def apply_known(sender: Any = None, **_: Any) -> None:
+        try:
+            apply_lease_tasks(app, strict=False)
+        except LeaseConfigError as exc:  # a signal swallows it: say it loudly
+            logger.error("%s", exc)
+            raise
+
+    app.on_after_finalize.connect(apply_known, weak=False)
+    celery_signals.import_modules.connect(apply_known, sender=app, weak=False)
+
+
+connect_on_app_finalize(_on_finalize)
