@@ -204,7 +204,16 @@ def test_lease_client_has_explicit_timeouts_and_no_hidden_retries(redis_url: str
     kwargs = client.connection_pool.connection_kwargs
     assert kwargs["socket_timeout"] == 0.25 and kwargs["socket_connect_timeout"] == 0.25
     retry = client.get_retry() or kwargs["retry"]
-    assert retry.get_retries() == 0
+    # Count the attempts rather than read get_retries(), which redis-py 5.0 lacks.
+    attempts = []
+
+    def refused() -> None:
+        attempts.append(1)
+        raise redis.ConnectionError("refused")
+
+    with pytest.raises(redis.ConnectionError):
+        retry.call_with_retry(refused, lambda error: None)
+    assert len(attempts) == 1
 
 
 def test_a_paused_store_times_out_once_not_after_retries(
