@@ -15,16 +15,24 @@ but Flower only displays the fields listed in ``celery.events.state.Task._fields
 :func:`install`:
 
 - the task detail page and ``/api/task/info/<id>`` and ``/api/tasks`` show every ``lease_*``
-  field;
-- the tasks list gets a ``lease`` column (add ``lease`` to Flower's ``tasks_columns``), one
-  line such as ``held by another execution: lease:{proj.sync:...} held by w1@host:42``.
+  field, durations rounded to the millisecond;
+- a task that failed with one of this library's errors shows the error's sentence
+  (``LeaseLost: lease 'lease:{...}' lost (refused, fencing token 7, detected 0.012s late)``)
+  instead of Celery's ``repr`` of its arguments;
+- the tasks list gets a ``lease`` column (add ``lease`` to Flower's ``tasks_columns``) with
+  a few words: ``skipped (lease held)`` or ``lost (refused)``; the key, holder and token
+  are on the task page.
 """
 
 from __future__ import annotations
 
+import ast
+import re
 from typing import Any
 
-__all__ = ["LEASE_FIELDS", "install", "lease_summary"]
+from . import errors
+
+__all__ = ["LEASE_FIELDS", "describe_exception", "install", "lease_summary"]
 
 #: The event fields :func:`install` makes visible, in display order.
 LEASE_FIELDS = (
@@ -38,30 +46,78 @@ LEASE_FIELDS = (
     "fencing_token",
 )
 
+#: Fields holding float seconds: shown rounded to the millisecond.
+DURATIONS = ("lease_remaining", "lease_late")
+
 #: The column Flower's tasks list gets (slug -> header label).
 COLUMN = ("lease", "Lease")
 
+#: The errors whose ``repr`` (what a ``task-failed`` event carries) becomes their sentence.
+_ERRORS: dict[str, type[Exception]] = {
+    cls.__name__: cls
+    for cls in (errors.LeaseLost, errors.LeaseConflict, errors.LeaseStoreUnavailable)
+}
+_REPR = re.compile(r"^(?P<name>\w+)\((?P<args>.*)\)$", re.DOTALL)
+
 
 def lease_summary(task: Any) -> str | None:
-    """One line describing the lease outcome of a ``celery.events.state.Task``, or ``None``."""
+    """A few words on the lease outcome of a ``celery.events.state.Task``, or ``None``.
+
+    ``"skipped (lease held)"`` for a refused duplicate, ``"lost (<cause>)"`` for an execution
+    that lost its lease. Kept this short (no key, holder or token: they are long unbreakable
+    words, and the task page shows them) so the column never pushes the others off the
+    tasks list.
+    """
     fields = task.__dict__
-    key = fields.get("lease_key")
-    if not key:
+    if not fields.get("lease_key"):
         return None
-    cause = fields.get("lease_cause") or "lease"
-    holder = fields.get("lease_holder") or "?"
     if fields.get("state") == "LEASE-SKIPPED" or "lease_remaining" in fields:
-        return f"skipped ({cause}): {key} held by {holder}"
-    return f"lost ({cause}): {key} was held by {holder}"
+        return "skipped (lease held)"
+    return f"lost ({fields.get('lease_cause') or '?'})"
+
+
+def describe_exception(text: str | None) -> str | None:
+    """Celery's ``repr`` of a celery-lease error turned into its sentence; others unchanged.
+
+    ``"LeaseLost('lease:{a}', 'refused', 7, 0.0123)"`` becomes ``"LeaseLost: lease
+    'lease:{a}' lost (refused, fencing token 7, detected 0.012s late)"``. Text that is not
+    such a ``repr`` (another exception, a truncated ``repr``) is returned as it is.
+    """
+    match = _REPR.match(text or "")
+    if match is None or match["name"] not in _ERRORS:
+        return text
+    try:
+        args = ast.literal_eval(f"({match['args']},)") if match["args"].strip() else ()
+        return f"{match['name']}: {_ERRORS[match['name']](*args)}"
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return text
+
+
+def _stored(name: str, shown: Any) -> property:
+    """A field read through ``shown(raw value)``; events still write the raw value."""
+
+    def get(self: Any) -> Any:
+        return shown(self.__dict__.get(name))
+
+    def set_(self: Any, value: Any) -> None:
+        self.__dict__[name] = value
+
+    return property(get, set_)
+
+
+def _milliseconds(value: Any) -> Any:
+    return round(value, 3) if isinstance(value, float) else value
 
 
 def install() -> None:
     """Make Flower show the lease fields; idempotent. Call it from ``flowerconfig.py``.
 
     Patches ``celery.events.state.Task`` (adds the fields, with ``None`` class defaults so
-    tasks without them still serialise, and a computed ``lease`` summary) and Flower's table of
-    task-list columns. Both are read at request time, so calling this in the config file (which
-    Flower executes before it starts serving) is enough.
+    tasks without them still serialise, a computed ``lease`` summary, durations rounded to
+    the millisecond and celery-lease errors shown as sentences) and Flower's table of
+    task-list columns. Both are read at request time, so calling this in the config file
+    (which Flower executes before it starts serving) is enough. Only the process that calls
+    it (Flower) is affected.
     """
     from celery.events.state import Task
 
@@ -69,10 +125,13 @@ def install() -> None:
     for name in missing:
         if name == "lease":
             Task.lease = property(lease_summary)
+        elif name in DURATIONS:
+            setattr(Task, name, _stored(name, _milliseconds))
         elif not hasattr(Task, name):
             setattr(Task, name, None)
     if missing:
         Task._fields = tuple(Task._fields) + missing
+        Task.exception = _stored("exception", describe_exception)
     try:
         from flower.views import tasks as flower_tasks
     except ImportError:  # Flower not installed: the events API still gets the fields

@@ -6,18 +6,22 @@ reads the verdicts and measured figures from its ``--json`` file.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
+from example_project.demo.runtime import Worker
+from example_project.demo.timeline import Stage
 from harness import REPO_ROOT
 from harness.redis_server import free_port
 from harness.waiting import wait_for
@@ -181,3 +185,30 @@ def test_an_explicit_redis_url_that_does_not_answer_is_an_error() -> None:
     demo = DemoRun(["--redis-url", f"redis://127.0.0.1:{free_port()}/0"])
     assert demo.finish(timeout=30) == 2
     assert "no Redis answers" in demo.output
+
+
+def test_a_skipped_duplicate_is_printed_after_the_claim_it_names(redis_url: str) -> None:
+    """B's conflict event can reach the event list before A's claim: the timeline holds the
+    conflict row back until the claim row is printed, and prints both in claim order."""
+    client = redis.Redis.from_url(redis_url)
+    out = io.StringIO()
+    key = "demo-job:report-1"
+    stage = Stage(out, client, "events", {k: Worker(k, "prefork", {}) for k in "AB"}, key)
+    claimed_at = time.time()
+    client.rpush("events", json.dumps({
+        "t": claimed_at + 0.01, "w": "B", "pid": 202, "ev": "conflict", "key": key,
+        "policy": "skip", "holder": "A@host:101", "remaining": 1.9, "holder_fence": 7}))
+    stage.pump()
+    assert "duplicate skipped" not in out.getvalue()  # held back: A's claim not seen yet
+    client.rpush("events", json.dumps({
+        "t": claimed_at, "w": "A", "pid": 101, "ev": "acquired", "key": key, "fence": 7}))
+    stage.pump()
+    text = out.getvalue()
+    assert "claims the lease (#1)" in text and "duplicate skipped: A holds it" in text
+    assert text.index("claims the lease") < text.index("duplicate skipped"), text
+    # A conflict whose claim never shows up is printed anyway once HOLD has passed.
+    client.rpush("events", json.dumps({
+        "t": time.time() - 5, "w": "B", "pid": 202, "ev": "conflict", "key": key,
+        "policy": "skip", "holder": "A@host:303", "remaining": 1.0, "holder_fence": 9}))
+    stage.pump()
+    assert out.getvalue().count("duplicate skipped") == 2

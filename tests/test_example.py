@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ from celery import Celery
 from celery_lease import is_skipped
 from example_project.celery_app import make_app
 from example_project.fencing import RedisFencedStore, SqliteFencedStore
+from harness import REPO_ROOT
 from harness.waiting import wait_for
 from tests.support.fixtures import WorkerFactory
 
@@ -136,3 +139,28 @@ def test_beat_ticks_that_arrive_during_a_slow_run_are_skipped(
     assert all(r["seconds"] >= 1.2 for r in runs)
     skipped = [r for r in outcomes() if is_skipped(r)]
     assert all(r["key"].endswith("refresh_dashboard}") for r in skipped)
+
+
+# -- python -m example_project compare ----------------------------------------------------------
+
+def test_compare_deletes_every_key_it_and_the_peers_wrote(redis_url: str, tmp_path: Path) -> None:
+    """The crash scene leaves locks with no expiry (celery-singleton's defaults) and outside the
+    run's prefix (celery-once's ``qo_`` keys); none of them may outlive the run."""
+    figures = tmp_path / "compare.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "example_project", "compare", "--redis-url", redis_url,
+         "--lock", "1", "--scene", "crash", "--json", str(figures)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    crash = json.loads(figures.read_text())["results"]["crash"]
+    # The keys existed: the defaults' locks outlived the SIGKILL (none at all for singleton).
+    assert crash["celery-singleton"]["lock left after SIGKILL, library defaults (s)"] == \
+        "no expiry"
+    assert crash["celery-once"]["lock left after SIGKILL, library defaults (s)"] > 3000
+    left = redis.Redis.from_url(redis_url).keys("*")
+    assert left == [], left
+    # Progress says what it waits for, never a bare "...".
+    lines = run.stdout.splitlines()
+    assert not [line for line in lines if line.strip() == "..."]
+    assert any(line.startswith("== [3/3] crash: celery-singleton") for line in lines)
+    assert "keys this run wrote" in run.stdout

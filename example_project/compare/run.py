@@ -37,7 +37,12 @@ LIBS = ("celery-lease", "celery-once", "celery-singleton")
 
 
 class Bench:
-    """Two workers, a Redis, the event list, and a way to reset between scenes."""
+    """Two workers, a Redis, the event list, and a way to reset between scenes.
+
+    Every key written is under ``prefix`` (Celery's broker and results, celery-lease,
+    celery-singleton, the event list) except celery-once's locks, whose ``qo_`` prefix cannot
+    be configured: :meth:`send` remembers those, and :meth:`delete_keys` removes both.
+    """
 
     def __init__(self, url: str, prefix: str, lock: float, processes: Processes) -> None:
         env = {"REDIS_URL": url, "CMP_PREFIX": prefix, "CMP_LOCK": repr(lock)}
@@ -46,7 +51,9 @@ class Bench:
 
         self.cmp = cmp
         self.lock = lock
+        self.prefix = prefix
         self.client = runtime.quick_client(url, 2.0)
+        self.lock_keys: set[str] = set()  # every lock key a job sent could have created
         self.processes = processes
         self.workers = {k: Worker(k, "prefork", env, app_module="example_project.compare.app")
                         for k in "AB"}
@@ -64,7 +71,7 @@ class Bench:
                 worker.child.kill()
             worker.start(self.processes)
         ok = poll(lambda: all(w.ready() for w in self.workers.values()), 60, 0.05,
-                  lambda e: self.say(f"    ... workers booting ({e:.0f}s)"))
+                  lambda e: self.say(f"    starting workers A and B: {e:.0f}s (gives up at 60s)"))
         if not ok:
             raise RuntimeError("workers not ready")
 
@@ -78,23 +85,41 @@ class Bench:
         return [e for e in self.events if e["job"] == job and (kind is None or e["ev"] == kind)
                 and (worker is None or e["w"] == worker)]
 
-    def wait(self, predicate: Callable[[], bool], timeout: float,
+    def wait(self, what: str, predicate: Callable[[], bool], timeout: float,
              each: Callable[[], None] | None = None) -> bool:
-        deadline = time.monotonic() + timeout
-        last_tick = time.monotonic()
-        while time.monotonic() < deadline:
+        """Poll until ``predicate()`` or ``timeout`` float seconds; says what it waits for.
+
+        ``each()`` runs on every poll (e.g. to send the next duplicate request). Once a second
+        a line says what it waits for and for how long so far.
+        """
+        started = time.monotonic()
+        last_tick = started
+        while time.monotonic() - started < timeout:
             self.poll()
             if each is not None:
                 each()
             if predicate():
                 return True
-            if time.monotonic() - last_tick > 1.0:
-                last_tick = time.monotonic()
-                self.say("    ...")
+            now = time.monotonic()
+            if now - last_tick >= 1.0:
+                last_tick = now
+                self.say(f"    waiting for {what}: {now - started:.0f}s "
+                         f"(gives up at {timeout:.0f}s)")
             time.sleep(0.05)
         return False
 
+    def delete_keys(self) -> int:
+        """Delete every key this run wrote (see the class docstring); returns how many."""
+        keys = set(self.client.scan_iter(match=self.prefix + "*", count=1000))
+        keys.update(k.encode() for k in self.lock_keys)
+        found = sorted(keys)
+        deleted = 0
+        for start in range(0, len(found), 500):
+            deleted += int(self.client.delete(*found[start:start + 500]))
+        return deleted
+
     def send(self, lib: str, variant: str, worker: str, job: str, seconds: float) -> None:
+        self.lock_keys.add(self.key(lib, variant, job, seconds))
         task = self.cmp.TASKS[(lib, variant)]
         task.apply_async((job, seconds), queue=self.workers[worker].queue,
                          task_id=str(uuid.uuid4()))
@@ -143,7 +168,7 @@ def crash(bench: Bench, lib: str) -> dict[str, Any]:
     # With the library's defaults: only the lock left after the kill (the stall would be it).
     job = f"crash-default-{uuid.uuid4().hex[:6]}"
     bench.send(lib, "default", "A", job, 60)
-    bench.wait(lambda: bool(bench.of(job, "start")), 15)
+    bench.wait("A to start the job", lambda: bool(bench.of(job, "start")), 15)
     assert a.child is not None
     a.child.kill()
     left = bench.pttl(bench.key(lib, "default", job, 60))
@@ -153,7 +178,7 @@ def crash(bench: Bench, lib: str) -> dict[str, Any]:
     # With the short lifetime: measure the stall.
     job = f"crash-{uuid.uuid4().hex[:6]}"
     bench.send(lib, "short", "A", job, 60)
-    bench.wait(lambda: bool(bench.of(job, "start")), 15)
+    bench.wait("A to start the job", lambda: bool(bench.of(job, "start")), 15)
     assert a.child is not None
     killed = time.time()
     a.child.kill()
@@ -167,7 +192,8 @@ def crash(bench: Bench, lib: str) -> dict[str, Any]:
             bench.send(lib, "short", "B", job, 1.0)
 
     window = 3 * bench.lock + 5
-    ran = bench.wait(lambda: bool(bench.of(job, "start", "B")), window, request)
+    ran = bench.wait("B to run the job again (requested every 0.25 s)",
+                     lambda: bool(bench.of(job, "start", "B")), window, request)
     stall = round(bench.of(job, "start", "B")[0]["t"] - killed, 2) if ran else None
     figures["stall until the job ran again (s)"] = (
         stall if stall is not None else f"> {window:.0f} (not run)")
@@ -179,7 +205,7 @@ def slow(bench: Bench, lib: str) -> dict[str, Any]:
     job = f"slow-{uuid.uuid4().hex[:6]}"
     seconds = 3 * bench.lock
     bench.send(lib, "short", "A", job, seconds)
-    bench.wait(lambda: bool(bench.of(job, "start", "A")), 15)
+    bench.wait("A to start the job", lambda: bool(bench.of(job, "start", "A")), 15)
     next_request = [time.monotonic() + 0.5]
 
     def request() -> None:
@@ -187,7 +213,8 @@ def slow(bench: Bench, lib: str) -> dict[str, Any]:
             next_request[0] += 0.5
             bench.send(lib, "short", "B", job, seconds)
 
-    bench.wait(lambda: bool(bench.of(job, "end", "A") or bench.of(job, "lost", "A")),
+    bench.wait(f"A's {seconds:g}s run to end (duplicates requested every 0.5 s)",
+               lambda: bool(bench.of(job, "end", "A") or bench.of(job, "lost", "A")),
                seconds + 10, request)
     a_end = (bench.of(job, "end", "A") + bench.of(job, "lost", "A"))[0]["t"]
     started = [e for e in bench.of(job, "start") if e["t"] < a_end]
@@ -203,7 +230,7 @@ def pause(bench: Bench, lib: str) -> dict[str, Any]:
     assert a.child is not None
     a_runs, b_runs = 0.6, 0.75 * bench.lock  # B's run ends before even a publish-time lock lapses
     bench.send(lib, "short", "A", job, a_runs)
-    bench.wait(lambda: bool(bench.of(job, "step", "A")), 15)
+    bench.wait("A's first step", lambda: bool(bench.of(job, "step", "A")), 15)
     paused = time.time()
     a.child.pause()
     key = bench.key(lib, "short", job, a_runs)
@@ -219,13 +246,15 @@ def pause(bench: Bench, lib: str) -> dict[str, Any]:
             bench.send(lib, "short", "B", job, b_runs)
 
     try:
-        bench.wait(lambda: time.time() - paused >= 1.25 * bench.lock, 1.25 * bench.lock + 5,
+        bench.wait(f"A paused (SIGSTOP) for {1.25 * bench.lock:g}s",
+                   lambda: time.time() - paused >= 1.25 * bench.lock, 1.25 * bench.lock + 5,
                    request)
     finally:
         a.child.resume()
     resumed = time.time()
     b_started = bool(bench.of(job, "start", "B"))
-    bench.wait(lambda: bool(bench.of(job, "end", "B")), 3 * bench.lock + 5, request)
+    bench.wait("A resumed; B's run to end", lambda: bool(bench.of(job, "end", "B")),
+               3 * bench.lock + 5, request)
     b_start, b_end = bench.of(job, "start", "B")[0], bench.of(job, "end", "B")[0]
     a_done = (bench.of(job, "end", "A") + bench.of(job, "lost", "A"))[0]
     a_steps_after = [e for e in bench.of(job, "step", "A") if e["t"] >= resumed]
@@ -270,23 +299,30 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     processes = Processes()
     results: dict[str, dict[str, dict[str, Any]]] = {}
+    bench: Bench | None = None
+    runs = [(scene, lib) for scene in SCENES if not args.scene or scene in args.scene
+            for lib in LIBS]
     try:
         url = args.redis_url or EmbeddedRedis(processes).start()
         prefix = f"lease-cmp-{os.getpid()}:"
         bench = Bench(url, prefix, args.lock, processes)
-        for scene, run in SCENES.items():
-            if args.scene and scene not in args.scene:
-                continue
-            for lib in LIBS:
-                bench.say(f"== {scene}: {lib}")
-                bench.restart()
-                figures = run(bench, lib)
-                bench.say(f"   {figures}")
-                results.setdefault(scene, {})[lib] = figures
+        bench.say(f"Redis: {url}; every key of this run is under {prefix} or is a celery-once "
+                  f"lock of its jobs (deleted at the end)")
+        for number, (scene, lib) in enumerate(runs, 1):
+            bench.say(f"== [{number}/{len(runs)}] {scene}: {lib}")
+            bench.restart()
+            figures = SCENES[scene](bench, lib)
+            bench.say(f"   {figures}")
+            results.setdefault(scene, {})[lib] = figures
     except KeyboardInterrupt:
         return 130
     finally:
-        processes.close()
+        processes.close()  # first: a worker still running could write keys again
+        if bench is not None and args.redis_url:  # an embedded Redis is gone with its data
+            try:
+                bench.say(f"deleted the {bench.delete_keys()} keys this run wrote")
+            except Exception as exc:  # clean-up must never hide the results
+                bench.say(f"could not delete this run's keys ({bench.prefix}*): {exc!r}")
     for scene, by_lib in results.items():
         names = list(next(iter(by_lib.values())))
         sys.stdout.write(f"\n### {scene} (lifetime {args.lock:g} s)\n\n| |"

@@ -96,7 +96,11 @@ def job_retry(self: LeasedTask, job_id: str, steps: int, step_seconds: float) ->
 
 @signals.lease_acquired.connect  # type: ignore[untyped-decorator]
 def _on_acquired(sender: Any = None, **kw: Any) -> None:
-    record("acquired", key=kw.get("key"), fence=kw.get("fencing_token"), task_id=kw.get("task_id"))
+    # Timed when the claim was sent, not when this line runs: the store granted it before any
+    # duplicate could be refused, so the claim row sorts before the "skipped" rows.
+    sent = time.time() - float(kw.get("latency") or 0.0)
+    record("acquired", key=kw.get("key"), fence=kw.get("fencing_token"), task_id=kw.get("task_id"),
+           t=sent)
 
 
 @signals.lease_conflict.connect  # type: ignore[untyped-decorator]

@@ -25,6 +25,10 @@ from .runtime import Worker
 WIDTHS = (8, 30, 31, 30)  # time, worker A, the key in the store, worker B (characters)
 TICK = 1.0  # float seconds without output before a state row is printed
 POLL = 0.05  # float seconds between two looks at the events and the store
+#: Float seconds a conflict row waits for the row of the claim it names. Workers push their
+#: events independently, so the duplicate's "skipped: A holds it" can reach the list before
+#: A's "claims the lease"; it is held back (with every later row) until that claim is seen.
+HOLD = 2.0
 
 
 def _alive(pid: int) -> bool:
@@ -74,6 +78,8 @@ class Stage:
     renewals: dict[int, int] = field(default_factory=dict)  # fence -> renewals seen
     status: dict[str, str] = field(default_factory=lambda: {"A": "", "B": ""})
     _index: int = 0
+    _pending: list[dict[str, Any]] = field(default_factory=list)  # read, not printed yet
+    _claimed: set[int] = field(default_factory=set)  # fences whose claim row is printed
     _fences: dict[int, str] = field(default_factory=dict)
     _pids: dict[int, str] = field(default_factory=dict)
     _last_output: float = 0.0
@@ -237,10 +243,11 @@ class Stage:
                 self._pids.setdefault(int(event["pid"]), event["w"])
             if event.get("key") == self.lease_key:
                 fresh.append(event)
-        fresh.sort(key=lambda e: float(e["t"]))
+        self.events.extend(fresh)
+        self.events.sort(key=lambda e: float(e["t"]))
         found = self.sample()
-        for event in fresh:
-            self.events.append(event)
+        shown = self._release(fresh)
+        for event in shown:
             letter = event.get("w")
             if event["ev"] == "start":
                 self.status[letter] = "working"
@@ -252,11 +259,29 @@ class Stage:
         state = (found.letter, found.fence)
         if state != self._last_state:
             self._last_state = state
-            if not fresh:
+            if not shown:
                 self.row(found.t, None, "")
         elif time.monotonic() - self._last_output >= TICK:
             cells = {k: f"({v})" if v else "" for k, v in self.status.items()}
             self._print_row((self.clock(found.t), cells["A"], self.store_text(found), cells["B"]))
+
+    def _release(self, fresh: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The events to print now, in time order: a conflict waits (up to :data:`HOLD`) for
+        the claim of the holder it names, and every later event waits with it."""
+        self._pending.extend(fresh)
+        self._pending.sort(key=lambda e: float(e["t"]))
+        shown: list[dict[str, Any]] = []
+        while self._pending:
+            event = self._pending[0]
+            holder = event.get("holder_fence")
+            if (event["ev"] == "conflict" and holder is not None
+                    and holder not in self._claimed and time.time() - float(event["t"]) < HOLD):
+                break
+            self._pending.pop(0)
+            if event["ev"] == "acquired" and event.get("fence") is not None:
+                self._claimed.add(int(event["fence"]))
+            shown.append(event)
+        return shown
 
     def wait(self, predicate: Callable[[], bool], timeout: float) -> bool:
         """Pump until ``predicate()`` is true or ``timeout`` float seconds pass."""

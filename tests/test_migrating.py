@@ -1,0 +1,65 @@
+"""docs/howto/migrating.md: the before and after code of the migration guide.
+
+The "before" modules use celery-once and celery-singleton (both in the bench extra, which the
+test extra includes): the options they set must be ones those libraries read. The "after"
+modules must resolve to the lease settings the tables promise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.test_testing_plugin import titled_blocks, write_project
+
+CHECK = '''\
+import json
+import celery_once.tasks, celery_singleton.config, celery_singleton.singleton
+from before import once_tasks as once_before, singleton_tasks as singleton_before
+from after import once_tasks as once_after, singleton_tasks as singleton_after
+
+def lease(task):
+    options, url, _ = task.lease_settings()
+    return {"url": url, "ttl": options.ttl, "on_conflict": options.on_conflict,
+            "key": task.lease_key_for((42,), {"since": "x"}),
+            "key_43": task.lease_key_for((43,))}
+
+singleton_task = singleton_before.sync_account
+config = celery_singleton.config.Config(singleton_before.app)
+print(json.dumps({
+    "once": once_before.sync_account.once,
+    "once_timeout": once_before.sync_account.default_timeout,
+    "singleton": [singleton_task.unique_on, singleton_task.raise_on_duplicate,
+                  config.backend_url, config.key_prefix, config.lock_expiry],
+    "once_after": lease(once_after.sync_account),
+    "singleton_after": lease(singleton_after.sync_account),
+    "key_42_again": once_after.sync_account.lease_key_for((42,)),
+}))
+'''
+
+
+def test_the_migration_examples_set_real_options_and_map_to_lease_settings(
+    tmp_path: Path,
+) -> None:
+    files = titled_blocks("howto/migrating.md")
+    assert set(files) == {"before/once_tasks.py", "after/once_tasks.py",
+                          "before/singleton_tasks.py", "after/singleton_tasks.py"}
+    files["check.py"] = CHECK
+    write_project(tmp_path, files)
+    run = subprocess.run([sys.executable, "check.py"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout)
+    # celery-once reads exactly these task options (celery_once/tasks.py)
+    assert set(seen["once"]) <= {"keys", "graceful", "timeout", "unlock_before_run"}
+    assert seen["once_timeout"] == 3600
+    assert seen["singleton"] == [["account_id"], False, "redis://localhost:6379/1",
+                                 "SINGLETONLOCK_", 600]
+    for after in (seen["once_after"], seen["singleton_after"]):
+        assert after["url"] == "redis://localhost:6379/1"
+        assert after["ttl"] == 30.0 and after["on_conflict"] == "skip"
+        assert after["key"] != after["key_43"]  # one lease per account, whatever `since` is
+    assert seen["once_after"]["key"] == seen["key_42_again"]

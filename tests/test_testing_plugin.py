@@ -1,0 +1,74 @@
+"""The pytest plugin celery_lease.testing, and docs/howto/testing.md run exactly as shown."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from celery import Celery
+
+from celery_lease import LeasedTask
+from celery_lease.testing import LeaseRedis, use_lease_backend
+
+ROOT = Path(__file__).resolve().parent.parent
+TITLED_BLOCK = re.compile(r'^```python title="([^"]+)"\n(.*?)^```$', re.S | re.M)
+
+
+def titled_blocks(page: str) -> dict[str, str]:
+    """The code blocks of a docs page that carry a file name (``title="..."``), by name."""
+    text = (ROOT / "docs" / page).read_text()
+    return {name: body for name, body in TITLED_BLOCK.findall(text)}
+
+
+def write_project(tmp_path: Path, files: dict[str, str]) -> None:
+    for name, body in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body)  # folders without __init__.py import as namespace packages
+
+
+def test_the_fixture_is_an_empty_real_redis(lease_redis: LeaseRedis) -> None:
+    assert lease_redis.url.startswith("redis://127.0.0.1:")
+    assert lease_redis.client.dbsize() == 0
+    lease_redis.client.set("left-behind", "1")
+    assert lease_redis.client.eval("return redis.call('GET', KEYS[1])", 1, "left-behind") == b"1"
+
+
+def test_the_next_test_starts_empty(lease_redis: LeaseRedis) -> None:
+    assert lease_redis.client.dbsize() == 0
+
+
+def test_use_lease_backend_points_the_tasks_at_the_store_and_restores(
+    lease_redis: LeaseRedis,
+) -> None:
+    app = Celery("plugin-check", broker="redis://127.0.0.1:1/0", set_as_current=False)
+
+    @app.task(base=LeasedTask, bind=True, shared=False)
+    def job(self: LeasedTask) -> str:
+        assert self.lease is not None
+        return self.lease.key
+
+    assert job.lease_settings()[1] == "redis://127.0.0.1:1/0"  # resolved once, from the broker
+    with use_lease_backend(app, lease_redis.url):
+        assert job.lease_settings()[1] == lease_redis.url
+        assert job.apply().get() == job.lease_key_for(())
+    assert "lease_backend" not in app.conf or app.conf.lease_backend is None
+    assert job.lease_settings()[1] == "redis://127.0.0.1:1/0"
+
+
+def test_the_testing_how_to_runs_as_shown(tmp_path: Path) -> None:
+    files = titled_blocks("howto/testing.md")
+    assert set(files) == {
+        "proj/tasks.py", "tests/conftest.py", "tests/test_eager.py", "tests/test_worker.py"}
+    write_project(tmp_path, files)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:randomly",
+         "-p", "no:cacheprovider", "-o", "timeout=60"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True, text=True, timeout=180,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert re.search(r"\b4 passed\b", run.stdout), run.stdout
