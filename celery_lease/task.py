@@ -153,6 +153,16 @@ class LeasedTask(Task):  # type: ignore[misc]
             cls._lease_resolved = resolved
         return resolved[1]  # type: ignore[no-any-return]
 
+    @classmethod
+    def forget_lease_settings(cls) -> None:
+        """Make the next :meth:`lease_settings` call resolve the settings again.
+
+        Settings are resolved once per process and task class; call this after changing
+        ``app.conf.lease_*`` at run time (tests do; :func:`celery_lease.testing.use_lease_backend`
+        calls it for every leased task of an app).
+        """
+        cls._lease_resolved = None
+
     def lease_key_for(self, args: Any = (), kwargs: Mapping[str, Any] | None = None) -> str:
         """The lease key a call with ``args`` and ``kwargs`` takes.
 

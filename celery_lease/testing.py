@@ -58,7 +58,7 @@ def _forget_resolved_settings(app: Celery) -> None:
     # must make the app's leased tasks read them again.
     for task in list(app.tasks.values()):
         if isinstance(task, LeasedTask):
-            type(task)._lease_resolved = None
+            type(task).forget_lease_settings()
 
 
 @contextlib.contextmanager

@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.test_testing_plugin import titled_blocks, write_project
 
 CHECK = '''\
@@ -66,8 +64,6 @@ def test_a_setting_without_a_task_option_comes_from_the_settings_module(
     assert json.loads(run.stdout)["interval"] == 7.5
 
 
-@pytest.mark.xfail(strict=False, reason="refusing a misspelt namespaced setting is checked "
-                   "by celery_lease.config; this documents the expected behaviour")
 def test_a_misspelt_lease_setting_is_refused_with_the_intended_name(tmp_path: Path) -> None:
     run = run_project(tmp_path, "\nCELERY_LEASE_TLL = 5.0\n")
     assert run.returncode != 0
