@@ -13,12 +13,16 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from redis.connection import Connection
+from redis.exceptions import ConnectionError
 
 from celery_lease import connection, store
+from celery_lease.cli import lease
 from celery_lease.keys import fence_key
 from tests.support.holders import Holders
 from tests.support.redis_server import RedisServer
@@ -187,7 +191,8 @@ def test_a_dead_primary_costs_only_its_own_leases_when_the_cluster_stays_up(
     ttl = 3.0
     partial = {"cluster-require-full-coverage": "no"}  # the other primaries keep serving
     with cluster_setup(replicas=0, options=partial) as cluster, holders(cluster, ttl) as h:
-        client = connection.client_for(seed_url(cluster), 1.0, {"cluster": True})
+        url = seed_url(cluster)
+        client = connection.client_for(url, 1.0, {"cluster": True})
         seed = cluster.live()[0]  # the node in the lease_backend URL
         # Another primary: the first after the seed in the client's order of primaries, so a
         # survivor comes after it (a command sent to every primary in turn stops at it).
@@ -222,6 +227,15 @@ def test_a_dead_primary_costs_only_its_own_leases_when_the_cluster_stays_up(
         assert granted.error is None and h.running(granted.n) is not None
         refused = h.start(fresh_on(victim))
         assert refused.done.wait(5) and f"on cluster node {victim.address}" in str(refused.error)
+        # `celery lease ls` lists what the primaries that answer hold, and names the dead one.
+        listed = CliRunner().invoke(lease, ["ls", "--json"], obj=SimpleNamespace(app=h.app))
+        assert listed.exit_code == 1, (listed.output, listed.stderr, listed.exception)
+        assert {i["key"] for i in json.loads(listed.stdout)} == {
+            r.key for r in h.runs if r.ended is None}
+        assert f"warning: cluster node {victim.address}: Error 111" in listed.stderr
+        if victim is seed:  # a client that knows no node but the dead seed: a store error
+            with pytest.raises(ConnectionError, match="no Redis Cluster node answered"):
+                connection.build_client(connection.parse_store(url, {"cluster": True}), 0.5)
 
 
 def test_a_worker_keeps_its_leases_while_their_slot_moves(
