@@ -164,19 +164,28 @@ def ls(ctx: click.Context, task_name: str | None, as_json: bool, wide: bool, url
     if task_name is not None and task_name != BEAT_TASK_NAME and task_name not in app.tasks:
         _fail(f"no task named {task_name!r} is registered in app {app.main!r}", 2)
     found: list[LeaseInfo] = []
+    skipped: list[str] = []  # cluster primaries that did not answer: listed without them
     for store_url, store_prefixes in inspection.stores(app, url, prefixes).items():
         client = inspection.client(store_url, app)
         for prefix in sorted(store_prefixes):
-            for info in scan_leases(client, prefix):
+            for info in scan_leases(client, prefix, skipped=skipped):
                 if task_name is None or info.task == task_name:
                     found.append(info)
     found.sort(key=lambda i: (i.task, i.key))
     if as_json:
         click.echo(json.dumps([asdict(i) for i in found], indent=2))
-        return
-    if not found:
+    elif not found:
         click.echo("no leases held" + (f" by {task_name}" if task_name else ""))
-        return
+    else:
+        _print_leases(found, wide)
+    for node in dict.fromkeys(skipped):
+        click.echo(f"warning: cluster node {node}; the leases it holds are not listed",
+                   err=True)
+    if skipped:
+        ctx.exit(1)
+
+
+def _print_leases(found: list[LeaseInfo], wide: bool) -> None:
     rows: list[tuple[str, ...]]
     if wide:
         rows = [(i.task or "?", i.task_id or "?", i.host or "?", str(i.pid),

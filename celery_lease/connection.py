@@ -20,7 +20,7 @@ import logging
 import os
 import ssl
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -29,8 +29,10 @@ import redis
 from redis.backoff import NoBackoff
 from redis.exceptions import (
     AuthenticationError,
+    ConnectionError,
     NoPermissionError,
     ResponseError,
+    TimeoutError,
 )
 from redis.retry import Retry
 
@@ -318,8 +320,18 @@ def _maint_off(cls: Any, kwargs: dict[str, Any]) -> None:
         kwargs["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
 
 
-def build_client(spec: StoreSpec, timeout: float) -> Any:
-    """A new redis-py client for ``spec``; every call times out after ``timeout`` (float s)."""
+def build_client(spec: StoreSpec, timeout: float,
+                 known_nodes: Sequence[tuple[str, int]] = ()) -> Any:
+    """A new redis-py client for ``spec``; every call times out after ``timeout`` (float s).
+
+    Args:
+        known_nodes: ``(host, port)`` of cluster nodes seen earlier, asked for the cluster's
+            layout besides the URL's seed node (which may be the one that died).
+
+    Raises:
+        redis.exceptions.ConnectionError: a cluster whose seed and known nodes all refuse or
+            time out (the message names them).
+    """
     params = dict(spec.params)
     if spec.kind == "sentinel":
         from redis.sentinel import Sentinel
@@ -339,7 +351,7 @@ def build_client(spec: StoreSpec, timeout: float) -> Any:
         if int(redis.__version__.split(".")[0]) < 6:  # 5.x: its own retry count, default 3
             kwargs["cluster_error_retry_attempts"] = 0
         _maint_off(RedisCluster, kwargs)
-        return RedisCluster(**kwargs)
+        return _cluster_client(RedisCluster, kwargs, known_nodes)
     if "path" in params:  # a pool of our own: redis.Redis drops socket_connect_timeout here
         pool = redis.ConnectionPool(connection_class=redis.UnixDomainSocketConnection,
                                     **params, **_library_kwargs(timeout, False))
@@ -347,6 +359,38 @@ def build_client(spec: StoreSpec, timeout: float) -> Any:
     kwargs = {**params, **_library_kwargs(timeout, True)}
     _maint_off(redis.Redis, kwargs)
     return redis.Redis(**kwargs)
+
+
+def _cluster_client(cls: Any, kwargs: dict[str, Any], known: Sequence[tuple[str, int]]) -> Any:
+    from redis.cluster import ClusterNode
+    from redis.exceptions import RedisClusterException
+
+    seed = (kwargs["host"], kwargs["port"])
+    others = [(host, port) for host, port in known if (host, port) != seed]
+    # The constructor sends COMMAND to its default node, the owner of slot 0 whether it
+    # answers or not: a retry there (redis-py then picks another primary) lets a client be
+    # built while that primary is down. The client itself never retries.
+    retries: dict[str, Any] = {"retry": Retry(NoBackoff(), 2)}
+    if "cluster_error_retry_attempts" in kwargs:  # redis-py 5.x
+        retries["cluster_error_retry_attempts"] = 2
+    # The URL's seed node first; the nodes seen before only when it does not answer (an
+    # address remembered from long ago must not lead a client that has a seed elsewhere).
+    for extra in ([], others) if others else ([],):
+        try:
+            client = cls(startup_nodes=[ClusterNode(h, p)  # type: ignore[no-untyped-call]
+                                        for h, p in extra], **{**kwargs, **retries})
+            break
+        except RedisClusterException as exc:  # not a RedisError: no caller would handle it
+            if not isinstance(exc.__cause__, (ConnectionError, TimeoutError)):
+                raise  # e.g. a node without cluster mode: a configuration problem
+            if extra is others or not others:
+                tried = ", ".join(f"{h}:{p}" for h, p in [seed, *others])
+                raise ConnectionError(f"no Redis Cluster node answered (tried {tried}): "
+                                      f"{exc.__cause__}") from exc
+    client.retry = kwargs["retry"]
+    if "cluster_error_retry_attempts" in kwargs:
+        client.cluster_error_retry_attempts = kwargs["cluster_error_retry_attempts"]
+    return client
 
 
 def retries_of(retry: Retry) -> int:
@@ -357,6 +401,10 @@ def retries_of(retry: Retry) -> int:
 
 _clients: dict[tuple[str, float, str], Any] = {}
 _clients_lock = threading.Lock()
+#: The nodes each store's cluster clients found, by (url, options); kept across a fork and
+#: reset_clients, so a client built after the URL's seed node died (a new pool child, another
+#: timeout) still finds the cluster.
+_cluster_nodes: dict[tuple[str, str], tuple[tuple[str, int], ...]] = {}
 
 
 def client_for(url: str, timeout: float, options: Mapping[str, Any] | None = None) -> Any:
@@ -374,7 +422,11 @@ def client_for(url: str, timeout: float, options: Mapping[str, Any] | None = Non
         with _clients_lock:
             client = _clients.get(key)
             if client is None:
-                client = _clients[key] = build_client(parse_store(url, options), timeout)
+                known = _cluster_nodes.get((url, key[2]), ())
+                client = _clients[key] = build_client(parse_store(url, options), timeout, known)
+                if _is_cluster(client):
+                    seen = {(n.host, int(n.port)) for n in client.get_nodes()}
+                    _cluster_nodes[url, key[2]] = tuple(sorted(seen | set(known)))
     return client
 
 
@@ -399,14 +451,25 @@ def _node_clients(client: Any) -> list[Any]:
     return [client]
 
 
-def scan(client: Any, match: str, count: int = 1000, type_: str | None = None) -> Iterator[bytes]:
+def scan(client: Any, match: str, count: int = 1000, type_: str | None = None,
+         skipped: list[str] | None = None) -> Iterator[bytes]:
     """Every key matching ``match``, by ``SCAN`` (never ``KEYS``), on every primary of a cluster.
+
+    Args:
+        skipped: when a list, a cluster primary that cannot be reached (connection error or
+            timeout) is left out and ``"host:port: <error>"`` appended to it, so the primaries
+            that answer are still scanned; when None, that error is raised.
 
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
     for node in _node_clients(client):
-        yield from node.scan_iter(match=match, count=count, _type=type_)
+        try:
+            yield from node.scan_iter(match=match, count=count, _type=type_)
+        except (ConnectionError, TimeoutError) as exc:
+            if skipped is None or not _is_cluster(client):
+                raise
+            skipped.append(f"{_address(node.connection_pool.connection_kwargs)}: {exc}")
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,8 @@ def read_lease(client: redis.Redis, key: str) -> LeaseInfo | None:
     return _info(key, value, int(pttl))
 
 
-def scan_leases(client: redis.Redis, prefix: str, count: int = SCAN_COUNT) -> Iterator[LeaseInfo]:
+def scan_leases(client: redis.Redis, prefix: str, count: int = SCAN_COUNT,
+                skipped: list[str] | None = None) -> Iterator[LeaseInfo]:
     """Every lease under ``prefix`` (``"<prefix>:*"``), found with ``SCAN``, never ``KEYS``.
 
     Keys are read in batches with one pipelined round trip per batch. A key that expires
@@ -127,6 +128,8 @@ def scan_leases(client: redis.Redis, prefix: str, count: int = SCAN_COUNT) -> It
         client: a Redis client.
         prefix: a ``lease_key_prefix``.
         count: the ``COUNT`` hint of each ``SCAN`` step (int).
+        skipped: when a list, a cluster primary that cannot be reached is left out and named
+            in it (see :func:`celery_lease.connection.scan`) instead of raising.
 
     Raises:
         redis.exceptions.RedisError: on store errors.
@@ -144,7 +147,8 @@ def scan_leases(client: redis.Redis, prefix: str, count: int = SCAN_COUNT) -> It
             if value is not None:
                 yield _info(key, value, int(pttl))
 
-    for raw in connection.scan(client, _glob_escape(prefix) + ":*", count, "STRING"):
+    for raw in connection.scan(client, _glob_escape(prefix) + ":*", count, "STRING",
+                               skipped):
         key = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
         if is_internal(key):
             continue

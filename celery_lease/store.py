@@ -137,15 +137,18 @@ class _Script:
         self.source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()
 
-    def args(self, keys: Sequence[str], argv: Sequence[Any]) -> tuple[Any, ...]:
-        return ("EVALSHA", self.sha, len(keys), *keys, *argv)
+    def args(self, keys: Sequence[str], argv: Sequence[Any],
+             by_sha: bool = True) -> tuple[Any, ...]:
+        """The command; ``by_sha=False`` sends the source (``EVAL``), which also caches it."""
+        return ("EVALSHA" if by_sha else "EVAL", self.sha if by_sha else self.source,
+                len(keys), *keys, *argv)
 
     def __call__(self, client: redis.Redis, keys: Sequence[str], argv: Sequence[Any]) -> Any:
         try:
             return client.execute_command(*self.args(keys, argv))  # type: ignore[no-untyped-call]
         except NoScriptError:
             return client.execute_command(  # type: ignore[no-untyped-call]
-                "EVAL", self.source, len(keys), *keys, *argv)
+                *self.args(keys, argv, by_sha=False))
 
 
 _acquire = _Script(ACQUIRE_LUA)
@@ -396,11 +399,16 @@ def renew_many(
     commands = [_renew.args((key,), (token, ttl_ms)) for key, token, ttl_ms in leases]
     try:
         replies = routing.send_many(client, commands)
-        if any(isinstance(r, NoScriptError) for r in replies):
-            # The server restarted, failed over or flushed its scripts (every primary of a
-            # cluster: SCRIPT LOAD goes to each of them).
-            client.script_load(RENEW_LUA)
-            replies = routing.send_many(client, commands)
+        stale = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if stale:
+            # A server restarted, failed over or flushed its scripts: only the renewals it
+            # refused go again, as EVAL (which caches the script there), to their own primary.
+            # Not SCRIPT LOAD on every primary: on a cluster with a primary down it stops at
+            # that one, and the primaries after it would never get the script back.
+            again = routing.send_many(client, [_renew.args((leases[i][0],), leases[i][1:],
+                                                            by_sha=False) for i in stale])
+            for i, reply in zip(stale, again, strict=True):
+                replies[i] = reply
     except RedisError as exc:
         raise routing.note(exc, client, None) from None
     out: list[int | RedisError] = []

@@ -13,12 +13,16 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from redis.connection import Connection
+from redis.exceptions import ConnectionError
 
 from celery_lease import connection, store
+from celery_lease.cli import lease
 from celery_lease.keys import fence_key
 from tests.support.holders import Holders
 from tests.support.redis_server import RedisServer
@@ -180,16 +184,32 @@ def test_a_cluster_that_is_down_runs_no_body_and_holders_keep_leases_to_their_de
         assert any("CLUSTERDOWN" in e or "ClusterDown" in e for e in h.errors), h.errors[:3]
 
 
-def test_a_dead_primary_costs_only_its_own_leases_when_the_cluster_stays_up() -> None:
+@pytest.mark.parametrize("victim_is", ["the seed node", "another primary"])
+def test_a_dead_primary_costs_only_its_own_leases_when_the_cluster_stays_up(
+    victim_is: str,
+) -> None:
     ttl = 3.0
     partial = {"cluster-require-full-coverage": "no"}  # the other primaries keep serving
     with cluster_setup(replicas=0, options=partial) as cluster, holders(cluster, ttl) as h:
-        client = connection.client_for(seed_url(cluster), 1.0, {"cluster": True})
-        for n in range(9):
+        url = seed_url(cluster)
+        client = connection.client_for(url, 1.0, {"cluster": True})
+        seed = cluster.live()[0]  # the node in the lease_backend URL
+        # Another primary: the first after the seed in the client's order of primaries, so a
+        # survivor comes after it (a command sent to every primary in turn stops at it).
+        order = [cluster.node_on(n.port) for n in client.get_primaries()]
+        victim = seed if victim_is == "the seed node" else next(p for p in order if p is not seed)
+        assert order.index(victim) < len(order) - 1
+        picked: dict[int, list[int]] = {p.port: [] for p in order}  # three leases per primary
+        for n in range(300):
+            owned = picked[cluster.owner(client.keyslot(h.key_of(n))).port]
+            if len(owned) < 3:
+                owned.append(n)
+        for n in sorted(n for ns in picked.values() for n in ns):
             assert h.start(n).error is None
-        victim = cluster.owner(client.keyslot(h.runs[0].key))
-        on_victim = {r.n for r in h.runs if cluster.owner(client.keyslot(r.key)) is victim}
-        assert 0 < len(on_victim) < len(h.runs)
+        on_victim = set(picked[victim.port])
+        for node in order:  # the renewal script is loaded nowhere (fresh or restarted nodes)
+            with node.client() as plain:
+                plain.script_flush()
         victim.kill()
         wait_for(lambda: all(r.ended is not None for r in h.runs if r.n in on_victim), ttl + 5)
         since = time.monotonic()
@@ -197,7 +217,25 @@ def test_a_dead_primary_costs_only_its_own_leases_when_the_cluster_stays_up() ->
         wait_for(lambda: all(h.renewals_of(r.key, since) >= 2 for r in others), 5,
                  message=lambda: f"survivors stopped renewing: {h.errors[-3:]}")
         assert all(r.ended is None for r in others)
-        assert any(f"Error 111 connecting to 127.0.0.1:{victim.port}" in e for e in h.errors)
+        assert any(f"Error 111 connecting to {victim.address}" in e for e in h.errors)
+        # New leases: granted on a surviving primary's slot, refused with the dead one named.
+        def fresh_on(owner: Any) -> int:
+            return next(n for n in range(300, 600)
+                        if cluster.owner(client.keyslot(h.key_of(n))) is owner)
+
+        granted = h.start(fresh_on(next(p for p in order if p is not victim)))
+        assert granted.error is None and h.running(granted.n) is not None
+        refused = h.start(fresh_on(victim))
+        assert refused.done.wait(5) and f"on cluster node {victim.address}" in str(refused.error)
+        # `celery lease ls` lists what the primaries that answer hold, and names the dead one.
+        listed = CliRunner().invoke(lease, ["ls", "--json"], obj=SimpleNamespace(app=h.app))
+        assert listed.exit_code == 1, (listed.output, listed.stderr, listed.exception)
+        assert {i["key"] for i in json.loads(listed.stdout)} == {
+            r.key for r in h.runs if r.ended is None}
+        assert f"warning: cluster node {victim.address}: Error 111" in listed.stderr
+        if victim is seed:  # a client that knows no node but the dead seed: a store error
+            with pytest.raises(ConnectionError, match="no Redis Cluster node answered"):
+                connection.build_client(connection.parse_store(url, {"cluster": True}), 0.5)
 
 
 def test_a_worker_keeps_its_leases_while_their_slot_moves(
