@@ -165,7 +165,7 @@ app.conf.lease_backend = URL
 app.conf.broker_connection_retry_on_startup = True
 
 
-@app.task(base=LeasedTask, name="proj.sync", lease_key=("account_id",))
+@app.task(shared=False, base=LeasedTask, name="proj.sync", lease_key=("account_id",))
 def sync(account_id, full=False):
     """The task the shell examples name."""
     return account_id

@@ -165,7 +165,7 @@ def test_hold_inside_a_task_records_the_task_as_holder(redis_url: str) -> None:
     app.conf.update(lease_backend=redis_url, task_always_eager=True)
     client = redis.Redis.from_url(redis_url)
 
-    @app.task(name="proj.close_day")
+    @app.task(shared=False, name="proj.close_day")
     def close_day() -> tuple[str, str]:
         with hold("day", app=app) as lease:
             info = read_lease(client, lease.key)

@@ -120,7 +120,7 @@ def test_worker_refuses_to_start_on_a_pattern_matching_nothing(
 def test_the_setting_lives_beside_leased_tasks_of_the_same_app(redis_url: str) -> None:
     app = _client_app(redis_url, {"thirdparty.close_day": {}})
 
-    @app.task(base=LeasedTask, name="own.task")
+    @app.task(shared=False, base=LeasedTask, name="own.task")
     def own() -> bool:
         return celery_lease.current_lease() is not None
 

@@ -65,7 +65,7 @@ DJANGO_STYLE_PROJECT = {
         "from celery_lease import LeasedTask\n"
         "app = Celery('djproj')\n"
         "app.config_from_object('djsettings', namespace='CELERY')\n"
-        "@app.task(base=LeasedTask)\n"
+        "@app.task(shared=False, base=LeasedTask)\n"
         "def sync(account_id): ...\n"),
 }
 

@@ -56,7 +56,7 @@ def record(event: str, tag: str, **fields: Any) -> None:
     _journal.rpush("journal", json.dumps(entry))
 
 
-@app.task(bind=True, base=LeasedTask, name="hold", lease_key=("tag",))
+@app.task(shared=False, bind=True, base=LeasedTask, name="hold", lease_key=("tag",))
 def hold(self: Any, tag: str, seconds: float = 30.0, mode: str = "sleep") -> str:
     """Hold the lease for ``seconds``: one long ``sleep``, short ``chunks``, or a ``busy`` loop.
 
@@ -84,7 +84,8 @@ def hold(self: Any, tag: str, seconds: float = 30.0, mode: str = "sleep") -> str
     return tag
 
 
-@app.task(bind=True, base=LeasedTask, name="durable", lease_key=("tag",), acks_late=True,
+@app.task(shared=False,
+          bind=True, base=LeasedTask, name="durable", lease_key=("tag",), acks_late=True,
           reject_on_worker_lost=True)
 def durable(self: Any, tag: str, seconds: float) -> str:
     """An acks_late task whose message comes back when its worker process dies."""
@@ -94,7 +95,8 @@ def durable(self: Any, tag: str, seconds: float) -> str:
     return tag
 
 
-@app.task(bind=True, base=LeasedTask, name="quiet", lease_key=("tag",), ignore_result=True)
+@app.task(shared=False,
+          bind=True, base=LeasedTask, name="quiet", lease_key=("tag",), ignore_result=True)
 def quiet(self: Any, tag: str, seconds: float) -> None:
     """A task whose result is never stored: nothing in the backend says it finished."""
     record("start", tag)
@@ -102,7 +104,7 @@ def quiet(self: Any, tag: str, seconds: float) -> None:
     record("end", tag)
 
 
-@app.task(bind=True, base=LeasedTask, name="requeue_json", lease_key=("mapping",))
+@app.task(shared=False, bind=True, base=LeasedTask, name="requeue_json", lease_key=("mapping",))
 def requeue_json(self: Any, mapping: dict[Any, Any], times: int) -> int:
     """Requeue itself with an argument JSON changes on the way ({1: "a"} arrives as {"1": ...})."""
     record("start", "rqj", times=times)
@@ -112,7 +114,7 @@ def requeue_json(self: Any, mapping: dict[Any, Any], times: int) -> int:
     return times
 
 
-@app.task(bind=True, base=LeasedTask, name="green_cpu", lease_key=("tag",))
+@app.task(shared=False, bind=True, base=LeasedTask, name="green_cpu", lease_key=("tag",))
 def green_cpu(self: Any, tag: str, seconds: float) -> str:
     """Spin without yielding (starves a green heartbeat), then look at the lease."""
     record("start", tag)
@@ -128,7 +130,7 @@ def green_cpu(self: Any, tag: str, seconds: float) -> str:
     return tag
 
 
-@app.task(bind=True, base=LeasedTask, name="retry_once", lease_key=("tag",))
+@app.task(shared=False, bind=True, base=LeasedTask, name="retry_once", lease_key=("tag",))
 def retry_once(self: Any, tag: str) -> str:
     """Retry itself once with ``countdown=0``."""
     record("start", tag, retries=self.request.retries)
@@ -138,7 +140,7 @@ def retry_once(self: Any, tag: str) -> str:
     return tag
 
 
-@app.task(bind=True, base=LeasedTask, name="always_fails", lease_key=("tag",),
+@app.task(shared=False, bind=True, base=LeasedTask, name="always_fails", lease_key=("tag",),
           autoretry_for=(ValueError,), max_retries=2, default_retry_delay=0)
 def always_fails(self: Any, tag: str) -> None:
     """Fail every attempt; autoretry gives up after two retries."""
@@ -146,7 +148,7 @@ def always_fails(self: Any, tag: str) -> None:
     raise ValueError(tag)
 
 
-@app.task(bind=True, base=LeasedTask, name="requeue", lease_key=("tag",))
+@app.task(shared=False, bind=True, base=LeasedTask, name="requeue", lease_key=("tag",))
 def requeue(self: Any, tag: str, times: int) -> int:
     """Enqueue itself with the same key at the end of its body."""
     record("start", tag, times=times)
@@ -157,7 +159,8 @@ def requeue(self: Any, tag: str, times: int) -> int:
     return times
 
 
-@app.task(bind=True, base=LeasedTask, name="limited", lease_key=("tag",), time_limit=1.0,
+@app.task(shared=False,
+          bind=True, base=LeasedTask, name="limited", lease_key=("tag",), time_limit=1.0,
           lease_ttl=0.6)
 def limited(self: Any, tag: str, seconds: float) -> None:
     """Overrun a hard time limit."""
@@ -166,7 +169,7 @@ def limited(self: Any, tag: str, seconds: float) -> None:
     record("end", tag)
 
 
-@app.task(bind=True, base=LeasedTask, name="fail_on_conflict", lease_key=("tag",),
+@app.task(shared=False, bind=True, base=LeasedTask, name="fail_on_conflict", lease_key=("tag",),
           lease_on_conflict="fail")
 def fail_on_conflict(self: Any, tag: str, seconds: float = 0.0) -> str:
     """Conflict policy ``fail``."""
@@ -175,7 +178,7 @@ def fail_on_conflict(self: Any, tag: str, seconds: float = 0.0) -> str:
     return tag
 
 
-@app.task(bind=True, base=LeasedTask, name="retry_on_conflict", lease_key=("tag",),
+@app.task(shared=False, bind=True, base=LeasedTask, name="retry_on_conflict", lease_key=("tag",),
           lease_on_conflict="retry", max_retries=20)
 def retry_on_conflict(self: Any, tag: str, seconds: float = 0.0) -> str:
     """Conflict policy ``retry``."""

@@ -9,6 +9,6 @@ from celery_lease import LeasedTask
 app = Celery("no_backend_app", broker="amqp://guest:guest@127.0.0.1:5672//")
 
 
-@app.task(base=LeasedTask, name="no_backend.job")
+@app.task(shared=False, base=LeasedTask, name="no_backend.job")
 def job() -> None:
     """Never runs."""

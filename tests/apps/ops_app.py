@@ -83,7 +83,7 @@ def _interruptible_sleep(seconds: float) -> None:
         time.sleep(0.02)
 
 
-@app.task(base=LeasedTask, bind=True, name="ops.slow", lease_key=("tag",))
+@app.task(shared=False, base=LeasedTask, bind=True, name="ops.slow", lease_key=("tag",))
 def slow(self: Any, seconds: float, tag: str = "x") -> str:
     """Record its start and end in ``runs:<tag>``; takes ``seconds`` (float)."""
     start = time.time()
@@ -92,7 +92,7 @@ def slow(self: Any, seconds: float, tag: str = "x") -> str:
     return tag
 
 
-@app.task(base=LeasedTask, bind=True, name="ops.hold")
+@app.task(shared=False, base=LeasedTask, bind=True, name="ops.hold")
 def hold(self: Any, name: str, seconds: float) -> str:
     """Hold the lease of ``name`` for ``seconds`` (float)."""
     _record("started", id=self.request.id, name=name, pid=os.getpid())
@@ -100,7 +100,7 @@ def hold(self: Any, name: str, seconds: float) -> str:
     return name
 
 
-@app.task(bind=True, name="ops.tick")
+@app.task(shared=False, bind=True, name="ops.tick")
 def tick(self: Any, tag: str = "x") -> None:
     """A plain task beat sends: records which beat process sent it (``origin``)."""
     _record(f"ticks:{tag}", origin=self.request.origin, at=time.time())

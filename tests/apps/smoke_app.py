@@ -23,11 +23,11 @@ def make_app(broker_url: str, result_backend: str | None = None, queue: str = "c
         result_expires=300,
     )
 
-    @app.task(name="smoke.add")  # type: ignore[untyped-decorator]
+    @app.task(shared=False, name="smoke.add")  # type: ignore[untyped-decorator]
     def add(x: int, y: int) -> int:
         return x + y
 
-    @app.task(name="smoke.pid")  # type: ignore[untyped-decorator]
+    @app.task(shared=False, name="smoke.pid")  # type: ignore[untyped-decorator]
     def pid() -> int:
         return os.getpid()
 

@@ -51,7 +51,7 @@ def runs(tag: str) -> list[dict[str, Any]]:
         client.close()
 
 
-@app.task(bind=True, base=LeasedTask, name="succ.requeue", lease_key=("tag",))
+@app.task(shared=False, bind=True, base=LeasedTask, name="succ.requeue", lease_key=("tag",))
 def requeue(self: Any, tag: str, step: int, last: int) -> int:
     """Runs ``step``, then publishes the next step (same key) until ``last``."""
     _record(tag, "start", step)
@@ -61,7 +61,7 @@ def requeue(self: Any, tag: str, step: int, last: int) -> int:
     return step
 
 
-@app.task(bind=True, base=LeasedTask, name="succ.replace", lease_key=("tag",))
+@app.task(shared=False, bind=True, base=LeasedTask, name="succ.replace", lease_key=("tag",))
 def replaced(self: Any, tag: str, step: int, last: int) -> str:
     """Replaces itself with the next step (same task, same key) until ``last``."""
     _record(tag, "start", step)
@@ -71,7 +71,8 @@ def replaced(self: Any, tag: str, step: int, last: int) -> str:
     return f"done at {step}"
 
 
-@app.task(bind=True, base=LeasedTask, name="succ.retry", lease_key=("tag",), max_retries=5)
+@app.task(shared=False,
+          bind=True, base=LeasedTask, name="succ.retry", lease_key=("tag",), max_retries=5)
 def retried(self: Any, tag: str, attempts: int) -> int:
     """Retries itself (same key) until it has run ``attempts`` times."""
     step = self.request.retries
@@ -82,7 +83,7 @@ def retried(self: Any, tag: str, attempts: int) -> int:
     return int(step)
 
 
-@app.task(bind=True, base=LeasedTask, name="succ.wait", lease_key=("tag",),
+@app.task(shared=False, bind=True, base=LeasedTask, name="succ.wait", lease_key=("tag",),
           lease_on_conflict="retry", max_retries=3)
 def waiting(self: Any, tag: str) -> int:
     """Retries while another execution holds the key (``lease_on_conflict="retry"``)."""
