@@ -78,6 +78,22 @@ def test_eager_conflict_returns_the_skip_marker(redis_url: str) -> None:
     assert is_skipped(result) and result["holder_task_id"] == "other-id"
 
 
+def test_is_skipped_given_the_async_result_instead_of_its_value_says_so(redis_url: str) -> None:
+    app = make_app(redis_url)
+
+    @app.task(base=LeasedTask, lease_ttl=5.0, shared=False)  # type: ignore[misc]
+    def job(n: int) -> int:
+        return n
+
+    client = store.client_for(redis_url, 1.0)
+    store.acquire(client, job.lease_key_for((2,)), "f" * 32, 5000, store.holder_json(
+        "job", "other-id", "h", 1))
+    result = job.apply((2,))  # a skipped duplicate's EagerResult, not yet its value
+    with pytest.raises(TypeError, match=r"is_skipped\(result.get\(\)\)"):
+        is_skipped(result)
+    assert is_skipped(result.get())
+
+
 def test_refusing_a_duplicate_costs_one_round_trip(redis_url: str) -> None:
     app = make_app(redis_url)
 
