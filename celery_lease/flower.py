@@ -3,7 +3,7 @@
 Leased tasks send two task events (see :class:`~celery_lease.LeasedTask`):
 
 - ``task-lease-skipped`` (a refused duplicate): fields ``lease_key``, ``lease_holder``
-  (``"host:pid"`` of the execution that holds the key), ``lease_holder_task_id``,
+  (``"node:pid"`` of the execution that holds the key), ``lease_holder_task_id``,
   ``lease_remaining`` (float seconds) and ``lease_cause``;
 - ``task-lease-lost`` (the running execution lost its lease): ``lease_key``, ``lease_cause``
   (``refused``, ``deadline`` or ``store_error``), ``lease_holder`` (this execution),

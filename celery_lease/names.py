@@ -43,6 +43,13 @@ def check_names(names: Any, kind: str, where: str, namespace: str | None = None)
         if namespace and name.lower().startswith(namespace.lower()):
             prefix = name[:len(namespace)]  # Celery reads lease_ttl as <prefix>LEASE_TTL
         plain = name[len(prefix):].lower() if prefix else name
+        if not namespace and plain.lower().startswith("lease_") and plain != plain.lower():
+            # LEASE_TTL: without a namespace Celery reads only the lower-case name.
+            close = difflib.get_close_matches(plain.lower(), known, n=1)
+            found.append((name, f"did you mean {close[0]}? (without config_from_object("
+                                f"..., namespace=...) setting names are lower case)"
+                          if close else ""))
+            continue
         if not plain.startswith("lease_") or plain in known:
             continue
         close = difflib.get_close_matches(plain, known, n=1)

@@ -26,10 +26,11 @@ __all__ = [
 #: (float seconds of the acquire round trip).
 lease_acquired = Signal(name="lease_acquired")
 
-#: Another execution holds the key. Extra: ``holder_task_id`` (str), ``holder`` ("host:pid"),
-#: ``remaining`` (float seconds), ``policy`` ("skip", "retry", "fail", "redelivered",
-#: "successor", or "standby": a beat that found another beat leading; sent once per leader,
-#: with ``sender="celery.beat"`` and ``task_id`` the standby beat's node name).
+#: Another execution holds the key. Extra: ``holder_task_id`` (str), ``holder`` ("node:pid":
+#: the worker node name, or the host name outside a worker), ``remaining`` (float seconds),
+#: ``policy`` ("skip", "retry", "fail", "redelivered", "successor", or "standby": a beat
+#: that found another beat leading; sent once per leader, with ``sender="celery.beat"`` and
+#: ``task_id`` the standby beat's node name).
 lease_conflict = Signal(name="lease_conflict")
 
 #: A renewal was confirmed by the store (sent from the heartbeat thread, once per lease per

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, NoReturn
 
 from celery import Task, states
 from celery.exceptions import Ignore
-from celery.result import allow_join_result
+from celery.result import ResultBase, allow_join_result
 from celery.utils import uuid
 from kombu.serialization import dumps, loads
 from redis.exceptions import RedisError
@@ -56,7 +56,15 @@ SKIPPED_MARKER = "lease_skipped"
 
 
 def is_skipped(result: Any) -> bool:
-    """True when ``result`` (an ``AsyncResult.get()`` value) is a skipped duplicate's marker."""
+    """True when ``result`` (an ``AsyncResult.get()`` value) is a skipped duplicate's marker.
+
+    Raises:
+        TypeError: ``result`` is the ``AsyncResult`` (or ``EagerResult``) itself, which would
+            always answer False.
+    """
+    if isinstance(result, ResultBase):
+        raise TypeError("is_skipped() takes the task's result, not its AsyncResult: "
+                        "is_skipped(result.get())")
     return isinstance(result, Mapping) and result.get(SKIPPED_MARKER) is True
 
 

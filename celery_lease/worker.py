@@ -103,7 +103,8 @@ def check_app(app: Any) -> list[store.StoreCheck]:
             )
             if app.conf.get("lease_require_noeviction"):
                 raise LeaseConfigError(message + " (refusing to start: lease_require_noeviction)")
-            logger.warning("!" * 20 + " " + message)
+            logger.warning("!" * 20 + " " + message + "; lease_require_noeviction=True makes the "
+                           "worker refuse to start on such a store instead of warning")
     return checks
 
 

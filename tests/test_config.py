@@ -317,6 +317,19 @@ def test_every_misspelt_namespaced_setting_is_reported_in_any_namespace_case(
     register(django_app(django_settings("LEASE_TLL = 5.0\n")))
 
 
+def test_an_upper_case_setting_without_a_namespace_is_refused_not_ignored(
+    django_settings: Callable[[str], str],
+) -> None:
+    # Without namespace= Celery reads lease_ttl only: LEASE_TTL would leave the TTL at 30 s.
+    with pytest.raises(LeaseConfigError) as info:
+        register(django_app(django_settings("LEASE_TTL = 5.0\n"), namespace=""))
+    assert str(info.value) == (
+        "unknown setting LEASE_TTL (app.conf); did you mean lease_ttl? (without "
+        "config_from_object(..., namespace=...) setting names are lower case)")
+    with pytest.raises(LeaseConfigError, match=r"^unknown setting Lease_Tll .*lease_ttl\?"):
+        register(make_app(Lease_Tll=5.0))
+
+
 @pytest.mark.parametrize(("conf", "options"), [
     ({"broker_url": "amqp://user:s3cr3t@host:5672//", "lease_backend": None}, {}),
     ({"broker_url": "redis://user:s3cr3t@host:6379/0?socket_timeout=abc",

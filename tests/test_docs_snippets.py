@@ -28,6 +28,10 @@ A fenced block's info string says what it is:
   ``<!-- run: until "TEXT" -->``: it is started, must print TEXT, and is stopped with
   SIGTERM when the block is done.
 - ``text``: output or a listing; not run.
+- any block with ``title="<path>"`` (``python title="proj/tasks.py"``, ``toml
+  title="pyproject.toml"``): a file of a project that the page builds up; not run here, because
+  the page's own test writes every titled block to a directory and runs that project
+  (tests/test_testing_plugin.py, tests/test_django_settings.py, tests/test_migrating.py).
 
 Everywhere, ``localhost:6379`` means the private Redis server (the shared one on 6379 is never
 touched). The marker is an HTML comment on the line just before the fence (invisible on the
@@ -70,7 +74,8 @@ LISTING = {"text"}
 ENGINES = {"sqlite", "postgresql"}
 PG_DSN = "host=localhost port=5432 user=postgres"
 
-_FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)")
+_FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)(.*)$")
+_TITLE = re.compile(r'\btitle="([^"]+)"')
 _MARKER = re.compile(r"^\s*<!--\s*run:\s*(.*?)\s*-->\s*$")
 
 
@@ -83,6 +88,7 @@ class Snippet:
     lang: str
     code: str
     marker: str | None
+    title: str | None = None
 
     @property
     def where(self) -> str:
@@ -105,7 +111,8 @@ def extract(path: Path) -> list[Snippet]:
         if not opening:
             i += 1
             continue
-        indent, fence, lang = opening.groups()
+        indent, fence, lang, info = opening.groups()
+        title = _TITLE.search(info)
         previous = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
         marker = _MARKER.match(previous)
         body: list[str] = []
@@ -115,19 +122,23 @@ def extract(path: Path) -> list[Snippet]:
             i += 1
         start = i - len(body) + 1  # 1-based line of the first line of code
         snippets.append(Snippet(path, start, lang.lower(), "\n".join(body) + "\n",
-                                marker.group(1) if marker else None))
+                                marker.group(1) if marker else None,
+                                title.group(1) if title else None))
         i += 1
     return snippets
 
 
 ALL = [s for path in DOC_FILES for s in extract(path)]
-RUN = [s for s in ALL if s.skip_reason is None and s.lang not in LISTING]
+RUN = [s for s in ALL
+       if s.skip_reason is None and s.lang not in LISTING and s.title is None]
 
 
 def _problem(s: Snippet) -> str | None:
     """Why ``s`` cannot be run as written, or ``None``."""
     if s.skip_reason is not None:
         return None if s.skip_reason else "`run: skip` needs a reason"
+    if s.title is not None:
+        return None  # run by the page's own test, with the project's other files
     if s.lang in LISTING or s.lang in PYTHON:
         return None
     if s.lang in SQL:

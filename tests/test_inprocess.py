@@ -64,7 +64,9 @@ def test_direct_call_takes_no_lease_eager_and_apply_take_and_release(
     assert seen[-1].retired
 
 
-def test_eager_conflict_returns_the_skip_marker(redis_url: str) -> None:
+def test_eager_conflict_returns_the_skip_marker_and_is_skipped_wants_the_value(
+    redis_url: str,
+) -> None:
     app = make_app(redis_url)
 
     @app.task(base=LeasedTask, lease_ttl=5.0, shared=False)  # type: ignore[misc]
@@ -74,7 +76,10 @@ def test_eager_conflict_returns_the_skip_marker(redis_url: str) -> None:
     client = store.client_for(redis_url, 1.0)
     store.acquire(client, job.lease_key_for((1,)), "f" * 32, 5000, store.holder_json(
         "job", "other-id", "h", 1))
-    result = job.apply((1,)).get()
+    outcome = job.apply((1,))
+    with pytest.raises(TypeError, match=r"is_skipped\(result.get\(\)\)"):
+        is_skipped(outcome)  # the EagerResult itself, not the marker it holds
+    result = outcome.get()
     assert is_skipped(result) and result["holder_task_id"] == "other-id"
 
 

@@ -191,6 +191,22 @@ def test_store_down_at_start_retries_then_runs(rig: Rig) -> None:
     assert result.get(timeout=30) == "r12"
 
 
+def test_store_down_past_max_retries_fails_with_store_unavailable_without_running(
+    rig: Rig,
+) -> None:
+    # The policy "retry" is Celery's retry: max_retries (3 by default) counts these retries.
+    rig.store.stop()
+    try:
+        result = rig.send("hold", "r12x", 0.1, "sleep")
+        with pytest.raises(LeaseStoreUnavailable) as info:
+            result.get(timeout=30)
+        assert info.value.operation == "acquire"
+        assert rig.journal("r12x", "start") == []
+        assert rig.logs().count(f"[{result.id}] retry: Retry in") == 3
+    finally:
+        rig.store.start()
+
+
 def test_store_down_at_start_with_fail_policy_fails_without_running(
     broker: RedisServer, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

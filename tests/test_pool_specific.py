@@ -100,7 +100,7 @@ def test_warm_shutdown_and_soft_time_limit_release_the_lease(make_rig: MakeRig) 
     assert not rig.leases.exists(key)
 
 
-def test_eviction_policy_is_warned_at_start_and_refused_on_request(
+def test_eviction_policy_is_warned_at_start_naming_the_refusing_setting_and_refused_on_request(
     make_rig: MakeRig,
 ) -> None:
     rig = make_rig("solo")
@@ -108,6 +108,7 @@ def test_eviction_policy_is_warned_at_start_and_refused_on_request(
     worker = rig.worker()
     assert "maxmemory-policy=allkeys-lru" in worker.log_text()
     assert "noeviction" in worker.log_text()
+    assert "lease_require_noeviction=True makes the worker refuse" in worker.log_text()
     refusing = CeleryWorker(APP, pool="solo", queue=rig.queue, log_dir=rig.log_dir,
                             env=rig.env(LEASE_REQUIRE_NOEVICTION="1"))
     refusing.start()
