@@ -1,0 +1,225 @@
+"""One campaign: servers, workers, producer and nemesis for a while, then drain, probe, record.
+
+The broker and result backend are a private Redis that is never faulted (the campaign tests
+the lease, not the broker); the lease store is another private Redis, reached by the workers
+through a :class:`~example_project.chaos.infra.TcpProxy` so it can be black-holed and slowed.
+The fenced writes and the history go to a fresh PostgreSQL database, dropped at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from . import db
+from .checker import LEASE_ERRORS
+from .history import History, Job, WorkerSample
+from .infra import RedisServer, TcpProxy, wait_for
+from .nemesis import Fleet, Nemesis
+
+__all__ = ["Settings", "run_campaign"]
+
+
+@dataclass
+class Settings:
+    """What one campaign does. Durations are float seconds.
+
+    ``rate``: jobs submitted per second; ``duplicates``: share of submissions sent twice at
+    once; ``drain``: how long to wait for the last jobs after the nemesis stops.
+    """
+
+    duration: float = 120.0
+    workers: int = 3
+    keys: int = 20
+    seed: int = 1
+    ttl: float = 3.0
+    rate: float = 3.0
+    duplicates: float = 0.15
+    drain: float = 60.0
+    log_dir: str | None = None
+
+
+def _pid_tree(pid: int) -> list[int]:
+    pids, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        pids.append(current)
+        for children in Path(f"/proc/{current}/task").glob("*/children"):
+            try:
+                todo += [int(p) for p in children.read_text().split()]
+            except OSError:
+                pass
+    return pids
+
+
+def _resources(pid: int) -> tuple[int, int]:
+    """(RSS bytes, open sockets) of ``pid`` and its descendants."""
+    rss = sockets = 0
+    for member in _pid_tree(pid):
+        try:
+            for line in Path(f"/proc/{member}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    rss += int(line.split()[1]) * 1024
+            for fd in Path(f"/proc/{member}/fd").iterdir():
+                try:
+                    sockets += os.readlink(fd).startswith("socket:")
+                except OSError:
+                    pass
+        except OSError:
+            continue
+    return rss, sockets
+
+
+def _lease_keys(client: redis.Redis, prefix: str) -> list[str]:
+    keys = [k.decode() for k in client.scan_iter(match=f"{prefix}*", count=500)]
+    return [k for k in keys if not k.endswith(":fence")]
+
+
+class _Producer(threading.Thread):
+    """Submits jobs for random keys at a steady rate until told to stop."""
+
+    def __init__(self, settings: Settings, rng: random.Random, submit: Any) -> None:
+        super().__init__(daemon=True, name="producer")
+        self.settings, self.rng, self.submit = settings, rng, submit
+        self.halt = threading.Event()
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        period = 1.0 / self.settings.rate
+        next_at = time.monotonic()
+        while not self.halt.is_set():
+            key = f"k{self.rng.randrange(self.settings.keys)}"
+            path = self.rng.choices(["delay", "send_task", "retry", "requeue"],
+                                    weights=[4, 3, 2, 1])[0]
+            try:
+                self.submit(key, path, mode=path if path in ("retry", "requeue") else "plain",
+                            by_name=path == "send_task")
+                if self.rng.random() < self.settings.duplicates:
+                    self.submit(key, "duplicate")
+            except Exception as exc:  # the broker is never faulted: worth reporting
+                self.errors.append(repr(exc))
+            next_at += period
+            self.halt.wait(max(0.0, next_at - time.monotonic()))
+
+
+def _resolve(app: Any, job: Job, ran: set[str]) -> None:
+    """Fill in how ``job`` ended from the executions and the result backend."""
+    result = app.AsyncResult(job.task_id)
+    state = result.state
+    value = result.result
+    if isinstance(value, dict) and value.get("lease_skipped"):
+        job.resolution, job.holder = "skipped", str(value.get("holder") or "")
+        job.detail = f"skipped, held by task {value.get('holder_task_id')}"
+    elif job.job in ran:
+        job.resolution, job.detail = "ran", state
+    elif state == "FAILURE" and type(value).__name__ in LEASE_ERRORS:
+        job.resolution, job.detail = "failed_lease", f"{type(value).__name__}: {value}"
+    else:
+        job.detail = f"state {state}: {value!r}"[:300]
+
+
+def run_campaign(settings: Settings, say: Any = print) -> History:
+    """Run one campaign and return its recorded history (the database is dropped)."""
+    rng = random.Random(settings.seed)
+    log_dir = settings.log_dir or tempfile.mkdtemp(prefix="chaos-")
+    dsn = db.create_database()
+    broker = RedisServer().start()
+    store = RedisServer(config={"maxmemory-policy": "noeviction"}).start()
+    proxy = TcpProxy(store.port)
+    env = {"CHAOS_BROKER_URL": broker.url(), "CHAOS_LEASE_URL": f"redis://127.0.0.1:{proxy.port}/0",
+           "CHAOS_DSN": dsn, "CHAOS_TTL": str(settings.ttl)}
+    os.environ.update(env)  # the producer's copy of the app reads them at import
+    from . import worker_app
+
+    fleet = Fleet("example_project.chaos.worker_app", env, log_dir)
+    try:
+        say(f"chaos: seed {settings.seed}, {settings.workers} workers, {settings.keys} keys, "
+            f"{settings.duration:.0f}s, TTL {settings.ttl}s; logs in {log_dir}")
+        fleet.start(settings.workers)
+        started = time.time()
+        producer = _Producer(settings, rng, worker_app.submit)
+        producer.start()
+        wait_for(lambda: time.time() - started > min(5.0, settings.duration / 4), 30)
+        baseline = {s.name: _resources(s.worker.pid) for s in fleet.slots}
+        nemesis = Nemesis(random.Random(rng.random()), fleet, store, proxy, settings.ttl,
+                          lambda c: _lease_keys(c, worker_app.LEASE_PREFIX))
+        nemesis.run(until=started + settings.duration)
+        nemesis_end = time.time()
+        producer.halt.set()
+        producer.join(10)
+        say(f"chaos: nemesis done ({len(nemesis.faults)} faults); draining")
+        _drain(broker, store, worker_app, settings)
+        probes = [worker_app.submit(f"k{i}", "probe") for i in range(settings.keys)]
+        wait_for(lambda: all(worker_app.app.AsyncResult(p.task_id).ready() for p in probes),
+                 settings.ttl * 4 + 30, interval=0.2, message="probes did not finish")
+        time.sleep(settings.ttl)  # "one TTL after the end"
+        history = _record(settings, dsn, worker_app, fleet, store, baseline, started,
+                          nemesis_end)
+        history.faults = nemesis.faults
+        for error in nemesis.errors + producer.errors:
+            say(f"chaos: note: {error}")
+        return history
+    finally:
+        fleet.close()
+        proxy.close()
+        store.close()
+        broker.close()
+        worker_app.recorder().close()
+        db.drop_database(dsn)
+
+
+def _drain(broker: RedisServer, store: RedisServer, worker_app: Any, settings: Settings) -> None:
+    """Wait until the queue is empty and no lease is held (or ``settings.drain`` passes)."""
+    client = broker.client()
+    leases = store.client()
+
+    def idle() -> bool:
+        queued = client.llen("celery") + client.zcard("unacked_index")
+        return queued == 0 and not _lease_keys(leases, worker_app.LEASE_PREFIX)
+
+    try:
+        wait_for(idle, settings.drain, interval=0.25)
+    except AssertionError:
+        pass  # whatever is still unresolved is reported by the checker
+    finally:
+        client.close()
+        leases.close()
+
+
+def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: RedisServer,
+            baseline: dict[str, tuple[int, int]], started: float,
+            nemesis_end: float) -> History:
+    writes, runs, jobs = db.load(dsn)
+    ran = {r.job for r in runs if r.outcome == "ok"}
+    for job in jobs:
+        _resolve(worker_app.app, job, ran)
+    leases = store.client()
+    try:
+        leftover = []
+        for key in _lease_keys(leases, worker_app.LEASE_PREFIX):
+            leftover.append({"key": key, "pttl": leases.pttl(key),
+                             "value": (leases.get(key) or b"").decode(errors="replace")})
+        no_ttl = [k.decode() for k in leases.scan_iter(match=f"{worker_app.LEASE_PREFIX}*")
+                  if leases.ttl(k) == -1]
+    finally:
+        leases.close()
+    samples = []
+    for slot in fleet.slots:
+        names = [slot.worker.hostname]
+        answered = bool(worker_app.app.control.ping(destination=names, timeout=5.0))
+        rss, sockets = _resources(slot.worker.pid)
+        rss0, sockets0 = baseline.get(slot.name, (0, 0))
+        samples.append(WorkerSample(
+            slot.name, slot.pool, slot.restarts, answered, slot.worker.pid == slot.first_pid,
+            rss0, rss, sockets0, sockets))
+    return History(ttl=settings.ttl, started_at=started, nemesis_end=nemesis_end,
+                   finished_at=time.time(), writes=writes, executions=runs, jobs=jobs,
+                   workers=samples, leftover_leases=leftover, keys_without_ttl=no_ttl)
