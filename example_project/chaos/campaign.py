@@ -13,6 +13,7 @@ import random
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,9 +61,24 @@ def _pid_tree(pid: int) -> list[int]:
     return pids
 
 
-def _resources(pid: int) -> tuple[int, int]:
-    """(RSS bytes, open sockets) of ``pid`` and its descendants."""
+def _peers() -> dict[str, int]:
+    """Socket inode -> remote TCP port, for every TCP socket on the machine."""
+    found: dict[str, int] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            found[fields[9]] = int(fields[2].rsplit(":", 1)[1], 16)
+    return found
+
+
+def _resources(pid: int, names: dict[int, str] | None = None) -> tuple[int, int, dict[str, int]]:
+    """(RSS bytes, open sockets, sockets by peer name) of ``pid`` and its descendants."""
     rss = sockets = 0
+    peers, by_peer = _peers(), Counter[str]()
     for member in _pid_tree(pid):
         try:
             for line in Path(f"/proc/{member}/status").read_text().splitlines():
@@ -70,12 +86,16 @@ def _resources(pid: int) -> tuple[int, int]:
                     rss += int(line.split()[1]) * 1024
             for fd in Path(f"/proc/{member}/fd").iterdir():
                 try:
-                    sockets += os.readlink(fd).startswith("socket:")
+                    link = os.readlink(fd)
                 except OSError:
-                    pass
+                    continue
+                if link.startswith("socket:"):
+                    sockets += 1
+                    port = peers.get(link[8:-1], 0)
+                    by_peer[(names or {}).get(port, "other" if port else "local")] += 1
         except OSError:
             continue
-    return rss, sockets
+    return rss, sockets, dict(by_peer)
 
 
 def _lease_keys(client: redis.Redis, prefix: str) -> list[str]:
@@ -148,7 +168,8 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
         producer = _Producer(settings, rng, worker_app.submit)
         producer.start()
         wait_for(lambda: time.time() - started > min(5.0, settings.duration / 4), 30)
-        baseline = {s.name: _resources(s.worker.pid) for s in fleet.slots}
+        peers = {broker.port: "broker", proxy.port: "lease", 5432: "postgres"}
+        baseline = {s.name: _resources(s.worker.pid, peers) for s in fleet.slots}
         nemesis = Nemesis(random.Random(rng.random()), fleet, store, proxy, settings.ttl,
                           lambda c: _lease_keys(c, worker_app.LEASE_PREFIX))
         nemesis.run(until=started + settings.duration)
@@ -161,7 +182,7 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
         wait_for(lambda: all(worker_app.app.AsyncResult(p.task_id).ready() for p in probes),
                  settings.ttl * 4 + 30, interval=0.2, message="probes did not finish")
         time.sleep(settings.ttl)  # "one TTL after the end"
-        history = _record(settings, dsn, worker_app, fleet, store, baseline, started,
+        history = _record(settings, dsn, worker_app, fleet, store, baseline, peers, started,
                           nemesis_end)
         history.faults = nemesis.faults
         for error in nemesis.errors + producer.errors:
@@ -195,7 +216,8 @@ def _drain(broker: RedisServer, store: RedisServer, worker_app: Any, settings: S
 
 
 def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: RedisServer,
-            baseline: dict[str, tuple[int, int]], started: float,
+            baseline: dict[str, tuple[int, int, dict[str, int]]], peers: dict[int, str],
+            started: float,
             nemesis_end: float) -> History:
     writes, runs, jobs = db.load(dsn)
     ran = {r.job for r in runs if r.outcome == "ok"}
@@ -215,11 +237,11 @@ def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: 
     for slot in fleet.slots:
         names = [slot.worker.hostname]
         answered = bool(worker_app.app.control.ping(destination=names, timeout=5.0))
-        rss, sockets = _resources(slot.worker.pid)
-        rss0, sockets0 = baseline.get(slot.name, (0, 0))
+        rss, sockets, by_peer = _resources(slot.worker.pid, peers)
+        rss0, sockets0, by_peer0 = baseline.get(slot.name, (0, 0, {}))
         samples.append(WorkerSample(
             slot.name, slot.pool, slot.restarts, answered, slot.worker.pid == slot.first_pid,
-            rss0, rss, sockets0, sockets))
+            rss0, rss, sockets0, sockets, by_peer0, by_peer))
     return History(ttl=settings.ttl, started_at=started, nemesis_end=nemesis_end,
                    finished_at=time.time(), writes=writes, executions=runs, jobs=jobs,
                    workers=samples, leftover_leases=leftover, keys_without_ttl=no_ttl)

@@ -101,7 +101,8 @@ class WorkerSample:
 
     ``same_process`` is False when the worker was restarted in between (its figures then
     compare two processes and prove nothing about leaks). RSS in bytes; sockets counted in
-    ``/proc/<pid>/fd`` over the worker and its pool children.
+    ``/proc/<pid>/fd`` over the worker and its pool children; ``peers_*`` splits them by
+    the server at the other end (``broker``, ``lease``, ``postgres``, ``other``, ``local``).
     """
 
     name: str
@@ -113,6 +114,8 @@ class WorkerSample:
     rss_end: int
     sockets_start: int
     sockets_end: int
+    peers_start: dict[str, int] = field(default_factory=dict)
+    peers_end: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
