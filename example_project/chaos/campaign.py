@@ -98,8 +98,12 @@ def _resources(pid: int, names: dict[int, str] | None = None) -> tuple[int, int,
     return rss, sockets, dict(by_peer)
 
 
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value or "")
+
+
 def _lease_keys(client: redis.Redis, prefix: str) -> list[str]:
-    keys = [k.decode() for k in client.scan_iter(match=f"{prefix}*", count=500)]
+    keys = [_text(k) for k in client.scan_iter(match=f"{prefix}*", count=500)]
     return [k for k in keys if not k.endswith(":fence")]
 
 
@@ -228,8 +232,8 @@ def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: 
         leftover = []
         for key in _lease_keys(leases, worker_app.LEASE_PREFIX):
             leftover.append({"key": key, "pttl": leases.pttl(key),
-                             "value": (leases.get(key) or b"").decode(errors="replace")})
-        no_ttl = [k.decode() for k in leases.scan_iter(match=f"{worker_app.LEASE_PREFIX}*")
+                             "value": _text(leases.get(key))})
+        no_ttl = [_text(k) for k in leases.scan_iter(match=f"{worker_app.LEASE_PREFIX}*")
                   if leases.ttl(k) == -1]
     finally:
         leases.close()

@@ -151,18 +151,19 @@ class Recorder:
              run.grant_lower, run.grant_upper)))
 
     def execution_ended(self, token: str, outcome: str, body_end: float | None,
-                        cause: str | None = None, lost_at: float | None = None) -> None:
-        """Record how the body ended (``ok``, ``lost``, ``retry`` or ``error``)."""
+                        cause: str | None = None, lost_at: float | None = None,
+                        confirmed: float | None = None) -> None:
+        """Record how the body ended (``ok``, ``lost``, ``retry``) and the last time the
+        store was known to still hold its lease (``confirmed``)."""
         self._run(lambda conn: conn.execute(
-            "UPDATE executions SET outcome = %s, body_end = %s, lost_cause = %s, lost_at = %s"
-            " WHERE token = %s", (outcome, body_end, cause, lost_at, token)))
+            "UPDATE executions SET outcome = %s, body_end = %s, lost_cause = %s, lost_at = %s,"
+            " confirmed_lower = %s WHERE token = %s",
+            (outcome, body_end, cause, lost_at, confirmed, token)))
 
-    def execution_released(self, token: str, released: bool,
-                           confirmed_lower: float | None) -> None:
-        """Record the library's word at release and the last confirmed renewal."""
+    def execution_released(self, token: str, released: bool) -> None:
+        """Record the library's word at release (False: the store no longer had the token)."""
         self._run(lambda conn: conn.execute(
-            "UPDATE executions SET released = %s, confirmed_lower = %s WHERE token = %s",
-            (released, confirmed_lower, token)))
+            "UPDATE executions SET released = %s WHERE token = %s", (released, token)))
 
     def job_submitted(self, job: Job, parent: str | None = None) -> None:
         """Record a submitted job (before it is sent, so no execution precedes its record)."""

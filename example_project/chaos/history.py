@@ -38,14 +38,15 @@ class Write:
 class Execution:
     """One execution of a job's body, identified by its lease token.
 
-    ``grant_lower``/``grant_upper`` bracket the moment the store granted the lease (the
-    acquire round trip). ``body_end`` is recorded by the body as its last act while still
-    running (``None`` when it never got there: killed, or it lost the lease). ``outcome`` is
-    ``ok``, ``lost`` (the body caught ``LeaseLost``), ``retry`` (it asked for a retry),
-    ``error`` or ``None`` (never recorded: the process died). ``confirmed_lower`` is a time at
-    or before which the store last confirmed the lease to this holder (a renewal's script ran
-    after it). ``released`` is the library's word at release (False: the store no longer had
-    the token), ``None`` when no release was recorded.
+    ``grant_lower``/``grant_upper`` bracket the moment the store granted the lease (noted
+    before the acquire was sent, and by the body's first act). ``body_end`` is recorded by
+    the body as its last act while still running (``None`` when it never got there: killed,
+    or it lost the lease). ``outcome`` is ``ok``, ``lost`` (the body caught ``LeaseLost``),
+    ``retry`` (it asked for a retry) or ``None`` (never recorded: the process died).
+    ``confirmed_lower`` is a time at or before the send of the last renewal (or grant) the
+    store confirmed to this holder, so the store still had the lease at some moment after it.
+    ``released`` is the library's word at release (False: the store no longer had the token,
+    or could not be reached), ``None`` when no release was recorded.
     """
 
     token: str

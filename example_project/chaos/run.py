@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,17 @@ def report(history: History, json_path: Path | None = None,
     return found, counts
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _stop_cleanly_on_signals() -> None:
+    """Let SIGTERM and SIGINT (even when started in the background, where SIGINT is ignored)
+    unwind the campaign, so its workers, servers and database are cleaned up."""
+    signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGINT, _interrupted)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run (or re-check) a campaign; returns the exit status."""
     args = _parser().parse_args(argv)
@@ -70,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         from .campaign import Settings, run_campaign
 
+        _stop_cleanly_on_signals()
         history = run_campaign(Settings(
             duration=args.duration, workers=args.workers, keys=args.keys, seed=args.seed,
             ttl=args.ttl, rate=args.rate))

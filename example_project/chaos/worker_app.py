@@ -20,8 +20,9 @@ import uuid
 from typing import Any
 
 from celery import Celery
+from celery.signals import task_prerun
 
-from celery_lease import LeasedTask, LeaseLost
+from celery_lease import Lease, LeasedTask, LeaseLost
 from celery_lease import signals as lease_signals
 
 from .db import Recorder
@@ -56,35 +57,40 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
 )
 
-# What the heartbeat thread and the acquire path tell about each lease (by token). The
-# heartbeat's receivers must return at once, so they only note times; the body writes them.
-_granted: dict[str, tuple[float, float]] = {}
-_confirmed: dict[str, float] = {}
+# Times noted by receivers that must return at once (the heartbeat's), or that run before the
+# body exists (``task_prerun``, before the lease is requested): the body records them.
+_before_acquire: dict[str, float] = {}
 _lost_at: dict[str, float] = {}
 
 
-@lease_signals.lease_acquired.connect
-def _on_acquired(sender: Any = None, token: str = "", latency: float = 0.0, **_: Any) -> None:
-    now = time.time()
-    _granted[token] = (now - latency, now)  # the grant's script ran inside this round trip
+@task_prerun.connect  # type: ignore[untyped-decorator]
+def _on_prerun(task_id: str = "", **_: Any) -> None:
+    _before_acquire[task_id] = time.time()  # the acquire is sent after this
 
 
-@lease_signals.lease_renewed.connect
-def _on_renewed(sender: Any = None, token: str = "", latency: float = 0.0, **_: Any) -> None:
-    _confirmed[token] = time.time() - latency  # the renewal's script ran after this
-
-
-@lease_signals.lease_lost.connect
+@lease_signals.lease_lost.connect  # type: ignore[untyped-decorator]
 def _on_lost(sender: Any = None, token: str = "", **_: Any) -> None:
     _lost_at.setdefault(token, time.time())
 
 
-@lease_signals.lease_released.connect
+@lease_signals.lease_released.connect  # type: ignore[untyped-decorator]
 def _on_released(sender: Any = None, token: str = "", released: bool = True, **_: Any) -> None:
-    confirmed = _confirmed.pop(token, None)
     _lost_at.pop(token, None)
-    if sender is chaos_job or getattr(sender, "name", None) == JOB_TASK:
-        recorder().execution_released(token, bool(released), confirmed)
+    if getattr(sender, "name", None) == JOB_TASK:
+        recorder().execution_released(token, bool(released))
+
+
+def confirmed_since(lease: Lease) -> float | None:
+    """A wall time at or before the send of the lease's last confirmed renewal (or grant).
+
+    ``expires_in`` counts down to that send time + TTL - a drift margin, so ``now +
+    expires_in - ttl`` can only fall early (by the margin, or by a pause between the two
+    reads), never late: the checker may conclude from it that the store still had this
+    lease after that time. ``None`` once the lease is lost.
+    """
+    now = time.time()
+    left = lease.expires_in
+    return now + left - lease.ttl if left > 0 else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -125,8 +131,9 @@ def chaos_job(self: LeasedTask, key: str, job: str, writes: int = 3, step: float
     """
     lease = self.lease
     assert lease is not None, "chaos_job runs as a leased execution"
-    now = time.time()
-    lower, upper = _granted.pop(lease.token, (now, now))
+    upper = time.time()  # the body runs: the grant is done
+    lower = _before_acquire.pop(self.request.id or "", upper)
+    confirmed = confirmed_since(lease)
     rec = recorder()
     worker = self.request.hostname or "?"
     rec.execution_started(Execution(
@@ -139,15 +146,16 @@ def chaos_job(self: LeasedTask, key: str, job: str, writes: int = 3, step: float
             lease.check()  # the pool may not interrupt a blocking call: look before writing
             if not rec.fenced_write(key, job, lease.token, lease.fencing_token, worker):
                 raise lease.lose()  # a later holder wrote: stop acting as the holder
+            confirmed = confirmed_since(lease) or confirmed
         if mode == "retry" and self.request.retries == 0:
-            rec.execution_ended(lease.token, "retry", time.time())
+            rec.execution_ended(lease.token, "retry", time.time(), confirmed=confirmed)
             raise self.retry(countdown=0.2)
         if mode == "requeue":
             submit(key, "requeue", writes, step, parent=job)
         lease.check()
-        rec.execution_ended(lease.token, "ok", time.time())
+        rec.execution_ended(lease.token, "ok", time.time(), confirmed=confirmed)
     except LeaseLost as exc:
         rec.execution_ended(lease.token, "lost", None, exc.cause,
-                            _lost_at.get(lease.token, time.time()))
+                            _lost_at.get(lease.token, time.time()), confirmed)
         raise
     return {"key": key, "job": job, "fencing_token": lease.fencing_token}
