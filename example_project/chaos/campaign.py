@@ -13,10 +13,12 @@ import random
 import tempfile
 import threading
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 
@@ -34,7 +36,8 @@ class Settings:
     """What one campaign does. Durations are float seconds.
 
     ``rate``: jobs submitted per second; ``duplicates``: share of submissions sent twice at
-    once; ``drain``: how long to wait for the last jobs after the nemesis stops.
+    once; ``drain``: how long to wait for the last jobs after the nemesis stops;
+    ``broker_url``: an existing Redis for the broker and results (default: a private server).
     """
 
     duration: float = 120.0
@@ -46,6 +49,7 @@ class Settings:
     duplicates: float = 0.15
     drain: float = 60.0
     log_dir: str | None = None
+    broker_url: str | None = None
 
 
 def _pid_tree(pid: int) -> list[int]:
@@ -155,15 +159,17 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
     rng = random.Random(settings.seed)
     log_dir = settings.log_dir or tempfile.mkdtemp(prefix="chaos-")
     dsn = db.create_database()
-    broker = RedisServer().start()
+    broker = None if settings.broker_url else RedisServer().start()
+    broker_url = settings.broker_url or broker.url()  # type: ignore[union-attr]
     store = RedisServer(config={"maxmemory-policy": "noeviction"}).start()
     proxy = TcpProxy(store.port)
-    env = {"CHAOS_BROKER_URL": broker.url(), "CHAOS_LEASE_URL": f"redis://127.0.0.1:{proxy.port}/0",
-           "CHAOS_DSN": dsn, "CHAOS_TTL": str(settings.ttl)}
+    queue = f"chaos-{uuid.uuid4().hex[:8]}"  # never another application's queue
+    env = {"CHAOS_BROKER_URL": broker_url, "CHAOS_QUEUE": queue, "CHAOS_DSN": dsn,
+           "CHAOS_LEASE_URL": f"redis://127.0.0.1:{proxy.port}/0", "CHAOS_TTL": str(settings.ttl)}
     os.environ.update(env)  # the producer's copy of the app reads them at import
     from . import worker_app
 
-    fleet = Fleet("example_project.chaos.worker_app", env, log_dir)
+    fleet = Fleet("example_project.chaos.worker_app", env, log_dir, queue)
     try:
         say(f"chaos: seed {settings.seed}, {settings.workers} workers, {settings.keys} keys, "
             f"{settings.duration:.0f}s, TTL {settings.ttl}s; logs in {log_dir}")
@@ -172,7 +178,7 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
         producer = _Producer(settings, rng, worker_app.submit)
         producer.start()
         wait_for(lambda: time.time() - started > min(5.0, settings.duration / 4), 30)
-        peers = {broker.port: "broker", proxy.port: "lease", 5432: "postgres"}
+        peers = {_port(broker_url): "broker", proxy.port: "lease", 5432: "postgres"}
         baseline = {s.name: _resources(s.worker.pid, peers) for s in fleet.slots}
         nemesis = Nemesis(random.Random(rng.random()), fleet, store, proxy, settings.ttl,
                           lambda c: _lease_keys(c, worker_app.LEASE_PREFIX))
@@ -181,7 +187,7 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
         producer.halt.set()
         producer.join(10)
         say(f"chaos: nemesis done ({len(nemesis.faults)} faults); draining")
-        _drain(broker, store, worker_app, settings)
+        _drain(broker_url, queue, store, worker_app, settings)
         probes = [worker_app.submit(f"k{i}", "probe") for i in range(settings.keys)]
         wait_for(lambda: all(worker_app.app.AsyncResult(p.task_id).ready() for p in probes),
                  settings.ttl * 4 + 30, interval=0.2, message="probes did not finish")
@@ -189,6 +195,8 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
         history = _record(settings, dsn, worker_app, fleet, store, baseline, peers, started,
                           nemesis_end)
         history.faults = nemesis.faults
+        if settings.broker_url:  # someone else's Redis: take away what the run left there
+            _forget(broker_url, queue, [job.task_id for job in history.jobs])
         for error in nemesis.errors + producer.errors:
             say(f"chaos: note: {error}")
         return history
@@ -196,18 +204,36 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
         fleet.close()
         proxy.close()
         store.close()
-        broker.close()
+        if broker is not None:
+            broker.close()
         worker_app.recorder().close()
         db.drop_database(dsn)
 
 
-def _drain(broker: RedisServer, store: RedisServer, worker_app: Any, settings: Settings) -> None:
+def _port(url: str) -> int:
+    return urlsplit(url).port or 6379
+
+
+def _forget(broker_url: str, queue: str, task_ids: list[str]) -> None:
+    """Delete the run's results and queue keys from a broker Redis the run did not start."""
+    client = redis.Redis.from_url(broker_url)
+    try:
+        names = [f"celery-task-meta-{task_id}" for task_id in task_ids]
+        names += [queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}"]
+        for start in range(0, len(names), 500):
+            client.delete(*names[start:start + 500])
+    finally:
+        client.close()
+
+
+def _drain(broker_url: str, queue: str, store: RedisServer, worker_app: Any,
+           settings: Settings) -> None:
     """Wait until the queue is empty and no lease is held (or ``settings.drain`` passes)."""
-    client = broker.client()
+    client = redis.Redis.from_url(broker_url)
     leases = store.client()
 
     def idle() -> bool:
-        queued = client.llen("celery") + client.zcard("unacked_index")
+        queued = client.llen(queue) + client.zcard("unacked_index")
         return queued == 0 and not _lease_keys(leases, worker_app.LEASE_PREFIX)
 
     try:

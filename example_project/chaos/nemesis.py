@@ -64,6 +64,7 @@ class Fleet:
     app_module: str
     env: dict[str, str]
     log_dir: str
+    queue: str = "celery"
     slots: list[Slot] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _closing: threading.Event = field(default_factory=threading.Event)
@@ -71,7 +72,7 @@ class Fleet:
 
     def _new_worker(self, pool: str) -> CeleryWorker:
         worker = CeleryWorker(self.app_module, pool=pool, concurrency=CONCURRENCY[pool],
-                              env=self.env, log_dir=self.log_dir)
+                              queue=self.queue, env=self.env, log_dir=self.log_dir)
         return worker.start()
 
     def start(self, count: int, timeout: float = 90.0) -> None:

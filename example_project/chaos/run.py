@@ -33,8 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ttl", type=float, default=3.0, help="lease TTL, seconds (default 3)")
     parser.add_argument("--rate", type=float, default=3.0, help="jobs per second (default 3)")
     parser.add_argument("--redis-url", default=None,
-                        help="not used: the campaign starts its own Redis servers, because it "
-                             "pauses, black-holes and empties the lease store")
+                        help="broker and result backend (never faulted; default: a private "
+                             "redis-server). The lease store is always a private server: the "
+                             "campaign pauses, black-holes and empties it")
     parser.add_argument("--json", type=Path, help="write violations and counts here")
     parser.add_argument("--history", type=Path, help="save the whole recorded history here")
     parser.add_argument("--check", type=Path, help="re-check a saved history; run nothing")
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         _stop_cleanly_on_signals()
         history = run_campaign(Settings(
             duration=args.duration, workers=args.workers, keys=args.keys, seed=args.seed,
-            ttl=args.ttl, rate=args.rate))
+            ttl=args.ttl, rate=args.rate, broker_url=args.redis_url))
         if args.history is not None:
             args.history.write_text(json.dumps(history.to_dict(), default=str) + "\n")
     violations, _ = report(history, args.json)

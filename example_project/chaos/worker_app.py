@@ -1,10 +1,10 @@
 """The app the campaign's workers run, and its one leased job, which records its own history.
 
 Configured from the environment the campaign sets (``CHAOS_BROKER_URL``: broker and result
-backend, never faulted; ``CHAOS_LEASE_URL``: the lease store, reached through the nemesis'
-proxy; ``CHAOS_DSN``: the run's PostgreSQL database; ``CHAOS_TTL``: the lease TTL in float
-seconds). Only the public API of celery-lease is used: ``LeasedTask``, ``self.lease``,
-``LeaseLost`` and the signals.
+backend, never faulted; ``CHAOS_QUEUE``: its queue; ``CHAOS_LEASE_URL``: the lease store,
+reached through the nemesis' proxy; ``CHAOS_DSN``: the run's PostgreSQL database;
+``CHAOS_TTL``: the lease TTL in float seconds). Only the public API of celery-lease is
+used: ``LeasedTask``, ``self.lease``, ``LeaseLost`` and the signals.
 
 Messages are acknowledged after the execution (``acks_late``) and given back when a worker
 dies, so a SIGKILLed worker's jobs are redelivered (after the broker's visibility timeout):
@@ -39,6 +39,7 @@ BROKER_URL = os.environ.get("CHAOS_BROKER_URL", "redis://127.0.0.1:6379/0")
 
 app = Celery("chaos", broker=BROKER_URL, backend=BROKER_URL, set_as_current=False)
 app.conf.update(
+    task_default_queue=os.environ.get("CHAOS_QUEUE", "celery"),
     lease_backend=os.environ.get("CHAOS_LEASE_URL", BROKER_URL),
     lease_ttl=float(os.environ.get("CHAOS_TTL", "3.0")),
     lease_store_timeout=float(os.environ.get("CHAOS_STORE_TIMEOUT", "0.5")),
