@@ -180,8 +180,16 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
         wait_for(lambda: time.time() - started > min(5.0, settings.duration / 4), 30)
         peers = {_port(broker_url): "broker", proxy.port: "lease", 5432: "postgres"}
         baseline = {s.name: _resources(s.worker.pid, peers) for s in fleet.slots}
+        job_keys = {worker_app.chaos_job.lease_key_for((), {"key": f"k{i}", "job": ""}): f"k{i}"
+                    for i in range(settings.keys)}
+
+        def duplicate(lease_keys: list[str]) -> None:
+            for lease_key in lease_keys:
+                if lease_key in job_keys:
+                    worker_app.submit(job_keys[lease_key], "after_erase")
+
         nemesis = Nemesis(random.Random(rng.random()), fleet, store, proxy, settings.ttl,
-                          lambda c: _lease_keys(c, worker_app.LEASE_PREFIX))
+                          lambda c: _lease_keys(c, worker_app.LEASE_PREFIX), duplicate)
         nemesis.run(until=started + settings.duration)
         nemesis_end = time.time()
         producer.halt.set()

@@ -70,10 +70,12 @@ class Execution:
 class Job:
     """One submitted job and how it ended.
 
-    ``path`` is how it was submitted (``delay``, ``send_task``, ``retry``, ``requeue``,
-    ``duplicate``, ``probe``); ``resolution`` is ``ran``, ``skipped``, ``failed_lease`` (a
-    lease error is its result) or ``unresolved``; ``detail`` says more (the result state, the
-    error); ``holder`` names the holder a skip reported.
+    ``path`` is how it was submitted: ``delay``, ``send_task``, ``retry``, ``requeue`` (the
+    job requeues itself), ``requeued`` (the job it sent), ``duplicate``, ``after_erase`` (sent
+    by the nemesis after it erased the lease), ``probe``;
+    ``resolution`` is ``ran``, ``skipped``, ``failed_lease`` (a lease error is its result) or
+    ``unresolved``; ``detail`` says more (the result state, the error); ``holder`` names the
+    holder a skip reported.
     """
 
     job: str

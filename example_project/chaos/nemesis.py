@@ -9,7 +9,11 @@ started and was healed:
 - ``pause_store``: SIGSTOP the lease Redis (connections stay open, nothing answers);
 - ``blackhole``: the proxy in front of the lease Redis stops moving bytes;
 - ``restart_empty``: the lease Redis restarts with an empty dataset (same port);
-- ``delete_key``: one held lease key is deleted behind its holder's back;
+- ``delete_key``: one held lease key is deleted behind its holder's back.
+
+After the last two, the nemesis also sends a duplicate of each job whose lease it erased, so
+that a second holder is granted while the first still runs: the case the fencing token and
+the renewal's refusal exist for.
 - ``latency``: a burst of latency: the proxy holds the bytes back in short pulses.
 
 A Sentinel failover is not injected: the campaign runs one lease Redis, without replicas.
@@ -121,16 +125,19 @@ class Nemesis:
         store: the lease Redis; ``proxy``: the proxy the workers reach it through.
         ttl: the lease TTL (float seconds): sizes the pauses.
         held_keys: returns the lease keys currently present (for ``delete_key``).
+        erased: called with the lease keys a fault erased (to send duplicates of their jobs).
     """
 
     def __init__(self, rng: random.Random, fleet: Fleet, store: RedisServer, proxy: TcpProxy,
-                 ttl: float, held_keys: Callable[[redis.Redis], list[str]]) -> None:
+                 ttl: float, held_keys: Callable[[redis.Redis], list[str]],
+                 erased: Callable[[list[str]], None] = lambda keys: None) -> None:
         self.rng = rng
         self.fleet = fleet
         self.store = store
         self.proxy = proxy
         self.ttl = ttl
         self.held_keys = held_keys
+        self.erased = erased
         self.faults: list[Fault] = []
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -222,8 +229,14 @@ class Nemesis:
         return f"proxy for {seconds:.1f}s"
 
     def restart_empty(self) -> str:
+        client = self.store.client(socket_timeout=2.0)
+        try:
+            held = self.held_keys(client)
+        finally:
+            client.close()
         self.store.restart()
-        return f"lease redis on port {self.store.port}"
+        self.erased(held)
+        return f"lease redis on port {self.store.port} ({len(held)} leases erased)"
 
     def delete_key(self) -> str | None:
         client = self.store.client(socket_timeout=2.0)
@@ -233,6 +246,7 @@ class Nemesis:
                 return None
             key = self.rng.choice(keys)
             client.delete(key)
+            self.erased([key])
             return key
         finally:
             client.close()

@@ -152,7 +152,7 @@ def chaos_job(self: LeasedTask, key: str, job: str, writes: int = 3, step: float
             rec.execution_ended(lease.token, "retry", time.time(), confirmed=confirmed)
             raise self.retry(countdown=0.2)
         if mode == "requeue":
-            submit(key, "requeue", writes, step, parent=job)
+            submit(key, "requeued", writes, step, parent=job)
         lease.check()
         rec.execution_ended(lease.token, "ok", time.time(), confirmed=confirmed)
     except LeaseLost as exc:
