@@ -20,6 +20,7 @@ its send), so a violation is never an artefact of timing, and each comes with it
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -244,11 +245,11 @@ def summarize(history: History, violations: list[Violation]) -> dict[str, Any]:
     told_later = sum(1 for e in history.executions
                      if e.outcome != "lost" and (e.token in refused or e.released is False))
     accepted_times = sorted(w.done_at for w in history.writes if w.accepted)
-    stalls = []
+    stalls: dict[str, list[float]] = defaultdict(list)
     for fault in history.faults:
-        after = next((t for t in accepted_times if t >= fault.ended_at), None)
-        if after is not None:
-            stalls.append(after - fault.ended_at)
+        at = bisect.bisect_left(accepted_times, fault.ended_at)
+        if at < len(accepted_times):
+            stalls[fault.kind].append(accepted_times[at] - fault.ended_at)
     ok_ends = [e.body_end for e in history.executions if e.outcome == "ok" and e.body_end]
     window = max(history.nemesis_end - history.started_at, 1e-9)
     faulted = sum(f.ended_at - f.started_at for f in history.faults)
@@ -267,7 +268,8 @@ def summarize(history: History, violations: list[Violation]) -> dict[str, Any]:
         "writes_refused": sum(1 for w in history.writes if not w.accepted),
         "faults": len(history.faults),
         "faults_by_kind": dict(Counter(f.kind for f in history.faults)),
-        "stall_after_fault_s": _spread(stalls),
+        "stall_after_fault_s": _spread([t for kind in stalls.values() for t in kind]),
+        "stall_after_fault_by_kind_s": {k: _spread(v) for k, v in sorted(stalls.items())},
         "throughput_per_s": round(len([t for t in ok_ends if t <= history.nemesis_end])
                                   / window, 3),
         "throughput_during_faults_per_s": round(during / faulted, 3) if faulted else None,
