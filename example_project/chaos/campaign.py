@@ -111,6 +111,40 @@ def _lease_keys(client: redis.Redis, prefix: str) -> list[str]:
     return [k for k in keys if not k.endswith(":fence")]
 
 
+class _Sampler(threading.Thread):
+    """Samples every worker's RSS and sockets every few seconds, per process.
+
+    A worker killed by the nemesis comes back as a new process; comparing it with its
+    predecessor would prove nothing, so each process is compared with its own first sample
+    taken :data:`WARM_UP` seconds after it appeared.
+    """
+
+    def __init__(self, fleet: Fleet, peers: dict[int, str], every: float = 5.0) -> None:
+        super().__init__(daemon=True, name="sampler")
+        self.fleet, self.peers, self.every = fleet, peers, every
+        self.halt = threading.Event()
+        self.first_seen: dict[int, float] = {}
+        self.baseline: dict[int, tuple[int, int, dict[str, int]]] = {}
+
+    def sample(self) -> None:
+        now = time.time()
+        for slot in self.fleet.slots:
+            pid = slot.worker.pid
+            if slot.stopped or not slot.worker.is_running():
+                continue
+            seen = self.first_seen.setdefault(pid, now)
+            if pid not in self.baseline and now - seen >= WARM_UP:
+                self.baseline[pid] = _resources(pid, self.peers)
+
+    def run(self) -> None:
+        while not self.halt.wait(self.every):
+            self.sample()
+
+
+#: Seconds a worker process runs before its first resource sample (imports, pools filling).
+WARM_UP = 10.0
+
+
 class _Producer(threading.Thread):
     """Submits jobs for random keys at a steady rate until told to stop."""
 
@@ -128,7 +162,11 @@ class _Producer(threading.Thread):
             path = self.rng.choices(["delay", "send_task", "retry", "requeue"],
                                     weights=[4, 3, 2, 1])[0]
             try:
-                self.submit(key, path, mode=path if path in ("retry", "requeue") else "plain",
+                # 2 to 8 writes 0.3 s apart: some jobs end before their first renewal (at
+                # TTL/3), others renew once or more.
+                writes = self.rng.randint(2, 8)
+                self.submit(key, path, writes=writes,
+                            mode=path if path in ("retry", "requeue") else "plain",
                             by_name=path == "send_task")
                 if self.rng.random() < self.settings.duplicates:
                     self.submit(key, "duplicate")
@@ -179,7 +217,8 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
         producer.start()
         wait_for(lambda: time.time() - started > min(5.0, settings.duration / 4), 30)
         peers = {_port(broker_url): "broker", proxy.port: "lease", 5432: "postgres"}
-        baseline = {s.name: _resources(s.worker.pid, peers) for s in fleet.slots}
+        sampler = _Sampler(fleet, peers)
+        sampler.start()
         job_keys = {worker_app.chaos_job.lease_key_for((), {"key": f"k{i}", "job": ""}): f"k{i}"
                     for i in range(settings.keys)}
 
@@ -200,7 +239,8 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
         wait_for(lambda: all(worker_app.app.AsyncResult(p.task_id).ready() for p in probes),
                  settings.ttl * 4 + 30, interval=0.2, message="probes did not finish")
         time.sleep(settings.ttl)  # "one TTL after the end"
-        history = _record(settings, dsn, worker_app, fleet, store, baseline, peers, started,
+        sampler.halt.set()
+        history = _record(settings, dsn, worker_app, fleet, store, sampler, started,
                           nemesis_end)
         history.faults = nemesis.faults
         if settings.broker_url:  # someone else's Redis: take away what the run left there
@@ -254,8 +294,7 @@ def _drain(broker_url: str, queue: str, store: RedisServer, worker_app: Any,
 
 
 def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: RedisServer,
-            baseline: dict[str, tuple[int, int, dict[str, int]]], peers: dict[int, str],
-            started: float,
+            sampler: _Sampler, started: float,
             nemesis_end: float) -> History:
     writes, runs, jobs = db.load(dsn)
     ran = {r.job for r in runs if r.outcome == "ok"}
@@ -275,11 +314,14 @@ def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: 
     for slot in fleet.slots:
         names = [slot.worker.hostname]
         answered = bool(worker_app.app.control.ping(destination=names, timeout=5.0))
-        rss, sockets, by_peer = _resources(slot.worker.pid, peers)
-        rss0, sockets0, by_peer0 = baseline.get(slot.name, (0, 0, {}))
+        pid = slot.worker.pid
+        rss, sockets, by_peer = _resources(pid, sampler.peers)
+        measured = pid in sampler.baseline
+        rss0, sockets0, by_peer0 = sampler.baseline.get(pid, (0, 0, {}))
         samples.append(WorkerSample(
-            slot.name, slot.pool, slot.restarts, answered, slot.worker.pid == slot.first_pid,
-            rss0, rss, sockets0, sockets, by_peer0, by_peer))
+            slot.name, slot.pool, slot.restarts, answered, measured,
+            rss0, rss, sockets0, sockets, by_peer0, by_peer,
+            round(time.time() - sampler.first_seen.get(pid, time.time()), 1)))
     return History(ttl=settings.ttl, started_at=started, nemesis_end=nemesis_end,
                    finished_at=time.time(), writes=writes, executions=runs, jobs=jobs,
                    workers=samples, leftover_leases=leftover, keys_without_ttl=no_ttl)

@@ -100,10 +100,12 @@ class Fault:
 
 @dataclass
 class WorkerSample:
-    """One worker slot at the start and at the end of the run.
+    """One worker slot: its process at the end, compared with that process' first sample.
 
-    ``same_process`` is False when the worker was restarted in between (its figures then
-    compare two processes and prove nothing about leaks). RSS in bytes; sockets counted in
+    ``same_process`` is True when the process at the end was sampled earlier, after a warm-up
+    (``*_start``); False when it was too young (restarted by the supervisor just before the
+    end): its figures then prove nothing about leaks. ``age`` is how long that process had
+    been sampled (float seconds). RSS in bytes; sockets counted in
     ``/proc/<pid>/fd`` over the worker and its pool children; ``peers_*`` splits them by
     the server at the other end (``broker``, ``lease``, ``postgres``, ``other``, ``local``).
     """
@@ -119,6 +121,7 @@ class WorkerSample:
     sockets_end: int
     peers_start: dict[str, int] = field(default_factory=dict)
     peers_end: dict[str, int] = field(default_factory=dict)
+    age: float = 0.0
 
 
 @dataclass

@@ -57,7 +57,6 @@ class Slot:
     pool: str
     worker: CeleryWorker
     restarts: int = 0
-    first_pid: int = 0
     stopped: bool = False  # SIGSTOPped by the nemesis: not dead, do not restart
 
 
@@ -86,7 +85,6 @@ class Fleet:
             self.slots.append(Slot(f"w{i}-{pool}", pool, self._new_worker(pool)))
         for slot in self.slots:
             slot.worker.wait_ready(timeout)
-            slot.first_pid = slot.worker.pid
         self._thread = threading.Thread(target=self._supervise, daemon=True, name="supervisor")
         self._thread.start()
 
