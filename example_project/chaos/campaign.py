@@ -1,7 +1,10 @@
 """One campaign: servers, workers, producer and nemesis for a while, then drain, probe, record.
 
-The broker and result backend are a private Redis that is never faulted (the campaign tests
-the lease, not the broker); the lease store is another private Redis, reached by the workers
+The broker (the machine's RabbitMQ, on a queue of the run's own) and the result backend (a
+private Redis) are never faulted: the campaign tests the lease, not them. RabbitMQ because it
+gives a dead consumer's unacknowledged messages back at once and loses none, while the Redis
+transport can lose a message it popped for a worker killed at that moment (``--redis-url``
+runs on Redis anyway). The lease store is another private Redis, reached by the workers
 through a :class:`~example_project.chaos.infra.TcpProxy` so it can be black-holed and slowed.
 The fenced writes and the history go to a fresh PostgreSQL database, dropped at the end.
 """
@@ -28,7 +31,10 @@ from .history import History, Job, WorkerSample
 from .infra import RedisServer, TcpProxy, wait_for
 from .nemesis import Fleet, Nemesis
 
-__all__ = ["Settings", "run_campaign"]
+__all__ = ["DEFAULT_AMQP_URL", "Settings", "run_campaign"]
+
+#: The broker when ``--redis-url`` is not given: the machine's RabbitMQ.
+DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 
 
 @dataclass
@@ -37,7 +43,8 @@ class Settings:
 
     ``rate``: jobs submitted per second; ``duplicates``: share of submissions sent twice at
     once; ``drain``: how long to wait for the last jobs after the nemesis stops;
-    ``broker_url``: an existing Redis for the broker and results (default: a private server).
+    ``broker_url``: an existing Redis for the broker and results (default: RabbitMQ at
+    ``CHAOS_AMQP_URL`` or :data:`DEFAULT_AMQP_URL`, results on a private Redis).
     """
 
     duration: float = 120.0
@@ -197,12 +204,14 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
     rng = random.Random(settings.seed)
     log_dir = settings.log_dir or tempfile.mkdtemp(prefix="chaos-")
     dsn = db.create_database()
-    broker = None if settings.broker_url else RedisServer().start()
-    broker_url = settings.broker_url or broker.url()  # type: ignore[union-attr]
+    results = None if settings.broker_url else RedisServer().start()
+    result_url = settings.broker_url or results.url()  # type: ignore[union-attr]
+    broker_url = settings.broker_url or os.environ.get("CHAOS_AMQP_URL") or DEFAULT_AMQP_URL
     store = RedisServer(config={"maxmemory-policy": "noeviction"}).start()
     proxy = TcpProxy(store.port)
     queue = f"chaos-{uuid.uuid4().hex[:8]}"  # never another application's queue
-    env = {"CHAOS_BROKER_URL": broker_url, "CHAOS_QUEUE": queue, "CHAOS_DSN": dsn,
+    env = {"CHAOS_BROKER_URL": broker_url, "CHAOS_RESULT_URL": result_url,
+           "CHAOS_QUEUE": queue, "CHAOS_DSN": dsn,
            "CHAOS_LEASE_URL": f"redis://127.0.0.1:{proxy.port}/0", "CHAOS_TTL": str(settings.ttl)}
     os.environ.update(env)  # the producer's copy of the app reads them at import
     from . import worker_app
@@ -216,7 +225,8 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
         producer = _Producer(settings, rng, worker_app.submit)
         producer.start()
         wait_for(lambda: time.time() - started > min(5.0, settings.duration / 4), 30)
-        peers = {_port(broker_url): "broker", proxy.port: "lease", 5432: "postgres"}
+        peers = {_port(broker_url): "broker", _port(result_url): "results", proxy.port: "lease",
+                 5432: "postgres"}
         sampler = _Sampler(fleet, peers)
         sampler.start()
         job_keys = {worker_app.chaos_job.lease_key_for((), {"key": f"k{i}", "job": ""}): f"k{i}"
@@ -234,7 +244,7 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
         producer.halt.set()
         producer.join(10)
         say(f"chaos: nemesis done ({len(nemesis.faults)} faults); draining")
-        _drain(broker_url, queue, store, worker_app, settings)
+        _drain(dsn, store, worker_app, settings)
         probes = [worker_app.submit(f"k{i}", "probe") for i in range(settings.keys)]
         wait_for(lambda: all(worker_app.app.AsyncResult(p.task_id).ready() for p in probes),
                  settings.ttl * 4 + 30, interval=0.2, message="probes did not finish")
@@ -250,16 +260,28 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
         return history
     finally:
         fleet.close()
+        if not settings.broker_url:
+            _delete_queue(worker_app.app, queue)
         proxy.close()
         store.close()
-        if broker is not None:
-            broker.close()
+        if results is not None:
+            results.close()
         worker_app.recorder().close()
         db.drop_database(dsn)
 
 
 def _port(url: str) -> int:
-    return urlsplit(url).port or 6379
+    default = 5672 if url.startswith("amqp") else 6379
+    return urlsplit(url).port or default
+
+
+def _delete_queue(app: Any, queue: str) -> None:
+    """Delete the run's queue from the RabbitMQ the run did not start (best effort)."""
+    try:
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_delete(queue)
+    except Exception as exc:  # the run's result does not depend on it
+        print(f"chaos: could not delete queue {queue}: {exc!r}")
 
 
 def _forget(broker_url: str, queue: str, task_ids: list[str]) -> None:
@@ -274,22 +296,21 @@ def _forget(broker_url: str, queue: str, task_ids: list[str]) -> None:
         client.close()
 
 
-def _drain(broker_url: str, queue: str, store: RedisServer, worker_app: Any,
-           settings: Settings) -> None:
-    """Wait until the queue is empty and no lease is held (or ``settings.drain`` passes)."""
-    client = redis.Redis.from_url(broker_url)
+def _drain(dsn: str, store: RedisServer, worker_app: Any, settings: Settings) -> None:
+    """Wait until every job has ended and no lease is held (or ``settings.drain`` passes)."""
     leases = store.client()
 
     def idle() -> bool:
-        queued = client.llen(queue) + client.zcard("unacked_index")
-        return queued == 0 and not _lease_keys(leases, worker_app.LEASE_PREFIX)
+        if _lease_keys(leases, worker_app.LEASE_PREFIX):
+            return False
+        return all(worker_app.app.AsyncResult(task_id).ready()
+                   for task_id in db.unfinished(dsn))
 
     try:
-        wait_for(idle, settings.drain, interval=0.25)
+        wait_for(idle, settings.drain, interval=0.5)
     except AssertionError:
         pass  # whatever is still unresolved is reported by the checker
     finally:
-        client.close()
         leases.close()
 
 

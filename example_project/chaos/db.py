@@ -22,7 +22,8 @@ from psycopg import sql
 
 from .history import Execution, Job, Write
 
-__all__ = ["DEFAULT_ADMIN_DSN", "Recorder", "create_database", "drop_database", "load"]
+__all__ = ["DEFAULT_ADMIN_DSN", "Recorder", "create_database", "drop_database", "load",
+           "unfinished"]
 
 #: Where the run's database is created (``CHAOS_PG_DSN`` overrides): the machine's server.
 DEFAULT_ADMIN_DSN = "host=localhost port=5432 user=postgres dbname=postgres"
@@ -178,6 +179,14 @@ class Recorder:
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+
+def unfinished(dsn: str) -> list[str]:
+    """Task ids of the jobs that no execution has completed yet (skipped or failed included)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return [row[0] for row in conn.execute(
+            "SELECT task_id FROM jobs j WHERE NOT EXISTS (SELECT 1 FROM executions e"
+            " WHERE e.job = j.job AND e.outcome = 'ok')")]
 
 
 def load(dsn: str) -> tuple[list[Write], list[Execution], list[Job]]:

@@ -1,14 +1,15 @@
 """The app the campaign's workers run, and its one leased job, which records its own history.
 
-Configured from the environment the campaign sets (``CHAOS_BROKER_URL``: broker and result
-backend, never faulted; ``CHAOS_QUEUE``: its queue; ``CHAOS_LEASE_URL``: the lease store,
-reached through the nemesis' proxy; ``CHAOS_DSN``: the run's PostgreSQL database;
-``CHAOS_TTL``: the lease TTL in float seconds). Only the public API of celery-lease is
-used: ``LeasedTask``, ``self.lease``, ``LeaseLost`` and the signals.
+Configured from the environment the campaign sets (``CHAOS_BROKER_URL``: the broker, never
+faulted; ``CHAOS_RESULT_URL``: the result backend, never faulted; ``CHAOS_QUEUE``: the run's
+queue; ``CHAOS_LEASE_URL``: the lease store, reached through the nemesis' proxy;
+``CHAOS_DSN``: the run's PostgreSQL database; ``CHAOS_TTL``: the lease TTL in float
+seconds). Only the public API of celery-lease is used: ``LeasedTask``, ``self.lease``,
+``LeaseLost`` and the signals.
 
 Messages are acknowledged after the execution (``acks_late``) and given back when a worker
-dies, so a SIGKILLed worker's jobs are redelivered (after the broker's visibility timeout):
-that is the redelivery path of the lease, exercised on purpose.
+dies, so a SIGKILLed worker's jobs are redelivered, with RabbitMQ at once (while the dead
+holder's lease may still be live: the lease's redelivery path, exercised on purpose).
 """
 
 from __future__ import annotations
@@ -32,15 +33,17 @@ from .history import Execution, Job
 JOB_TASK = "example_project.chaos.worker_app.chaos_job"
 #: Prefix of every lease key of a campaign (the leak check scans it).
 LEASE_PREFIX = "chaos-lease"
-#: Broker visibility timeout (float seconds): a dead worker's message comes back after it.
+#: Visibility timeout of a Redis broker (float seconds): a dead worker's message comes back
+#: after it.
 VISIBILITY_TIMEOUT = 15.0
 
-BROKER_URL = os.environ.get("CHAOS_BROKER_URL", "redis://127.0.0.1:6379/0")
+BROKER_URL = os.environ.get("CHAOS_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
+RESULT_URL = os.environ.get("CHAOS_RESULT_URL", "redis://127.0.0.1:6379/0")
 
-app = Celery("chaos", broker=BROKER_URL, backend=BROKER_URL, set_as_current=False)
+app = Celery("chaos", broker=BROKER_URL, backend=RESULT_URL, set_as_current=False)
 app.conf.update(
     task_default_queue=os.environ.get("CHAOS_QUEUE", "celery"),
-    lease_backend=os.environ.get("CHAOS_LEASE_URL", BROKER_URL),
+    lease_backend=os.environ.get("CHAOS_LEASE_URL", RESULT_URL),
     lease_ttl=float(os.environ.get("CHAOS_TTL", "3.0")),
     lease_store_timeout=float(os.environ.get("CHAOS_STORE_TIMEOUT", "0.5")),
     lease_key_prefix=LEASE_PREFIX,
@@ -50,7 +53,8 @@ app.conf.update(
     task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,
     broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT,
-                              "unacked_restore_interval": 1, "unacked_restore_throttle": 1},
+                              "unacked_restore_interval": 1, "unacked_restore_throttle": 1}
+    if BROKER_URL.startswith("redis") else {},
     result_expires=3600,
     task_serializer="json",
     result_serializer="json",
