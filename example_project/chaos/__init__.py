@@ -3,6 +3,7 @@
 ``python -m example_project chaos --help``. The pieces, one idea each:
 
 - :mod:`.infra`: the process helpers (Redis servers, a TCP proxy, Celery workers);
+- :mod:`.history`: the recorded history, plain data;
 - :mod:`.db`: the PostgreSQL database of one run: the fenced table and the history tables;
 - :mod:`.worker_app`: the app and the leased job the workers run, which records its history;
 - :mod:`.nemesis`: the seeded fault injector and the supervisor that restarts killed workers;
