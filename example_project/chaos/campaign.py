@@ -202,6 +202,8 @@ def _resolve(app: Any, job: Job, ran: set[str]) -> None:
 def run_campaign(settings: Settings, say: Any = print) -> History:
     """Run one campaign and return its recorded history (the database is dropped)."""
     rng = random.Random(settings.seed)
+    # One stream each, drawn before any thread runs: the same seed, the same plan.
+    producer_rng, nemesis_rng = random.Random(rng.random()), random.Random(rng.random())
     log_dir = settings.log_dir or tempfile.mkdtemp(prefix="chaos-")
     dsn = db.create_database()
     results = None if settings.broker_url else RedisServer().start()
@@ -222,7 +224,7 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
             f"{settings.duration:.0f}s, TTL {settings.ttl}s; logs in {log_dir}")
         fleet.start(settings.workers)
         started = time.time()
-        producer = _Producer(settings, rng, worker_app.submit)
+        producer = _Producer(settings, producer_rng, worker_app.submit)
         producer.start()
         wait_for(lambda: time.time() - started > min(5.0, settings.duration / 4), 30)
         peers = {_port(broker_url): "broker", _port(result_url): "results", proxy.port: "lease",
@@ -237,7 +239,7 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
                 if lease_key in job_keys:
                     worker_app.submit(job_keys[lease_key], "after_erase")
 
-        nemesis = Nemesis(random.Random(rng.random()), fleet, store, proxy, settings.ttl,
+        nemesis = Nemesis(nemesis_rng, fleet, store, proxy, settings.ttl,
                           lambda c: _lease_keys(c, worker_app.LEASE_PREFIX), duplicate)
         nemesis.run(until=started + settings.duration)
         nemesis_end = time.time()

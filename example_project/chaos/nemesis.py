@@ -118,7 +118,9 @@ class Nemesis:
     """Draws faults from ``seed`` and injects them one at a time until :meth:`stop`.
 
     Args:
-        rng: the seeded random source.
+        rng: the seeded random source. The sequence of fault kinds and the gaps between them
+            come from a stream of their own, so a seed always draws the same plan; the
+            targets and the durations depend on what is running at the time.
         fleet: the workers.
         store: the lease Redis; ``proxy``: the proxy the workers reach it through.
         ttl: the lease TTL (float seconds): sizes the pauses.
@@ -129,7 +131,8 @@ class Nemesis:
     def __init__(self, rng: random.Random, fleet: Fleet, store: RedisServer, proxy: TcpProxy,
                  ttl: float, held_keys: Callable[[redis.Redis], list[str]],
                  erased: Callable[[list[str]], None] = lambda keys: None) -> None:
-        self.rng = rng
+        self.plan = random.Random(rng.random())
+        self.rng = random.Random(rng.random())
         self.fleet = fleet
         self.store = store
         self.proxy = proxy
@@ -144,9 +147,9 @@ class Nemesis:
         """Inject faults until the wall time ``until`` (or :meth:`stop`), then heal all."""
         try:
             while not self._stop.is_set() and time.time() < until:
-                if self._stop.wait(self.rng.uniform(0.5, 2.5)):
+                if self._stop.wait(self.plan.uniform(0.5, 2.5)):
                     break
-                kind = self.rng.choices(list(FAULTS), weights=list(FAULTS.values()))[0]
+                kind = self.plan.choices(list(FAULTS), weights=list(FAULTS.values()))[0]
                 started = time.time()
                 try:
                     target = getattr(self, kind)()
