@@ -12,6 +12,8 @@ commands:
           renewed run, and a pause that outlives the lease (see demo --help)
   compare celery-lease, celery-once and celery-singleton on the same faults (needs
           pip install celery-once celery-singleton; see compare --help)
+  chaos   random faults against many workers and keys for minutes, then a checker proves
+          the lease's promises held over the whole history (see chaos --help)
 """
 
 
@@ -30,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
         from example_project.compare.run import main as compare
 
         return compare(rest)
+    if command == "chaos":
+        from example_project.chaos.run import main as chaos
+
+        return chaos(rest)
     sys.stderr.write(f"unknown command {command!r}\n{USAGE}")
     return 2
 

@@ -1,0 +1,350 @@
+"""One campaign: servers, workers, producer and nemesis for a while, then drain, probe, record.
+
+The broker (the machine's RabbitMQ, on a queue of the run's own) and the result backend (a
+private Redis) are never faulted: the campaign tests the lease, not them. RabbitMQ because it
+gives a dead consumer's unacknowledged messages back at once and loses none, while the Redis
+transport can lose a message it popped for a worker killed at that moment (``--redis-url``
+runs on Redis anyway). The lease store is another private Redis, reached by the workers
+through a :class:`~example_project.chaos.infra.TcpProxy` so it can be black-holed and slowed.
+The fenced writes and the history go to a fresh PostgreSQL database, dropped at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+
+from . import db
+from .checker import LEASE_ERRORS
+from .history import History, Job, WorkerSample
+from .infra import RedisServer, TcpProxy, wait_for
+from .nemesis import Fleet, Nemesis
+
+__all__ = ["DEFAULT_AMQP_URL", "Settings", "run_campaign"]
+
+#: The broker when ``--redis-url`` is not given: the machine's RabbitMQ.
+DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
+
+
+@dataclass
+class Settings:
+    """What one campaign does. Durations are float seconds.
+
+    ``rate``: jobs submitted per second; ``duplicates``: share of submissions sent twice at
+    once; ``drain``: how long to wait for the last jobs after the nemesis stops;
+    ``broker_url``: an existing Redis for the broker and results (default: RabbitMQ at
+    ``CHAOS_AMQP_URL`` or :data:`DEFAULT_AMQP_URL`, results on a private Redis).
+    """
+
+    duration: float = 120.0
+    workers: int = 3
+    keys: int = 20
+    seed: int = 1
+    ttl: float = 3.0
+    rate: float = 3.0
+    duplicates: float = 0.15
+    drain: float = 60.0
+    log_dir: str | None = None
+    broker_url: str | None = None
+
+
+def _pid_tree(pid: int) -> list[int]:
+    pids, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        pids.append(current)
+        for children in Path(f"/proc/{current}/task").glob("*/children"):
+            try:
+                todo += [int(p) for p in children.read_text().split()]
+            except OSError:
+                pass
+    return pids
+
+
+def _peers() -> dict[str, int]:
+    """Socket inode -> remote TCP port, for every TCP socket on the machine."""
+    found: dict[str, int] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            found[fields[9]] = int(fields[2].rsplit(":", 1)[1], 16)
+    return found
+
+
+def _resources(pid: int, names: dict[int, str] | None = None) -> tuple[int, int, dict[str, int]]:
+    """(RSS bytes, open sockets, sockets by peer name) of ``pid`` and its descendants."""
+    rss = sockets = 0
+    peers, by_peer = _peers(), Counter[str]()
+    for member in _pid_tree(pid):
+        try:
+            for line in Path(f"/proc/{member}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    rss += int(line.split()[1]) * 1024
+            for fd in Path(f"/proc/{member}/fd").iterdir():
+                try:
+                    link = os.readlink(fd)
+                except OSError:
+                    continue
+                if link.startswith("socket:"):
+                    sockets += 1
+                    port = peers.get(link[8:-1], 0)
+                    by_peer[(names or {}).get(port, "other" if port else "local")] += 1
+        except OSError:
+            continue
+    return rss, sockets, dict(by_peer)
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value or "")
+
+
+def _lease_keys(client: redis.Redis, prefix: str) -> list[str]:
+    keys = [_text(k) for k in client.scan_iter(match=f"{prefix}*", count=500)]
+    return [k for k in keys if not k.endswith(":fence")]
+
+
+class _Sampler(threading.Thread):
+    """Samples every worker's RSS and sockets every few seconds, per process.
+
+    A worker killed by the nemesis comes back as a new process; comparing it with its
+    predecessor would prove nothing, so each process is compared with its own first sample
+    taken :data:`WARM_UP` seconds after it appeared.
+    """
+
+    def __init__(self, fleet: Fleet, peers: dict[int, str], every: float = 5.0) -> None:
+        super().__init__(daemon=True, name="sampler")
+        self.fleet, self.peers, self.every = fleet, peers, every
+        self.halt = threading.Event()
+        self.first_seen: dict[int, float] = {}
+        self.baseline: dict[int, tuple[int, int, dict[str, int]]] = {}
+
+    def sample(self) -> None:
+        now = time.time()
+        for slot in self.fleet.slots:
+            pid = slot.worker.pid
+            if slot.stopped or not slot.worker.is_running():
+                continue
+            seen = self.first_seen.setdefault(pid, now)
+            if pid not in self.baseline and now - seen >= WARM_UP:
+                self.baseline[pid] = _resources(pid, self.peers)
+
+    def run(self) -> None:
+        while not self.halt.wait(self.every):
+            self.sample()
+
+
+#: Seconds a worker process runs before its first resource sample (imports, pools filling).
+WARM_UP = 10.0
+
+
+class _Producer(threading.Thread):
+    """Submits jobs for random keys at a steady rate until told to stop."""
+
+    def __init__(self, settings: Settings, rng: random.Random, submit: Any) -> None:
+        super().__init__(daemon=True, name="producer")
+        self.settings, self.rng, self.submit = settings, rng, submit
+        self.halt = threading.Event()
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        period = 1.0 / self.settings.rate
+        next_at = time.monotonic()
+        while not self.halt.is_set():
+            key = f"k{self.rng.randrange(self.settings.keys)}"
+            path = self.rng.choices(["delay", "send_task", "retry", "requeue"],
+                                    weights=[4, 3, 2, 1])[0]
+            try:
+                # 2 to 8 writes 0.3 s apart: some jobs end before their first renewal (at
+                # TTL/3), others renew once or more.
+                writes = self.rng.randint(2, 8)
+                self.submit(key, path, writes=writes,
+                            mode=path if path in ("retry", "requeue") else "plain",
+                            by_name=path == "send_task")
+                if self.rng.random() < self.settings.duplicates:
+                    self.submit(key, "duplicate")
+            except Exception as exc:  # the broker is never faulted: worth reporting
+                self.errors.append(repr(exc))
+            next_at += period
+            self.halt.wait(max(0.0, next_at - time.monotonic()))
+
+
+def _resolve(app: Any, job: Job, ran: set[str]) -> None:
+    """Fill in how ``job`` ended from the executions and the result backend."""
+    result = app.AsyncResult(job.task_id)
+    state = result.state
+    value = result.result
+    if isinstance(value, dict) and value.get("lease_skipped"):
+        job.resolution, job.holder = "skipped", str(value.get("holder") or "")
+        job.detail = f"skipped, held by task {value.get('holder_task_id')}"
+    elif job.job in ran:
+        job.resolution, job.detail = "ran", state
+    elif state == "FAILURE" and type(value).__name__ in LEASE_ERRORS:
+        job.resolution, job.detail = "failed_lease", f"{type(value).__name__}: {value}"
+    else:
+        job.detail = f"state {state}: {value!r}"[:300]
+
+
+def run_campaign(settings: Settings, say: Any = print) -> History:
+    """Run one campaign and return its recorded history (the database is dropped)."""
+    rng = random.Random(settings.seed)
+    # One stream each, drawn before any thread runs: the same seed, the same plan.
+    producer_rng, nemesis_rng = random.Random(rng.random()), random.Random(rng.random())
+    log_dir = settings.log_dir or tempfile.mkdtemp(prefix="chaos-")
+    dsn = db.create_database()
+    results = None if settings.broker_url else RedisServer().start()
+    result_url = settings.broker_url or results.url()  # type: ignore[union-attr]
+    broker_url = settings.broker_url or os.environ.get("CHAOS_AMQP_URL") or DEFAULT_AMQP_URL
+    store = RedisServer(config={"maxmemory-policy": "noeviction"}).start()
+    proxy = TcpProxy(store.port)
+    queue = f"chaos-{uuid.uuid4().hex[:8]}"  # never another application's queue
+    env = {"CHAOS_BROKER_URL": broker_url, "CHAOS_RESULT_URL": result_url,
+           "CHAOS_QUEUE": queue, "CHAOS_DSN": dsn,
+           "CHAOS_LEASE_URL": f"redis://127.0.0.1:{proxy.port}/0", "CHAOS_TTL": str(settings.ttl)}
+    os.environ.update(env)  # the producer's copy of the app reads them at import
+    from . import worker_app
+
+    fleet = Fleet("example_project.chaos.worker_app", env, log_dir, queue)
+    try:
+        say(f"chaos: seed {settings.seed}, {settings.workers} workers, {settings.keys} keys, "
+            f"{settings.duration:.0f}s, TTL {settings.ttl}s; logs in {log_dir}")
+        fleet.start(settings.workers)
+        started = time.time()
+        producer = _Producer(settings, producer_rng, worker_app.submit)
+        producer.start()
+        wait_for(lambda: time.time() - started > min(5.0, settings.duration / 4), 30)
+        peers = {_port(broker_url): "broker", _port(result_url): "results", proxy.port: "lease",
+                 5432: "postgres"}
+        sampler = _Sampler(fleet, peers)
+        sampler.start()
+        job_keys = {worker_app.chaos_job.lease_key_for((), {"key": f"k{i}", "job": ""}): f"k{i}"
+                    for i in range(settings.keys)}
+
+        def duplicate(lease_keys: list[str]) -> None:
+            for lease_key in lease_keys:
+                if lease_key in job_keys:
+                    worker_app.submit(job_keys[lease_key], "after_erase")
+
+        nemesis = Nemesis(nemesis_rng, fleet, store, proxy, settings.ttl,
+                          lambda c: _lease_keys(c, worker_app.LEASE_PREFIX), duplicate)
+        nemesis.run(until=started + settings.duration)
+        nemesis_end = time.time()
+        producer.halt.set()
+        producer.join(10)
+        say(f"chaos: nemesis done ({len(nemesis.faults)} faults); draining")
+        _drain(dsn, store, worker_app, settings)
+        probes = [worker_app.submit(f"k{i}", "probe") for i in range(settings.keys)]
+        wait_for(lambda: all(worker_app.app.AsyncResult(p.task_id).ready() for p in probes),
+                 settings.ttl * 4 + 30, interval=0.2, message="probes did not finish")
+        time.sleep(settings.ttl)  # "one TTL after the end"
+        sampler.halt.set()
+        history = _record(settings, dsn, worker_app, fleet, store, sampler, started,
+                          nemesis_end)
+        history.faults = nemesis.faults
+        if settings.broker_url:  # someone else's Redis: take away what the run left there
+            _forget(broker_url, queue, [job.task_id for job in history.jobs])
+        for error in nemesis.errors + producer.errors:
+            say(f"chaos: note: {error}")
+        return history
+    finally:
+        fleet.close()
+        if not settings.broker_url:
+            _delete_queue(worker_app.app, queue)
+        proxy.close()
+        store.close()
+        if results is not None:
+            results.close()
+        worker_app.recorder().close()
+        db.drop_database(dsn)
+
+
+def _port(url: str) -> int:
+    default = 5672 if url.startswith("amqp") else 6379
+    return urlsplit(url).port or default
+
+
+def _delete_queue(app: Any, queue: str) -> None:
+    """Delete the run's queue from the RabbitMQ the run did not start (best effort)."""
+    try:
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_delete(queue)
+    except Exception as exc:  # the run's result does not depend on it
+        print(f"chaos: could not delete queue {queue}: {exc!r}")
+
+
+def _forget(broker_url: str, queue: str, task_ids: list[str]) -> None:
+    """Delete the run's results and queue keys from a broker Redis the run did not start."""
+    client = redis.Redis.from_url(broker_url)
+    try:
+        names = [f"celery-task-meta-{task_id}" for task_id in task_ids]
+        names += [queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}"]
+        for start in range(0, len(names), 500):
+            client.delete(*names[start:start + 500])
+    finally:
+        client.close()
+
+
+def _drain(dsn: str, store: RedisServer, worker_app: Any, settings: Settings) -> None:
+    """Wait until every job has ended and no lease is held (or ``settings.drain`` passes)."""
+    leases = store.client()
+
+    def idle() -> bool:
+        if _lease_keys(leases, worker_app.LEASE_PREFIX):
+            return False
+        return all(worker_app.app.AsyncResult(task_id).ready()
+                   for task_id in db.unfinished(dsn))
+
+    try:
+        wait_for(idle, settings.drain, interval=0.5)
+    except AssertionError:
+        pass  # whatever is still unresolved is reported by the checker
+    finally:
+        leases.close()
+
+
+def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: RedisServer,
+            sampler: _Sampler, started: float,
+            nemesis_end: float) -> History:
+    writes, runs, jobs = db.load(dsn)
+    ran = {r.job for r in runs if r.outcome == "ok"}
+    for job in jobs:
+        _resolve(worker_app.app, job, ran)
+    leases = store.client()
+    try:
+        leftover = []
+        for key in _lease_keys(leases, worker_app.LEASE_PREFIX):
+            leftover.append({"key": key, "pttl": leases.pttl(key),
+                             "value": _text(leases.get(key))})
+        no_ttl = [_text(k) for k in leases.scan_iter(match=f"{worker_app.LEASE_PREFIX}*")
+                  if leases.ttl(k) == -1]
+    finally:
+        leases.close()
+    samples = []
+    for slot in fleet.slots:
+        names = [slot.worker.hostname]
+        answered = bool(worker_app.app.control.ping(destination=names, timeout=5.0))
+        pid = slot.worker.pid
+        rss, sockets, by_peer = _resources(pid, sampler.peers)
+        measured = pid in sampler.baseline
+        rss0, sockets0, by_peer0 = sampler.baseline.get(pid, (0, 0, {}))
+        samples.append(WorkerSample(
+            slot.name, slot.pool, slot.restarts, answered, measured,
+            rss0, rss, sockets0, sockets, by_peer0, by_peer,
+            round(time.time() - sampler.first_seen.get(pid, time.time()), 1)))
+    return History(ttl=settings.ttl, started_at=started, nemesis_end=nemesis_end,
+                   finished_at=time.time(), writes=writes, executions=runs, jobs=jobs,
+                   workers=samples, leftover_leases=leftover, keys_without_ttl=no_ttl)

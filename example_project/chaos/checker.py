@@ -1,0 +1,279 @@
+"""The checker: pure functions that read a recorded :class:`History` and list broken promises.
+
+Each rule concludes only what the recorded time brackets prove (a grant happened inside its
+acquire round trip; a body was running when it recorded its end; a renewal's script ran after
+its send), so a violation is never an artefact of timing, and each comes with its evidence.
+
+1. Fencing order: per key, the writes the guard accepted carry non-decreasing fencing tokens,
+   equal only within one execution; grants later in time carry higher tokens.
+2. Exclusion on the server: the store never confirmed a holder's lease after it had granted
+   the same key to a later holder.
+3. No silent loser: an execution whose body was still running when a later holder was
+   granted its key was told: it caught ``LeaseLost``, had a write refused, or was told at
+   release that the store no longer had its token.
+4. Liveness: every job ran, was skipped naming a holder, or failed with a lease error; every
+   key's probe after the faults ran within TTL + 1 s; no lease was left held one TTL after the
+   end; every worker answered.
+5. Nothing leaked: no key of the library without a TTL; a worker's sockets to the lease store
+   and its RSS did not grow beyond a slack over the run (for workers that were not restarted).
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .history import Execution, History, Write
+
+__all__ = ["LEASE_ERRORS", "Violation", "check", "summarize"]
+
+#: Result exception names that count as "failed with a lease error" (property 4).
+LEASE_ERRORS = ("LeaseLost", "LeaseStoreUnavailable", "LeaseConflict")
+#: Sockets to the lease store a worker may gain over a run before it counts as a leak (the
+#: client's connection pool grows to the pool's concurrency). Only the lease store's sockets
+#: are the library's: the broker's and the database's belong to Celery and to the job.
+SOCKET_SLACK = 8
+#: RSS growth allowed over a run: ``end <= start * RSS_FACTOR + RSS_SLACK`` (bytes).
+RSS_FACTOR = 1.5
+RSS_SLACK = 64 * 1024 * 1024
+
+
+@dataclass
+class Violation:
+    """One broken promise: the property number (1-5), a rule name, a sentence, the evidence."""
+
+    property: int
+    rule: str
+    message: str
+    key: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+def check(history: History) -> list[Violation]:
+    """Every violation of the five properties in ``history`` (empty: all promises kept)."""
+    return [
+        *fencing_order(history),
+        *exclusion(history),
+        *silent_losers(history),
+        *liveness(history),
+        *leaks(history),
+    ]
+
+
+def _by_key(items: Iterable[Any]) -> dict[str, list[Any]]:
+    grouped: dict[str, list[Any]] = defaultdict(list)
+    for item in items:
+        grouped[item.key].append(item)
+    return grouped
+
+
+def _write(w: Write) -> dict[str, Any]:
+    return {"id": w.id, "token": w.token, "fence": w.fence, "worker": w.worker, "pid": w.pid,
+            "accepted": w.accepted, "started_at": w.started_at, "done_at": w.done_at}
+
+
+def _execution(e: Execution) -> dict[str, Any]:
+    return asdict(e)
+
+
+def fencing_order(history: History) -> list[Violation]:
+    """Property 1: accepted tokens never go down on a key; one token, one execution."""
+    found: list[Violation] = []
+    for key, writes in _by_key(history.writes).items():
+        top: Write | None = None
+        for w in sorted(writes, key=lambda w: w.id):
+            if not w.accepted:
+                continue
+            if top is not None and w.fence < top.fence:
+                found.append(Violation(
+                    1, "lower-token-accepted",
+                    f"{key}: write {w.id} with token {w.fence} was accepted after write {top.id} "
+                    f"with the higher token {top.fence}", key,
+                    {"earlier": _write(top), "later": _write(w)}))
+            elif top is not None and w.fence == top.fence and w.token != top.token:
+                found.append(Violation(
+                    1, "token-shared",
+                    f"{key}: executions {top.token} and {w.token} wrote with the same fencing "
+                    f"token {w.fence}", key, {"earlier": _write(top), "later": _write(w)}))
+            if top is None or w.fence >= top.fence:
+                top = w
+    for key, runs in _by_key(history.executions).items():
+        ordered = sorted(runs, key=lambda e: e.grant_lower)
+        for i, a in enumerate(ordered):
+            for b in ordered[i + 1:]:
+                if b.grant_lower > a.grant_upper and b.fence <= a.fence:
+                    found.append(Violation(
+                        1, "token-not-increasing",
+                        f"{key}: execution {b.token} was granted after {a.token} but got token "
+                        f"{b.fence} <= {a.fence}", key,
+                        {"earlier": _execution(a), "later": _execution(b)}))
+    return found
+
+
+def _first_later_grant(runs: list[Execution]) -> dict[str, Execution]:
+    """For each execution, the execution with a higher token whose grant is proven earliest."""
+    ordered = sorted(runs, key=lambda e: e.fence, reverse=True)
+    earliest: Execution | None = None
+    result: dict[str, Execution] = {}
+    for run in ordered:  # every execution seen before has a higher (or equal) token
+        if earliest is not None and earliest.fence > run.fence:
+            result[run.token] = earliest
+        if earliest is None or run.grant_upper < earliest.grant_upper:
+            earliest = run
+    return result
+
+
+def exclusion(history: History) -> list[Violation]:
+    """Property 2: no renewal of a holder was confirmed after a later holder was granted."""
+    found: list[Violation] = []
+    accepted = Counter(w.token for w in history.writes if w.accepted)
+    for key, runs in _by_key(history.executions).items():
+        later = _first_later_grant(runs)
+        for a in runs:
+            b = later.get(a.token)
+            if b is None or a.confirmed_lower is None or a.confirmed_lower <= b.grant_upper:
+                continue
+            found.append(Violation(
+                2, "overlap-on-server",
+                f"{key}: the store confirmed {a.token} (token {a.fence}) at or after "
+                f"{a.confirmed_lower:.3f}, {a.confirmed_lower - b.grant_upper:.3f}s after it "
+                f"had granted {b.token} (token {b.fence}); accepted writes: "
+                f"{accepted[a.token]} and {accepted[b.token]}", key,
+                {"holder": _execution(a), "later_holder": _execution(b)}))
+    return found
+
+
+def silent_losers(history: History) -> list[Violation]:
+    """Property 3: a body still running when its key was granted to another was told."""
+    found: list[Violation] = []
+    refused = {w.token for w in history.writes if not w.accepted}
+    for key, runs in _by_key(history.executions).items():
+        later = _first_later_grant(runs)
+        for a in runs:
+            b = later.get(a.token)
+            if b is None or a.body_end is None or b.grant_upper >= a.body_end:
+                continue
+            told = a.outcome == "lost" or a.token in refused or a.released is False
+            if not told:
+                found.append(Violation(
+                    3, "silent-loser",
+                    f"{key}: {a.token} (token {a.fence}) was still running at {a.body_end:.3f}, "
+                    f"{a.body_end - b.grant_upper:.3f}s after {b.token} (token {b.fence}) was "
+                    f"granted, and was never told (outcome {a.outcome}, no refused write, "
+                    f"released={a.released})", key,
+                    {"loser": _execution(a), "later_holder": _execution(b)}))
+    return found
+
+
+def liveness(history: History) -> list[Violation]:
+    """Property 4: every job resolved, probes progressed, no lease left, no worker stuck."""
+    found: list[Violation] = []
+    for job in history.jobs:
+        if job.resolution == "unresolved":
+            found.append(Violation(
+                4, "job-unresolved", f"{job.key}: job {job.job} ({job.path}, task "
+                f"{job.task_id}) neither ran nor was skipped nor failed with a lease error: "
+                f"{job.detail}", job.key, asdict(job)))
+        elif job.resolution == "skipped" and not job.holder:
+            found.append(Violation(
+                4, "skip-without-holder", f"{job.key}: job {job.job} was skipped without "
+                f"naming a holder", job.key, asdict(job)))
+    grants: dict[str, float] = {}
+    for run in history.executions:
+        grants[run.job] = min(grants.get(run.job, run.grant_upper), run.grant_upper)
+    for job in history.jobs:
+        if job.path != "probe":
+            continue
+        granted = grants.get(job.job)
+        waited = None if granted is None else granted - job.submitted_at
+        if job.resolution != "ran" or waited is None or waited > history.ttl + 1.0:
+            found.append(Violation(
+                4, "no-progress", f"{job.key}: the probe sent after the faults "
+                f"{'was ' + job.resolution if job.resolution != 'ran' else 'ran'}"
+                f"{'' if waited is None else f' after {waited:.3f}s'}; the limit is "
+                f"TTL + 1 s = {history.ttl + 1.0:.3f}s", job.key,
+                {**asdict(job), "waited": waited}))
+    for lease in history.leftover_leases:
+        found.append(Violation(
+            4, "lease-left-held", f"{lease['key']} is still held one TTL after the end",
+            lease["key"], dict(lease)))
+    for worker in history.workers:
+        if not worker.answered_ping:
+            found.append(Violation(
+                4, "worker-stuck", f"worker {worker.name} ({worker.pool}) did not answer a "
+                f"ping at the end", None, asdict(worker)))
+    return found
+
+
+def leaks(history: History) -> list[Violation]:
+    """Property 5: no key without a TTL; worker sockets and RSS within their slack."""
+    found = [Violation(5, "key-without-ttl", f"{key} has no TTL", key, {"key": key})
+             for key in history.keys_without_ttl]
+    for w in history.workers:
+        if not w.same_process:
+            continue
+        start, end = w.peers_start.get("lease", 0), w.peers_end.get("lease", 0)
+        if end > start + SOCKET_SLACK:
+            found.append(Violation(
+                5, "sockets-grew", f"worker {w.name} ({w.pool}) went from {start} to {end} "
+                f"sockets to the lease store (slack {SOCKET_SLACK})", None, asdict(w)))
+        if w.rss_end > w.rss_start * RSS_FACTOR + RSS_SLACK:
+            found.append(Violation(
+                5, "rss-grew", f"worker {w.name} ({w.pool}) went from {w.rss_start >> 20} MiB "
+                f"to {w.rss_end >> 20} MiB RSS", None, asdict(w)))
+    return found
+
+
+def _spread(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"median": None, "max": None}
+    return {"median": round(statistics.median(values), 3), "max": round(max(values), 3)}
+
+
+def summarize(history: History, violations: list[Violation]) -> dict[str, Any]:
+    """The counts of a run: jobs, executions, skips, losses, faults, stalls, throughput."""
+    refused = {w.token for w in history.writes if not w.accepted}
+    lost = Counter(e.lost_cause or "unknown" for e in history.executions if e.outcome == "lost")
+    told_later = sum(1 for e in history.executions
+                     if e.outcome != "lost" and (e.token in refused or e.released is False))
+    accepted_times = sorted(w.done_at for w in history.writes if w.accepted)
+    stalls: dict[str, list[float]] = defaultdict(list)
+    for fault in history.faults:
+        at = bisect.bisect_left(accepted_times, fault.ended_at)
+        if at < len(accepted_times):
+            stalls[fault.kind].append(accepted_times[at] - fault.ended_at)
+    ok_ends = [e.body_end for e in history.executions if e.outcome == "ok" and e.body_end]
+    window = max(history.nemesis_end - history.started_at, 1e-9)
+    faulted = sum(f.ended_at - f.started_at for f in history.faults)
+    during = sum(1 for t in ok_ends
+                 if any(f.started_at <= t <= f.ended_at for f in history.faults))
+    return {
+        "jobs": len(history.jobs),
+        "jobs_by_path": dict(Counter(j.path for j in history.jobs)),
+        "jobs_by_resolution": dict(Counter(j.resolution for j in history.jobs)),
+        "executions": len(history.executions),
+        "executions_by_outcome": dict(Counter(str(e.outcome) for e in history.executions)),
+        "skips": sum(1 for j in history.jobs if j.resolution == "skipped"),
+        "losses_by_cause": dict(lost),
+        "losses_told_by_refusal_or_release": told_later,
+        "writes_accepted": sum(1 for w in history.writes if w.accepted),
+        "writes_refused": sum(1 for w in history.writes if not w.accepted),
+        "faults": len(history.faults),
+        "faults_by_kind": dict(Counter(f.kind for f in history.faults)),
+        "stall_after_fault_s": _spread([t for kind in stalls.values() for t in kind]),
+        "stall_after_fault_by_kind_s": {k: _spread(v) for k, v in sorted(stalls.items())},
+        "throughput_per_s": round(len([t for t in ok_ends if t <= history.nemesis_end])
+                                  / window, 3),
+        "throughput_during_faults_per_s": round(during / faulted, 3) if faulted else None,
+        "worker_restarts": sum(w.restarts for w in history.workers),
+        "violations": len(violations),
+        "violations_by_property": dict(Counter(str(v.property) for v in violations)),
+    }

@@ -1,0 +1,160 @@
+"""The recorded history of one campaign: plain data the checker reads.
+
+Times are float seconds since the epoch (``time.time()``), taken on one machine, so the
+records of the workers, the producer and the nemesis share one clock. Each record says which
+moment a time brackets, because the checker only concludes what the brackets prove.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Execution", "Fault", "History", "Job", "WorkerSample", "Write"]
+
+
+@dataclass
+class Write:
+    """One fenced write attempt, as the database recorded it in the same statement.
+
+    ``id`` orders the attempts on one key in the order the guard saw them (the row lock of the
+    conditional upsert serialises them); ``accepted`` is the guard's answer.
+    """
+
+    id: int
+    key: str
+    job: str
+    token: str
+    fence: int
+    worker: str
+    pid: int
+    accepted: bool
+    started_at: float
+    done_at: float
+
+
+@dataclass
+class Execution:
+    """One execution of a job's body, identified by its lease token.
+
+    ``grant_lower``/``grant_upper`` bracket the moment the store granted the lease (noted
+    before the acquire was sent, and by the body's first act). ``body_end`` is recorded by
+    the body as its last act while still running (``None`` when it never got there: killed,
+    or it lost the lease). ``outcome`` is ``ok``, ``lost`` (the body caught ``LeaseLost``),
+    ``retry`` (it asked for a retry) or ``None`` (never recorded: the process died).
+    ``confirmed_lower`` is a time at or before the send of the last renewal (or grant) the
+    store confirmed to this holder, so the store still had the lease at some moment after it.
+    ``released`` is the library's word at release (False: the store no longer had the token,
+    or could not be reached), ``None`` when no release was recorded.
+    """
+
+    token: str
+    key: str
+    job: str
+    task_id: str
+    fence: int
+    worker: str
+    pid: int
+    grant_lower: float
+    grant_upper: float
+    body_end: float | None = None
+    outcome: str | None = None
+    lost_cause: str | None = None
+    lost_at: float | None = None
+    confirmed_lower: float | None = None
+    released: bool | None = None
+
+
+@dataclass
+class Job:
+    """One submitted job and how it ended.
+
+    ``path`` is how it was submitted: ``delay``, ``send_task``, ``retry``, ``requeue`` (the
+    job requeues itself), ``requeued`` (the job it sent), ``duplicate``, ``after_erase`` (sent
+    by the nemesis after it erased the lease), ``probe``;
+    ``resolution`` is ``ran``, ``skipped``, ``failed_lease`` (a lease error is its result) or
+    ``unresolved``; ``detail`` says more (the result state, the error); ``holder`` names the
+    holder a skip reported.
+    """
+
+    job: str
+    key: str
+    path: str
+    task_id: str
+    submitted_at: float
+    resolution: str = "unresolved"
+    detail: str = ""
+    holder: str | None = None
+
+
+@dataclass
+class Fault:
+    """One injected fault: its kind, what it hit, and when it started and was healed."""
+
+    kind: str
+    target: str
+    started_at: float
+    ended_at: float
+
+
+@dataclass
+class WorkerSample:
+    """One worker slot: its process at the end, compared with that process' first sample.
+
+    ``same_process`` is True when the process at the end was sampled earlier, after a warm-up
+    (``*_start``); False when it was too young (restarted by the supervisor just before the
+    end): its figures then prove nothing about leaks. ``age`` is how long that process had
+    been sampled (float seconds). RSS in bytes; sockets counted in
+    ``/proc/<pid>/fd`` over the worker and its pool children; ``peers_*`` splits them by
+    the server at the other end (``broker``, ``lease``, ``postgres``, ``other``, ``local``).
+    """
+
+    name: str
+    pool: str
+    restarts: int
+    answered_ping: bool
+    same_process: bool
+    rss_start: int
+    rss_end: int
+    sockets_start: int
+    sockets_end: int
+    peers_start: dict[str, int] = field(default_factory=dict)
+    peers_end: dict[str, int] = field(default_factory=dict)
+    age: float = 0.0
+
+
+@dataclass
+class History:
+    """Everything one campaign recorded (see the classes above).
+
+    ``ttl`` is the lease TTL (float seconds); ``nemesis_end`` the time the last fault was
+    healed; ``leftover_leases`` the lease keys still present one TTL after the end
+    (``{"key", "pttl", "value"}``); ``keys_without_ttl`` the library's keys that had no expiry.
+    """
+
+    ttl: float
+    started_at: float
+    nemesis_end: float
+    finished_at: float
+    writes: list[Write] = field(default_factory=list)
+    executions: list[Execution] = field(default_factory=list)
+    jobs: list[Job] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    workers: list[WorkerSample] = field(default_factory=list)
+    leftover_leases: list[dict[str, Any]] = field(default_factory=list)
+    keys_without_ttl: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (see :meth:`from_dict`)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> History:
+        """Rebuild a history saved with :meth:`to_dict`."""
+        lists = {"writes": Write, "executions": Execution, "jobs": Job, "faults": Fault,
+                 "workers": WorkerSample}
+        fields = {k: v for k, v in data.items() if k not in lists}
+        built = {name: [kind(**row) for row in data.get(name, [])]
+                 for name, kind in lists.items()}
+        return cls(**fields, **built)  # type: ignore[arg-type]

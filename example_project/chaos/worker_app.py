@@ -1,0 +1,166 @@
+"""The app the campaign's workers run, and its one leased job, which records its own history.
+
+Configured from the environment the campaign sets (``CHAOS_BROKER_URL``: the broker, never
+faulted; ``CHAOS_RESULT_URL``: the result backend, never faulted; ``CHAOS_QUEUE``: the run's
+queue; ``CHAOS_LEASE_URL``: the lease store, reached through the nemesis' proxy;
+``CHAOS_DSN``: the run's PostgreSQL database; ``CHAOS_TTL``: the lease TTL in float
+seconds). Only the public API of celery-lease is used: ``LeasedTask``, ``self.lease``,
+``LeaseLost`` and the signals.
+
+Messages are acknowledged after the execution (``acks_late``) and given back when a worker
+dies, so a SIGKILLed worker's jobs are redelivered, with RabbitMQ at once (while the dead
+holder's lease may still be live: the lease's redelivery path, exercised on purpose).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+import uuid
+from typing import Any
+
+from celery import Celery
+from celery.signals import task_prerun
+
+from celery_lease import Lease, LeasedTask, LeaseLost
+from celery_lease import signals as lease_signals
+
+from .db import Recorder
+from .history import Execution, Job
+
+#: Name of the job task (the producer sends it by name too).
+JOB_TASK = "example_project.chaos.worker_app.chaos_job"
+#: Prefix of every lease key of a campaign (the leak check scans it).
+LEASE_PREFIX = "chaos-lease"
+#: Visibility timeout of a Redis broker (float seconds): a dead worker's message comes back
+#: after it.
+VISIBILITY_TIMEOUT = 15.0
+
+BROKER_URL = os.environ.get("CHAOS_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
+RESULT_URL = os.environ.get("CHAOS_RESULT_URL", "redis://127.0.0.1:6379/0")
+
+app = Celery("chaos", broker=BROKER_URL, backend=RESULT_URL, set_as_current=False)
+app.conf.update(
+    task_default_queue=os.environ.get("CHAOS_QUEUE", "celery"),
+    lease_backend=os.environ.get("CHAOS_LEASE_URL", RESULT_URL),
+    lease_ttl=float(os.environ.get("CHAOS_TTL", "3.0")),
+    lease_store_timeout=float(os.environ.get("CHAOS_STORE_TIMEOUT", "0.5")),
+    lease_key_prefix=LEASE_PREFIX,
+    lease_on_conflict="skip",
+    lease_require_noeviction=False,
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT,
+                              "unacked_restore_interval": 1, "unacked_restore_throttle": 1}
+    if BROKER_URL.startswith("redis") else {},
+    result_expires=3600,
+    task_serializer="json",
+    result_serializer="json",
+    accept_content=["json"],
+    broker_connection_retry_on_startup=True,
+)
+
+# Times noted by receivers that must return at once (the heartbeat's), or that run before the
+# body exists (``task_prerun``, before the lease is requested): the body records them.
+_before_acquire: dict[str, float] = {}
+_lost_at: dict[str, float] = {}
+
+
+@task_prerun.connect  # type: ignore[untyped-decorator]
+def _on_prerun(task_id: str = "", **_: Any) -> None:
+    _before_acquire[task_id] = time.time()  # the acquire is sent after this
+
+
+@lease_signals.lease_lost.connect  # type: ignore[untyped-decorator]
+def _on_lost(sender: Any = None, token: str = "", **_: Any) -> None:
+    _lost_at.setdefault(token, time.time())
+
+
+@lease_signals.lease_released.connect  # type: ignore[untyped-decorator]
+def _on_released(sender: Any = None, token: str = "", released: bool = True, **_: Any) -> None:
+    _lost_at.pop(token, None)
+    if getattr(sender, "name", None) == JOB_TASK:
+        recorder().execution_released(token, bool(released))
+
+
+def confirmed_since(lease: Lease) -> float | None:
+    """A wall time at or before the send of the lease's last confirmed renewal (or grant).
+
+    ``expires_in`` counts down to that send time + TTL - a drift margin, so ``now +
+    expires_in - ttl`` can only fall early (by the margin, or by a pause between the two
+    reads), never late: the checker may conclude from it that the store still had this
+    lease after that time. ``None`` once the lease is lost.
+    """
+    now = time.time()
+    left = lease.expires_in
+    return now + left - lease.ttl if left > 0 else None
+
+
+@functools.lru_cache(maxsize=1)
+def recorder() -> Recorder:
+    """This process's history writer (on ``CHAOS_DSN``)."""
+    return Recorder(os.environ["CHAOS_DSN"])
+
+
+def submit(key: str, path: str, writes: int = 3, step: float = 0.3, mode: str = "plain",
+           parent: str | None = None, by_name: bool = False) -> Job:
+    """Record a job, then send it (``chaos_job.apply_async``, or ``send_task`` by name).
+
+    Sent from inside a running job of the same key (a self-requeue), ``apply_async`` marks the
+    message as the holder's successor, which celery-lease runs once the holder has ended.
+    """
+    job = Job(job=uuid.uuid4().hex, key=key, path=path, task_id=uuid.uuid4().hex,
+              submitted_at=time.time())
+    recorder().job_submitted(job, parent)
+    kwargs = {"key": key, "job": job.job, "writes": writes, "step": step, "mode": mode}
+    if by_name:
+        app.send_task(JOB_TASK, kwargs=kwargs, task_id=job.task_id)
+    else:
+        chaos_job.apply_async(kwargs=kwargs, task_id=job.task_id)
+    return job
+
+
+@app.task(base=LeasedTask, bind=True, lease_key=("key",), name=JOB_TASK,  # type: ignore[untyped-decorator]
+          max_retries=3)
+def chaos_job(self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3,
+              mode: str = "plain") -> dict[str, Any]:
+    """Make ``writes`` fenced writes to ``key``, ``step`` float seconds apart; record it all.
+
+    ``mode``: ``plain``; ``retry`` (the first execution asks for a retry after its writes);
+    ``requeue`` (the execution sends the next job for its key before it ends).
+
+    Raises:
+        LeaseLost: the lease was lost (told by the library, or a write was refused).
+    """
+    lease = self.lease
+    assert lease is not None, "chaos_job runs as a leased execution"
+    upper = time.time()  # the body runs: the grant is done
+    lower = _before_acquire.pop(self.request.id or "", upper)
+    confirmed = confirmed_since(lease)
+    rec = recorder()
+    worker = self.request.hostname or "?"
+    rec.execution_started(Execution(
+        token=lease.token, key=key, job=job, task_id=self.request.id or "",
+        fence=lease.fencing_token, worker=worker, pid=os.getpid(), grant_lower=lower,
+        grant_upper=upper))
+    try:
+        for _ in range(writes):
+            time.sleep(step)  # the work before each effect
+            lease.check()  # the pool may not interrupt a blocking call: look before writing
+            if not rec.fenced_write(key, job, lease.token, lease.fencing_token, worker):
+                raise lease.lose()  # a later holder wrote: stop acting as the holder
+            confirmed = confirmed_since(lease) or confirmed
+        if mode == "retry" and self.request.retries == 0:
+            rec.execution_ended(lease.token, "retry", time.time(), confirmed=confirmed)
+            raise self.retry(countdown=0.2)
+        if mode == "requeue":
+            submit(key, "requeued", writes, step, parent=job)
+        lease.check()
+        rec.execution_ended(lease.token, "ok", time.time(), confirmed=confirmed)
+    except LeaseLost as exc:
+        rec.execution_ended(lease.token, "lost", None, exc.cause,
+                            _lost_at.get(lease.token, time.time()), confirmed)
+        raise
+    return {"key": key, "job": job, "fencing_token": lease.fencing_token}

@@ -1,0 +1,194 @@
+"""The fault campaign's checker finds every kind of broken promise in hand-made histories.
+
+A checker that cannot fail proves nothing: each test plants one violation in an otherwise
+clean history and asserts that exactly that rule reports it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from example_project.chaos.checker import check, summarize
+from example_project.chaos.history import (
+    Execution,
+    Fault,
+    History,
+    Job,
+    WorkerSample,
+    Write,
+)
+from example_project.chaos.run import main
+
+T0 = 1_700_000_000.0
+FENCE = 1_800_000_000_000_000  # fencing tokens are microseconds: far above 2**53 / 1000
+
+
+def run(token: str, fence: int, start: float, end: float | None, key: str = "k1",
+        **extra: object) -> Execution:
+    """An execution granted in [start - 0.01, start] whose body ended at ``end``."""
+    fields = {"token": token, "key": key, "job": f"job-{token}", "task_id": f"task-{token}",
+              "fence": fence, "worker": "w@host", "pid": 100, "grant_lower": start - 0.01,
+              "grant_upper": start, "body_end": end, "outcome": "ok", "released": True,
+              "confirmed_lower": None}
+    fields.update(extra)
+    return Execution(**fields)  # type: ignore[arg-type]
+
+
+def write(id_: int, token: str, fence: int, at: float, accepted: bool = True,
+          key: str = "k1") -> Write:
+    return Write(id_, key, f"job-{token}", token, fence, "w@host", 100, accepted, at, at + 0.001)
+
+
+def worker(**extra: object) -> WorkerSample:
+    fields = {"name": "w0-prefork", "pool": "prefork", "restarts": 0, "answered_ping": True,
+              "same_process": True, "rss_start": 100 << 20, "rss_end": 110 << 20,
+              "sockets_start": 12, "sockets_end": 14, "peers_start": {"lease": 2},
+              "peers_end": {"lease": 3}}
+    fields.update(extra)
+    return WorkerSample(**fields)  # type: ignore[arg-type]
+
+
+def clean() -> History:
+    """Two executions of k1 one after the other, a skip, a probe: no violation."""
+    a = run("a", FENCE, T0 + 1, T0 + 2, confirmed_lower=T0 + 1.5)
+    b = run("b", FENCE + 5, T0 + 3, T0 + 4)
+    probe = run("p", FENCE + 9, T0 + 10.2, T0 + 11, job="probe-1")
+    return History(
+        ttl=3.0, started_at=T0, nemesis_end=T0 + 9, finished_at=T0 + 15,
+        writes=[write(1, "a", a.fence, T0 + 1.2), write(2, "a", a.fence, T0 + 1.6),
+                write(3, "b", b.fence, T0 + 3.2), write(10, "p", probe.fence, T0 + 10.5)],
+        executions=[a, b, probe],
+        jobs=[Job("job-a", "k1", "delay", "task-a", T0 + 0.9, "ran"),
+              Job("job-b", "k1", "send_task", "task-b", T0 + 2.9, "ran"),
+              Job("job-c", "k1", "duplicate", "task-c", T0 + 1.1, "skipped", holder="h:1"),
+              Job("probe-1", "k1", "probe", "task-p", T0 + 10.0, "ran")],
+        faults=[Fault("pause_store", "lease redis", T0 + 5, T0 + 6)],
+        workers=[worker()],
+    )
+
+
+def rules(history: History) -> list[tuple[int, str]]:
+    return [(v.property, v.rule) for v in check(history)]
+
+
+def test_a_clean_history_passes() -> None:
+    assert rules(clean()) == []
+
+
+def test_an_accepted_write_with_a_lower_token_after_a_higher_one_is_found() -> None:
+    history = clean()
+    history.writes.append(write(5, "a", FENCE, T0 + 3.5))  # a's token after b's was accepted
+    assert rules(history) == [(1, "lower-token-accepted")]
+
+
+def test_a_refused_stale_write_is_no_violation() -> None:
+    history = clean()
+    history.writes.append(write(5, "a", FENCE, T0 + 3.5, accepted=False))
+    assert rules(history) == []
+
+
+def test_two_executions_writing_with_one_token_are_found() -> None:
+    history = clean()
+    history.executions.append(run("c", FENCE + 5, T0 + 4.5, T0 + 4.8))
+    history.writes.append(write(5, "c", FENCE + 5, T0 + 4.6))
+    assert (1, "token-shared") in rules(history)
+
+
+def test_a_later_grant_with_a_lower_token_is_found() -> None:
+    history = clean()
+    history.executions.append(run("c", FENCE + 2, T0 + 5, T0 + 5.5))  # after b, below it
+    assert (1, "token-not-increasing") in rules(history)
+
+
+def test_a_renewal_confirmed_after_a_later_grant_is_found() -> None:
+    history = clean()
+    history.executions[0].confirmed_lower = T0 + 3.4  # b was granted by T0 + 3
+    history.executions[0].body_end = None  # (so only the exclusion rule can see it)
+    assert rules(history) == [(2, "overlap-on-server")]
+
+
+def test_a_body_running_after_a_later_grant_and_never_told_is_found() -> None:
+    history = clean()
+    history.executions[0].body_end = T0 + 3.3  # still running after b's grant at T0 + 3
+    assert rules(history) == [(3, "silent-loser")]
+
+
+@pytest.mark.parametrize("told", ["lost", "refused", "release"])
+def test_a_loser_that_was_told_is_no_violation(told: str) -> None:
+    history = clean()
+    a = history.executions[0]
+    a.body_end = T0 + 3.3
+    if told == "lost":
+        a.outcome, a.lost_cause = "lost", "refused"
+    elif told == "refused":
+        history.writes.append(write(5, "a", FENCE, T0 + 3.25, accepted=False))
+    else:
+        a.released = False
+    assert rules(history) == []
+
+
+def test_an_unresolved_job_and_a_skip_without_holder_are_found() -> None:
+    history = clean()
+    history.jobs.append(Job("job-x", "k2", "retry", "task-x", T0 + 2, "unresolved",
+                            "state PENDING"))
+    history.jobs[2].holder = ""
+    assert sorted(rules(history)) == [(4, "job-unresolved"), (4, "skip-without-holder")]
+
+
+@pytest.mark.parametrize(("resolution", "granted"), [("skipped", None), ("ran", 14.5)])
+def test_a_probe_that_did_not_progress_within_ttl_plus_one_is_found(
+        resolution: str, granted: float | None) -> None:
+    history = clean()
+    history.jobs[3].resolution = resolution
+    if granted is None:
+        history.executions.pop()
+    else:
+        history.executions[2].grant_upper = T0 + granted  # 4.5 s > TTL + 1 s after sending
+    assert (4, "no-progress") in rules(history)
+
+
+def test_a_lease_left_held_and_a_stuck_worker_are_found() -> None:
+    history = clean()
+    history.leftover_leases = [{"key": "chaos-lease:k3", "pttl": 2500, "value": "t:1:{}"}]
+    history.workers[0].answered_ping = False
+    assert sorted(rules(history)) == [(4, "lease-left-held"), (4, "worker-stuck")]
+
+
+def test_leaks_are_found_in_a_worker_that_was_not_restarted() -> None:
+    history = clean()
+    history.keys_without_ttl = ["chaos-lease:k1:fence"]
+    history.workers[0].peers_end = {"lease": 30}
+    history.workers[0].rss_end = 400 << 20
+    assert sorted(rules(history)) == [(5, "key-without-ttl"), (5, "rss-grew"),
+                                      (5, "sockets-grew")]
+    history.workers[0].same_process = False  # two different processes prove nothing
+    assert rules(history) == [(5, "key-without-ttl")]
+
+
+def test_the_summary_counts_faults_stalls_and_losses() -> None:
+    history = clean()
+    history.executions.append(run("l", FENCE + 7, T0 + 5.5, None, key="k2", outcome="lost",
+                                  lost_cause="deadline"))
+    counts = summarize(history, check(history))
+    assert counts["faults_by_kind"] == {"pause_store": 1}
+    assert counts["stall_after_fault_s"] == {"median": 4.501, "max": 4.501}  # next write T0+10.5
+    assert counts["losses_by_cause"] == {"deadline": 1}
+    assert counts["jobs_by_resolution"] == {"ran": 3, "skipped": 1}
+    assert counts["violations"] == 0
+
+
+def test_a_saved_history_with_a_violation_exits_non_zero_and_lists_it(tmp_path: Path) -> None:
+    history = clean()
+    history.writes.append(write(5, "a", FENCE, T0 + 3.5))
+    saved = tmp_path / "history.json"
+    saved.write_text(json.dumps(history.to_dict()))
+    out = tmp_path / "report.json"
+    assert main(["--check", str(saved), "--json", str(out)]) == 1
+    report = json.loads(out.read_text())
+    assert [v["rule"] for v in report["violations"]] == ["lower-token-accepted"]
+    assert report["counts"]["writes_accepted"] == 5
+    saved.write_text(json.dumps(clean().to_dict()))
+    assert main(["--check", str(saved)]) == 0
