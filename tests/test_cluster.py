@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from redis.connection import Connection
 from redis.exceptions import ConnectionError
 
-from celery_lease import connection, store
+from celery_lease import backend_url, connection, store
 from celery_lease.cli import lease
 from celery_lease.keys import fence_key
 from tests.support.holders import Holders
@@ -235,7 +235,7 @@ def test_a_dead_primary_costs_only_its_own_leases_when_the_cluster_stays_up(
         assert f"warning: cluster node {victim.address}: Error 111" in listed.stderr
         if victim is seed:  # a client that knows no node but the dead seed: a store error
             with pytest.raises(ConnectionError, match="no Redis Cluster node answered"):
-                connection.build_client(connection.parse_store(url, {"cluster": True}), 0.5)
+                connection.build_client(backend_url.parse_store(url, {"cluster": True}), 0.5)
 
 
 def test_a_worker_keeps_its_leases_while_their_slot_moves(
