@@ -17,15 +17,18 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from celery import Celery
 from click.testing import CliRunner
 from redis.connection import Connection
 from redis.exceptions import ConnectionError
 
-from celery_lease import backend_url, connection, store
+from celery_lease import LeaseStoreUnavailable, backend_url, connection, hold, store
+from celery_lease.beat import BeatLeader
 from celery_lease.cli import lease
+from celery_lease.config import resolve_options
 from celery_lease.keys import fence_key
 from tests.support.holders import Holders
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, free_port
 from tests.support.rig import Rig
 from tests.support.topologies import ClusterSetup, cluster_setup
 from tests.support.waiting import wait_for
@@ -267,3 +270,47 @@ def test_a_worker_keeps_its_leases_while_their_slot_moves(
         assert rig.journal(event="lost") == []
     finally:
         rig.close()
+
+
+@pytest.mark.parametrize("policy", ["fail", "retry"])
+def test_a_cluster_client_that_cannot_be_built_follows_lease_on_store_error(
+    policy: str, broker: RedisServer, tmp_path: Path,
+) -> None:
+    # Nothing listens on the seed: building the client (it asks the seed for the slot table)
+    # is the store call that fails, before any lease command.
+    dead_seed = f"redis://127.0.0.1:{free_port()}/0"
+    rig = Rig(broker, "solo", tmp_path)
+    try:
+        worker = rig.worker(LEASE_BACKEND=dead_seed, LEASE_ON_STORE_ERROR=policy,
+                            LEASE_BACKEND_OPTIONS=json.dumps({"cluster": True}))
+        tag = f"dead-seed-{policy}"
+        result = rig.send("hold", tag, 0.1)
+        with pytest.raises(LeaseStoreUnavailable, match="no Redis Cluster node answered"):
+            result.get(timeout=60)
+        assert rig.journal(tag) == []  # the body never ran
+        retried = f"Task hold[{result.id}] retry"
+        if policy == "retry":  # Celery's default max_retries (3) retries, then the error
+            wait_for(lambda: worker.log_text().count(retried) >= 3, 10,
+                     message=lambda: worker.log_text()[-3000:])
+            assert worker.log_text().count(retried) == 3
+        else:
+            assert retried not in worker.log_text()
+    finally:
+        rig.close()
+
+
+def test_hold_and_a_beat_leader_treat_a_cluster_client_that_cannot_be_built_as_a_store_error(
+    broker: RedisServer,
+) -> None:
+    dead_seed = f"redis://127.0.0.1:{free_port()}/0"
+    app = Celery("dead_seed", broker=broker.url(), set_as_current=False)
+    app.conf.update(lease_backend=dead_seed, lease_backend_options={"cluster": True})
+    ran = []
+    with pytest.raises(LeaseStoreUnavailable, match="no Redis Cluster node answered"):
+        with hold("dead-seed", app=app):
+            ran.append(True)
+    assert ran == []
+    options = resolve_options(app.conf, {}, "beat")
+    leader = BeatLeader(app, "lease:{beat:dead-seed}", options, dead_seed)
+    assert leader.poll() == (False, options.renew_interval)  # standby, asks again later
+    assert not leader.is_leader
