@@ -234,14 +234,17 @@ def check_store(url: str, timeout: float, app: Any = None) -> list[Finding]:
     """Reachability, topology, version, eviction policy, latency against ``timeout`` (float
     seconds), and clock skew of the store at ``url`` (with ``app``'s backend options)."""
     subject = f"store {safe_url(url)}"
-    redis_client = client(url, app)
-    try:
+    try:  # building a cluster client asks a node already
+        layout = topology.describe_topology(client(url, app))
+        redis_client = layout.probe  # on a cluster, a primary that answers
         check = store.check_store(redis_client)
     except RedisError as exc:
         return [Finding("fail", subject, f"unreachable: {store.describe(exc)}",
                         "start Redis or set lease_backend to a reachable redis:// URL")]
     found = [Finding("ok", subject, "reachable")]
-    layout = topology.describe_topology(redis_client)
+    found += [Finding("fail", subject, f"cluster node {node} does not answer: {error}",
+                      "restart it or fail it over to a replica: until then no lease in its "
+                      "slots can be taken or renewed") for node, error in layout.unreachable]
     source = f" (read via {layout.policy_source})" if layout.policy_source else ""
     found.append(Finding(
         "info", subject, f"{layout.kind}, TLS {'on' if layout.tls else 'off'}, primaries "

@@ -8,7 +8,7 @@ store.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -58,6 +58,11 @@ class Topology:
         eviction_policy: ``maxmemory-policy`` (one per distinct value, comma-separated), or
             ``"unreadable under ACL"`` when neither CONFIG GET nor INFO is allowed.
         policy_source: ``"CONFIG"``, ``"INFO"`` or ``""``.
+        unreachable: ``("host:port", error)`` of each cluster primary that did not answer
+            (connection refused or timed out); the other fields come from those that did.
+        probe: a client for the store-wide checks (PING, INFO, TIME): ``client`` itself, or on
+            a cluster a plain client of a primary that answered (redis-py sends those commands
+            to one default node, which may be the dead one).
     """
 
     kind: str
@@ -66,6 +71,8 @@ class Topology:
     tls: bool
     eviction_policy: str
     policy_source: str
+    unreachable: tuple[tuple[str, str], ...] = ()
+    probe: Any = field(default=None, repr=False, compare=False)
 
 
 def _address(kwargs: Mapping[str, Any]) -> str:
@@ -97,37 +104,56 @@ def _replicas_of(node: Any) -> list[str]:
 
 
 def describe_topology(client: Any) -> Topology:
-    """Describe the store behind ``client`` (from :func:`client_for`).
+    """Describe the store behind ``client`` (from :func:`celery_lease.connection.client_for`).
+
+    A cluster primary that does not answer is named in ``unreachable`` instead of raising.
 
     Raises:
-        redis.exceptions.RedisError: the store (or a Sentinel) does not answer.
+        redis.exceptions.RedisError: the store (or a Sentinel, or every cluster primary) does
+            not answer.
     """
-    pool = getattr(client, "connection_pool", None)
     if is_cluster(client):
-        kind = "cluster"
-        primaries = tuple(n.name for n in client.get_primaries())
-        # INFO of each primary: CLUSTER SLOTS leaves out a replica until it reports an offset
-        seen = {n.name for n in client.get_replicas()}
-        seen.update(r for node in _node_clients(client) for r in _replicas_of(node))
-        replicas = tuple(sorted(seen))
-        tls = bool(client.nodes_manager.connection_kwargs.get("ssl"))
+        return _cluster_topology(client)
+    pool = client.connection_pool
+    conn_kwargs = pool.connection_kwargs
+    tls = bool(issubclass(pool.connection_class, redis.SSLConnection) or conn_kwargs.get("ssl"))
+    manager = getattr(pool, "sentinel_manager", None)
+    if manager is not None:
+        kind = "sentinel"
+        host, port = manager.discover_master(pool.service_name)
+        primaries: tuple[str, ...] = (f"{host}:{port}",)
+        replicas = tuple(f"{h}:{p}" for h, p in manager.discover_slaves(pool.service_name))
+        tls = tls or "SSL" in pool.connection_class.__name__
     else:
-        assert pool is not None
-        conn_kwargs = pool.connection_kwargs
-        tls = bool(issubclass(pool.connection_class, redis.SSLConnection)
-                   or conn_kwargs.get("ssl"))
-        manager = getattr(pool, "sentinel_manager", None)
-        if manager is not None:
-            kind = "sentinel"
-            host, port = manager.discover_master(pool.service_name)
-            primaries = (f"{host}:{port}",)
-            replicas = tuple(f"{h}:{p}" for h, p in manager.discover_slaves(pool.service_name))
-            tls = tls or "SSL" in pool.connection_class.__name__
-        else:
-            kind = "standalone"
-            primaries = (_address(conn_kwargs),)
-            replicas = tuple(_replicas_of(client))
-    found = [_policy(node) for node in _node_clients(client)]
-    policies = sorted({p for p, _ in found})
-    sources = sorted({s for _, s in found if s})
-    return Topology(kind, primaries, replicas, tls, ", ".join(policies), ", ".join(sources))
+        kind = "standalone"
+        primaries = (_address(conn_kwargs),)
+        replicas = tuple(_replicas_of(client))
+    return Topology(kind, primaries, replicas, tls, *_policies([_policy(client)]), (), client)
+
+
+def _cluster_topology(client: Any) -> Topology:
+    seen = {n.name for n in client.get_replicas()}
+    found: list[tuple[str, str]] = []
+    answered: list[Any] = []
+    unreachable: list[tuple[str, str]] = []
+    error: Exception | None = None
+    for node in _node_clients(client):
+        try:
+            # INFO of each primary: CLUSTER SLOTS leaves out a replica until it reports an offset
+            seen.update(_replicas_of(node))
+            found.append(_policy(node))
+            answered.append(node)
+        except (ConnectionError, TimeoutError) as exc:
+            error = exc
+            unreachable.append((_address(node.connection_pool.connection_kwargs), str(exc)))
+    if not answered and error is not None:
+        raise error  # not one primary answers: the store is down
+    return Topology("cluster", tuple(n.name for n in client.get_primaries()),
+                    tuple(sorted(seen)), bool(client.nodes_manager.connection_kwargs.get("ssl")),
+                    *_policies(found), tuple(unreachable), answered[0])
+
+
+def _policies(found: list[tuple[str, str]]) -> tuple[str, str]:
+    """The eviction policies and where they were read, each distinct value once."""
+    return (", ".join(sorted({p for p, _ in found})),
+            ", ".join(sorted({s for _, s in found if s})))

@@ -314,3 +314,29 @@ def test_hold_and_a_beat_leader_treat_a_cluster_client_that_cannot_be_built_as_a
     leader = BeatLeader(app, "lease:{beat:dead-seed}", options, dead_seed)
     assert leader.poll() == (False, options.renew_interval)  # standby, asks again later
     assert not leader.is_leader
+
+
+@pytest.mark.parametrize("victim_is", ["the seed node", "another primary"])
+def test_doctor_reports_a_dead_primary_as_a_failure_and_checks_the_rest(victim_is: str) -> None:
+    partial = {"cluster-require-full-coverage": "no"}  # the other primaries keep serving
+    with cluster_setup(replicas=0, options=partial) as cluster:
+        url = seed_url(cluster)
+        app = Celery("doctor_dead_primary", broker=url, set_as_current=False)
+        app.conf.update(lease_backend=url, lease_backend_options={"cluster": True})
+        seed = cluster.live()[0]
+        victim = seed if victim_is == "the seed node" else cluster.primaries()[-1]
+        assert victim_is == "the seed node" or victim is not seed
+        connection.client_for(url, 1.0, {"cluster": True})  # this process has seen the nodes
+        victim.kill()
+        done = CliRunner().invoke(lease, ["doctor"], obj=SimpleNamespace(app=app))
+        assert done.exception is None or isinstance(done.exception, SystemExit), done.output
+        assert done.exit_code == 1, done.output
+        lines = done.output.splitlines()
+        failed = [line for line in lines if line.startswith("FAIL")]
+        assert any(f"cluster node {victim.address}" in line and "Error 111" in line
+                   for line in failed), done.output
+        survivors = sorted(n.address for n in cluster.primaries() if n is not victim)
+        assert any(line.startswith("INFO") and "cluster, TLS off" in line
+                   and all(s in line for s in survivors) for line in lines), done.output
+        assert any(line.startswith("OK") and "latency median" in line for line in lines), \
+            done.output
