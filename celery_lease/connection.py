@@ -18,13 +18,20 @@ from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError, TimeoutError
+from redis.cluster import RedisCluster
+from redis.exceptions import (
+    ClusterDownError,
+    ConnectionError,
+    RedisClusterException,
+    RedisError,
+    TimeoutError,
+)
 from redis.retry import Retry
 
 from .backend_url import TLS_KEYS, StoreSpec, parse_store
 from .routing import is_cluster
 
-__all__ = ["build_client", "client_for", "reset_clients", "retries_of"]
+__all__ = ["LeaseCluster", "build_client", "client_for", "reset_clients", "retries_of"]
 
 
 def _library_kwargs(timeout: float, tcp: bool) -> dict[str, Any]:
@@ -75,13 +82,14 @@ def build_client(spec: StoreSpec, timeout: float,
                             sentinel_kwargs=skw, **conn)  # type: ignore[no-untyped-call]
         return sentinel.master_for(spec.master_name, **credentials)  # type: ignore[no-untyped-call]
     if spec.kind == "cluster":
-        from redis.cluster import RedisCluster
-
-        kwargs = {**params, **_library_kwargs(timeout, True)}
+        # A slot that no node serves costs only the leases in it: the client is built anyway
+        # (redis-py would refuse the whole cluster), and a command for that slot gets a store
+        # error (LeaseCluster, routing.send_many).
+        kwargs = {**params, **_library_kwargs(timeout, True), "require_full_coverage": False}
         if int(redis.__version__.split(".")[0]) < 6:  # 5.x: its own retry count, default 3
             kwargs["cluster_error_retry_attempts"] = 0
-        _maint_off(RedisCluster, kwargs)
-        return _cluster_client(RedisCluster, kwargs, known_nodes)
+        _maint_off(LeaseCluster, kwargs)
+        return _cluster_client(LeaseCluster, kwargs, known_nodes)
     if "path" in params:  # a pool of our own: redis.Redis drops socket_connect_timeout here
         pool = redis.ConnectionPool(connection_class=redis.UnixDomainSocketConnection,
                                     **params, **_library_kwargs(timeout, False))
@@ -91,9 +99,35 @@ def build_client(spec: StoreSpec, timeout: float,
     return redis.Redis(**kwargs)
 
 
+class LeaseCluster(RedisCluster):
+    """The lease store's ``RedisCluster``: every store error it raises is a ``RedisError``.
+
+    redis-py raises ``RedisClusterException``, which is not a ``RedisError``, for a slot that no
+    node serves (``SlotNotCoveredError``) and when it cannot refresh its slot table; the lease
+    code handles ``RedisError`` (``lease_on_store_error``, renewals retried until the deadline).
+
+    Raises:
+        redis.exceptions.ClusterDownError: a slot no node serves, or another cluster state
+            redis-py reports as ``RedisClusterException``.
+        redis.exceptions.ConnectionError: no node could be reached to refresh the slot table.
+    """
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
+        except RedisClusterException as exc:
+            raise cluster_error(exc) from exc
+
+
+def cluster_error(exc: RedisClusterException) -> RedisError:
+    """``exc`` as the ``RedisError`` it stands for (see :class:`LeaseCluster`)."""
+    if isinstance(exc.__cause__, (ConnectionError, TimeoutError)):
+        return ConnectionError(str(exc))
+    return ClusterDownError(str(exc))
+
+
 def _cluster_client(cls: Any, kwargs: dict[str, Any], known: Sequence[tuple[str, int]]) -> Any:
     from redis.cluster import ClusterNode
-    from redis.exceptions import RedisClusterException
 
     seed = (kwargs["host"], kwargs["port"])
     others = [(host, port) for host, port in known if (host, port) != seed]

@@ -20,7 +20,7 @@ import pytest
 from celery import Celery
 from click.testing import CliRunner
 from redis.connection import Connection
-from redis.exceptions import ConnectionError
+from redis.exceptions import ConnectionError, SlotNotCoveredError
 
 from celery_lease import LeaseStoreUnavailable, backend_url, connection, hold, store
 from celery_lease.beat import BeatLeader
@@ -340,3 +340,39 @@ def test_doctor_reports_a_dead_primary_as_a_failure_and_checks_the_rest(victim_i
                    and all(s in line for s in survivors) for line in lines), done.output
         assert any(line.startswith("OK") and "latency median" in line for line in lines), \
             done.output
+
+
+def test_a_lease_whose_slot_no_node_serves_fails_its_renewals_alone() -> None:
+    ttl = 3.0
+    partial = {"cluster-require-full-coverage": "no"}  # the other slots keep being served
+    with cluster_setup(replicas=0, options=partial) as cluster, holders(cluster, ttl) as h:
+        url = seed_url(cluster)
+        for n in (1, 2):
+            assert h.start(n).error is None
+        client = connection.client_for(url, 0.4, {"cluster": True})  # the holders' client
+        orphan, other = h.key_of(1), h.key_of(2)
+        slot = client.keyslot(orphan)
+        assert client.keyslot(other) != slot
+        for node in cluster.live():  # no node serves the slot any more
+            with node.client() as plain:
+                plain.execute_command("CLUSTER", "DELSLOTS", slot)
+        client.nodes_manager.initialize()  # as after any redirection: the slot is left out
+        with pytest.raises(SlotNotCoveredError):
+            client.nodes_manager.get_node_from_slot(slot)
+        since = time.monotonic()
+        # The orphan's renewals fail (retried) until its deadline; the other lease renews on.
+        wait_for(lambda: h.running(1) is None, ttl + 5,
+                 message=lambda: f"the orphaned lease was never lost: {h.errors[-3:]}")
+        run = next(r for r in h.runs if r.n == 1)
+        assert run.lost is not None and run.lost.cause == "store_error", run.lost
+        assert sum(1 for key, _ in h.failed if key == orphan) >= 2  # retried, not given up
+        assert any(f"slot {slot} is served by no cluster node" in e for e in h.errors), h.errors
+        assert h.renewals_of(other, since) >= 2 and h.running(2) is not None
+        # A new lease in that slot is a store error (lease_on_store_error), the body never runs;
+        # a new client (another process, another timeout) is built for the slots still served.
+        again = h.start(1)
+        assert again.done.wait(5) and isinstance(again.error, LeaseStoreUnavailable), again.error
+        assert h.running(1) is None
+        fresh = connection.client_for(url, 0.7, {"cluster": True})
+        served = next(h.key_of(n) for n in range(3, 100) if fresh.keyslot(h.key_of(n)) != slot)
+        assert store.acquire(fresh, served, TOKEN, 5_000, "{}").granted
