@@ -325,7 +325,7 @@ def test_wrong_password_refuses_the_worker_start_as_permanent(
 
 @pytest.mark.parametrize(("user", "rules"), [
     ("wrongkeys", ["reset", "on", ">pw", "~jobs:*", "-@all", "+info", "+evalsha", "+eval",
-                   "+script|load", "+get"]),
+                   "+get"]),
     ("noscripts", ["reset", "on", ">pw", "~lease:*", "-@all", "+info", "+get", "+set"]),
 ])
 def test_a_user_missing_a_permission_refuses_the_worker_start(
