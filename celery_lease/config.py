@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from . import connection
+from . import backend_url
 from .errors import LeaseConfigError
 from .keys import DEFAULT_PREFIX
 
@@ -42,7 +42,7 @@ logger = logging.getLogger("celery_lease")
 #: Setting name -> default. ``None`` for a derived default.
 DEFAULTS: dict[str, Any] = {
     "lease_backend": None,  # Redis URL; falls back to a Redis broker_url
-    "lease_backend_options": None,  # dict: TLS, Sentinel and Cluster options (connection.py)
+    "lease_backend_options": None,  # dict: TLS, Sentinel and Cluster options (backend_url.py)
     "lease_min_replicas": 0,  # int >= 0: replicas that must acknowledge a grant (WAIT)
     "lease_ttl": 30.0,  # float seconds
     "lease_renew_interval": None,  # float seconds; default lease_ttl / 3
@@ -243,9 +243,9 @@ def resolve_options(
     backend, backend_options = pick("lease_backend"), pick("lease_backend_options") or {}
     broker = conf.get("broker_url")
     if backend is not None:
-        connection.validate_backend(backend, backend_options, where)
+        backend_url.validate_backend(backend, backend_options, where)
     elif isinstance(broker, str) and broker.startswith(_REDIS_SCHEMES):  # the fallback
-        connection.validate_backend(broker, backend_options, where, _FALLBACK)
+        backend_url.validate_backend(broker, backend_options, where, _FALLBACK)
     min_replicas = pick("lease_min_replicas")
     if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or min_replicas < 0:
         raise LeaseConfigError(f"lease_min_replicas={min_replicas!r} ({where}) must be a whole "
@@ -345,10 +345,10 @@ def resolve_backend(options: LeaseOptions, conf: Mapping[str, Any], where: str) 
         return options.backend
     broker = conf.get("broker_url")
     if isinstance(broker, str) and broker.startswith(_REDIS_SCHEMES):
-        connection.validate_backend(broker, options.backend_options, where, _FALLBACK)
+        backend_url.validate_backend(broker, options.backend_options, where, _FALLBACK)
         return broker
     broker_is = "is not set either" if broker is None else \
-        f"{connection.safe_url(broker)!r} is not a Redis URL"
+        f"{backend_url.safe_url(broker)!r} is not a Redis URL"
     raise LeaseConfigError(
         f"lease_backend is not set ({where}) and broker_url {broker_is}: set "
         f"app.conf.lease_backend = 'redis://host:6379/1' to say where leases live"

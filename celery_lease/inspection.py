@@ -16,9 +16,9 @@ from typing import Any
 import redis
 from redis.exceptions import RedisError
 
-from . import clock, config, connection, store
+from . import clock, config, store, topology
+from .backend_url import safe_url
 from .config import LeaseOptions, resolve_backend, resolve_options
-from .connection import safe_url
 from .errors import LeaseConfigError
 from .keys import DEFAULT_PREFIX, is_internal
 from .task import LeasedTask
@@ -129,7 +129,7 @@ def scan_leases(client: redis.Redis, prefix: str, count: int = SCAN_COUNT,
         prefix: a ``lease_key_prefix``.
         count: the ``COUNT`` hint of each ``SCAN`` step (int).
         skipped: when a list, a cluster primary that cannot be reached is left out and named
-            in it (see :func:`celery_lease.connection.scan`) instead of raising.
+            in it (see :func:`celery_lease.topology.scan`) instead of raising.
 
     Raises:
         redis.exceptions.RedisError: on store errors.
@@ -147,7 +147,7 @@ def scan_leases(client: redis.Redis, prefix: str, count: int = SCAN_COUNT,
             if value is not None:
                 yield _info(key, value, int(pttl))
 
-    for raw in connection.scan(client, _glob_escape(prefix) + ":*", count, "STRING",
+    for raw in topology.scan(client, _glob_escape(prefix) + ":*", count, "STRING",
                                skipped):
         key = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
         if is_internal(key):
@@ -234,19 +234,22 @@ def check_store(url: str, timeout: float, app: Any = None) -> list[Finding]:
     """Reachability, topology, version, eviction policy, latency against ``timeout`` (float
     seconds), and clock skew of the store at ``url`` (with ``app``'s backend options)."""
     subject = f"store {safe_url(url)}"
-    redis_client = client(url, app)
-    try:
+    try:  # building a cluster client asks a node already
+        layout = topology.describe_topology(client(url, app))
+        redis_client = layout.probe  # on a cluster, a primary that answers
         check = store.check_store(redis_client)
     except RedisError as exc:
         return [Finding("fail", subject, f"unreachable: {store.describe(exc)}",
                         "start Redis or set lease_backend to a reachable redis:// URL")]
     found = [Finding("ok", subject, "reachable")]
-    topology = connection.describe_topology(redis_client)
-    source = f" (read via {topology.policy_source})" if topology.policy_source else ""
+    found += [Finding("fail", subject, f"cluster node {node} does not answer: {error}",
+                      "restart it or fail it over to a replica: until then no lease in its "
+                      "slots can be taken or renewed") for node, error in layout.unreachable]
+    source = f" (read via {layout.policy_source})" if layout.policy_source else ""
     found.append(Finding(
-        "info", subject, f"{topology.kind}, TLS {'on' if topology.tls else 'off'}, primaries "
-        f"{', '.join(topology.primaries)}, replicas {', '.join(topology.replicas) or 'none seen'}"
-        f", eviction policy {topology.eviction_policy}{source}"))
+        "info", subject, f"{layout.kind}, TLS {'on' if layout.tls else 'off'}, primaries "
+        f"{', '.join(layout.primaries)}, replicas {', '.join(layout.replicas) or 'none seen'}"
+        f", eviction policy {layout.eviction_policy}{source}"))
     problem = redis_version_problem(check.version)
     if problem:
         found.append(Finding("fail", subject, problem,

@@ -14,7 +14,13 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from redis.exceptions import ConnectionError, RedisError, TimeoutError
+from redis.exceptions import (
+    ClusterDownError,
+    ConnectionError,
+    RedisError,
+    SlotNotCoveredError,
+    TimeoutError,
+)
 
 __all__ = ["is_cluster", "note", "owner", "send_many", "where"]
 
@@ -26,9 +32,16 @@ def is_cluster(client: Any) -> bool:
 
 def owner(client: Any, key: str) -> Any:
     """A plain client of the primary ``key`` lives on (``client`` itself off a cluster), for
-    commands that must share a connection with a write, like ``WAIT``."""
+    commands that must share a connection with a write, like ``WAIT``.
+
+    Raises:
+        redis.exceptions.ClusterDownError: no cluster node serves ``key``'s slot.
+    """
     if is_cluster(client):
-        return client.get_redis_connection(client.get_node_from_key(key))
+        try:
+            return client.get_redis_connection(client.get_node_from_key(key))
+        except SlotNotCoveredError as exc:  # not a RedisError
+            raise ClusterDownError(f"the slot of {key} is served by no cluster node") from exc
     return client
 
 
@@ -39,7 +52,8 @@ def send_many(client: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
     On a cluster, redirections are not followed inside the pipeline: redis-py would then resend
     every command of a failed node one by one (one timeout each). A reply that is a
     ``MOVED``/``ASK`` error is for the caller to send again alone. A node that cannot be
-    reached costs only its own commands (they get its error), not the whole pass.
+    reached, or a slot no node serves, costs only its own commands (they get its error, a
+    ``ClusterDownError`` for the slot), not the whole pass.
 
     Raises:
         redis.exceptions.RedisError: the round trip failed as a whole (off a cluster).
@@ -53,7 +67,14 @@ def send_many(client: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
 
     # The owner is named here: left to redis-py, a script's keys would be asked of a server
     # (COMMAND GETKEYS) once per command.
-    owners = [client.nodes_manager.get_node_from_slot(client.keyslot(a[3])) for a in commands]
+    replies: list[Any] = [None] * len(commands)
+    owners: dict[int, Any] = {}
+    for i, args in enumerate(commands):
+        slot = client.keyslot(args[3])
+        try:
+            owners[i] = client.nodes_manager.get_node_from_slot(slot)
+        except SlotNotCoveredError:  # not a RedisError: only this lease's command fails
+            replies[i] = ClusterDownError(f"slot {slot} is served by no cluster node")
 
     def send(indexes: Sequence[int]) -> list[Any]:
         stack = [PipelineCommand(  # type: ignore[no-untyped-call]
@@ -62,15 +83,17 @@ def send_many(client: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
             stack, raise_on_error=False, allow_redirections=False)
 
     try:
-        return send(range(len(commands)))
+        if owners:
+            for i, answer in zip(owners, send(list(owners)), strict=True):
+                replies[i] = answer
+        return replies
     except (ConnectionError, TimeoutError):
         pass
     # A node could not be reached at all (redis-py refreshed its slot table and gave up on the
     # whole pipeline): send each node its own, so the leases on the others still renew.
     groups: dict[str, list[int]] = defaultdict(list)
-    for i, node in enumerate(owners):
+    for i, node in owners.items():
         groups[node.name].append(i)
-    replies: list[Any] = [None] * len(commands)
     for group in groups.values():
         try:
             answers = send(group)

@@ -290,7 +290,10 @@ class LeasedTask(Task):  # type: ignore[misc]
         settings = self.lease_settings()
         options, url, signum = settings
         key = self.lease_key_for(args, kwargs)
-        client = store.client_for(url, options.store_timeout, options.backend_options)
+        try:  # a cluster client asks its seed for the layout: building it is a store call
+            client = store.client_for(url, options.store_timeout, options.backend_options)
+        except RedisError as exc:
+            self._store_error(options, key, exc)
         earlier = (request.headers or {}).get(REDELIVERY_HEADER)
         if earlier and self._ended(client, key, str(earlier)):
             logger.info("task %s[%s] already finished in an earlier delivery: not run again",

@@ -36,11 +36,12 @@ from celery import bootsteps
 from redis.exceptions import RedisError
 
 from . import store
+from .backend_url import safe_url
 from .config import check_process_settings
-from .connection import permanent_error, safe_url
 from .errors import LeaseConfigError, LeaseStartRefused
 from .inspection import redis_version_problem
 from .names import check_app_settings
+from .store_errors import permanent_error
 from .task import LeasedTask
 
 __all__ = ["LeaseStoreCheck", "check_app", "install"]

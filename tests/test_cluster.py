@@ -17,15 +17,18 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from celery import Celery
 from click.testing import CliRunner
 from redis.connection import Connection
-from redis.exceptions import ConnectionError
+from redis.exceptions import ConnectionError, SlotNotCoveredError
 
-from celery_lease import connection, store
+from celery_lease import LeaseStoreUnavailable, backend_url, connection, hold, store
+from celery_lease.beat import BeatLeader
 from celery_lease.cli import lease
+from celery_lease.config import resolve_options
 from celery_lease.keys import fence_key
 from tests.support.holders import Holders
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, free_port
 from tests.support.rig import Rig
 from tests.support.topologies import ClusterSetup, cluster_setup
 from tests.support.waiting import wait_for
@@ -235,7 +238,7 @@ def test_a_dead_primary_costs_only_its_own_leases_when_the_cluster_stays_up(
         assert f"warning: cluster node {victim.address}: Error 111" in listed.stderr
         if victim is seed:  # a client that knows no node but the dead seed: a store error
             with pytest.raises(ConnectionError, match="no Redis Cluster node answered"):
-                connection.build_client(connection.parse_store(url, {"cluster": True}), 0.5)
+                connection.build_client(backend_url.parse_store(url, {"cluster": True}), 0.5)
 
 
 def test_a_worker_keeps_its_leases_while_their_slot_moves(
@@ -267,3 +270,109 @@ def test_a_worker_keeps_its_leases_while_their_slot_moves(
         assert rig.journal(event="lost") == []
     finally:
         rig.close()
+
+
+@pytest.mark.parametrize("policy", ["fail", "retry"])
+def test_a_cluster_client_that_cannot_be_built_follows_lease_on_store_error(
+    policy: str, broker: RedisServer, tmp_path: Path,
+) -> None:
+    # Nothing listens on the seed: building the client (it asks the seed for the slot table)
+    # is the store call that fails, before any lease command.
+    dead_seed = f"redis://127.0.0.1:{free_port()}/0"
+    rig = Rig(broker, "solo", tmp_path)
+    try:
+        worker = rig.worker(LEASE_BACKEND=dead_seed, LEASE_ON_STORE_ERROR=policy,
+                            LEASE_BACKEND_OPTIONS=json.dumps({"cluster": True}))
+        tag = f"dead-seed-{policy}"
+        result = rig.send("hold", tag, 0.1)
+        with pytest.raises(LeaseStoreUnavailable, match="no Redis Cluster node answered"):
+            result.get(timeout=60)
+        assert rig.journal(tag) == []  # the body never ran
+        retried = f"Task hold[{result.id}] retry"
+        if policy == "retry":  # Celery's default max_retries (3) retries, then the error
+            wait_for(lambda: worker.log_text().count(retried) >= 3, 10,
+                     message=lambda: worker.log_text()[-3000:])
+            assert worker.log_text().count(retried) == 3
+        else:
+            assert retried not in worker.log_text()
+    finally:
+        rig.close()
+
+
+def test_hold_and_a_beat_leader_treat_a_cluster_client_that_cannot_be_built_as_a_store_error(
+    broker: RedisServer,
+) -> None:
+    dead_seed = f"redis://127.0.0.1:{free_port()}/0"
+    app = Celery("dead_seed", broker=broker.url(), set_as_current=False)
+    app.conf.update(lease_backend=dead_seed, lease_backend_options={"cluster": True})
+    ran = []
+    with pytest.raises(LeaseStoreUnavailable, match="no Redis Cluster node answered"):
+        with hold("dead-seed", app=app):
+            ran.append(True)
+    assert ran == []
+    options = resolve_options(app.conf, {}, "beat")
+    leader = BeatLeader(app, "lease:{beat:dead-seed}", options, dead_seed)
+    assert leader.poll() == (False, options.renew_interval)  # standby, asks again later
+    assert not leader.is_leader
+
+
+@pytest.mark.parametrize("victim_is", ["the seed node", "another primary"])
+def test_doctor_reports_a_dead_primary_as_a_failure_and_checks_the_rest(victim_is: str) -> None:
+    partial = {"cluster-require-full-coverage": "no"}  # the other primaries keep serving
+    with cluster_setup(replicas=0, options=partial) as cluster:
+        url = seed_url(cluster)
+        app = Celery("doctor_dead_primary", broker=url, set_as_current=False)
+        app.conf.update(lease_backend=url, lease_backend_options={"cluster": True})
+        seed = cluster.live()[0]
+        victim = seed if victim_is == "the seed node" else cluster.primaries()[-1]
+        assert victim_is == "the seed node" or victim is not seed
+        connection.client_for(url, 1.0, {"cluster": True})  # this process has seen the nodes
+        victim.kill()
+        done = CliRunner().invoke(lease, ["doctor"], obj=SimpleNamespace(app=app))
+        assert done.exception is None or isinstance(done.exception, SystemExit), done.output
+        assert done.exit_code == 1, done.output
+        lines = done.output.splitlines()
+        failed = [line for line in lines if line.startswith("FAIL")]
+        assert any(f"cluster node {victim.address}" in line and "Error 111" in line
+                   for line in failed), done.output
+        survivors = sorted(n.address for n in cluster.primaries() if n is not victim)
+        assert any(line.startswith("INFO") and "cluster, TLS off" in line
+                   and all(s in line for s in survivors) for line in lines), done.output
+        assert any(line.startswith("OK") and "latency median" in line for line in lines), \
+            done.output
+
+
+def test_a_lease_whose_slot_no_node_serves_fails_its_renewals_alone() -> None:
+    ttl = 3.0
+    partial = {"cluster-require-full-coverage": "no"}  # the other slots keep being served
+    with cluster_setup(replicas=0, options=partial) as cluster, holders(cluster, ttl) as h:
+        url = seed_url(cluster)
+        for n in (1, 2):
+            assert h.start(n).error is None
+        client = connection.client_for(url, 0.4, {"cluster": True})  # the holders' client
+        orphan, other = h.key_of(1), h.key_of(2)
+        slot = client.keyslot(orphan)
+        assert client.keyslot(other) != slot
+        for node in cluster.live():  # no node serves the slot any more
+            with node.client() as plain:
+                plain.execute_command("CLUSTER", "DELSLOTS", slot)
+        client.nodes_manager.initialize()  # as after any redirection: the slot is left out
+        with pytest.raises(SlotNotCoveredError):
+            client.nodes_manager.get_node_from_slot(slot)
+        since = time.monotonic()
+        # The orphan's renewals fail (retried) until its deadline; the other lease renews on.
+        wait_for(lambda: h.running(1) is None, ttl + 5,
+                 message=lambda: f"the orphaned lease was never lost: {h.errors[-3:]}")
+        run = next(r for r in h.runs if r.n == 1)
+        assert run.lost is not None and run.lost.cause == "store_error", run.lost
+        assert sum(1 for key, _ in h.failed if key == orphan) >= 2  # retried, not given up
+        assert any(f"slot {slot} is served by no cluster node" in e for e in h.errors), h.errors
+        assert h.renewals_of(other, since) >= 2 and h.running(2) is not None
+        # A new lease in that slot is a store error (lease_on_store_error), the body never runs;
+        # a new client (another process, another timeout) is built for the slots still served.
+        again = h.start(1)
+        assert again.done.wait(5) and isinstance(again.error, LeaseStoreUnavailable), again.error
+        assert h.running(1) is None
+        fresh = connection.client_for(url, 0.7, {"cluster": True})
+        served = next(h.key_of(n) for n in range(3, 100) if fresh.keyslot(h.key_of(n)) != slot)
+        assert store.acquire(fresh, served, TOKEN, 5_000, "{}").granted

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from celery_lease import connection, store
+from celery_lease import connection, store, topology
 from tests.support.topologies import MASTER_NAME, ClusterSetup, SentinelSetup
 
 HOLDER = store.holder_json("t.job", "task-1", "host", 42)
@@ -39,10 +39,10 @@ def test_sentinel_url_and_master_name_give_a_client_of_the_primary(
     kwargs = client.connection_pool.connection_kwargs
     assert kwargs["socket_timeout"] == 0.5 and kwargs["socket_connect_timeout"] == 0.5
     assert connection.retries_of(kwargs["retry"]) == 0
-    topology = connection.describe_topology(client)
-    assert topology.kind == "sentinel"
-    assert topology.primaries == (sentinel_setup.primary().address,)
-    assert topology.replicas == tuple(n.address for n in sentinel_setup.data[1:])
+    layout = topology.describe_topology(client)
+    assert layout.kind == "sentinel"
+    assert layout.primaries == (sentinel_setup.primary().address,)
+    assert layout.replicas == tuple(n.address for n in sentinel_setup.data[1:])
     assert store.release(client, key, token)
 
 
@@ -55,14 +55,14 @@ def test_cluster_option_gives_a_cluster_client_and_scan_covers_every_primary(
         assert store.acquire(client, key, uuid.uuid4().hex, 5000, HOLDER).granted
     owners = {client.get_node_from_key(key).name for key in keys}
     assert len(owners) == 3  # the keys really are spread over the three primaries
-    found = {k.decode() for k in connection.scan(client, "lease:{spread-*", 10, "STRING")}
+    found = {k.decode() for k in topology.scan(client, "lease:{spread-*", 10, "STRING")}
     assert found == set(keys) | {k + ":fence" for k in keys}
-    topology = connection.describe_topology(client)
-    assert topology.kind == "cluster"
-    assert sorted(topology.primaries) == sorted(n.address for n in cluster_setup.primaries())
-    assert sorted(topology.replicas) == sorted(
+    layout = topology.describe_topology(client)
+    assert layout.kind == "cluster"
+    assert sorted(layout.primaries) == sorted(n.address for n in cluster_setup.primaries())
+    assert sorted(layout.replicas) == sorted(
         n.address for n in cluster_setup.replica_nodes())
-    assert topology.eviction_policy == "noeviction"
+    assert layout.eviction_policy == "noeviction"
     node_kwargs = client.get_redis_connection(client.get_primaries()[0]) \
         .connection_pool.connection_kwargs
     assert node_kwargs["socket_timeout"] == 0.5 and node_kwargs["decode_responses"] is False

@@ -20,8 +20,7 @@ from tests.support.redis_server import HOST, RedisServer, free_port, no_retry
 SYSTEM_REDIS = "/usr/bin/redis-server"
 
 #: The smallest ACL the library needs, by use (docs/deploying.md, section ACL, shows the same).
-TASK_COMMANDS = ("evalsha", "eval", "script|load", "get", "set", "del", "pexpire", "pttl",
-                 "time", "info")
+TASK_COMMANDS = ("evalsha", "eval", "get", "set", "del", "pexpire", "pttl", "time", "info")
 BEAT_COMMANDS = ("hset", "hgetall")
 CLI_COMMANDS = ("scan", "multi", "exec", "ping")
 

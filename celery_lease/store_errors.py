@@ -1,0 +1,40 @@
+"""Which store errors waiting cannot cure, and the fix to name for each.
+
+A worker refuses to start on a permanent one (``worker.py``); every other store error is
+transient and handled by the lease policies (``lease_on_store_error``, renewal until the local
+deadline).
+"""
+
+from __future__ import annotations
+
+import ssl
+
+from redis.exceptions import AuthenticationError, NoPermissionError
+
+__all__ = ["permanent_error"]
+
+
+def permanent_error(error: BaseException, setting: str = "lease_backend") -> str | None:
+    """A message naming the fix when ``error`` cannot go away by waiting, else None.
+
+    Permanent: a wrong password or user, an ACL denial, a database the server does not have,
+    a certificate the client or server refuses. Transient (None): refused connections,
+    timeouts, a loading or failing-over server.
+    """
+    text = f"{type(error).__name__}: {error}"
+    lowered = text.lower()
+    if isinstance(error, AuthenticationError) or "wrongpass" in lowered or \
+            "invalid username-password" in lowered or "noauth" in lowered:
+        return (f"{text}; the store refused the credentials: fix the user name and password "
+                f"in {setting} (redis://user:password@host:6379/0)")
+    if isinstance(error, NoPermissionError) or "noperm" in lowered:
+        return (f"{text}; the ACL user lacks a permission the lease store needs: grant the "
+                f"ACL in docs/deploying.md (section ACL), or use another user in {setting}")
+    if "db index" in lowered:
+        return f"{text}; the server has no such database: fix the database number in {setting}"
+    if "certificate" in lowered or "ssl" in lowered or "tls" in lowered or \
+            isinstance(error.__cause__ or error.__context__, ssl.SSLError):
+        return (f"{text}; the TLS handshake failed: check ssl_ca_certs (the CA that signed the "
+                f"server's certificate), ssl_certfile / ssl_keyfile (client certificate) and "
+                f"the rediss:// host name in {setting} / lease_backend_options")
+    return None
