@@ -1,0 +1,161 @@
+"""Releases written now whose replies are read later: the release off an execution's critical path.
+
+An execution that ends writes its token-checked release to a connection of its own client and
+goes on (its result is stored and its message acknowledged after that write returned); the
+connection, whose reply is still unread, stays out of the client's pool until the reply is read,
+so no other caller is ever handed it. The reply is read, and the connection given back:
+
+- before this process sends its next acquire, by whichever thread sends it
+  (:func:`settle_all`, called by :func:`celery_lease.lifecycle.take`): so every acquire a
+  process sends goes out after the replies of all the releases it wrote before;
+- otherwise by the heartbeat thread at its next wake-up (at most a second later).
+
+Reading a reply that already arrived costs no round trip. One that never arrives (the store
+hangs, the network drops) is given up after the client's socket timeout (the store timeout);
+the key then lapses within one TTL, as after any failed release.
+
+Only a standalone client (one ``redis.Redis`` with redis-py's own ``ConnectionPool``: TCP, TLS
+or unix socket) takes this path: :func:`write` returns ``None`` for a Redis Cluster or
+Sentinel client (their pools pick a node per command and re-route on errors, so a connection
+held aside could end up answering for another node) and the caller releases synchronously.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from redis.exceptions import RedisError, ResponseError
+
+from . import store
+from .keys import fence_key
+
+__all__ = ["PendingRelease", "has_pending", "settle_all", "write"]
+
+logger = logging.getLogger("celery_lease")
+
+
+class PendingRelease:
+    """A release written to ``conn`` whose reply is not read yet.
+
+    ``on_reply(released)`` runs once the reply was read (``released``: True when the key was
+    deleted; False when the token no longer held it or the reply could not be read).
+    """
+
+    __slots__ = ("_lock", "conn", "done", "key", "on_reply", "pool", "ttl")
+
+    def __init__(self, pool: Any, conn: Any, key: str, ttl: float,
+                 on_reply: Callable[[bool], None]) -> None:
+        self.pool = pool
+        self.conn = conn
+        self.key = key
+        self.ttl = ttl
+        self.on_reply = on_reply
+        self.done = False
+        self._lock = threading.Lock()
+
+    def settle(self) -> None:
+        """Read the reply (waiting at most the socket timeout) and give the connection back.
+
+        Returns once the reply was read, by this thread or by another one. Never raises for a
+        store error: it is logged, and the key lapses within one TTL.
+        """
+        with self._lock:
+            if self.done:
+                return
+            released = False
+            try:
+                released = bool(self.conn.read_response())
+            except ResponseError as exc:  # an error reply: the connection is still in step
+                logger.warning("lease release failed (it expires within %.3fs): key=%s error=%s",
+                               self.ttl, self.key, store.describe(exc))
+            except RedisError as exc:  # no reply: redis-py disconnected the connection
+                logger.warning("lease release unanswered (it expires within %.3fs): key=%s "
+                               "error=%s", self.ttl, self.key, store.describe(exc))
+            finally:
+                self.done = True
+                self.pool.release(self.conn)
+        self.on_reply(released)
+
+
+_pending: list[PendingRelease] = []
+_lock = threading.Lock()
+
+
+def _standalone_pool(client: Any) -> Any:
+    pool = getattr(client, "connection_pool", None)
+    if type(client) is not redis.Redis or type(pool) is not redis.ConnectionPool:
+        return None
+    return pool
+
+
+def _checkout(pool: Any) -> Any:
+    try:
+        return pool.get_connection()
+    except TypeError:  # redis-py 5.0 wants a command name
+        return pool.get_connection("EVAL")
+
+
+def write(client: redis.Redis, key: str, token: str, ttl: float,
+          on_reply: Callable[[bool], None]) -> PendingRelease | None:
+    """Write the release of ``key`` for ``token`` and return without reading its reply.
+
+    Args:
+        client: the lease's client.
+        key, token: the lease.
+        ttl: float seconds the key outlives a lost release (for the log line).
+        on_reply: called with the outcome once the reply was read.
+
+    Returns:
+        The :class:`PendingRelease`, or ``None`` when ``client`` is not a standalone client
+        (nothing was sent: release synchronously).
+
+    Raises:
+        redis.exceptions.RedisError: the write failed (nothing is pending).
+    """
+    pool = _standalone_pool(client)
+    if pool is None:
+        return None
+    conn = _checkout(pool)
+    try:
+        # EVAL, not EVALSHA: a NOSCRIPT reply read later would mean a release never applied.
+        conn.send_command("EVAL", store.RELEASE_LUA, 2, key, fence_key(key), token)
+    except BaseException:
+        pool.release(conn)  # redis-py disconnected it: it goes back empty
+        raise
+    item = PendingRelease(pool, conn, key, ttl, on_reply)
+    with _lock:
+        _pending.append(item)
+    return item
+
+
+def has_pending() -> bool:
+    """True while a release of this process waits for its reply to be read."""
+    return bool(_pending)
+
+
+def settle_all() -> None:
+    """Read the replies of every release this process wrote so far (see the module docs)."""
+    if not _pending:
+        return
+    with _lock:
+        items = list(_pending)
+    for item in items:
+        item.settle()
+    with _lock:
+        _pending[:] = [item for item in _pending if not item.done]
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    # The parent's connections and replies are not ours (redis-py's pools reset themselves).
+    _pending.clear()
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
