@@ -207,16 +207,19 @@ class Heartbeat:
             for lease in group:
                 lease.end_renewal()
         replied_at = clock.now()
+        # Sent per lease per pass: skipped as a whole when nobody listens (10 000 leases).
+        announce = bool(signals.lease_renewed.receivers)
         for lease, reply in zip(group, replies, strict=True):
             if lease.retired:
                 continue
             if reply == 1:
                 margin = lease.deadline - replied_at
                 lease.confirm(sent_at)
-                signals.lease_renewed.send(
-                    sender=lease.task_name, key=lease.key, token=lease.token,
-                    fencing_token=lease.fencing_token, task_id=lease.task_id,
-                    latency=replied_at - sent_at, margin=margin)
+                if announce:
+                        signals.lease_renewed.send(
+                        sender=lease.task_name, key=lease.key, token=lease.token,
+                        fencing_token=lease.fencing_token, task_id=lease.task_id,
+                        latency=replied_at - sent_at, margin=margin)
             elif isinstance(reply, RedisError):
                 self._failed(lease, reply)
             else:  # 0: the key is gone; -1: another token holds it

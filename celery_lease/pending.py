@@ -2,8 +2,9 @@
 
 An execution that ends writes its token-checked release to a connection of its own client and
 goes on (its result is stored and its message acknowledged after that write returned); the
-connection, whose reply is still unread, stays out of the client's pool until the reply is read,
-so no other caller is ever handed it. The reply is read, and the connection given back:
+connection, whose reply is still unread, stays out of the free list of connections
+(:mod:`celery_lease.wire`) until the reply is read, so no other caller is ever handed it. The
+reply is read, and the connection given back:
 
 - before this process sends its next acquire, by whichever thread sends it
   (:func:`settle_all`, called by :func:`celery_lease.lifecycle.take`): so every acquire a
@@ -14,10 +15,11 @@ Reading a reply that already arrived costs no round trip. One that never arrives
 hangs, the network drops) is given up after the client's socket timeout (the store timeout);
 the key then lapses within one TTL, as after any failed release.
 
-Only a standalone client (one ``redis.Redis`` with redis-py's own ``ConnectionPool``: TCP, TLS
-or unix socket) takes this path: :func:`write` returns ``None`` for a Redis Cluster or
-Sentinel client (their pools pick a node per command and re-route on errors, so a connection
-held aside could end up answering for another node) and the caller releases synchronously.
+Only a standalone client (:func:`celery_lease.wire.usable`: one ``redis.Redis`` on redis-py's
+own ``ConnectionPool``, TCP, TLS or unix socket) takes this path: :func:`write` returns
+``None`` for a Redis Cluster or Sentinel client (they pick a node per command and re-route on
+errors and failovers; a connection held aside across that could answer for a node that no
+longer owns the key) and the caller releases synchronously.
 """
 
 from __future__ import annotations
@@ -28,10 +30,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import redis
 from redis.exceptions import RedisError, ResponseError
 
-from . import store
+from . import store, wire
 from .keys import fence_key
 
 __all__ = ["PendingRelease", "has_pending", "settle_all", "write"]
@@ -46,11 +47,11 @@ class PendingRelease:
     deleted; False when the token no longer held it or the reply could not be read).
     """
 
-    __slots__ = ("_lock", "conn", "done", "key", "on_reply", "pool", "ttl")
+    __slots__ = ("_lock", "client", "conn", "done", "key", "on_reply", "ttl")
 
-    def __init__(self, pool: Any, conn: Any, key: str, ttl: float,
+    def __init__(self, client: Any, conn: Any, key: str, ttl: float,
                  on_reply: Callable[[bool], None]) -> None:
-        self.pool = pool
+        self.client = client
         self.conn = conn
         self.key = key
         self.ttl = ttl
@@ -73,12 +74,15 @@ class PendingRelease:
             except ResponseError as exc:  # an error reply: the connection is still in step
                 logger.warning("lease release failed (it expires within %.3fs): key=%s error=%s",
                                self.ttl, self.key, store.describe(exc))
-            except RedisError as exc:  # no reply: redis-py disconnected the connection
+            except BaseException as exc:  # no reply, or an interrupted read: start afresh
+                self.conn.disconnect()
+                if not isinstance(exc, RedisError):
+                    raise
                 logger.warning("lease release unanswered (it expires within %.3fs): key=%s "
                                "error=%s", self.ttl, self.key, store.describe(exc))
             finally:
                 self.done = True
-                self.pool.release(self.conn)
+                wire.checkin(self.client, self.conn)
         self.on_reply(released)
 
 
@@ -86,21 +90,7 @@ _pending: list[PendingRelease] = []
 _lock = threading.Lock()
 
 
-def _standalone_pool(client: Any) -> Any:
-    pool = getattr(client, "connection_pool", None)
-    if type(client) is not redis.Redis or type(pool) is not redis.ConnectionPool:
-        return None
-    return pool
-
-
-def _checkout(pool: Any) -> Any:
-    try:
-        return pool.get_connection()
-    except TypeError:  # redis-py 5.0 wants a command name
-        return pool.get_connection("EVAL")
-
-
-def write(client: redis.Redis, key: str, token: str, ttl: float,
+def write(client: Any, key: str, token: str, ttl: float,
           on_reply: Callable[[bool], None]) -> PendingRelease | None:
     """Write the release of ``key`` for ``token`` and return without reading its reply.
 
@@ -117,17 +107,17 @@ def write(client: redis.Redis, key: str, token: str, ttl: float,
     Raises:
         redis.exceptions.RedisError: the write failed (nothing is pending).
     """
-    pool = _standalone_pool(client)
-    if pool is None:
+    if not wire.usable(client):
         return None
-    conn = _checkout(pool)
+    conn = wire.checkout(client)
     try:
         # EVAL, not EVALSHA: a NOSCRIPT reply read later would mean a release never applied.
         conn.send_command("EVAL", store.RELEASE_LUA, 2, key, fence_key(key), token)
     except BaseException:
-        pool.release(conn)  # redis-py disconnected it: it goes back empty
+        conn.disconnect()
+        wire.checkin(client, conn)  # it goes back empty
         raise
-    item = PendingRelease(pool, conn, key, ttl, on_reply)
+    item = PendingRelease(client, conn, key, ttl, on_reply)
     with _lock:
         _pending.append(item)
     return item

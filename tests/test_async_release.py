@@ -45,7 +45,7 @@ def test_a_call_sent_when_the_previous_result_arrived_is_never_skipped(rig: Rig)
         assert not is_skipped(result), f"call {i} of {CALLS} found the key still held"
         assert result == i
     elapsed = time.monotonic() - started
-    print(f"\n{rig.pool}: {CALLS} calls in {elapsed:.1f} s")  # noqa: T201 (runtime, -s)
+    print(f"\n{rig.pool}: {CALLS} calls in {elapsed:.1f} s")
     wait_for(lambda: rig.lease_keys() == [], 5, message="a lease outlived its execution")
 
 
