@@ -153,7 +153,7 @@ class Heartbeat:
                     self._cond.wait(_MAX_SLEEP)
 
     def _pass(self) -> None:
-        pending.settle_all()  # releases written without waiting: read their replies
+        pending.settle_all(wait=False)  # releases written without waiting: their replies
         with self._cond:
             while not self._leases:
                 self._wait(_MAX_SLEEP if pending.has_pending() else None)

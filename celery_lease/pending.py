@@ -9,11 +9,13 @@ reply is read, and the connection given back:
 - before this process sends its next acquire, by whichever thread sends it
   (:func:`settle_all`, called by :func:`celery_lease.lifecycle.take`): so every acquire a
   process sends goes out after the replies of all the releases it wrote before;
-- otherwise by the heartbeat thread at its next wake-up (at most a second later).
+- otherwise by the heartbeat thread at its next wake-up (at most a second later), which reads
+  only a reply that arrived and never waits for one (a renewal or a deadline may be due).
 
 Reading a reply that already arrived costs no round trip. One that never arrives (the store
-hangs, the network drops) is given up after the client's socket timeout (the store timeout);
-the key then lapses within one TTL, as after any failed release.
+hangs, the network drops) is given up once the client's socket timeout (the store timeout)
+has passed since the write, and its connection disconnected; the key then lapses within one
+TTL, as after any failed release.
 
 Only a standalone client (:func:`celery_lease.wire.usable`: one ``redis.Redis`` on redis-py's
 own ``ConnectionPool``, TCP, TLS or unix socket) takes this path: :func:`write` returns
@@ -27,10 +29,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import store, wire
 from .keys import fence_key
@@ -47,11 +51,13 @@ class PendingRelease:
     deleted; False when the token no longer held it or the reply could not be read).
     """
 
-    __slots__ = ("_lock", "client", "conn", "done", "key", "on_reply", "ttl")
+    __slots__ = ("_lock", "client", "conn", "done", "key", "on_reply", "overdue_at", "ttl")
 
     def __init__(self, client: Any, conn: Any, key: str, ttl: float,
                  on_reply: Callable[[bool], None]) -> None:
         self.client = client
+        # The reply counts as lost once the socket timeout (the store timeout) has passed.
+        self.overdue_at = time.monotonic() + (getattr(conn, "socket_timeout", None) or ttl)
         self.conn = conn
         self.key = key
         self.ttl = ttl
@@ -59,17 +65,25 @@ class PendingRelease:
         self.done = False
         self._lock = threading.Lock()
 
-    def settle(self) -> None:
-        """Read the reply (waiting at most the socket timeout) and give the connection back.
+    def settle(self, wait: bool = True) -> None:
+        """Read the reply and give the connection back.
 
-        Returns once the reply was read, by this thread or by another one. Never raises for a
-        store error: it is logged, and the key lapses within one TTL.
+        Args:
+            wait: True: wait for the reply, at most the socket timeout; returns once it was
+                read, by this thread or by another one. False (the heartbeat): read it only if
+                it arrived; give it up, without waiting, once it is overdue.
+
+        Never raises for a store error: it is logged, and the key lapses within one TTL.
         """
         with self._lock:
             if self.done:
                 return
+            if not wait and not self._ready():
+                return
             released = False
             try:
+                if time.monotonic() >= self.overdue_at and not self.conn.can_read(0):
+                    raise RedisTimeoutError("no reply within the store timeout")
                 released = bool(self.conn.read_response())
             except ResponseError as exc:  # an error reply: the connection is still in step
                 logger.warning("lease release failed (it expires within %.3fs): key=%s error=%s",
@@ -84,6 +98,14 @@ class PendingRelease:
                 self.done = True
                 wire.checkin(self.client, self.conn)
         self.on_reply(released)
+
+
+    def _ready(self) -> bool:
+        """True when the reply can be read at once, or is overdue (given up without waiting)."""
+        try:
+            return bool(self.conn.can_read(0)) or time.monotonic() >= self.overdue_at
+        except RedisError:
+            return True  # the connection broke: settle() reports it
 
 
 _pending: list[PendingRelease] = []
@@ -128,14 +150,19 @@ def has_pending() -> bool:
     return bool(_pending)
 
 
-def settle_all() -> None:
-    """Read the replies of every release this process wrote so far (see the module docs)."""
+def settle_all(wait: bool = True) -> None:
+    """Read the replies of every release this process wrote so far (see the module docs).
+
+    Args:
+        wait: False (the heartbeat): only the replies that arrived, and give up the overdue
+            ones, never waiting (a renewal or a deadline may be due).
+    """
     if not _pending:
         return
     with _lock:
         items = list(_pending)
     for item in items:
-        item.settle()
+        item.settle(wait)
     with _lock:
         _pending[:] = [item for item in _pending if not item.done]
 
