@@ -21,7 +21,6 @@ there for the holder's successors and for operators (``celery lease ls``).
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -118,38 +117,10 @@ return 0
 """
 
 
-class _Script:
-    """A Lua script sent by SHA, loaded on ``NOSCRIPT`` (e.g. after a server restart).
-
-    redis-py's own ``Script`` in a pipeline checks ``SCRIPT EXISTS`` before every execute, an
-    extra round trip on the renewal path; this sends ``EVALSHA`` and reloads only on demand.
-    """
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
-
-    def args(self, keys: Sequence[str], argv: Sequence[Any]) -> tuple[Any, ...]:
-        return ("EVALSHA", self.sha, len(keys), *keys, *argv)
-
-    def __call__(self, client: redis.Redis, keys: Sequence[str], argv: Sequence[Any]) -> Any:
-        # A standalone client's connection directly (celery_lease.wire); others via redis-py.
-        direct = wire.usable(client)
-        try:
-            if direct:
-                return wire.call(client, *self.args(keys, argv))
-            return client.execute_command(*self.args(keys, argv))  # type: ignore[no-untyped-call]
-        except NoScriptError:
-            if direct:
-                return wire.call(client, "EVAL", self.source, len(keys), *keys, *argv)
-            return client.execute_command(  # type: ignore[no-untyped-call]
-                "EVAL", self.source, len(keys), *keys, *argv)
-
-
-_acquire = _Script(ACQUIRE_LUA)
-_renew = _Script(RENEW_LUA)
-_release = _Script(RELEASE_LUA)
-_renew_many = _Script(RENEW_MANY_LUA)
+_acquire = wire.Script(ACQUIRE_LUA)
+_renew = wire.Script(RENEW_LUA)
+_release = wire.Script(RELEASE_LUA)
+_renew_many = wire.Script(RENEW_MANY_LUA)
 _BATCH_REPLY = {ord("1"): 1, ord("0"): 0, ord("2"): -1}
 
 

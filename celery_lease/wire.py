@@ -19,12 +19,15 @@ commands keep going through redis-py (they pick a node per command and follow re
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import redis
 
-__all__ = ["call", "call_many", "checkin", "checkout", "usable"]
+__all__ = ["Script", "call", "call_many", "checkin", "checkout", "usable"]
 
 _pid = os.getpid()
 
@@ -102,6 +105,30 @@ def call_many(client: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
         raise
     finally:
         checkin(client, conn)
+
+
+class Script:
+    """A Lua script sent by SHA, loaded on ``NOSCRIPT`` (e.g. after a server restart).
+
+    redis-py's own ``Script`` in a pipeline checks ``SCRIPT EXISTS`` before every execute, an
+    extra round trip on the renewal path; this sends ``EVALSHA`` and reloads only on demand.
+    On a standalone client it uses :func:`call`, on the others ``execute_command``.
+    """
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+    def args(self, keys: Sequence[str], argv: Sequence[Any]) -> tuple[Any, ...]:
+        """The ``EVALSHA`` command for ``keys`` and ``argv``."""
+        return ("EVALSHA", self.sha, len(keys), *keys, *argv)
+
+    def __call__(self, client: Any, keys: Sequence[str], argv: Sequence[Any]) -> Any:
+        send = functools.partial(call, client) if usable(client) else client.execute_command
+        try:
+            return send(*self.args(keys, argv))
+        except redis.exceptions.NoScriptError:
+            return send("EVAL", self.source, len(keys), *keys, *argv)
 
 
 def _after_fork_in_child() -> None:
