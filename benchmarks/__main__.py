@@ -7,7 +7,7 @@ into ``--out`` (default ``docs/benchmarks/``). When ``--out`` is that default, t
 block between the ``benchmarks:results`` markers in ``docs/benchmarks.md`` is refreshed too.
 
 ``--quick`` (the CI smoke run) makes every figure from fewer samples in about a minute; the
-full run takes about five minutes on two cores. The exit status is 1 when a figure is missing,
+full run takes about seven minutes on two cores. The exit status is 1 when a figure is missing,
 never because a target was missed (targets are reported, not asserted).
 """
 
