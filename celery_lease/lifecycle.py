@@ -45,7 +45,7 @@ may have been granted (best effort) and raises the :class:`redis.exceptions.Redi
 
 With ``wait=False`` step 3 only writes the release (a standalone client; Cluster and Sentinel
 clients release synchronously): :func:`end` returns once the command is handed to the socket,
-and step 4 runs when its reply is read (:mod:`celery_lease.pending`).
+with ``released=None``; its reply is read later (:mod:`celery_lease.pending`).
 
 Policies (skip, retry, standby...) and the caller's own logs and events stay with the caller.
 """
@@ -184,14 +184,14 @@ def retire(lease: Lease) -> LeaseLost | None:
     return loss
 
 
-def announce_end(lease: Lease, loss: LeaseLost | None, released: bool, *,
+def announce_end(lease: Lease, loss: LeaseLost | None, released: bool | None, *,
                  sender: Any, held: float | None = None) -> Ending:
     """Second half of :func:`end`: log and send :data:`~celery_lease.signals.lease_released`.
 
     Args:
         lease: the retired lease.
         loss: what :func:`retire` returned.
-        released: whether the release deleted the key.
+        released: whether the release deleted the key (None: written, reply read later).
         sender: the signal's ``sender``.
         held: float seconds the lease was held (default: until now).
     """
@@ -215,22 +215,20 @@ def end(lease: Lease, *, sender: Any, wait: bool = True) -> Ending:
     Args:
         lease: a lease returned by :func:`take`.
         sender: the ``sender`` of :data:`~celery_lease.signals.lease_released`.
-        wait: False to return once the release is written, without its reply (standalone
-            clients only; others wait): ``released`` is then None and
-            :data:`~celery_lease.signals.lease_released` is sent when the reply is read.
+        wait: False to return once the release is written, without its reply (a standalone
+            client and a lease not lost; otherwise it waits): ``released`` is then None, in
+            the returned :class:`Ending` and in :data:`~celery_lease.signals.lease_released`.
     """
     loss = retire(lease)
-    released = False
+    released: bool | None = False
     if lease.pid == os.getpid():  # never in a forked child: the parent's lease is not ours
         try:
-            if not wait:
-                held = clock.now() - lease.acquired_at
-                written = pending.write(
+            # A lost lease is released synchronously: rare, and its signal says what happened.
+            if not wait and loss is None and pending.write(
                     lease.client, lease.key, lease.token, lease.ttl,
-                    lambda done: _announce_later(lease, loss, done, sender, held))
-                if written is not None:
-                    heartbeat().wake_for_pending()
-                    return Ending(loss, None, held)
+                    lambda done: _note_reply(lease, done)) is not None:
+                heartbeat().wake_for_pending()
+                return announce_end(lease, loss, None, sender=sender)
             released = store.release(lease.client, lease.key, lease.token)
         except RedisError as exc:
             logger.warning("lease release failed (it expires within %.3fs): key=%s error=%s",
@@ -238,9 +236,9 @@ def end(lease: Lease, *, sender: Any, wait: bool = True) -> Ending:
     return announce_end(lease, loss, released, sender=sender)
 
 
-def _announce_later(lease: Lease, loss: LeaseLost | None, released: bool, sender: Any,
-                    held: float) -> None:
-    try:
-        announce_end(lease, loss, released, sender=sender, held=held)
-    except Exception:  # a receiver must not break the thread that read the reply
-        logger.exception("lease_released receiver failed")
+def _note_reply(lease: Lease, released: bool) -> None:
+    """The reply of a release written by ``end(wait=False)``: only a miss is worth a line."""
+    if not released:
+        logger.info("lease release did not delete the key (it was no longer this execution's "
+                    "or the store did not answer): key=%s token=%s fencing_token=%d",
+                    lease.key, lease.token, lease.fencing_token)
