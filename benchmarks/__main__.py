@@ -1,13 +1,13 @@
 """``python -m benchmarks [--quick] [--out DIR]``: every benchmark in one run.
 
 Starts two private redis-servers on free loopback ports (the broker and everything measured,
-and a lease store for the loss-detection task that can be frozen), runs the five benchmarks,
+and a lease store for the loss-detection task that can be frozen), runs the six benchmarks,
 and writes ``results.json`` (every figure and the machine), ``results.md`` and the PNG plots
 into ``--out`` (default ``docs/benchmarks/``). When ``--out`` is that default, the Markdown
 block between the ``benchmarks:results`` markers in ``docs/benchmarks.md`` is refreshed too.
 
 ``--quick`` (the CI smoke run) makes every figure from fewer samples in about a minute; the
-full run takes about five minutes on two cores. The exit status is 1 when a figure is missing,
+full run takes about seven minutes on two cores. The exit status is 1 when a figure is missing,
 never because a target was missed (targets are reported, not asserted).
 """
 
@@ -32,7 +32,7 @@ import redis
 from harness import REPO_ROOT
 from harness.redis_server import RedisServer, redis_server_binary
 
-from . import cycle, detection, overhead, renewal, report, stall
+from . import cycle, detection, overhead, renewal, report, soak, stall
 from ._infra import Worker, client_kwargs, section_timer
 
 DEFAULT_OUT = REPO_ROOT / "docs" / "benchmarks"
@@ -104,12 +104,14 @@ def _start_workers(broker: RedisServer, lease_store: RedisServer, records: redis
         queues = [f"tp-{pool}", f"det-{pool}"] if pool in overhead.POOLS else [f"det-{pool}"]
         if pool == "prefork":
             queues.append("stall")
+        if pool in soak.POOLS:
+            queues.append(f"soak-{pool}")  # last: soak.py reads it from there
         workers[pool] = Worker(pool, concurrency, queues, env, log_dir, records).start()
     return workers
 
 
 def run_all(quick: bool, log_dir: Path) -> dict[str, Any]:
-    """Run the five benchmarks and return every figure."""
+    """Run the six benchmarks and return every figure."""
     total = section_timer()
     timings: dict[str, float] = {}
     stall_ttls = STALL_TTLS_QUICK if quick else STALL_TTLS_FULL
@@ -122,14 +124,14 @@ def run_all(quick: bool, log_dir: Path) -> dict[str, Any]:
             print(f"  {name}: {timings[name]:.1f} s", file=sys.stderr, flush=True)
 
         section = section_timer()
-        print("1/5 lease cycle cost", file=sys.stderr, flush=True)
+        print("1/6 lease cycle cost", file=sys.stderr, flush=True)
         results["cycle"] = cycle.run(broker.url(), quick)
         if broker.pid is not None and hasattr(os, "sched_setaffinity"):
             results["cycle"]["same_core"] = cycle.run_same_core(broker.url(), broker.pid, quick)
         step("cycle")
 
         section = section_timer()
-        print("3/5 renewal cost", file=sys.stderr, flush=True)
+        print("3/6 renewal cost", file=sys.stderr, flush=True)
         # The steady-state children mostly sleep: the workers start meanwhile.
         workers: dict[str, Worker] = {}
         try:
@@ -147,19 +149,24 @@ def run_all(quick: bool, log_dir: Path) -> dict[str, Any]:
 
             app = make_app(broker.url(), lease_store.url(), detection.TTL, stall_ttls)
             section = section_timer()
-            print("2/5 task overhead", file=sys.stderr, flush=True)
+            print("2/6 task overhead", file=sys.stderr, flush=True)
             results["overhead"] = overhead.run(app, records, workers, quick)
             step("overhead")
 
             section = section_timer()
-            print("4/5 loss detection", file=sys.stderr, flush=True)
+            print("4/6 loss detection", file=sys.stderr, flush=True)
             results["detection"] = detection.run(app, records, lease_store, workers, quick)
             step("detection")
 
             section = section_timer()
-            print("5/5 stall after a crash", file=sys.stderr, flush=True)
+            print("5/6 stall after a crash", file=sys.stderr, flush=True)
             results["stall"] = stall.run(app, records, workers["prefork"], stall_ttls, quick)
             step("stall")
+
+            section = section_timer()
+            print("6/6 soak", file=sys.stderr, flush=True)
+            results["soak"] = soak.run(app, records, workers, quick)
+            step("soak")
         finally:
             for worker in workers.values():
                 worker.stop()

@@ -15,8 +15,11 @@ Tasks record what the benchmark measures in the broker's Redis, never in the lea
 
 - ``bench.plain`` / ``bench.leased`` / ``bench.singleton`` / ``bench.once`` ``(run, i, n)``:
   trivial bodies; task 0 records when it starts and task ``n - 1`` when it ends;
-  ``bench.floor`` is ``bench.plain`` plus two ``PING`` round trips in the body: the least an
-  execution-time lease (an acquire and a release round trip) can add to a plain task;
+  ``bench.leased_sync`` waits for its release's reply before its result is stored (the
+  release ``LeasedTask`` made before it wrote the release without waiting);
+  ``bench.floor`` / ``bench.floor1`` are ``bench.plain`` plus two / one ``PING`` round trips in
+  the body: the least an execution-time lease can add to a plain task with a synchronous
+  release (two round trips) and with the release off the critical path (one);
 - ``bench.hold(trial, body, limit)``: holds a lease and sleeps or spins for at most ``limit``
   seconds, recording when :class:`~celery_lease.LeaseLost` arrived (wall clock, deadline clock
   and the lease's local deadline) or that it never did;
@@ -56,13 +59,19 @@ def _mark(run: str, what: str) -> None:
     records().set(f"tp:{run}:{what}", repr(time.time()))
 
 
-def _two_round_trips() -> None:
-    """Two ``PING`` round trips on a client made like celery-lease's own."""
+def _round_trips(count: int) -> None:
+    """``count`` ``PING`` round trips on a client made like celery-lease's own."""
     from celery_lease import store
 
     client = store.client_for(os.environ.get("BENCH_BROKER", ""), 2.0)
-    client.execute_command("PING")
-    client.execute_command("PING")
+    for _ in range(count):
+        client.execute_command("PING")
+
+
+class SyncReleaseTask(LeasedTask):  # type: ignore[misc]
+    """``LeasedTask`` that waits for its release's reply before the result is stored."""
+
+    _lease_release_wait = True
 
 
 def _trivial(run: str, i: int, n: int) -> int:
@@ -131,11 +140,20 @@ def make_app(
 
     @app.task(name="bench.floor", shared=False)  # type: ignore[untyped-decorator]
     def floor(run: str, i: int, n: int) -> int:
-        _two_round_trips()
+        _round_trips(2)
+        return _trivial(run, i, n)
+
+    @app.task(name="bench.floor1", shared=False)  # type: ignore[untyped-decorator]
+    def floor1(run: str, i: int, n: int) -> int:
+        _round_trips(1)
         return _trivial(run, i, n)
 
     @app.task(name="bench.leased", base=LeasedTask, shared=False)  # type: ignore[untyped-decorator]
     def leased(run: str, i: int, n: int) -> int:
+        return _trivial(run, i, n)
+
+    @app.task(name="bench.leased_sync", base=SyncReleaseTask, shared=False)  # type: ignore[untyped-decorator]
+    def leased_sync(run: str, i: int, n: int) -> int:
         return _trivial(run, i, n)
 
     @app.task(name="bench.singleton", base=Singleton, shared=False)  # type: ignore[untyped-decorator]
@@ -159,7 +177,7 @@ def make_app(
             lease_key=("trial",), lease_on_conflict="retry", max_retries=None,
         )(_stall)
 
-    del plain, floor, leased, singleton, once, hold
+    del plain, floor, floor1, leased, leased_sync, singleton, once, hold
     return app
 
 

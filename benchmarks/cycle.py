@@ -6,8 +6,11 @@ between lock protocols and their Python code, not between client settings.
 
 - ``limit``: two ``PING`` round trips, the least any acquire + release can cost when each
   is a separate call;
-- ``celery-lease``: what ``LeasedTask`` does per execution: a token (``uuid4``), the holder
-  description, :func:`~celery_lease.store.acquire` and :func:`~celery_lease.store.release`;
+- ``celery-lease``: a token (``uuid4``), the holder description,
+  :func:`~celery_lease.store.acquire` and :func:`~celery_lease.store.release`;
+- ``celery-lease async``: what ``LeasedTask`` does per execution: the same acquire, after
+  reading the previous release's reply, and a release written without waiting for its reply
+  (:mod:`celery_lease.pending`);
 - ``redis-py Lock``, ``python-redis-lock``, ``pottery Redlock`` (one master): a lock object made
   per cycle (as one is per job), non-blocking acquire, release.
 
@@ -26,7 +29,7 @@ from typing import Any
 
 import redis
 
-from celery_lease import store
+from celery_lease import pending, store
 
 from ._infra import spread, summary
 
@@ -47,6 +50,23 @@ def _celery_lease(client: redis.Redis, key: str) -> None:
     if not found.granted:
         raise AssertionError("celery-lease: lease not granted")
     store.release(client, key, token)
+
+
+def _celery_lease_async(client: redis.Redis, key: str) -> None:
+    # What LeasedTask does now: the previous release's reply is read before the acquire is
+    # sent (lifecycle.take), the release is written and its reply left for later.
+    pending.settle_all()
+    token = uuid.uuid4().hex
+    holder = store.holder_json("bench.cycle", "task-id", "host", 1)
+    found = store.acquire(client, key, token, TTL_S * 1000, holder)
+    if not found.granted:
+        raise AssertionError("celery-lease: lease not granted")
+    if pending.write(client, key, token, TTL_S, _ignore) is None:
+        raise AssertionError("celery-lease: no asynchronous release on this client")
+
+
+def _ignore(released: bool) -> None:
+    pass
 
 
 def _redis_py(client: redis.Redis, key: str) -> None:
@@ -77,6 +97,8 @@ def _pottery(client: redis.Redis, key: str) -> None:
 VARIANTS: dict[str, tuple[str, Cycle]] = {
     "limit": ("2 x PING (physical limit)", _limit),
     "celery_lease": ("celery-lease acquire + release", _celery_lease),
+    "celery_lease_async": ("celery-lease acquire + release written (reply read before the next "
+                           "acquire)", _celery_lease_async),
     "redis_py_lock": ("redis-py Lock", _redis_py),
     "python_redis_lock": ("python-redis-lock Lock", _python_redis_lock),
     "pottery_redlock": ("pottery Redlock (1 master)", _pottery),
@@ -91,6 +113,7 @@ def _time_cycles(cycle: Cycle, client: redis.Redis, prefix: str, count: int) -> 
         started = clock()
         cycle(client, key)
         samples.append((clock() - started) / 1000.0)  # microseconds
+    pending.settle_all()  # the asynchronous variant's last reply, outside the timing
     return samples
 
 

@@ -14,7 +14,9 @@ Per pool (solo, prefork), per round, per variant (in an order rotated each round
 Every variant runs through the same worker, broker and Redis, one after the other, so each
 round yields ratios to plain ``Task`` measured under the same machine load. The ``floor``
 variant (plain ``Task`` whose body makes two ``PING`` round trips) is the physical limit for a
-lease taken when the execution starts: whatever else it does, it needs an acquire and a release.
+lease taken when the execution starts and released synchronously; ``floor1`` (one ``PING``)
+the limit when only the acquire is waited for (``LeasedTask``'s release is written before the
+result is stored and its reply read later; ``leased_sync`` waits for it).
 celery-singleton and celery-once lock when the task is published and unlock in the worker, so
 part of their cost is in ``publish_us``, outside the worker's throughput.
 """
@@ -33,11 +35,13 @@ from harness.waiting import wait_for
 
 from ._infra import Worker, spread
 
-VARIANTS = ("plain", "floor", "leased", "singleton", "once")
+VARIANTS = ("plain", "floor1", "floor", "leased", "leased_sync", "singleton", "once")
 LABELS = {
     "plain": "celery Task (plain)",
-    "floor": "plain + 2 x PING in the body (floor)",
-    "leased": "celery-lease LeasedTask",
+    "floor1": "plain + 1 x PING in the body (floor, one round trip)",
+    "floor": "plain + 2 x PING in the body (floor, two round trips)",
+    "leased": "celery-lease LeasedTask (release reply read later)",
+    "leased_sync": "celery-lease LeasedTask, release waited for",
     "singleton": "celery-singleton Singleton",
     "once": "celery-once QueueOnce",
 }

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import cycle, detection, overhead, renewal
+from . import cycle, detection, overhead, renewal, soak
 
 #: Pools whose body cannot be interrupted in that way: the figure is reported, not judged.
 NOT_INTERRUPTIBLE = detection.UNINTERRUPTIBLE
@@ -42,16 +42,26 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     out.append(_target(
         "cycle_vs_limit", f"acquire + release within 1.2x of two round trips{where}",
         cyc["celery_lease"]["ratio_to_limit"]["median"], 1.2, "x"))
-    out.append(_target(
-        "cycle_vs_redis_py", f"acquire + release at least as fast as redis-py Lock{where}",
-        cyc["celery_lease"]["ratio_to_redis_py_lock"]["median"], 1.0, "x"))
-    for pool, res in results["overhead"]["pools"].items():
-        floor = res["variants"]["floor"]["ratio_to_plain"]["median"]
+    for variant, what in (("celery_lease", "acquire + release"),
+                          ("celery_lease_async", "acquire + release written (as LeasedTask)")):
         out.append(_target(
-            f"throughput_{pool}", f"LeasedTask throughput >= 0.9x plain Task ({pool})",
-            res["variants"]["leased"]["ratio_to_plain"]["median"], 0.9, "x",
-            higher_is_better=True,
-            note=f"plain + 2 round trips reaches {floor:.2f}x in this run"))
+            f"cycle_vs_redis_py_{variant}", f"{what} at least as fast as redis-py Lock{where}",
+            cyc[variant]["ratio_to_redis_py_lock"]["median"], 1.0, "x"))
+    for pool, res in results["overhead"]["pools"].items():
+        variants = res["variants"]
+        leased = variants["leased"]["ratio_to_plain"]["median"]
+        if pool == "solo":
+            floor1 = variants["floor1"]["ratio_to_plain"]["median"]
+            out.append(_target(
+                f"throughput_{pool}", f"LeasedTask throughput >= 0.85x plain Task ({pool})",
+                leased, 0.85, "x", higher_is_better=True,
+                note=f"plain + 1 round trip reaches {floor1:.2f}x in this run"))
+        for peer in ("singleton", "once"):
+            out.append(_target(
+                f"throughput_{pool}_vs_{peer}",
+                f"LeasedTask throughput ahead of {overhead.LABELS[peer]} ({pool})",
+                leased / variants[peer]["ratio_to_plain"]["median"], 1.0, "x",
+                higher_is_better=True, note="ratio of the two medians (to plain)"))
     passes = results["renewal"]["passes"]
     out.append(_target(
         "renewal_round_trips", "one round trip per renewal pass, whatever N (worst N)",
@@ -60,9 +70,14 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     steady_interval = results["renewal"]["steady_interval_s"]
     per_lease_ms = big["renew_call_wall_ms"]["max"] / big["leases_per_pass"]
     out.append(_target(
-        "renewal_10k_wall", "10 000 leases renewed well inside one interval (< 10% of it)",
-        per_lease_ms * max(renewal.NS) / 1000, steady_interval * 0.1, "s",
-        note=f"slowest renewal call scaled to 10 000 leases; interval {steady_interval:g} s"))
+        "renewal_10k_wall", "10 000 leases renewed in under 50 ms per pass",
+        per_lease_ms * max(renewal.NS), 50.0, "ms",
+        note="slowest renewal call scaled to 10 000 leases"))
+    one = results["renewal"]["steady"]
+    out.append(_target(
+        "renewal_1_cpu", f"one lease: heartbeat CPU per {steady_interval:g} s interval at most "
+        f"python-redis-lock's with one lock", one["celery_lease"]["1"]["cpu_ms_per_interval"],
+        one["python_redis_lock"]["1"]["cpu_ms_per_interval"], "ms"))
     steady = results["renewal"]["steady"]["celery_lease"][str(max(renewal.NS))]
     out.append(_target(
         "renewal_10k_cpu", f"10 000 leases: CPU under 5% of one core "
@@ -130,6 +145,10 @@ def expected_figures(results: dict[str, Any]) -> Iterator[tuple[str, Any]]:
                            (cell.get("latency_ms") or {}).get("median"))
     for ttl_key, res in results["stall"]["ttls"].items():
         yield f"stall.{ttl_key}.max_s", res.get("stall_s", {}).get("max")
+    for pool in soak.POOLS:
+        res = results.get("soak", {}).get("pools", {}).get(pool, {})
+        for name in ("rss_mib", "sockets", "threads"):
+            yield f"soak.{pool}.end.{name}", res.get("end", {}).get(name)
 
 
 def missing_figures(results: dict[str, Any]) -> list[str]:
@@ -222,6 +241,11 @@ def markdown(results: dict[str, Any]) -> str:
                          f"{_f(s['cpu_percent_of_one_core'], 3)} | "
                          f"{_f(s['cpu_ms_per_interval'])} | {s['threads_added']} | "
                          f"{_f(s['rss_added_mib'])} |")
+    big = ren["steady"]["celery_lease"][str(max(renewal.NS))]
+    per_lease = big["rss_added_mib"] * 2**20 / max(renewal.NS)
+    lines += ["", f"At {max(renewal.NS):,} leases: {per_lease:,.0f} bytes of resident memory "
+              f"per held lease, {big['threads_added']} heartbeat "
+              f"thread for all of them."]
     det = results["detection"]
     lines += ["", "### 4. Loss detection: LeaseLost in the body", "",
               f"lease_ttl {det['ttl_s']:g} s (renewed every {det['renew_interval_s'] * 1000:.0f}"
@@ -248,6 +272,20 @@ def markdown(results: dict[str, Any]) -> str:
         s = res["stall_s"]
         lines.append(f"| {res['ttl_s']:g} | {_f(s['median'])} | {_f(s['min'])} | "
                      f"{_f(s['max'])} | {_f(res['worst_over_ttl_s'])} |")
+    soak = results.get("soak")
+    if soak:
+        lines += ["", "### 6. Soak: many leased executions through one worker", "",
+                  f"{soak['executions']:,} executions of the leased task (distinct arguments) per "
+                  "pool; the worker's process tree measured after a 1,000-execution warm-up "
+                  "and after the soak.", "",
+                  "| pool | executions/s | RSS MiB start → end | sockets start → end "
+                  "| threads start → end | processes |", "|---|---:|---:|---:|---:|---:|"]
+        for pool, res in soak["pools"].items():
+            a, b = res["start"], res["end"]
+            lines.append(
+                f"| {pool} (-c {res['concurrency']}) | {_f(res['executions'] / res['seconds'], 0)}"
+                f" | {a['rss_mib']:.1f} → {b['rss_mib']:.1f} | {a['sockets']} → {b['sockets']} | "
+                f"{a['threads']} → {b['threads']} | {a['processes']} → {b['processes']} |")
     lines += ["", "### Targets", "", "| target | value | limit | met | margin |",
               "|---|---:|---:|:---:|---:|"]
     for t in results["targets"]:
@@ -286,7 +324,7 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     p99 = [v["latency_us"]["p99"] for v in variants]
     y = range(len(variants))
     ax.barh(y, p99, color="#d9d9d9", label="p99")
-    ax.barh(y, med, color=["#888888", "#1f77b4"] + ["#ff7f0e"] * (len(variants) - 2),
+    ax.barh(y, med, color=["#888888", "#1f77b4", "#1f77b4"] + ["#ff7f0e"] * (len(variants) - 3),
             label="median")
     ax.set_yticks(list(y), labels)
     ax.invert_yaxis()
@@ -308,7 +346,7 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
         errors = [[v["median"] - v["min"] for v in vals], [v["max"] - v["median"] for v in vals]]
         ax.bar(xs, [v["median"] for v in vals], width, yerr=errors,
                label=overhead.LABELS[name], capsize=3)
-    ax.axhline(0.9, color="red", linestyle="--", linewidth=1, label="target 0.9x")
+    ax.axhline(0.85, color="red", linestyle="--", linewidth=1, label="target 0.85x (solo)")
     ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(pools))], pools)
     ax.set_ylabel("throughput / plain Task")
     ax.set_ylim(0, 1.3)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import os
 import socket
 import threading
 from collections.abc import Callable, Mapping
@@ -216,7 +215,7 @@ class Hold:
         ending = self._release()
         if ending.loss is not None:
             raise ending.loss
-        return ending.released
+        return bool(ending.released)
 
     def _release(self) -> lifecycle.Ending:
         lease = self.lease
@@ -317,15 +316,7 @@ def hold(name: str, *, ttl: float | None = None, url: str | None = None, app: An
 
 def end(lease: Lease, *, sender: Any) -> lifecycle.Ending:
     """:func:`celery_lease.lifecycle.end` with the release that wakes a waiting hold."""
-    loss = lifecycle.retire(lease)
-    released = False
-    if lease.pid == os.getpid():  # never in a forked child: the parent's lease is not ours
-        try:
-            released = store.release_and_wake(lease.client, lease.key, lease.token)
-        except RedisError as exc:
-            logger.warning("lease release failed (it expires within %.3fs): key=%s error=%s",
-                           lease.ttl, lease.key, store.describe(exc))
-    return lifecycle.announce_end(lease, loss, released, sender=sender)
+    return lifecycle.end(lease, sender=sender, release=store.release_and_wake)
 
 
 def _settings(name: str, app: Any, url: str | None, ttl: float | None,

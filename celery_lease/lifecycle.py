@@ -11,6 +11,7 @@ API (durations are float seconds, times are :func:`celery_lease.clock.now` secon
     if isinstance(got, Lease): ...                           # granted, renewed from now on
     else: ...                                                # an AcquireResult: held elsewhere
     ending = end(lease, sender=...)                          # Ending(loss, released, held)
+    ending = end(lease, sender=..., wait=False)              # released=None: reply read later
 
     # or in two halves, for a caller that sends the release itself (e.g. pipelined):
     loss = retire(lease)                                     # no more renewals
@@ -31,6 +32,9 @@ On a conflict it returns the :class:`~celery_lease.store.AcquireResult` (holder,
 and does not retry; on a store error it finishes ``target``, releases what the failed attempt
 may have been granted (best effort) and raises the :class:`redis.exceptions.RedisError`.
 
+:func:`take` first reads the replies of every release this process wrote without waiting
+(:mod:`celery_lease.pending`): an acquire is never sent before them.
+
 :func:`end` (= :func:`retire`, a token-checked release, :func:`announce_end`):
 
 1. records a local deadline that passed unnoticed (a starved heartbeat) as a loss;
@@ -38,6 +42,10 @@ may have been granted (best effort) and raises the :class:`redis.exceptions.Redi
    nothing renews it after its release;
 3. releases it, only while its token holds the key, and never from a forked child;
 4. sends :data:`~celery_lease.signals.lease_released`.
+
+With ``wait=False`` step 3 only writes the release (a standalone client; Cluster and Sentinel
+clients release synchronously): :func:`end` returns once the command is handed to the socket,
+with ``released=None``; its reply is read later (:mod:`celery_lease.pending`).
 
 Policies (skip, retry, standby...) and the caller's own logs and events stay with the caller.
 """
@@ -47,6 +55,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +64,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import clock, signals, store
+from . import clock, pending, signals, store
 from .config import LeaseSettings
 from .errors import LeaseLost
 from .heartbeat import heartbeat
@@ -93,12 +102,13 @@ class Ending:
     Attributes:
         loss: the :class:`~celery_lease.errors.LeaseLost` if it was lost while held, else None.
         released: True when the release deleted the key (False: the store no longer had this
-            token, could not be reached, or the release was not sent from this process).
+            token, could not be reached, or the release was not sent from this process); None
+            when the release was written and its reply is read later (``end(wait=False)``).
         held: float seconds from the first send of the acquire to the end.
     """
 
     loss: LeaseLost | None
-    released: bool
+    released: bool | None
     held: float
 
 
@@ -122,6 +132,7 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
         redis.exceptions.RedisError: the store failed (after the one same-token retry).
     """
     options = settings.options
+    pending.settle_all()  # the replies of this process's earlier releases, first
     token = uuid.uuid4().hex
     stored_holder = holder.to_json()
     # The local deadline counts from the first send: if its reply was lost after the script
@@ -174,17 +185,19 @@ def retire(lease: Lease) -> LeaseLost | None:
     return loss
 
 
-def announce_end(lease: Lease, loss: LeaseLost | None, released: bool, *,
-                 sender: Any) -> Ending:
+def announce_end(lease: Lease, loss: LeaseLost | None, released: bool | None, *,
+                 sender: Any, held: float | None = None) -> Ending:
     """Second half of :func:`end`: log and send :data:`~celery_lease.signals.lease_released`.
 
     Args:
         lease: the retired lease.
         loss: what :func:`retire` returned.
-        released: whether the release deleted the key.
+        released: whether the release deleted the key (None: written, reply read later).
         sender: the signal's ``sender``.
+        held: float seconds the lease was held (default: until now).
     """
-    held = clock.now() - lease.acquired_at
+    if held is None:
+        held = clock.now() - lease.acquired_at
     logger.debug("lease released: key=%s task=%s[%s] token=%s fencing_token=%d held=%.3fs "
                  "released=%s", lease.key, lease.task_name, lease.task_id, lease.token,
                  lease.fencing_token, held, released)
@@ -194,7 +207,8 @@ def announce_end(lease: Lease, loss: LeaseLost | None, released: bool, *,
     return Ending(loss, released, held)
 
 
-def end(lease: Lease, *, sender: Any) -> Ending:
+def end(lease: Lease, *, sender: Any, wait: bool = True,
+        release: Callable[[redis.Redis, str, str], bool] = store.release) -> Ending:
     """End ``lease``: record a missed deadline, stop renewing, release, announce.
 
     Never raises for a store error: a release that fails is logged and the key expires within
@@ -203,13 +217,33 @@ def end(lease: Lease, *, sender: Any) -> Ending:
     Args:
         lease: a lease returned by :func:`take`.
         sender: the ``sender`` of :data:`~celery_lease.signals.lease_released`.
+        wait: False to return once the release is written, without its reply (a standalone
+            client and a lease not lost; otherwise it waits): ``released`` is then None, in
+            the returned :class:`Ending` and in :data:`~celery_lease.signals.lease_released`.
+        release: the token-checked release to send when waiting (a hold's also wakes one
+            waiter: :func:`celery_lease.store.release_and_wake`); only :func:`store.release`
+            can be written without waiting.
     """
     loss = retire(lease)
-    released = False
+    released: bool | None = False
     if lease.pid == os.getpid():  # never in a forked child: the parent's lease is not ours
         try:
-            released = store.release(lease.client, lease.key, lease.token)
+            # A lost lease is released synchronously: rare, and its signal says what happened.
+            if not wait and release is store.release and loss is None and pending.write(
+                    lease.client, lease.key, lease.token, lease.ttl,
+                    lambda done: _note_reply(lease, done)) is not None:
+                heartbeat().wake_for_pending()
+                return announce_end(lease, loss, None, sender=sender)
+            released = release(lease.client, lease.key, lease.token)
         except RedisError as exc:
             logger.warning("lease release failed (it expires within %.3fs): key=%s error=%s",
                            lease.ttl, lease.key, store.describe(exc))
     return announce_end(lease, loss, released, sender=sender)
+
+
+def _note_reply(lease: Lease, released: bool) -> None:
+    """The reply of a release written by ``end(wait=False)``: only a miss is worth a line."""
+    if not released:
+        logger.info("lease release did not delete the key (it was no longer this execution's "
+                    "or the store did not answer): key=%s token=%s fencing_token=%d",
+                    lease.key, lease.token, lease.fencing_token)

@@ -47,5 +47,7 @@ lease_renewal_failed = Signal(name="lease_renewal_failed")
 lease_lost = Signal(name="lease_lost")
 
 #: The execution ended and its lease was released. Extra: ``held`` (float seconds),
-#: ``released`` (bool: False when the store no longer had this token or could not be reached).
+#: ``released`` (bool: False when the store no longer had this token or could not be reached;
+#: None when the release was written and its reply is read later, as ``LeasedTask`` does on a
+#: standalone Redis).
 lease_released = Signal(name="lease_released")

@@ -22,7 +22,7 @@ there for the holder's successors and for operators (``celery lease ls``).
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,7 +37,7 @@ from redis.exceptions import (
     ResponseError,
 )
 
-from . import connection, routing
+from . import connection, routing, wire
 from .keys import fence_key, wake_key
 
 __all__ = [
@@ -88,6 +88,26 @@ if cur then return -1 end
 return 0
 """
 
+# Many renewals in one script call (one primary only: a cluster's keys live on several). One
+# character per lease in the reply ('1' renewed, '0' absent, '2' held by another token), so the
+# client parses one string instead of thousands of replies.
+RENEW_MANY_LUA = """
+local ttl, out = ARGV[1], {}
+for i, key in ipairs(KEYS) do
+  local cur, held = redis.call('GET', key), ARGV[i + 1]  -- held: '<token>:'
+  if cur and string.sub(cur, 1, #held) == held then
+    redis.call('PEXPIRE', key, ttl)
+    out[i] = '1'
+  else
+    out[i] = cur and '2' or '0'
+  end
+end
+return table.concat(out)
+"""
+#: Leases per call of the batch renewal script: Redis runs one script at a time, so a call
+#: for 1 000 keys (about a millisecond) delays other clients by no more than that.
+RENEW_BATCH = 1000
+
 RELEASE_LUA = _HELD + """
 if mine then
   redis.call('DEL', KEYS[1])
@@ -126,35 +146,12 @@ return 0
 WAKE_LIFETIME_MS = 2000
 
 
-class _Script:
-    """A Lua script sent by SHA, loaded on ``NOSCRIPT`` (e.g. after a server restart).
-
-    redis-py's own ``Script`` in a pipeline checks ``SCRIPT EXISTS`` before every execute, an
-    extra round trip on the renewal path; this sends ``EVALSHA`` and reloads only on demand.
-    """
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
-
-    def args(self, keys: Sequence[str], argv: Sequence[Any],
-             by_sha: bool = True) -> tuple[Any, ...]:
-        """The command; ``by_sha=False`` sends the source (``EVAL``), which also caches it."""
-        return ("EVALSHA" if by_sha else "EVAL", self.sha if by_sha else self.source,
-                len(keys), *keys, *argv)
-
-    def __call__(self, client: redis.Redis, keys: Sequence[str], argv: Sequence[Any]) -> Any:
-        try:
-            return client.execute_command(*self.args(keys, argv))  # type: ignore[no-untyped-call]
-        except NoScriptError:
-            return client.execute_command(  # type: ignore[no-untyped-call]
-                *self.args(keys, argv, by_sha=False))
-
-
-_acquire = _Script(ACQUIRE_LUA)
-_renew = _Script(RENEW_LUA)
-_release = _Script(RELEASE_LUA)
-_release_wake = _Script(RELEASE_WAKE_LUA)
+_acquire = wire.Script(ACQUIRE_LUA)
+_renew = wire.Script(RENEW_LUA)
+_release = wire.Script(RELEASE_LUA)
+_release_wake = wire.Script(RELEASE_WAKE_LUA)
+_renew_many = wire.Script(RENEW_MANY_LUA)
+_BATCH_REPLY = {ord("1"): 1, ord("0"): 0, ord("2"): -1}
 
 
 def client_for(url: str, timeout: float, options: Any = None) -> redis.Redis:
@@ -396,6 +393,8 @@ def renew_many(
     Raises:
         redis.exceptions.RedisError: the round trip itself failed (connection, timeout).
     """
+    if not routing.is_cluster(client):
+        return _renew_batched(client, leases)
     commands = [_renew.args((key,), (token, ttl_ms)) for key, token, ttl_ms in leases]
     try:
         replies = routing.send_many(client, commands)
@@ -420,6 +419,38 @@ def renew_many(
                 reply = exc
         out.append(routing.note(reply, client, key) if isinstance(reply, RedisError)
                    else int(reply))
+    return out
+
+
+def _renew_batched(client: redis.Redis, leases: Sequence[tuple[str, str, int]]
+                   ) -> list[int | RedisError]:
+    """:func:`renew_many` on one primary: the batch script, per TTL and per
+    :data:`RENEW_BATCH` leases, all calls in one pipeline (one round trip)."""
+    order: dict[int, list[int]] = {}
+    for i, (_, _, ttl_ms) in enumerate(leases):
+        order.setdefault(ttl_ms, []).append(i)
+    chunks = [(ttl_ms, idx[at:at + RENEW_BATCH])
+              for ttl_ms, idx in order.items() for at in range(0, len(idx), RENEW_BATCH)]
+    commands = [_renew_many.args([leases[i][0] for i in chunk],
+                                 [ttl_ms, *(leases[i][1] + ":" for i in chunk)])
+                for ttl_ms, chunk in chunks]
+    send = functools.partial(wire.call_many if wire.usable(client) else routing.send_many,
+                             client)
+    try:
+        replies = send(commands)
+        if any(isinstance(r, NoScriptError) for r in replies):
+            client.script_load(RENEW_MANY_LUA)  # the server lost its scripts
+            replies = send(commands)
+    except RedisError as exc:
+        raise routing.note(exc, client, None) from None
+    out: list[int | RedisError] = [0] * len(leases)
+    for (_, chunk), reply in zip(chunks, replies, strict=True):
+        if isinstance(reply, RedisError):  # e.g. OOM, BUSY: every lease of the call got it
+            for i in chunk:
+                out[i] = routing.note(reply, client, leases[i][0])
+            continue
+        for i, code in zip(chunk, reply, strict=True):
+            out[i] = _BATCH_REPLY[code]
     return out
 
 

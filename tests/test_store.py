@@ -115,8 +115,28 @@ def test_renew_many_is_one_round_trip_for_many_leases(client: redis.Redis) -> No
     before = int(client.info("stats")["total_connections_received"])
     calls_before = _calls(client, "evalsha")
     assert store.renew_many(client, leases) == [1] * 200
-    assert _calls(client, "evalsha") - calls_before == 200
+    # One script call renews up to RENEW_BATCH leases (one reply to parse, not 200).
+    assert _calls(client, "evalsha") - calls_before == 1
     assert int(client.info("stats")["total_connections_received"]) == before
+
+
+def test_renew_many_batches_by_ttl_and_size_and_answers_each_lease(
+        client: redis.Redis) -> None:
+    count = store.RENEW_BATCH + 5  # two leases with another TTL: 1 003 + 2 leases
+    leases = [(f"lease:{{b{i}}}", token(), 7000 if i in (1, 2) else 5000) for i in range(count)]
+    for key, t, _ in leases:
+        store.acquire(client, key, t, 1000, HOLDER)
+    client.delete(leases[3][0])  # gone
+    client.set(leases[4][0], f"{token()}:1:{{}}", px=60_000)  # another holder's
+    calls_before = _calls(client, "evalsha")
+    replies = store.renew_many(client, leases)
+    assert replies[3] == 0 and replies[4] == -1
+    assert replies[:3] + replies[5:] == [1] * (count - 2)
+    assert _calls(client, "evalsha") - calls_before == 3  # 1 000 + 3 at 5 s, 2 at 7 s
+    assert 6000 < client.pttl(leases[1][0]) <= 7000
+    assert 4000 < client.pttl(leases[count - 1][0]) <= 5000
+    assert client.pttl(leases[4][0]) > 50_000  # the other holder's lease was left alone
+    assert client.exists(leases[3][0]) == 0  # a renewal never creates a key
 
 
 def _calls(client: redis.Redis, command: str) -> int:

@@ -197,3 +197,25 @@ def _on_conflict(sender: Any, key: str, policy: str, holder_task_id: str, **_: A
 @signals.lease_lost.connect
 def _on_lost(sender: Any, key: str, cause: str, **_: Any) -> None:
     _journal.rpush("journal", json.dumps({"event": "lost-signal", "key": key, "cause": cause}))
+
+
+@app.task(base=LeasedTask, name="echo", lease_key=("tag",))
+def echo(tag: str, i: int) -> int:
+    """The shortest leased execution: returns ``i`` (a skipped duplicate returns a marker)."""
+    return i
+
+
+if os.environ.get("KILL_AFTER_RELEASE_WRITE") == "1":
+    # The process dies the moment a release is handed to its socket: before the reply is
+    # read, before the result is stored.
+    import signal as _signal
+
+    from celery_lease import pending as _pending
+
+    _write = _pending.write
+
+    def _write_then_die(*args: Any, **kwargs: Any) -> Any:
+        _write(*args, **kwargs)
+        os.kill(os.getpid(), _signal.SIGKILL)
+
+    _pending.write = _write_then_die  # type: ignore[assignment]
