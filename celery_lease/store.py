@@ -431,16 +431,16 @@ def _renew_batched(client: redis.Redis, leases: Sequence[tuple[str, str, int]]
         order.setdefault(ttl_ms, []).append(i)
     chunks = [(ttl_ms, idx[at:at + RENEW_BATCH])
               for ttl_ms, idx in order.items() for at in range(0, len(idx), RENEW_BATCH)]
-    commands = [_renew_many.args([leases[i][0] for i in chunk],
-                                 [ttl_ms, *(leases[i][1] + ":" for i in chunk)])
-                for ttl_ms, chunk in chunks]
+    calls = [([leases[i][0] for i in chunk], [ttl_ms, *(leases[i][1] + ":" for i in chunk)])
+             for ttl_ms, chunk in chunks]
     send = functools.partial(wire.call_many if wire.usable(client) else routing.send_many,
                              client)
     try:
-        replies = send(commands)
+        replies = send([_renew_many.args(keys, argv) for keys, argv in calls])
         if any(isinstance(r, NoScriptError) for r in replies):
-            client.script_load(RENEW_MANY_LUA)  # the server lost its scripts
-            replies = send(commands)
+            # The server lost its scripts: EVAL caches the script again (not SCRIPT LOAD,
+            # which the minimal ACL in docs/deploying.md does not grant).
+            replies = send([_renew_many.args(keys, argv, by_sha=False) for keys, argv in calls])
     except RedisError as exc:
         raise routing.note(exc, client, None) from None
     out: list[int | RedisError] = [0] * len(leases)
