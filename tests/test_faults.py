@@ -15,11 +15,7 @@ import pytest
 
 from harness.redis_server import RedisServer
 from harness.waiting import wait_for
-from tests.support.rig import Rig, measured, resume_process, stop_process
-
-POOLS = ["prefork", "solo", "threads", "gevent", "eventlet"]
-# The threads pool cannot interrupt time.sleep: its tasks sleep in short chunks instead.
-MODE = {"threads": "chunks"}
+from tests.support.rig import MODE, POOLS, Rig, measured, resume_process, stop_process
 
 
 @pytest.fixture(scope="module", params=POOLS)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.redis_server import RedisServer
-from tests.support.rig import Rig
+from tests.support.rig import MODE, POOLS, Rig
 from tests.support.secure import AclRedisServer, Certificates, TlsRedisServer, certificates
 from tests.support.waiting import wait_for
 from tests.support.workers import CeleryWorker
@@ -45,7 +45,7 @@ def hold_and_finish(rig: Rig, tag: str) -> None:
 
 
 def paused_store_raises_by_the_deadline(rig: Rig, tag: str) -> None:
-    rig.send("hold", tag, 30.0, "sleep")
+    rig.send("hold", tag, 30.0, MODE.get(rig.pool, "sleep"))
     rig.wait_event(tag, "start", timeout=30)
     rig.store.pause()
     try:
@@ -56,7 +56,11 @@ def paused_store_raises_by_the_deadline(rig: Rig, tag: str) -> None:
     assert 0 <= lost["at"] - lost["deadline"] < 0.25
 
 
-@pytest.fixture(scope="module", params=["solo", "prefork"])
+# Under the minimal ACL every pool runs the fault tests whose store commands differ: acquire
+# (with the scripts flushed), renewal refused, a lost lease's release that must leave another
+# holder's key alone, renewals failing to the deadline. The rest of tests/test_faults.py
+# (killed holder, stray signals, duplicates) sends no command the ACL could deny.
+@pytest.fixture(scope="module", params=POOLS)
 def acl_rig(request: pytest.FixtureRequest, broker: RedisServer,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     server = AclRedisServer()
@@ -76,10 +80,21 @@ def test_minimal_acl_user_runs_a_leased_task(acl_rig: Rig) -> None:
 
 def test_minimal_acl_user_learns_of_a_refused_renewal(acl_rig: Rig) -> None:
     acl_rig.reset()
-    acl_rig.send("hold", "acl-refused", 30.0, "sleep")
+    acl_rig.send("hold", "acl-refused", 30.0, MODE.get(acl_rig.pool, "sleep"))
     start = acl_rig.wait_event("acl-refused", "start", timeout=30)[0]
     acl_rig.leases.delete(str(start["key"]))
     assert acl_rig.wait_event("acl-refused", "lost")[0]["cause"] == "refused"
+
+
+def test_minimal_acl_user_leaves_an_overwritten_key_alone(acl_rig: Rig) -> None:
+    acl_rig.reset()
+    acl_rig.send("hold", "acl-overwritten", 30.0, MODE.get(acl_rig.pool, "sleep"))
+    key = str(acl_rig.wait_event("acl-overwritten", "start", timeout=30)[0]["key"])
+    acl_rig.leases.set(key, "someone-else:1:{}", px=60_000)
+    assert acl_rig.wait_event("acl-overwritten", "lost")[0]["cause"] == "refused"
+    wait_for(lambda: acl_rig.journal("acl-overwritten", "end") == [] and
+             acl_rig.leases.get(key) == b"someone-else:1:{}", 5)
+    assert 50_000 < acl_rig.leases.pttl(key) <= 60_000  # not renewed, not deleted
 
 
 def test_minimal_acl_user_paused_store_raises_by_the_local_deadline(acl_rig: Rig) -> None:

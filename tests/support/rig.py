@@ -20,6 +20,10 @@ from harness.waiting import wait_for
 from harness.workers import CeleryWorker
 
 APP = "tests.apps.lease_app"
+POOLS = ["prefork", "solo", "threads", "gevent", "eventlet"]
+#: The ``hold`` task's mode per pool: the threads pool cannot interrupt time.sleep, so its
+#: tasks sleep in short chunks instead (``sleep`` everywhere else).
+MODE = {"threads": "chunks"}
 CONCURRENCY = {"prefork": 2, "solo": 1, "threads": 4, "gevent": 4, "eventlet": 4}
 
 #: Figures the fault tests measured, printed at the end of the session (see conftest).
