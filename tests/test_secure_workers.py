@@ -12,9 +12,18 @@ from pathlib import Path
 
 import pytest
 
+from celery_lease import store
+from tests.support.holders import Holders
 from tests.support.redis_server import RedisServer
 from tests.support.rig import MODE, POOLS, Rig
-from tests.support.secure import AclRedisServer, Certificates, TlsRedisServer, certificates
+from tests.support.secure import (
+    AclRedisServer,
+    Certificates,
+    TlsRedisServer,
+    TlsSentinelSetup,
+    certificates,
+)
+from tests.support.topologies import MASTER_NAME
 from tests.support.waiting import wait_for
 from tests.support.workers import CeleryWorker
 
@@ -164,3 +173,26 @@ def test_worker_with_an_expired_client_certificate_refuses_to_start_naming_the_s
                    {"ssl_ca_certs": certs.ca_file, "ssl_certfile": certs.expired_client_cert,
                     "ssl_keyfile": certs.expired_client_key})
     assert "ssl_certfile" in line and "TLS" in line
+
+
+def test_a_lease_is_taken_through_a_sentinel_reached_over_tls(certs: Certificates) -> None:
+    with TlsSentinelSetup(certs) as setup:
+        setup.start()
+        tls = {"ssl_ca_certs": certs.ca_file}
+        with Holders(lease_backend=setup.sentinel_url,
+                     lease_backend_options={"master_name": MASTER_NAME, **tls,
+                                            "sentinel_kwargs": tls},
+                     lease_ttl=3.0, lease_renew_interval=0.5) as h:
+            outcome = h.start(1)
+            assert outcome.error is None, outcome.error
+            run = h.running(1)
+            assert run is not None
+            with setup.admin() as admin:
+                raw = admin.get(run.key)
+            assert raw is not None and store.parse_value(raw).token == run.token
+            wait_for(lambda: h.renewals_of(run.key, run.started) >= 1, 5,
+                     message=lambda: f"no renewal over TLS: {h.errors[-3:]}")
+            h.stop()
+            assert outcome.error is None and run.lost is None
+        with setup.admin() as admin:
+            assert admin.get(run.key) is None  # released through the same TLS path

@@ -17,6 +17,8 @@ import redis
 import trustme
 
 from tests.support.redis_server import HOST, RedisServer, free_port, no_retry
+from tests.support.topologies import MASTER_NAME, _Topology
+from tests.support.waiting import wait_for
 
 SYSTEM_REDIS = "/usr/bin/redis-server"
 
@@ -128,3 +130,49 @@ class AclRedisServer(SystemRedisServer):
     def lease_url(self, password: str | None = None, db: int = 0) -> str:
         """``redis://lease:<password>@host:port/db`` for the minimal user."""
         return f"redis://{self.USER}:{password or self.PASSWORD}@{HOST}:{self.port}/{db}"
+
+
+class TlsSentinelSetup(_Topology):
+    """A primary and a sentinel that clients reach over TLS only (``tls_port`` of each); the
+    sentinel talks TLS to the primary too. The plain ``port`` of each is for the test's admin
+    clients: nothing a client learns from the sentinel points at it."""
+
+    def __init__(self, certs: Certificates) -> None:
+        super().__init__("redis-tls-sentinel-")
+        self.certs = certs
+        self.tls_ports = (free_port(), free_port())
+
+    def _tls(self, port: int) -> dict[str, str]:
+        return {"tls-port": str(port), "tls-cert-file": self.certs.server_cert,
+                "tls-key-file": self.certs.server_key, "tls-ca-cert-file": self.certs.ca_file,
+                "tls-auth-clients": "no", "tls-replication": "yes"}
+
+    def start(self) -> TlsSentinelSetup:
+        """Start both and wait (15 s at most) until the sentinel has reached the primary."""
+        try:
+            self.primary = self._node("primary", self._tls(self.tls_ports[0]))
+            conf = (f"sentinel resolve-hostnames no\n"
+                    f"sentinel monitor {MASTER_NAME} {HOST} {self.tls_ports[0]} 1\n")
+            self.sentinel = self._node("sentinel", self._tls(self.tls_ports[1]), conf)
+            wait_for(self._sentinel_sees_the_primary, 15, interval=0.1,
+                     message=lambda: "sentinel never reached the primary over TLS:\n"
+                                     + self.sentinel.log_tail())
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _sentinel_sees_the_primary(self) -> bool:
+        with self.sentinel.client(socket_timeout=1, decode_responses=True) as client:
+            master = client.sentinel_master(MASTER_NAME)
+        # info-refresh: ms since the sentinel last read the primary's INFO (over TLS).
+        return str(master["flags"]) == "master" and int(master["info-refresh"]) < 10_000
+
+    @property
+    def sentinel_url(self) -> str:
+        """``sentinel://`` at the sentinel's TLS port (TLS comes from the options)."""
+        return f"sentinel://{HOST}:{self.tls_ports[1]}/0"
+
+    def admin(self) -> redis.Redis:
+        """A plain client of the primary (its non-TLS port)."""
+        return self.primary.client()
