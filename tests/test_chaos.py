@@ -34,6 +34,7 @@ def test_a_short_campaign_injects_many_kinds_of_faults_and_breaks_no_promise(
     assert done.returncode == 0, done.stdout + done.stderr
     assert len(counts["faults_by_kind"]) >= 4, counts["faults_by_kind"]
     assert counts["faults"] >= 8, counts
-    assert set(counts["jobs_by_path"]) >= {"delay", "send_task", "retry", "requeue", "probe"}
+    assert set(counts["jobs_by_path"]) >= {"delay", "send_task", "retry", "requeue", "beat",
+                                           "probe"}
     assert counts["executions_by_outcome"].get("ok", 0) > 20, counts
     assert counts["jobs_by_resolution"].get("unresolved", 0) == 0, counts

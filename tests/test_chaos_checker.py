@@ -116,6 +116,13 @@ def test_a_body_running_after_a_later_grant_and_never_told_is_found() -> None:
     assert rules(history) == [(3, "silent-loser")]
 
 
+def test_a_release_whose_reply_was_read_later_does_not_count_as_told() -> None:
+    history = clean()
+    a = history.executions[0]
+    a.body_end, a.released = T0 + 3.3, None  # lease_released said released=None
+    assert rules(history) == [(3, "silent-loser")]
+
+
 @pytest.mark.parametrize("told", ["lost", "refused", "release"])
 def test_a_loser_that_was_told_is_no_violation(told: str) -> None:
     history = clean()

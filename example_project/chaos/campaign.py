@@ -7,10 +7,17 @@ transport can lose a message it popped for a worker killed at that moment (``--r
 runs on Redis anyway). The lease store is another private Redis, reached by the workers
 through a :class:`~example_project.chaos.infra.TcpProxy` so it can be black-holed and slowed.
 The fenced writes and the history go to a fresh PostgreSQL database, dropped at the end.
+With ``sentinel``, the lease store is a Sentinel set-up instead (one primary, one replica,
+three sentinels; :mod:`.sentinel`), reached through the sentinels, without a proxy.
+
+Two ``celery beat`` processes (``-S celery_lease.beat:LeasedScheduler``: one leader, one
+standby) send the job for a few keys on a short period while the producer runs; the job's
+app records each beat send before it is published (``worker_app._record_beat_send``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import tempfile
@@ -25,11 +32,14 @@ from urllib.parse import urlsplit
 
 import redis
 
+from celery_lease.keys import beat_leader_key, is_internal, last_run_key
+
 from . import db
 from .checker import LEASE_ERRORS
 from .history import History, Job, WorkerSample
 from .infra import RedisServer, TcpProxy, wait_for
-from .nemesis import Fleet, Nemesis
+from .nemesis import FAULTS, SENTINEL_FAULTS, Fleet, Nemesis
+from .sentinel import SentinelStore
 
 __all__ = ["DEFAULT_AMQP_URL", "Settings", "run_campaign"]
 
@@ -42,7 +52,10 @@ class Settings:
     """What one campaign does. Durations are float seconds.
 
     ``rate``: jobs submitted per second; ``duplicates``: share of submissions sent twice at
-    once; ``drain``: how long to wait for the last jobs after the nemesis stops;
+    once; ``beats``: beat processes (0: no beat); ``beat_keys``: how many keys (``k0``...)
+    beat sends the job for, each every ``beat_period``; ``sentinel``: the lease store is a
+    Sentinel set-up, and ``failover`` is a fault; ``drain``: how long to wait for the last
+    jobs after the nemesis stops;
     ``broker_url``: an existing Redis for the broker and results (default: RabbitMQ at
     ``CHAOS_AMQP_URL`` or :data:`DEFAULT_AMQP_URL`, results on a private Redis).
     """
@@ -54,6 +67,10 @@ class Settings:
     ttl: float = 3.0
     rate: float = 3.0
     duplicates: float = 0.15
+    beats: int = 2
+    beat_keys: int = 3
+    beat_period: float = 3.0
+    sentinel: bool = False
     drain: float = 60.0
     log_dir: str | None = None
     broker_url: str | None = None
@@ -114,8 +131,10 @@ def _text(value: Any) -> str:
 
 
 def _lease_keys(client: redis.Redis, prefix: str) -> list[str]:
+    """The leases under ``prefix`` (the jobs' and the beat leader's), not the library's
+    other keys (fencing counters, the beat's last-run record)."""
     keys = [_text(k) for k in client.scan_iter(match=f"{prefix}*", count=500)]
-    return [k for k in keys if not k.endswith(":fence")]
+    return [k for k in keys if not is_internal(k)]
 
 
 class _Sampler(threading.Thread):
@@ -209,26 +228,38 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
     results = None if settings.broker_url else RedisServer().start()
     result_url = settings.broker_url or results.url()  # type: ignore[union-attr]
     broker_url = settings.broker_url or os.environ.get("CHAOS_AMQP_URL") or DEFAULT_AMQP_URL
-    store = RedisServer(config={"maxmemory-policy": "noeviction"}).start()
-    proxy = TcpProxy(store.port)
+    store: Any
+    proxy: TcpProxy | None
+    if settings.sentinel:
+        store, proxy = SentinelStore(), None
+        lease_url, lease_ports = store.url, store.ports
+    else:
+        store = RedisServer(config={"maxmemory-policy": "noeviction"}).start()
+        proxy = TcpProxy(store.port)
+        lease_url, lease_ports = f"redis://127.0.0.1:{proxy.port}/0", [proxy.port]
     queue = f"chaos-{uuid.uuid4().hex[:8]}"  # never another application's queue
     env = {"CHAOS_BROKER_URL": broker_url, "CHAOS_RESULT_URL": result_url,
-           "CHAOS_QUEUE": queue, "CHAOS_DSN": dsn,
-           "CHAOS_LEASE_URL": f"redis://127.0.0.1:{proxy.port}/0", "CHAOS_TTL": str(settings.ttl)}
+           "CHAOS_QUEUE": queue, "CHAOS_DSN": dsn, "CHAOS_LEASE_URL": lease_url,
+           "CHAOS_LEASE_OPTIONS": json.dumps(getattr(store, "options", {})),
+           "CHAOS_TTL": str(settings.ttl),
+           "CHAOS_BEAT_KEYS": ",".join(f"k{i}" for i in range(min(settings.beat_keys,
+                                                                   settings.keys))),
+           "CHAOS_BEAT_PERIOD": str(settings.beat_period)}
     os.environ.update(env)  # the producer's copy of the app reads them at import
     from . import worker_app
 
     fleet = Fleet("example_project.chaos.worker_app", env, log_dir, queue)
     try:
-        say(f"chaos: seed {settings.seed}, {settings.workers} workers, {settings.keys} keys, "
-            f"{settings.duration:.0f}s, TTL {settings.ttl}s; logs in {log_dir}")
-        fleet.start(settings.workers)
+        say(f"chaos: seed {settings.seed}, {settings.workers} workers, {settings.beats} beats, "
+            f"{settings.keys} keys, {settings.duration:.0f}s, TTL {settings.ttl}s"
+            f"{', Sentinel' if settings.sentinel else ''}; logs in {log_dir}")
+        fleet.start(settings.workers, beats=settings.beats)
         started = time.time()
         producer = _Producer(settings, producer_rng, worker_app.submit)
         producer.start()
         wait_for(lambda: time.time() - started > min(5.0, settings.duration / 4), 30)
-        peers = {_port(broker_url): "broker", _port(result_url): "results", proxy.port: "lease",
-                 5432: "postgres"}
+        peers = {_port(broker_url): "broker", _port(result_url): "results", 5432: "postgres",
+                 **{port: "lease" for port in lease_ports}}
         sampler = _Sampler(fleet, peers)
         sampler.start()
         job_keys = {worker_app.chaos_job.lease_key_for((), {"key": f"k{i}", "job": ""}): f"k{i}"
@@ -240,10 +271,12 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
                     worker_app.submit(job_keys[lease_key], "after_erase")
 
         nemesis = Nemesis(nemesis_rng, fleet, store, proxy, settings.ttl,
-                          lambda c: _lease_keys(c, worker_app.LEASE_PREFIX), duplicate)
+                          lambda c: _lease_keys(c, worker_app.LEASE_PREFIX), duplicate,
+                          SENTINEL_FAULTS if settings.sentinel else FAULTS)
         nemesis.run(until=started + settings.duration)
         nemesis_end = time.time()
         producer.halt.set()
+        fleet.stop_beats()  # beat is a submission path: it stops with the producer
         producer.join(10)
         say(f"chaos: nemesis done ({len(nemesis.faults)} faults); draining")
         _drain(dsn, store, worker_app, settings)
@@ -264,7 +297,8 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
         fleet.close()
         if not settings.broker_url:
             _delete_queue(worker_app.app, queue)
-        proxy.close()
+        if proxy is not None:
+            proxy.close()
         store.close()
         if results is not None:
             results.close()
@@ -298,7 +332,7 @@ def _forget(broker_url: str, queue: str, task_ids: list[str]) -> None:
         client.close()
 
 
-def _drain(dsn: str, store: RedisServer, worker_app: Any, settings: Settings) -> None:
+def _drain(dsn: str, store: Any, worker_app: Any, settings: Settings) -> None:
     """Wait until every job has ended and no lease is held (or ``settings.drain`` passes)."""
     leases = store.client()
 
@@ -316,7 +350,7 @@ def _drain(dsn: str, store: RedisServer, worker_app: Any, settings: Settings) ->
         leases.close()
 
 
-def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: RedisServer,
+def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: Any,
             sampler: _Sampler, started: float,
             nemesis_end: float) -> History:
     writes, runs, jobs = db.load(dsn)
@@ -329,8 +363,11 @@ def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: 
         for key in _lease_keys(leases, worker_app.LEASE_PREFIX):
             leftover.append({"key": key, "pttl": leases.pttl(key),
                              "value": _text(leases.get(key))})
+        # The beat's last-run record is kept without a TTL by design (one hash per app, one
+        # field per schedule entry, as beat's own schedule file): not a leak.
+        beat_state = last_run_key(beat_leader_key(worker_app.LEASE_PREFIX, worker_app.app.main))
         no_ttl = [_text(k) for k in leases.scan_iter(match=f"{worker_app.LEASE_PREFIX}*")
-                  if leases.ttl(k) == -1]
+                  if leases.ttl(k) == -1 and _text(k) != beat_state]
     finally:
         leases.close()
     samples = []

@@ -161,8 +161,9 @@ class Recorder:
             " confirmed_lower = %s WHERE token = %s",
             (outcome, body_end, cause, lost_at, confirmed, token)))
 
-    def execution_released(self, token: str, released: bool) -> None:
-        """Record the library's word at release (False: the store no longer had the token)."""
+    def execution_released(self, token: str, released: bool | None) -> None:
+        """Record the library's word at release (False: the store no longer had the token;
+        None: the reply is read later, so the library said nothing)."""
         self._run(lambda conn: conn.execute(
             "UPDATE executions SET released = %s WHERE token = %s", (released, token)))
 

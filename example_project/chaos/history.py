@@ -72,7 +72,8 @@ class Job:
 
     ``path`` is how it was submitted: ``delay``, ``send_task``, ``retry``, ``requeue`` (the
     job requeues itself), ``requeued`` (the job it sent), ``duplicate``, ``after_erase`` (sent
-    by the nemesis after it erased the lease), ``probe``;
+    by the nemesis after it erased the lease), ``beat`` (sent by beat's leader, recorded by
+    the beat process before it published the message), ``probe``;
     ``resolution`` is ``ran``, ``skipped``, ``failed_lease`` (a lease error is its result) or
     ``unresolved``; ``detail`` says more (the result state, the error); ``holder`` names the
     holder a skip reported.

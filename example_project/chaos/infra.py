@@ -5,7 +5,9 @@ demo) starts real processes exactly as the campaign needs: a private ``redis-ser
 be paused or restarted empty, a loopback TCP proxy that can black-hole traffic, and
 ``celery worker`` subprocesses in their own process groups. It exists in a checkout (the
 campaign runs from one), not in the wheel; this module is the only place the campaign imports
-it from.
+it from. The Sentinel set-up of ``--sentinel`` (one primary, one replica, three sentinels,
+started with mirakuru) is the test suite's own, ``tests/support/topologies.py``: one
+definition of it in the repository.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 from harness.proxy import TcpProxy
 from harness.redis_server import RedisServer, free_port
 from harness.waiting import wait_for
-from harness.workers import CeleryWorker
+from harness.workers import CeleryProcess, CeleryWorker
+from tests.support.topologies import MASTER_NAME, SentinelSetup
 
-__all__ = ["CeleryWorker", "RedisServer", "TcpProxy", "free_port", "wait_for"]
+__all__ = ["MASTER_NAME", "CeleryProcess", "CeleryWorker", "RedisServer", "SentinelSetup",
+           "TcpProxy", "free_port", "wait_for"]

@@ -32,6 +32,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=1, help="seed of the producer and nemesis")
     parser.add_argument("--ttl", type=float, default=3.0, help="lease TTL, seconds (default 3)")
     parser.add_argument("--rate", type=float, default=3.0, help="jobs per second (default 3)")
+    parser.add_argument("--beats", type=int, default=2,
+                        help="celery beat processes with the leader lease, sending the job for "
+                             "three keys every 3 s (default 2; 0: no beat)")
+    parser.add_argument("--sentinel", action="store_true",
+                        help="run the lease store as a Sentinel set-up (one primary, one "
+                             "replica, three sentinels) and inject failovers")
     parser.add_argument("--redis-url", default=None,
                         help="broker and result backend (never faulted; default: a private "
                              "redis-server). The lease store is always a private server: the "
@@ -81,12 +87,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.workers < 1 or args.keys < 1 or args.duration <= 0 or args.rate <= 0:
             sys.stderr.write("--workers, --keys, --duration and --rate must be positive\n")
             return 2
+        if args.beats < 0:
+            sys.stderr.write("--beats must be 0 or more\n")
+            return 2
         from .campaign import Settings, run_campaign
 
         _stop_cleanly_on_signals()
         history = run_campaign(Settings(
             duration=args.duration, workers=args.workers, keys=args.keys, seed=args.seed,
-            ttl=args.ttl, rate=args.rate, broker_url=args.redis_url))
+            ttl=args.ttl, rate=args.rate, broker_url=args.redis_url, beats=args.beats,
+            sentinel=args.sentinel))
         if args.history is not None:
             args.history.write_text(json.dumps(history.to_dict(), default=str) + "\n")
     violations, _ = report(history, args.json)

@@ -4,8 +4,11 @@ Configured from the environment the campaign sets (``CHAOS_BROKER_URL``: the bro
 faulted; ``CHAOS_RESULT_URL``: the result backend, never faulted; ``CHAOS_QUEUE``: the run's
 queue; ``CHAOS_LEASE_URL``: the lease store, reached through the nemesis' proxy;
 ``CHAOS_DSN``: the run's PostgreSQL database; ``CHAOS_TTL``: the lease TTL in float
-seconds). Only the public API of celery-lease is used: ``LeasedTask``, ``self.lease``,
-``LeaseLost`` and the signals.
+seconds; ``CHAOS_LEASE_OPTIONS``: ``lease_backend_options`` as JSON, e.g. the Sentinel
+``master_name``; ``CHAOS_BEAT_KEYS``, ``CHAOS_BEAT_PERIOD``: the keys beat sends the job for,
+comma-separated, every that many float seconds). The job uses the public API of
+celery-lease (``LeasedTask``, ``self.lease``, ``LeaseLost``, the signals) and one private
+switch: it waits for its release's reply (``_lease_release_wait``), see :class:`ChaosJob`.
 
 Messages are acknowledged after the execution (``acks_late``) and given back when a worker
 dies, so a SIGKILLed worker's jobs are redelivered, with RabbitMQ at once (while the dead
@@ -15,13 +18,15 @@ holder's lease may still be live: the lease's redelivery path, exercised on purp
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
 import uuid
 from typing import Any
 
 from celery import Celery
-from celery.signals import task_prerun
+from celery.beat import BeatLazyFunc
+from celery.signals import before_task_publish, task_prerun
 
 from celery_lease import Lease, LeasedTask, LeaseLost
 from celery_lease import signals as lease_signals
@@ -44,6 +49,7 @@ app = Celery("chaos", broker=BROKER_URL, backend=RESULT_URL, set_as_current=Fals
 app.conf.update(
     task_default_queue=os.environ.get("CHAOS_QUEUE", "celery"),
     lease_backend=os.environ.get("CHAOS_LEASE_URL", RESULT_URL),
+    lease_backend_options=json.loads(os.environ.get("CHAOS_LEASE_OPTIONS") or "{}"),
     lease_ttl=float(os.environ.get("CHAOS_TTL", "3.0")),
     lease_store_timeout=float(os.environ.get("CHAOS_STORE_TIMEOUT", "0.5")),
     lease_key_prefix=LEASE_PREFIX,
@@ -62,6 +68,21 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
 )
 
+
+def _beat_job_id() -> str:
+    return uuid.uuid4().hex
+
+
+# Beat's entries: the job on a few keys. The job id is drawn per tick (a ``BeatLazyFunc`` is
+# called at each send), and the send is recorded by ``_record_beat_send`` below.
+app.conf.beat_schedule = {
+    f"chaos-{key}": {"task": JOB_TASK, "schedule": float(os.environ.get("CHAOS_BEAT_PERIOD", 2)),
+                     "kwargs": {"key": key, "job": BeatLazyFunc(_beat_job_id), "writes": 3}}
+    for key in filter(None, os.environ.get("CHAOS_BEAT_KEYS", "").split(","))
+}
+# Sends already recorded by this process: a retry of a beat job keeps Celery's beat header.
+_beat_sent: set[str] = set()
+
 # Times noted by receivers that must return at once (the heartbeat's), or that run before the
 # body exists (``task_prerun``, before the lease is requested): the body records them.
 _before_acquire: dict[str, float] = {}
@@ -73,16 +94,39 @@ def _on_prerun(task_id: str = "", **_: Any) -> None:
     _before_acquire[task_id] = time.time()  # the acquire is sent after this
 
 
+@before_task_publish.connect  # type: ignore[untyped-decorator]
+def _record_beat_send(sender: str = "", body: Any = None, headers: Any = None, **_: Any) -> None:
+    """Record a job beat sends, as :func:`submit` records the producer's: before it is sent.
+
+    Beat marks its sends with the ``celery_beat_task`` header; the job id in the kwargs is
+    this tick's own (drawn by the entry's ``BeatLazyFunc``), and the headers carry the task
+    id. Celery logs and swallows a receiver's error and sends anyway: a send whose record
+    failed (twice: the recorder tries once more) is in the beat's log, not in the history.
+    """
+    headers = headers or {}
+    if sender != JOB_TASK or not headers.get("celery_beat_task") or headers.get("retries"):
+        return
+    kwargs = body[1] if isinstance(body, (tuple, list)) else {}
+    if kwargs.get("job") in _beat_sent:
+        return
+    recorder().job_submitted(Job(job=kwargs["job"], key=kwargs["key"], path="beat",
+                                 task_id=headers["id"], submitted_at=time.time()))
+    _beat_sent.add(kwargs["job"])
+
+
 @lease_signals.lease_lost.connect  # type: ignore[untyped-decorator]
 def _on_lost(sender: Any = None, token: str = "", **_: Any) -> None:
     _lost_at.setdefault(token, time.time())
 
 
 @lease_signals.lease_released.connect  # type: ignore[untyped-decorator]
-def _on_released(sender: Any = None, token: str = "", released: bool = True, **_: Any) -> None:
+def _on_released(sender: Any = None, token: str = "", released: bool | None = None,
+                 **_: Any) -> None:
     _lost_at.pop(token, None)
     if getattr(sender, "name", None) == JOB_TASK:
-        recorder().execution_released(token, bool(released))
+        # None (the release's reply is read later, off the execution's path) says nothing:
+        # recorded as None, never as False ("the store no longer had the token").
+        recorder().execution_released(token, released)
 
 
 def confirmed_since(lease: Lease) -> float | None:
@@ -122,7 +166,21 @@ def submit(key: str, path: str, writes: int = 3, step: float = 0.3, mode: str = 
     return job
 
 
-@app.task(base=LeasedTask, bind=True, lease_key=("key",), name=JOB_TASK,  # type: ignore[untyped-decorator]
+class ChaosJob(LeasedTask):
+    """The job's base: a ``LeasedTask`` that waits for its release's reply.
+
+    By default a standalone Redis release is written and its reply read later, and
+    ``lease_released`` says ``released=None``; a release that found the key gone (the lease
+    was lost after the body's last renewal) is then only an INFO log line. Property 3 of the
+    checker needs the library's word on it, so the job waits for the reply, as the library
+    does on Sentinel and Cluster. (Recorded as None, those executions are silent losers: see
+    docs/chaos.md, "What the runs found".)
+    """
+
+    _lease_release_wait = True
+
+
+@app.task(base=ChaosJob, bind=True, lease_key=("key",), name=JOB_TASK,  # type: ignore[untyped-decorator]
           max_retries=3)
 def chaos_job(self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3,
               mode: str = "plain") -> dict[str, Any]:
