@@ -250,21 +250,38 @@ class Lease:
             if self._lost is not None or self._retired:
                 return None
             error = self._lost = LeaseLost(self.key, cause, self.fencing_token, max(late, 0.0))
-        logger.warning(
-            "lease lost: key=%s cause=%s task=%s[%s] fencing_token=%d late=%.3fs "
-            "since_renewal=%.3fs", self.key, cause, self.task_name, self.task_id,
-            self.fencing_token, max(late, 0.0), now - self.confirmed_at,
-        )
         if deliver:
             self.target.deliver(error)
+        self._announce_loss(error, now, "lease lost")
+        return error
+
+    def lost_at_release(self) -> LeaseLost:
+        """Record a loss that the release found: the key was no longer this execution's
+        (deleted, evicted or expired since the last confirmed renewal) although no loss had
+        been seen. Logged and signalled like any loss (cause ``refused``); nothing is
+        delivered, the execution has ended. Returns the error.
+        """
+        now = clock.now()
+        error = LeaseLost(self.key, LostCause.REFUSED, self.fencing_token,
+                          max(now - self.confirmed_at, 0.0))
+        with self._state:
+            self._lost = self._lost or error
+        self._announce_loss(error, now, "lease lost, found at release")
+        return error
+
+    def _announce_loss(self, error: LeaseLost, now: float, what: str) -> None:
+        logger.warning(
+            "%s: key=%s cause=%s task=%s[%s] fencing_token=%d late=%.3fs since_renewal=%.3fs",
+            what, self.key, error.cause, self.task_name, self.task_id, self.fencing_token,
+            error.late, now - self.confirmed_at,
+        )
         try:
             signals.lease_lost.send(
                 sender=self.task_name, key=self.key, token=self.token,
-                fencing_token=self.fencing_token, task_id=self.task_id, cause=cause,
-                late=max(late, 0.0), error=error)
+                fencing_token=self.fencing_token, task_id=self.task_id, cause=error.cause,
+                late=error.late, error=error)
         except Exception:  # pragma: no cover - Signal.send already guards receivers
             logger.exception("lease_lost receiver failed")
-        return error
 
     def __repr__(self) -> str:
         state = "lost" if self._lost else "retired" if self._retired else "held"

@@ -225,7 +225,7 @@ def end(lease: Lease, *, sender: Any, wait: bool = True,
             can be written without waiting.
     """
     loss = retire(lease)
-    released: bool | None = False
+    released: bool | None = None  # unknown until the store answers
     if lease.pid == os.getpid():  # never in a forked child: the parent's lease is not ours
         try:
             # A lost lease is released synchronously: rare, and its signal says what happened.
@@ -238,12 +238,13 @@ def end(lease: Lease, *, sender: Any, wait: bool = True,
         except RedisError as exc:
             logger.warning("lease release failed (it expires within %.3fs): key=%s error=%s",
                            lease.ttl, lease.key, store.describe(exc))
+        if released is False and loss is None:
+            loss = lease.lost_at_release()
     return announce_end(lease, loss, released, sender=sender)
 
 
-def _note_reply(lease: Lease, released: bool) -> None:
-    """The reply of a release written by ``end(wait=False)``: only a miss is worth a line."""
-    if not released:
-        logger.info("lease release did not delete the key (it was no longer this execution's "
-                    "or the store did not answer): key=%s token=%s fencing_token=%d",
-                    lease.key, lease.token, lease.fencing_token)
+def _note_reply(lease: Lease, released: bool | None) -> None:
+    """The reply of a release written by ``end(wait=False)`` (read by the next acquire or the
+    heartbeat): a release that found the key no longer this execution's is a loss."""
+    if released is False:
+        lease.lost_at_release()

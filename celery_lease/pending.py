@@ -48,13 +48,13 @@ class PendingRelease:
     """A release written to ``conn`` whose reply is not read yet.
 
     ``on_reply(released)`` runs once the reply was read (``released``: True when the key was
-    deleted; False when the token no longer held it or the reply could not be read).
+    deleted; False when the token no longer held it; None when no reply could be read).
     """
 
     __slots__ = ("_lock", "client", "conn", "done", "key", "on_reply", "overdue_at", "ttl")
 
     def __init__(self, client: Any, conn: Any, key: str, ttl: float,
-                 on_reply: Callable[[bool], None]) -> None:
+                 on_reply: Callable[[bool | None], None]) -> None:
         self.client = client
         # The reply counts as lost once the socket timeout (the store timeout) has passed.
         self.overdue_at = time.monotonic() + (getattr(conn, "socket_timeout", None) or ttl)
@@ -80,7 +80,7 @@ class PendingRelease:
                 return
             if not wait and not self._ready():
                 return
-            released = False
+            released: bool | None = None
             try:
                 if time.monotonic() >= self.overdue_at and not self.conn.can_read(0):
                     raise RedisTimeoutError("no reply within the store timeout")
@@ -113,7 +113,7 @@ _lock = threading.Lock()
 
 
 def write(client: Any, key: str, token: str, ttl: float,
-          on_reply: Callable[[bool], None]) -> PendingRelease | None:
+          on_reply: Callable[[bool | None], None]) -> PendingRelease | None:
     """Write the release of ``key`` for ``token`` and return without reading its reply.
 
     Args:

@@ -43,11 +43,13 @@ lease_renewed = Signal(name="lease_renewed")
 lease_renewal_failed = Signal(name="lease_renewal_failed")
 
 #: The lease was lost while the task ran. Extra: ``cause`` (str, see ``LostCause``), ``late``
-#: (float seconds), ``error`` (the ``LeaseLost`` raised in the task).
+#: (float seconds), ``error`` (the ``LeaseLost`` raised in the task). Also sent, with cause
+#: ``refused``, when the release finds the key no longer the execution's and no loss had been
+#: seen (then after the body ended, possibly from the thread that reads the release's reply).
 lease_lost = Signal(name="lease_lost")
 
 #: The execution ended and its lease was released. Extra: ``held`` (float seconds),
-#: ``released`` (bool: False when the store no longer had this token or could not be reached;
-#: None when the release was written and its reply is read later, as ``LeasedTask`` does on a
-#: standalone Redis).
+#: ``released`` (bool: False when the store no longer had this token; None when not known: the
+#: store could not be reached, or the release was written and its reply is read later, as
+#: ``LeasedTask`` does on a standalone Redis).
 lease_released = Signal(name="lease_released")

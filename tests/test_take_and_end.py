@@ -151,3 +151,35 @@ def test_end_records_a_deadline_that_passed_unnoticed_as_a_loss(
     assert ending.held == pytest.approx(7.0)
     assert [s["key"] for s in seen] == ["lease:{t:3}"]
     assert lease.retired and lease not in heartbeat().held()
+
+
+@pytest.mark.parametrize("wait", [True, False], ids=["release waited for", "reply read later"])
+def test_a_release_that_finds_the_key_gone_reports_the_loss(app: Celery, wait: bool) -> None:
+    settings = resolve_settings(app.conf, {}, "test")
+    client = store.client_for(settings.url, settings.options.store_timeout)
+    lost: list[dict[str, Any]] = []
+
+    def on_lost(sender: Any, **kw: Any) -> None:
+        lost.append(kw)
+
+    signals.lease_lost.connect(on_lost, weak=False)
+    try:
+        lease = lifecycle.take(settings, client, "lease:{t:4}",
+                               lifecycle.HolderInfo("t", "d", "h"), NoTarget(), sender="t")
+        assert isinstance(lease, Lease)
+        redis.Redis.from_url(settings.url).delete("lease:{t:4}")  # gone before any renewal
+        ending = lifecycle.end(lease, sender="t", wait=wait)
+        if not wait:
+            assert ending.released is None and ending.loss is None and lost == []
+            # The reply is read before this process's next acquire.
+            other = lifecycle.take(settings, client, "lease:{t:5}",
+                                   lifecycle.HolderInfo("t", "e", "h"), NoTarget(), sender="t")
+            assert isinstance(other, Lease)
+            lifecycle.end(other, sender="t")
+    finally:
+        signals.lease_lost.disconnect(on_lost)
+    assert [(x["key"], x["cause"]) for x in lost] == [("lease:{t:4}", "refused")]
+    assert lost[0]["fencing_token"] == lease.fencing_token
+    if wait:
+        assert ending.released is False and ending.loss is not None
+        assert ending.loss.cause == "refused"
