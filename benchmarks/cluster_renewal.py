@@ -23,7 +23,7 @@ from typing import Any
 from redis.connection import Connection
 
 from celery_lease import connection, store
-from tests.support.topologies import cluster_setup, sentinel_setup
+from harness.topologies import cluster_setup, sentinel_setup
 
 TOKEN = "b" * 32
 

@@ -20,7 +20,9 @@ Its dependencies are redis-py (a dependency of the library) and mirakuru (in the
 Modules: :mod:`harness.waiting` (polling with a deadline), :mod:`harness.redis_server`
 (free ports, the ``redis-server`` binary, :class:`~harness.redis_server.RedisServer`),
 :mod:`harness.proxy` (:class:`~harness.proxy.TcpProxy`, partitions on loopback) and
-:mod:`harness.workers` (``celery`` subprocesses in their own process groups).
+:mod:`harness.workers` (``celery`` subprocesses in their own process groups) and
+:mod:`harness.topologies` (Redis Sentinel and Redis Cluster set-ups, for the tests, the
+cluster benchmark and the chaos campaign's ``--sentinel`` mode).
 """
 
 from pathlib import Path

@@ -27,10 +27,10 @@ from celery_lease.beat import BeatLeader
 from celery_lease.cli import lease
 from celery_lease.config import resolve_options
 from celery_lease.keys import fence_key
+from harness.topologies import ClusterSetup, cluster_setup
 from tests.support.holders import Holders
 from tests.support.redis_server import RedisServer, free_port
 from tests.support.rig import MODE, POOLS, Rig
-from tests.support.topologies import ClusterSetup, cluster_setup
 from tests.support.waiting import wait_for
 
 TTL = 8.0  # outlives a primary's failover (cluster-node-timeout 1 s, then the election)

@@ -32,8 +32,8 @@ from celery_lease.heartbeat import heartbeat
 from celery_lease.hold import HOLD_TASK_NAME
 from celery_lease.inspection import read_lease, scan_leases
 from celery_lease.keys import hold_key
+from harness.topologies import cluster_setup
 from tests.support.rig import measured
-from tests.support.topologies import cluster_setup
 from tests.support.workers import BROKER_URL_ENV, RESULT_BACKEND_ENV
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,10 +24,10 @@ from redis.exceptions import TryAgainError
 
 from celery_lease import LeaseStoreUnavailable, connection
 from celery_lease.keys import fence_key
+from harness.topologies import Node, cluster_setup
 from tests.support.holders import Holders, Run
 from tests.support.redis_server import HOST, free_port
 from tests.support.secure import SystemRedisServer
-from tests.support.topologies import Node, cluster_setup
 from tests.support.waiting import wait_for
 
 TTL = 2.0

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from celery_lease import store
+from harness.topologies import MASTER_NAME
 from tests.support.holders import Holders
 from tests.support.redis_server import RedisServer
 from tests.support.rig import MODE, POOLS, Rig
@@ -23,7 +24,6 @@ from tests.support.secure import (
     TlsSentinelSetup,
     certificates,
 )
-from tests.support.topologies import MASTER_NAME
 from tests.support.waiting import wait_for
 from tests.support.workers import CeleryWorker
 

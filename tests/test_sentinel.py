@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from celery_lease import LeaseStoreUnavailable, store
+from harness.topologies import MASTER_NAME, SentinelSetup
 from tests.support.holders import Holders
 from tests.support.redis_server import RedisServer
 from tests.support.rig import MODE, POOLS, Rig
-from tests.support.topologies import MASTER_NAME, SentinelSetup
 from tests.support.waiting import wait_for
 
 TTL = 8.0  # outlives a failover (~1 s to call the primary down, ~1 s to elect and promote)

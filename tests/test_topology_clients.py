@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from celery_lease import connection, store, topology
-from tests.support.topologies import MASTER_NAME, ClusterSetup, SentinelSetup
+from harness.topologies import MASTER_NAME, ClusterSetup, SentinelSetup
 
 HOLDER = store.holder_json("t.job", "task-1", "host", 42)
 

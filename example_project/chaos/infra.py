@@ -6,17 +6,16 @@ be paused or restarted empty, a loopback TCP proxy that can black-hole traffic, 
 ``celery worker`` subprocesses in their own process groups. It exists in a checkout (the
 campaign runs from one), not in the wheel; this module is the only place the campaign imports
 it from. The Sentinel set-up of ``--sentinel`` (one primary, one replica, three sentinels,
-started with mirakuru) is the test suite's own, ``tests/support/topologies.py``: one
-definition of it in the repository.
+started with mirakuru) is the harness's, the one the test suite uses too.
 """
 
 from __future__ import annotations
 
 from harness.proxy import TcpProxy
 from harness.redis_server import RedisServer, free_port
+from harness.topologies import MASTER_NAME, SentinelSetup
 from harness.waiting import wait_for
 from harness.workers import CeleryProcess, CeleryWorker
-from tests.support.topologies import MASTER_NAME, SentinelSetup
 
 __all__ = ["MASTER_NAME", "CeleryProcess", "CeleryWorker", "RedisServer", "SentinelSetup",
            "TcpProxy", "free_port", "wait_for"]

@@ -16,8 +16,8 @@ from typing import Any
 import redis
 import trustme
 
+from harness.topologies import MASTER_NAME, _Topology
 from tests.support.redis_server import HOST, RedisServer, free_port, no_retry
-from tests.support.topologies import MASTER_NAME, _Topology
 from tests.support.waiting import wait_for
 
 SYSTEM_REDIS = "/usr/bin/redis-server"

@@ -20,9 +20,9 @@ import redis
 from mirakuru import TCPExecutor
 from redis.cluster import ClusterNode, RedisCluster
 
-from tests.support.proxy import TcpProxy
-from tests.support.redis_server import HOST, free_port, no_retry, redis_server_binary
-from tests.support.waiting import wait_for
+from harness.proxy import TcpProxy
+from harness.redis_server import HOST, free_port, no_retry, redis_server_binary
+from harness.waiting import wait_for
 
 MASTER_NAME = "leases"
 SYSTEM_REDIS = "/usr/bin/redis-server"
