@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import logging
 import os
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -133,7 +132,7 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
     """
     options = settings.options
     pending.settle_all()  # the replies of this process's earlier releases, first
-    token = uuid.uuid4().hex
+    token = os.urandom(16).hex()  # 32 random hex characters (uuid4().hex costs 5 times more)
     stored_holder = holder.to_json()
     # The local deadline counts from the first send: if its reply was lost after the script
     # ran, the lifetime on the server started then, not at the second try.
