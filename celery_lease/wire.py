@@ -88,7 +88,8 @@ def _pack(args: tuple[Any, ...]) -> bytes:
     int), at a third of its cost per argument (a renewal pass packs 20 000 of them)."""
     parts = [b"*%d\r\n" % len(args)]
     for arg in args:
-        data = arg if isinstance(arg, bytes) else str(arg).encode()
+        kind = type(arg)
+        data = arg.encode() if kind is str else arg if kind is bytes else str(arg).encode()
         parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
     return b"".join(parts)
 
