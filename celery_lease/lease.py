@@ -163,7 +163,8 @@ class Lease:
         on the wire, or after ``wait`` float seconds; called before its release is sent."""
         with self._state:
             self._retired = True
-            self._state.wait_for(lambda: not self._in_flight, timeout=wait)
+            if self._in_flight:  # rare: a renewal is on the wire right now
+                self._state.wait_for(lambda: not self._in_flight, timeout=wait)
 
     @property
     def expires_in(self) -> float:

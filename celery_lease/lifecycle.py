@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import logging
 import os
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -133,7 +132,7 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
     """
     options = settings.options
     pending.settle_all()  # the replies of this process's earlier releases, first
-    token = uuid.uuid4().hex
+    token = os.urandom(16).hex()  # 32 random hex characters (uuid4().hex costs 5 times more)
     stored_holder = holder.to_json()
     # The local deadline counts from the first send: if its reply was lost after the script
     # ran, the lifetime on the server started then, not at the second try.
@@ -159,9 +158,10 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
     heartbeat(settings.signum).add(lease)
     logger.debug("lease acquired: key=%s task=%s[%s] token=%s fencing_token=%d ttl=%.3fs",
                  key, holder.task_name, holder.task_id, token, lease.fencing_token, options.ttl)
-    signals.lease_acquired.send(
-        sender=sender, key=key, token=token, fencing_token=lease.fencing_token,
-        task_id=holder.task_id, ttl=options.ttl, latency=clock.now() - sent_at)
+    if signals.lease_acquired.receivers:  # what Signal.send checks first, before the kwargs
+        signals.lease_acquired.send(
+            sender=sender, key=key, token=token, fencing_token=lease.fencing_token,
+            task_id=holder.task_id, ttl=options.ttl, latency=clock.now() - sent_at)
     return lease
 
 
@@ -201,9 +201,10 @@ def announce_end(lease: Lease, loss: LeaseLost | None, released: bool | None, *,
     logger.debug("lease released: key=%s task=%s[%s] token=%s fencing_token=%d held=%.3fs "
                  "released=%s", lease.key, lease.task_name, lease.task_id, lease.token,
                  lease.fencing_token, held, released)
-    signals.lease_released.send(
-        sender=sender, key=lease.key, token=lease.token, fencing_token=lease.fencing_token,
-        task_id=lease.task_id, held=held, released=released)
+    if signals.lease_released.receivers:
+        signals.lease_released.send(
+            sender=sender, key=lease.key, token=lease.token, fencing_token=lease.fencing_token,
+            task_id=lease.task_id, held=held, released=released)
     return Ending(loss, released, held)
 
 

@@ -134,7 +134,7 @@ def write(client: Any, key: str, token: str, ttl: float,
     conn = wire.checkout(client)
     try:
         # EVAL, not EVALSHA: a NOSCRIPT reply read later would mean a release never applied.
-        conn.send_command("EVAL", store.RELEASE_LUA, 2, key, fence_key(key), token)
+        wire.send(conn, ("EVAL", store.RELEASE_LUA, 2, key, fence_key(key), token))
     except BaseException:
         conn.disconnect()
         wire.checkin(client, conn)  # it goes back empty

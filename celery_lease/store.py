@@ -26,6 +26,7 @@ import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
 
 import redis
@@ -207,7 +208,12 @@ class Holder:
 
 
 def holder_json(task_name: str, task_id: str, hostname: str, pid: int) -> str:
-    """The holder description stored in the lease value."""
+    """The holder description stored in the lease value (compact JSON, ASCII only)."""
+    if type(task_name) is type(task_id) is type(hostname) is str and type(pid) is int:
+        # What json.dumps writes for these types, without its generic machinery (one call per
+        # execution: an eighth of the cost).
+        return (f'{{"task":{_json_str(task_name)},"id":{_json_str(task_id)},'
+                f'"host":{_json_str(hostname)},"pid":{pid}}}')
     return json.dumps(
         {"task": task_name, "id": task_id, "host": hostname, "pid": pid}, separators=(",", ":")
     )

@@ -293,7 +293,11 @@ class LeasedTask(Task):  # type: ignore[misc]
     ) -> Lease | dict[str, Any]:
         settings = self.lease_settings()
         options, url, signum = settings
-        key = self.lease_key_for(args, kwargs)
+        cls = type(self)
+        # lease_key_for() without its checks of the arguments' types: Celery passes a tuple
+        # and a dict.
+        key = build_key(options.key_prefix, self.name, cls._lease_signature or _run_signature(cls),
+                        self._lease_key_spec(), args, kwargs)
         try:  # a cluster client asks its seed for the layout: building it is a store call
             client = store.client_for(url, options.store_timeout, options.backend_options)
         except RedisError as exc:

@@ -243,3 +243,14 @@ def test_a_paused_store_times_out_once_not_after_retries(
         assert time.monotonic() - started < 0.6  # redis-py 8 alone would retry for seconds
     finally:
         server.resume()
+
+
+@pytest.mark.parametrize(
+    "text", ["t.job", "tâche \"quoted\" \\ back\nslash\x01", "\u2028\ud800", ""])
+def test_holder_json_is_the_compact_ascii_json_of_the_holder(text: str) -> None:
+    import json
+
+    expected = json.dumps({"task": text, "id": text[::-1], "host": "hôst", "pid": 42},
+                          separators=(",", ":"))
+    assert store.holder_json(text, text[::-1], "hôst", 42) == expected
+    assert store.parse_value(f"{'a' * 32}:7:{expected}").task_name == text
