@@ -237,7 +237,7 @@ def check_store(url: str, timeout: float, app: Any = None) -> list[Finding]:
     try:  # building a cluster client asks a node already
         layout = topology.describe_topology(client(url, app))
         redis_client = layout.probe  # on a cluster, a primary that answers
-        check = store.check_store(redis_client)
+        check = topology.check_store(redis_client)
     except RedisError as exc:
         return [Finding("fail", subject, f"unreachable: {store.describe(exc)}",
                         "start Redis or set lease_backend to a reachable redis:// URL")]

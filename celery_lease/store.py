@@ -1,8 +1,9 @@
-"""The lease protocol on Redis: acquire, renew, release, and the start-up store check.
+"""The lease protocol on Redis: acquire, renew, release.
 
-Stored value of a lease key: ``<token>:<fencing token>:<holder JSON>``. The token (32 hex
-characters, unique per execution) is what every conditional operation compares; the rest is
-there for the holder's successors and for operators (``celery lease ls``).
+Stored value of a lease key: ``<token>:<fencing token>:<holder JSON>``
+(:mod:`celery_lease.holder`). The token (32 hex characters, unique per execution) is what
+every conditional operation compares; the rest is there for the holder's successors and for
+operators (``celery lease ls``).
 
 - Acquire is one script, one round trip: a conditional create with its lifetime in the same
   ``SET ... NX PX`` write, which also issues the fencing token. A conflict returns the
@@ -23,10 +24,8 @@ there for the holder's successors and for operators (``celery lease ls``).
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
 
 import redis
@@ -35,20 +34,19 @@ from redis.exceptions import (
     MovedError,
     NoScriptError,
     RedisError,
-    ResponseError,
 )
 
 from . import connection, routing, wire
+from .holder import Holder, holder_json, parse_value
 from .keys import fence_key, wake_key
 
 __all__ = [
     "AcquireResult",
     "Holder",
     "NotReplicated",
-    "StoreCheck",
     "acquire",
-    "check_store",
     "client_for",
+    "holder_json",
     "parse_value",
     "release",
     "release_and_wake",
@@ -181,63 +179,6 @@ def describe(error: BaseException) -> str:
     text = f"{type(error).__name__}: {error}"
     node = getattr(error, "lease_store_where", None)
     return f"{text} (on {node})" if node else text
-
-
-@dataclass(frozen=True)
-class Holder:
-    """Who holds a lease, parsed from the stored value.
-
-    Attributes:
-        token: the holder's per-execution token (str).
-        fencing_token: int.
-        task_name, task_id, hostname: str (empty when unknown).
-        pid: int (0 when unknown).
-    """
-
-    token: str
-    fencing_token: int
-    task_name: str = ""
-    task_id: str = ""
-    hostname: str = ""
-    pid: int = 0
-
-    @property
-    def where(self) -> str:
-        """``"hostname:pid"``."""
-        return f"{self.hostname}:{self.pid}"
-
-
-def holder_json(task_name: str, task_id: str, hostname: str, pid: int) -> str:
-    """The holder description stored in the lease value (compact JSON, ASCII only)."""
-    if type(task_name) is type(task_id) is type(hostname) is str and type(pid) is int:
-        # What json.dumps writes for these types, without its generic machinery (one call per
-        # execution: an eighth of the cost).
-        return (f'{{"task":{_json_str(task_name)},"id":{_json_str(task_id)},'
-                f'"host":{_json_str(hostname)},"pid":{pid}}}')
-    return json.dumps(
-        {"task": task_name, "id": task_id, "host": hostname, "pid": pid}, separators=(",", ":")
-    )
-
-
-def parse_value(value: bytes | str) -> Holder:
-    """Parse a stored lease value into a :class:`Holder` (tolerates foreign values)."""
-    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-    token, _, rest = text.partition(":")
-    fence, _, meta = rest.partition(":")
-    try:
-        info = json.loads(meta) if meta else {}
-    except ValueError:
-        info = {}
-    if not isinstance(info, dict):
-        info = {}
-    return Holder(
-        token=token,
-        fencing_token=int(fence) if fence.isdigit() else 0,
-        task_name=str(info.get("task", "")),
-        task_id=str(info.get("id", "")),
-        hostname=str(info.get("host", "")),
-        pid=int(info.get("pid", 0) or 0),
-    )
 
 
 @dataclass(frozen=True)
@@ -458,37 +399,3 @@ def _renew_batched(client: redis.Redis, leases: Sequence[tuple[str, str, int]]
         for i, code in zip(chunk, reply, strict=True):
             out[i] = _BATCH_REPLY[code]
     return out
-
-
-@dataclass(frozen=True)
-class StoreCheck:
-    """The result of :func:`check_store`.
-
-    Attributes:
-        version: the Redis server version (str).
-        eviction_policy: ``maxmemory-policy`` (str; ``"unknown"`` when CONFIG is disabled).
-        safe: True when the policy cannot evict a live lease (``noeviction``).
-    """
-
-    version: str
-    eviction_policy: str
-
-    @property
-    def safe(self) -> bool:
-        return self.eviction_policy == "noeviction"
-
-
-def check_store(client: redis.Redis) -> StoreCheck:
-    """Ping the store and read its version and eviction policy.
-
-    Raises:
-        redis.exceptions.RedisError: the store is unreachable.
-    """
-    info = client.info("server")
-    try:
-        policy = client.config_get("maxmemory-policy").get("maxmemory-policy", "unknown")
-    except ResponseError:  # CONFIG renamed or disabled (managed Redis)
-        policy = client.info("memory").get("maxmemory_policy", "unknown")
-    if isinstance(policy, bytes):
-        policy = policy.decode()
-    return StoreCheck(version=str(info.get("redis_version", "?")), eviction_policy=str(policy))

@@ -1,5 +1,6 @@
-"""What the lease store looks like from here: its primaries, replicas, TLS and eviction
-policy (``celery lease doctor``), and a ``SCAN`` over every primary (``celery lease ls``).
+"""What the lease store looks like from here: its version and eviction policy (the worker's
+start-up check), its primaries, replicas and TLS (``celery lease doctor``), and a ``SCAN``
+over every primary (``celery lease ls``).
 
 :mod:`celery_lease.routing` says where one lease's commands go; this module looks at the whole
 store.
@@ -16,7 +17,7 @@ from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
 from .routing import is_cluster
 
-__all__ = ["Topology", "describe_topology", "scan"]
+__all__ = ["StoreCheck", "Topology", "check_store", "describe_topology", "scan"]
 
 
 def _node_clients(client: Any) -> list[Any]:
@@ -157,3 +158,37 @@ def _policies(found: list[tuple[str, str]]) -> tuple[str, str]:
     """The eviction policies and where they were read, each distinct value once."""
     return (", ".join(sorted({p for p, _ in found})),
             ", ".join(sorted({s for _, s in found if s})))
+
+
+@dataclass(frozen=True)
+class StoreCheck:
+    """The result of :func:`check_store`.
+
+    Attributes:
+        version: the Redis server version (str).
+        eviction_policy: ``maxmemory-policy`` (str; ``"unknown"`` when CONFIG is disabled).
+        safe: True when the policy cannot evict a live lease (``noeviction``).
+    """
+
+    version: str
+    eviction_policy: str
+
+    @property
+    def safe(self) -> bool:
+        return self.eviction_policy == "noeviction"
+
+
+def check_store(client: redis.Redis) -> StoreCheck:
+    """Ping the store and read its version and eviction policy.
+
+    Raises:
+        redis.exceptions.RedisError: the store is unreachable.
+    """
+    info = client.info("server")
+    try:
+        policy = client.config_get("maxmemory-policy").get("maxmemory-policy", "unknown")
+    except ResponseError:  # CONFIG renamed or disabled (managed Redis)
+        policy = client.info("memory").get("maxmemory_policy", "unknown")
+    if isinstance(policy, bytes):
+        policy = policy.decode()
+    return StoreCheck(version=str(info.get("redis_version", "?")), eviction_policy=str(policy))

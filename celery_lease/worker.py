@@ -35,7 +35,7 @@ from typing import Any
 from celery import bootsteps
 from redis.exceptions import RedisError
 
-from . import store
+from . import store, topology
 from .backend_url import safe_url
 from .config import check_process_settings
 from .errors import LeaseConfigError, LeaseStartRefused
@@ -48,7 +48,7 @@ __all__ = ["LeaseStoreCheck", "check_app", "install"]
 
 logger = logging.getLogger("celery_lease")
 
-def check_app(app: Any) -> list[store.StoreCheck]:
+def check_app(app: Any) -> list[topology.StoreCheck]:
     """Validate the lease settings of every leased task of ``app`` and check each store.
 
     Returns the checks of the stores that answered.
@@ -72,7 +72,7 @@ def check_app(app: Any) -> list[store.StoreCheck]:
     for (url, _), (timeout, backend_options, prefixes) in stores.items():
         try:
             client = store.client_for(url, max(timeout, 1.0), backend_options)
-            check = store.check_store(client)
+            check = topology.check_store(client)
             _probe_permissions(client, prefixes)
         except RedisError as exc:
             permanent = permanent_error(exc)

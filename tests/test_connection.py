@@ -298,7 +298,7 @@ def test_minimal_acl_user_cannot_run_keys_config_or_flush(acl_server: AclRedisSe
 def test_store_check_under_acl_reads_the_eviction_policy_from_info(
         acl_server: AclRedisServer) -> None:
     client = store.client_for(acl_server.lease_url(), 0.5)
-    assert store.check_store(client).eviction_policy == "noeviction"
+    assert topology.check_store(client).eviction_policy == "noeviction"
     layout = topology.describe_topology(client)
     assert (layout.kind, layout.eviction_policy, layout.policy_source) == (
         "standalone", "noeviction", "INFO")

@@ -8,7 +8,7 @@ import pytest
 import redis
 from redis.exceptions import ResponseError
 
-from celery_lease import connection, store
+from celery_lease import connection, store, topology
 from celery_lease.keys import fence_key
 from tests.support.fixtures import RedisFactory
 
@@ -176,10 +176,10 @@ def test_oom_refuses_acquire_without_leaving_a_key_and_renewal_still_works(
 
 
 def test_store_check_reports_the_eviction_policy(throwaway_redis: RedisFactory) -> None:
-    safe = store.check_store(store.client_for(throwaway_redis().url(), 1.0))
+    safe = topology.check_store(store.client_for(throwaway_redis().url(), 1.0))
     assert safe.safe and safe.eviction_policy == "noeviction"
     lru = throwaway_redis({"maxmemory-policy": "allkeys-lru"})
-    check = store.check_store(store.client_for(lru.url(), 1.0))
+    check = topology.check_store(store.client_for(lru.url(), 1.0))
     assert not check.safe and check.eviction_policy == "allkeys-lru"
 
 
