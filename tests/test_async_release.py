@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from celery import Celery
@@ -24,6 +23,7 @@ from celery_lease.lease import Lease
 from harness.proxy import TcpProxy
 from harness.redis_server import RedisServer
 from harness.waiting import wait_for
+from tests.support.received import received
 from tests.support.rig import Rig
 
 CALLS = 2000
@@ -94,13 +94,7 @@ def test_a_release_whose_reply_never_arrives_holds_nothing_past_one_ttl(
     settings = resolve_settings(app.conf, {}, "test")
     client = store.client_for(settings.url, settings.options.store_timeout)
     direct = redis_server.client()
-    ended: list[dict[str, Any]] = []
-
-    def on_released(sender: Any = None, **kw: Any) -> None:
-        ended.append(kw)
-
-    signals.lease_released.connect(on_released, weak=False)
-    try:
+    with received(signals.lease_released) as ended:
         got = lifecycle.take(settings, client, "lease:{unanswered}",
                              lifecycle.HolderInfo("t", "id", "h"), NoTarget(), sender="t")
         assert isinstance(got, Lease)
@@ -116,8 +110,6 @@ def test_a_release_whose_reply_never_arrives_holds_nothing_past_one_ttl(
         # Nothing reached the server: the key lapses with its TTL, never later.
         wait_for(lambda: direct.exists("lease:{unanswered}") == 0, 1.5 + 0.5)
         assert time.monotonic() - ended_at < 1.5 + 0.5
-    finally:
-        signals.lease_released.disconnect(on_released)
 
 
 def test_the_next_acquire_waits_for_an_unanswered_release_at_most_the_store_timeout(

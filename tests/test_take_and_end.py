@@ -19,6 +19,7 @@ from celery_lease.beat import BeatLeader
 from celery_lease.config import beat_settings, resolve_settings
 from celery_lease.heartbeat import heartbeat
 from celery_lease.lease import Lease
+from tests.support.received import received
 
 
 class FakeClock:
@@ -133,20 +134,12 @@ def test_end_records_a_deadline_that_passed_unnoticed_as_a_loss(
 ) -> None:
     settings = resolve_settings(app.conf, {}, "test")
     client = store.client_for(settings.url, settings.options.store_timeout)
-    seen: list[dict[str, Any]] = []
-
-    def on_released(sender: Any, **kw: Any) -> None:
-        seen.append(kw)
-
-    signals.lease_released.connect(on_released, weak=False)
-    try:
+    with received(signals.lease_released) as seen:
         lease = lifecycle.take(settings, client, "lease:{t:3}",
                                lifecycle.HolderInfo("t", "c", "h"), NoTarget(), sender="t")
         assert isinstance(lease, Lease)
         fake_clock.t += 7.0  # past the deadline, whether or not the heartbeat noticed yet
         ending = lifecycle.end(lease, sender="t")
-    finally:
-        signals.lease_released.disconnect(on_released)
     assert ending.loss is not None and ending.loss.cause == "deadline"
     assert ending.held == pytest.approx(7.0)
     assert [s["key"] for s in seen] == ["lease:{t:3}"]
@@ -157,13 +150,7 @@ def test_end_records_a_deadline_that_passed_unnoticed_as_a_loss(
 def test_a_release_that_finds_the_key_gone_reports_the_loss(app: Celery, wait: bool) -> None:
     settings = resolve_settings(app.conf, {}, "test")
     client = store.client_for(settings.url, settings.options.store_timeout)
-    lost: list[dict[str, Any]] = []
-
-    def on_lost(sender: Any, **kw: Any) -> None:
-        lost.append(kw)
-
-    signals.lease_lost.connect(on_lost, weak=False)
-    try:
+    with received(signals.lease_lost) as lost:
         lease = lifecycle.take(settings, client, "lease:{t:4}",
                                lifecycle.HolderInfo("t", "d", "h"), NoTarget(), sender="t")
         assert isinstance(lease, Lease)
@@ -176,8 +163,6 @@ def test_a_release_that_finds_the_key_gone_reports_the_loss(app: Celery, wait: b
                                    lifecycle.HolderInfo("t", "e", "h"), NoTarget(), sender="t")
             assert isinstance(other, Lease)
             lifecycle.end(other, sender="t")
-    finally:
-        signals.lease_lost.disconnect(on_lost)
     assert [(x["key"], x["cause"]) for x in lost] == [("lease:{t:4}", "refused")]
     assert lost[0]["fencing_token"] == lease.fencing_token
     if wait:
