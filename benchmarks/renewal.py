@@ -173,6 +173,10 @@ def child_passes(url: str, n: int, warmup: float, window: float) -> dict[str, An
         "leases_per_pass": sum(c[2] for c in calls) / passes if passes else None,
         "renew_call_wall_ms": {"median": percentile([c[0] * 1e3 for c in calls], 50),
                                "max": max(c[0] * 1e3 for c in calls)} if calls else None,
+        # Each call's wall time per lease it renewed, the slowest of them: the passes renew
+        # different numbers of leases, so the slowest call over the mean count would mix them.
+        "renew_call_wall_us_per_lease_max": max(c[0] * 1e6 / c[2] for c in calls)
+        if calls else None,
         "renew_call_cpu_ms": percentile([c[1] * 1e3 for c in calls], 50) if calls else None,
         "thread_cpu_per_pass_ms": used / passes * 1e3 if passes else None,
         "lost": _CountingTarget.delivered, "held": len(leases),

@@ -68,11 +68,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         max(p["round_trips_per_pass"] for p in passes.values()), 1.0, "round trips"))
     big = passes[str(max(renewal.NS))]
     steady_interval = results["renewal"]["steady_interval_s"]
-    per_lease_ms = big["renew_call_wall_ms"]["max"] / big["leases_per_pass"]
     out.append(_target(
         "renewal_10k_wall", "10 000 leases renewed in under 50 ms per pass",
-        per_lease_ms * max(renewal.NS), 50.0, "ms",
-        note="slowest renewal call scaled to 10 000 leases"))
+        big["renew_call_wall_us_per_lease_max"] * max(renewal.NS) / 1000, 50.0, "ms",
+        note="slowest renewal call, per lease it renewed, scaled to 10 000 leases"))
     one = results["renewal"]["steady"]
     out.append(_target(
         "renewal_1_cpu", f"one lease: heartbeat CPU per {steady_interval:g} s interval at most "

@@ -276,7 +276,7 @@ def release(ctx: click.Context, key: str, assume_yes: bool, url: str | None,
     click.echo(f"{key} is held by {_describe(current)}")
     if not assume_yes and not click.confirm("Release it?", default=False):
         _fail("not released", 1)
-    if store.release(client, key, current.token):
+    if store.revoke(client, key, current.token):
         click.echo(f"released {key}")
         return
     now = read_lease(client, key)

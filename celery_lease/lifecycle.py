@@ -40,7 +40,9 @@ may have been granted (best effort) and raises the :class:`redis.exceptions.Redi
 1. records a local deadline that passed unnoticed (a starved heartbeat) as a loss;
 2. unregisters the lease from the heartbeat (returns once no renewal of it is on the wire), so
    nothing renews it after its release;
-3. releases it, only while its token holds the key, and never from a forked child;
+3. releases it, only while its token holds the key, and never from a forked child; a release
+   whose connection broke (a restarted or failed-over server) is sent once more, so that the
+   holder still learns whether the store had its token to the end;
 4. sends :data:`~celery_lease.signals.lease_released`.
 
 With ``wait=False`` step 3 only writes the release (a standalone client; Cluster and Sentinel
@@ -230,18 +232,42 @@ def end(lease: Lease, *, sender: Any, wait: bool = True,
     if lease.pid == os.getpid():  # never in a forked child: the parent's lease is not ours
         try:
             # A lost lease is released synchronously: rare, and its signal says what happened.
-            if not wait and release is store.release and loss is None and pending.write(
-                    lease.client, lease.key, lease.token, lease.ttl,
-                    lambda done: _note_reply(lease, done)) is not None:
+            if not wait and release is store.release and loss is None and _write(lease):
                 heartbeat().wake_for_pending()
                 return announce_end(lease, loss, None, sender=sender)
-            released = release(lease.client, lease.key, lease.token)
+            released = _send_release(lease, release)
         except RedisError as exc:
             logger.warning("lease release failed (it expires within %.3fs): key=%s error=%s",
                            lease.ttl, lease.key, store.describe(exc))
         if released is False and loss is None:
             loss = lease.lost_at_release()
     return announce_end(lease, loss, released, sender=sender)
+
+
+def _write(lease: Lease) -> bool:
+    """Write the release without waiting for its reply (:mod:`celery_lease.pending`); False
+    when it must be sent waiting: not a standalone client, or the connection broke."""
+    try:
+        return pending.write(lease.client, lease.key, lease.token, lease.ttl,
+                             lambda done: _note_reply(lease, done)) is not None
+    except RedisConnectionError:
+        return False
+
+
+def _send_release(lease: Lease, release: Callable[[redis.Redis, str, str], bool]) -> bool:
+    """``release`` the lease, sent once more if the connection broke.
+
+    A connection breaks when the server restarts or fails over, or a proxy closes it; the
+    holder must still learn whether the store had its token up to the end (a later holder may
+    have been granted the key meanwhile). The release is token-checked and answers True again
+    for a token it already released, so sending it twice is safe, as taking is
+    (:func:`take`). Not after a timeout: a store that did not answer in time is hung or far
+    away, and a second wait would only delay the end of the execution.
+    """
+    try:
+        return release(lease.client, lease.key, lease.token)
+    except RedisConnectionError:
+        return release(lease.client, lease.key, lease.token)
 
 
 def _note_reply(lease: Lease, released: bool | None) -> None:

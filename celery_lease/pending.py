@@ -15,7 +15,9 @@ reply is read, and the connection given back:
 Reading a reply that already arrived costs no round trip. One that never arrives (the store
 hangs, the network drops) is given up once the client's socket timeout (the store timeout)
 has passed since the write, and its connection disconnected; the key then lapses within one
-TTL, as after any failed release.
+TTL, as after any failed release. A connection that broke instead (the server restarted or
+failed over) gets the release sent once more, waiting, on a fresh connection: the holder
+still learns whether the store had its token.
 
 Only a standalone client (:func:`celery_lease.wire.usable`: one ``redis.Redis`` on redis-py's
 own ``ConnectionPool``, TCP, TLS or unix socket) takes this path: :func:`write` returns
@@ -33,6 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -51,15 +54,17 @@ class PendingRelease:
     deleted; False when the token no longer held it; None when no reply could be read).
     """
 
-    __slots__ = ("_lock", "client", "conn", "done", "key", "on_reply", "overdue_at", "ttl")
+    __slots__ = ("_lock", "client", "conn", "done", "key", "on_reply", "overdue_at", "token",
+                 "ttl")
 
-    def __init__(self, client: Any, conn: Any, key: str, ttl: float,
+    def __init__(self, client: Any, conn: Any, key: str, token: str, ttl: float,
                  on_reply: Callable[[bool | None], None]) -> None:
         self.client = client
         # The reply counts as lost once the socket timeout (the store timeout) has passed.
         self.overdue_at = time.monotonic() + (getattr(conn, "socket_timeout", None) or ttl)
         self.conn = conn
         self.key = key
+        self.token = token
         self.ttl = ttl
         self.on_reply = on_reply
         self.done = False
@@ -89,16 +94,29 @@ class PendingRelease:
                 logger.warning("lease release failed (it expires within %.3fs): key=%s error=%s",
                                self.ttl, self.key, store.describe(exc))
             except BaseException as exc:  # no reply, or an interrupted read: start afresh
-                self.conn.disconnect()
+                wire.broken(self.client, self.conn, exc)
                 if not isinstance(exc, RedisError):
                     raise
-                logger.warning("lease release unanswered (it expires within %.3fs): key=%s "
-                               "error=%s", self.ttl, self.key, store.describe(exc))
+                released = self._send_again(exc)
             finally:
                 self.done = True
                 wire.checkin(self.client, self.conn)
         self.on_reply(released)
 
+
+    def _send_again(self, error: RedisError) -> bool | None:
+        """After ``error``, the release sent once more, waiting, if the connection broke (the
+        server restarted or failed over: the holder must still learn whether the store had
+        its token; a repeated release answers True for a token it already released). None
+        when it stays unanswered."""
+        if isinstance(error, RedisConnectionError):
+            try:
+                return store.release(self.client, self.key, self.token)
+            except RedisError as exc:
+                error = exc
+        logger.warning("lease release unanswered (it expires within %.3fs): key=%s error=%s",
+                       self.ttl, self.key, store.describe(error))
+        return None
 
     def _ready(self) -> bool:
         """True when the reply can be read at once, or is overdue (given up without waiting)."""
@@ -139,7 +157,7 @@ def write(client: Any, key: str, token: str, ttl: float,
         conn.disconnect()
         wire.checkin(client, conn)  # it goes back empty
         raise
-    item = PendingRelease(client, conn, key, ttl, on_reply)
+    item = PendingRelease(client, conn, key, token, ttl, on_reply)
     with _lock:
         _pending.append(item)
     return item

@@ -51,6 +51,7 @@ __all__ = [
     "release",
     "release_and_wake",
     "renew_many",
+    "revoke",
     "wait_for_release",
 ]
 
@@ -107,6 +108,15 @@ return table.concat(out)
 #: for 1 000 keys (about a millisecond) delays other clients by no more than that.
 RENEW_BATCH = 1000
 
+# A release sent again after a broken connection (its first reply may have been lost after the
+# script ran) answers 1 when the counter names this token as the last to end: the token is
+# random, so only its own earlier release wrote it there.
+_RELEASED_BEFORE = """
+local last = redis.call('GET', KEYS[2])
+if last and string.sub(last, -#ARGV[1] - 1) == ':' .. ARGV[1] then return 1 end
+return 0
+"""
+
 RELEASE_LUA = _HELD + """
 if mine then
   redis.call('DEL', KEYS[1])
@@ -116,9 +126,19 @@ if mine then
   end
   return 1
 end
+""" + _RELEASED_BEFORE
+
+
+# An operator's release (``celery lease release``): the same token check, but the holder did
+# not end, so nothing records its token as the last to end (a redelivered message of the
+# holder would be taken for finished, and the holder's own release for a success).
+REVOKE_LUA = _HELD + """
+if mine then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
 return 0
 """
-
 
 # The release of a hold (celery_lease.hold): the same release, then one "free" element in the
 # key's wake list for a waiting hold's BLPOP. A separate script, so a task's release costs
@@ -137,8 +157,7 @@ if mine then
   redis.pcall('PEXPIRE', KEYS[3], ARGV[2])
   return 1
 end
-return 0
-"""
+""" + _RELEASED_BEFORE
 
 # How long a wake element waits for a waiter, int milliseconds: long enough for a waiter
 # between its refused acquire and its BLPOP; a stale one costs a later waiter one acquire.
@@ -149,6 +168,7 @@ _acquire = wire.Script(ACQUIRE_LUA)
 _renew = wire.Script(RENEW_LUA)
 _release = wire.Script(RELEASE_LUA)
 _release_wake = wire.Script(RELEASE_WAKE_LUA)
+_revoke = wire.Script(REVOKE_LUA)
 _renew_many = wire.Script(RENEW_MANY_LUA)
 _BATCH_REPLY = {ord("1"): 1, ord("0"): 0, ord("2"): -1}
 
@@ -263,7 +283,9 @@ def _acquire_replicated(client: Any, keys: tuple[str, str], argv: tuple[Any, ...
 
 
 def release(client: redis.Redis, key: str, token: str) -> bool:
-    """Delete lease ``key`` if ``token`` still holds it. Returns True when it was deleted.
+    """Delete lease ``key`` if ``token`` still holds it. Returns True when it was deleted, by
+    this call or by an earlier release of ``token`` (so a release sent again after a broken
+    connection, whose first reply may be lost after the script ran, still answers True).
 
     A release also notes ``token`` as the last execution that ended with this key (beside the
     fencing counter), for :func:`released_last`.
@@ -273,6 +295,23 @@ def release(client: redis.Redis, key: str, token: str) -> bool:
     """
     try:
         return bool(_release(client, (key, fence_key(key)), (token,)))
+    except RedisError as exc:
+        raise routing.note(exc, client, key) from None
+
+
+def revoke(client: redis.Redis, key: str, token: str) -> bool:
+    """Take lease ``key`` away from the holder ``token`` (an operator's release): delete it if
+    ``token`` still holds it. Returns True when it was deleted.
+
+    Unlike :func:`release` it does not note ``token`` as having ended: the holder finds the
+    loss at its next renewal (``LeaseLost``, cause ``refused``) and at its own release
+    (``released=False``), and a redelivered message of it is run again.
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    try:
+        return bool(_revoke(client, (key,), (token,)))
     except RedisError as exc:
         raise routing.note(exc, client, key) from None
 

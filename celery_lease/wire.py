@@ -8,9 +8,12 @@ their own (one per thread or greenlet that is in a call at the same moment, neve
 which hands them out with a ``list.pop`` and takes them back with a ``list.append``.
 
 A connection goes back to the free list only in step: after its reply was read, or
-disconnected (the next command reconnects it). A release written without waiting for its
-reply (:mod:`celery_lease.pending`) keeps its connection out of the list until the reply was
-read, so no caller is ever handed a connection with an unread reply.
+disconnected (the next command reconnects it). A connection that broke (the server restarted,
+failed over, or a proxy closed it) disconnects every idle one of its client as well: they most
+likely broke with it, and redis-py's pool, which checks each connection as it hands it out,
+would not have handed them out either (see :func:`broken`). A release written without
+waiting for its reply (:mod:`celery_lease.pending`) keeps its connection out of the list until
+the reply was read, so no caller is ever handed a connection with an unread reply.
 
 Only a standalone client (``redis.Redis`` on redis-py's own ``ConnectionPool``: TCP, TLS or a
 unix socket) takes this path; :func:`usable` is False for Cluster and Sentinel clients, whose
@@ -27,7 +30,7 @@ from typing import Any
 
 import redis
 
-__all__ = ["Script", "call", "call_many", "checkin", "checkout", "send", "usable"]
+__all__ = ["Script", "broken", "call", "call_many", "checkin", "checkout", "send", "usable"]
 
 _pid = os.getpid()
 
@@ -62,6 +65,28 @@ def checkin(client: Any, conn: Any) -> None:
     _idle(client).append(conn)
 
 
+def broken(client: Any, conn: Any, error: BaseException) -> None:
+    """Disconnect ``conn`` after ``error`` interrupted a command on it; on a connection error,
+    disconnect every idle connection of ``client`` too (each reconnects on its next use).
+
+    The free list hands a connection out without redis-py's check for a closed socket (a
+    ``select`` per call): after a restart or a failover every idle connection is dead, and
+    each would fail the next call made on it. One broken connection clears them all.
+    """
+    conn.disconnect()
+    if not isinstance(error, redis.exceptions.ConnectionError):
+        return
+    idle, stale = _idle(client), []
+    while True:  # each pop is atomic: no other thread is using a connection taken here
+        try:
+            stale.append(idle.pop())
+        except IndexError:
+            break
+    for other in stale:
+        other.disconnect()
+    idle.extend(stale)
+
+
 def call(client: Any, *args: Any) -> Any:
     """Send one command on a connection of ``client`` and return its reply.
 
@@ -76,8 +101,8 @@ def call(client: Any, *args: Any) -> Any:
         return conn.read_response()
     except redis.exceptions.ResponseError:
         raise  # the reply was read: the connection is in step
-    except BaseException:  # an interrupted read (LeaseLost, a timeout) leaves bytes behind
-        conn.disconnect()
+    except BaseException as exc:  # an interrupted read (LeaseLost, a timeout) leaves bytes
+        broken(client, conn, exc)
         raise
     finally:
         checkin(client, conn)
@@ -120,8 +145,8 @@ def call_many(client: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
             except redis.exceptions.ResponseError as exc:
                 replies.append(exc)
         return replies
-    except BaseException:
-        conn.disconnect()
+    except BaseException as exc:
+        broken(client, conn, exc)
         raise
     finally:
         checkin(client, conn)

@@ -156,6 +156,8 @@ def test_release_asks_then_releases_and_the_holder_loses_its_lease(
         held["results"]["beta"].get(timeout=10)
     assert lost.value.cause == "refused"
     assert lost.value.key == beta["key"]
+    # It was taken away, not ended: a redelivery of its message would run it again.
+    assert not store.released_last(held["client"], beta["key"], beta["token"])
     with pytest.raises(CeleryTimeoutError):
         held["results"]["alpha"].get(timeout=0.1)  # the other lease is untouched
 

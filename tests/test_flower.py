@@ -113,7 +113,7 @@ def _skipped_and_lost(setup: dict[str, Any]) -> tuple[Any, Any, Any, str]:
     held_until = time.monotonic() + 3.5  # over two TTLs of 1.5 s: it must have renewed
     wait_for(lambda: time.monotonic() >= held_until, 5)
     assert client.get(key) == value and client.pttl(key) > 0
-    assert store.release(client, key, renewed.token)
+    assert store.revoke(client, key, renewed.token)
     with pytest.raises(LeaseLost):
         holder.get(timeout=15)
     return holder, duplicate, renewed, key

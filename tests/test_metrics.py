@@ -83,7 +83,7 @@ def test_prefork_metrics_count_held_conflicts_losses_and_renewals(
                if not k.endswith(b":fence"))
     value = client.get(key)
     assert value is not None
-    assert store.release(client, key, store.parse_value(value).token)
+    assert store.revoke(client, key, store.parse_value(value).token)
     with pytest.raises(LeaseLost):
         holder.get(timeout=15)
 

@@ -72,7 +72,7 @@ def test_every_signal_carries_key_token_fencing_token_and_timings(
     assert not _signals(client, "lease_lost")
 
     # An operator deletes the lease: the next renewal is refused.
-    assert store.release(client, key, token)
+    assert store.revoke(client, key, token)
     with pytest.raises(LeaseLost):
         holder.get(timeout=15)
     lost = wait_for(lambda: _signals(client, "lease_lost"), 5)[0]

@@ -93,7 +93,7 @@ def test_release_of_the_old_holder_leaves_the_successor(client: redis.Redis) -> 
     assert store.parse_value(client.get("lease:{s}") or b"").token == b
     assert not store.acquire(client, "lease:{s}", token(), 5000, HOLDER).granted
     assert store.release(client, "lease:{s}", b) is True
-    assert store.release(client, "lease:{s}", b) is False  # safe to repeat
+    assert store.release(client, "lease:{s}", a) is False
 
 
 def test_release_notes_who_ended_last_and_the_next_grant_clears_it(client: redis.Redis) -> None:
@@ -106,6 +106,31 @@ def test_release_notes_who_ended_last_and_the_next_grant_clears_it(client: redis
     assert client.pttl(fence_key("lease:{d}")) > 3600 * 1000  # the note kept the lifetime
     after = store.acquire(client, "lease:{d}", b, 5000, HOLDER).holder.fencing_token
     assert after > fence and not store.released_last(client, "lease:{d}", a)
+
+
+def test_a_repeated_release_answers_true_until_the_next_grant(client: redis.Redis) -> None:
+    # A release sent again after a broken connection (its first reply may be lost after the
+    # script ran) must not report a loss that did not happen.
+    a, b = token(), token()
+    store.acquire(client, "lease:{r}", a, 5000, HOLDER)
+    assert store.release(client, "lease:{r}", a) is True
+    assert store.release(client, "lease:{r}", a) is True
+    assert store.release(client, "lease:{r}", b) is False  # never held: not released by it
+    store.acquire(client, "lease:{r}", b, 5000, HOLDER)
+    assert store.release(client, "lease:{r}", a) is False  # a later holder was granted
+    assert store.release(client, "lease:{r}", b) is True
+
+
+def test_an_operators_revoke_is_not_the_holders_end(client: redis.Redis) -> None:
+    a, b = token(), token()
+    store.acquire(client, "lease:{o}", a, 5000, HOLDER)
+    assert store.revoke(client, "lease:{o}", b) is False  # not the holder shown: kept
+    assert store.revoke(client, "lease:{o}", a) is True
+    assert client.exists("lease:{o}") == 0
+    # The holder's own release then learns that its lease was taken away, and a redelivered
+    # message of the holder is not taken for a finished one.
+    assert store.release(client, "lease:{o}", a) is False
+    assert not store.released_last(client, "lease:{o}", a)
 
 
 def test_renew_many_is_one_round_trip_for_many_leases(client: redis.Redis) -> None:

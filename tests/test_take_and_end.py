@@ -19,6 +19,7 @@ from celery_lease.beat import BeatLeader
 from celery_lease.config import beat_settings, resolve_settings
 from celery_lease.heartbeat import heartbeat
 from celery_lease.lease import Lease
+from tests.support.fixtures import RedisFactory
 from tests.support.received import received
 
 
@@ -168,3 +169,47 @@ def test_a_release_that_finds_the_key_gone_reports_the_loss(app: Celery, wait: b
     if wait:
         assert ending.released is False and ending.loss is not None
         assert ending.loss.cause == "refused"
+
+
+@pytest.mark.parametrize("wait", [True, False], ids=["release waited for", "reply read later"])
+def test_a_holder_whose_store_restarted_is_told_at_release_and_the_next_take_works_at_once(
+    throwaway_redis: RedisFactory, monkeypatch: pytest.MonkeyPatch, wait: bool,
+) -> None:
+    # After a restart every pooled connection is dead: the release must still reach the store
+    # (and learn that the key is gone), and the next acquire must not fail on a dead one.
+    server = throwaway_redis()
+    app = Celery("restarted", broker="memory://", set_as_current=False)
+    app.conf.update(lease_backend=server.url(), lease_ttl=6.0)
+    settings = resolve_settings(app.conf, {}, "test")
+    client = store.client_for(settings.url, settings.options.store_timeout)
+    acquires = spy(monkeypatch, store, "acquire")
+    with received(signals.lease_lost) as lost, received(signals.lease_released) as released:
+        leases = [lifecycle.take(settings, client, f"lease:{{r:{i}}}",
+                                 lifecycle.HolderInfo("t", str(i), "h"), NoTarget(), sender="t")
+                  for i in range(2)]
+        assert all(isinstance(lease, Lease) for lease in leases)
+        server.restart()  # empty: both keys are gone, every connection of the client is dead
+        for lease in leases:
+            assert isinstance(lease, Lease)
+            lifecycle.end(lease, sender="t", wait=wait)
+        acquires.clear()
+        after = lifecycle.take(settings, client, "lease:{r:after}",
+                               lifecycle.HolderInfo("t", "after", "h"), NoTarget(), sender="t")
+        assert isinstance(after, Lease) and len(acquires) == 1  # no retry was needed
+        lifecycle.end(after, sender="t")
+    assert sorted((x["key"], x["cause"]) for x in lost) == [
+        ("lease:{r:0}", "refused"), ("lease:{r:1}", "refused")]
+    expected = [False, False, True] if wait else [None, None, True]
+    assert [x["released"] for x in released] == expected
+
+
+def spy(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> list[tuple[Any, ...]]:
+    """Record the arguments of each call of ``owner.name`` (which still runs)."""
+    real, calls = getattr(owner, name), []
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, recording)
+    return calls
