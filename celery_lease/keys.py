@@ -11,7 +11,8 @@ This module owns every key the library writes:
 
 - a lease key, ``<prefix>:{...}`` (:func:`build_key`, :func:`beat_leader_key`);
 - its fencing counter, ``<lease key>:fence`` (:func:`fence_key`), which also notes the token of
-  the last execution that released it;
+  the last execution that released it (``<counter>:<token>``; after the next grant
+  ``<counter>;<token>``, for a repeat of that release only);
 - the beat leader's record of last runs, ``<leader key>:last-run`` (:func:`last_run_key`);
 - a hold's key, ``<prefix>:{hold:<name>}`` (:func:`hold_key`), and the short-lived list its
   release pushes to wake a waiting hold, ``<hold key>:wake`` (:func:`wake_key`).

@@ -70,12 +70,16 @@ if cur then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local fence = (tonumber(string.match(redis.call('GET', KEYS[2]) or '', '^%d+')) or 0) + 1
+local last = redis.call('GET', KEYS[2]) or ''
+local fence = (tonumber(string.match(last, '^%d+')) or 0) + 1
 if now > fence then fence = now end
 fence = string.format('%.0f', fence)
 local value = ARGV[1] .. ':' .. fence .. ':' .. ARGV[3]
 redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2])
-redis.call('SET', KEYS[2], fence, 'PX', ARGV[4])
+-- The last release's token stays, after ';' (not ':': released_last no longer names it),
+-- for a repeat of that release sent after its reply was lost (see _RELEASED_BEFORE).
+local ended = string.match(last, '^%d+:(.+)$')
+redis.call('SET', KEYS[2], ended and (fence .. ';' .. ended) or fence, 'PX', ARGV[4])
 return {1, fence, tonumber(ARGV[2])}
 """
 
@@ -109,22 +113,34 @@ return table.concat(out)
 RENEW_BATCH = 1000
 
 # A release sent again after a broken connection (its first reply may have been lost after the
-# script ran) answers 1 when the counter names this token as the last to end: the token is
-# random, so only its own earlier release wrote it there.
+# script ran) answers 1 when the counter names this token as the last to end (':'), or as the
+# last to end before the latest grant (';': a waiting hold woken by that release may have
+# been granted the key before the repeat arrives): the token is random, so only its own
+# earlier release wrote it there.
 _RELEASED_BEFORE = """
 local last = redis.call('GET', KEYS[2])
-if last and string.sub(last, -#ARGV[1] - 1) == ':' .. ARGV[1] then return 1 end
+local tail = last and string.sub(last, -#ARGV[1] - 1)
+if tail == ':' .. ARGV[1] or tail == ';' .. ARGV[1] then return 1 end
 return 0
+"""
+
+# Who finished last (for released_last and a repeated release), noted beside the counter;
+# pcall: not needed enough to fail a release under OOM. A counter that lapsed (a lease renewed
+# for longer than TTL + 1 h) is noted as '0': the next grant's fencing token then comes from
+# the server clock, as it would without the key.
+_NOTE_ENDED = """
+  local counter = string.match(redis.call('GET', KEYS[2]) or '', '^%d+')
+  if counter then
+    redis.pcall('SET', KEYS[2], counter .. ':' .. ARGV[1], 'KEEPTTL')
+  else
+    redis.pcall('SET', KEYS[2], '0:' .. ARGV[1], 'PX', """ + str(FENCE_COUNTER_EXTRA_MS) + """)
+  end
 """
 
 RELEASE_LUA = _HELD + """
 if mine then
   redis.call('DEL', KEYS[1])
-  local counter = string.match(redis.call('GET', KEYS[2]) or '', '^%d+')
-  if counter then  -- who finished last; pcall: not needed enough to fail a release under OOM
-    redis.pcall('SET', KEYS[2], counter .. ':' .. ARGV[1], 'KEEPTTL')
-  end
-  return 1
+""" + _NOTE_ENDED + """  return 1
 end
 """ + _RELEASED_BEFORE
 
@@ -148,11 +164,7 @@ return 0
 RELEASE_WAKE_LUA = _HELD + """
 if mine then
   redis.call('DEL', KEYS[1])
-  local counter = string.match(redis.call('GET', KEYS[2]) or '', '^%d+')
-  if counter then
-    redis.pcall('SET', KEYS[2], counter .. ':' .. ARGV[1], 'KEEPTTL')
-  end
-  redis.call('DEL', KEYS[3])
+""" + _NOTE_ENDED + """  redis.call('DEL', KEYS[3])
   redis.pcall('RPUSH', KEYS[3], '1')
   redis.pcall('PEXPIRE', KEYS[3], ARGV[2])
   return 1
@@ -285,7 +297,8 @@ def _acquire_replicated(client: Any, keys: tuple[str, str], argv: tuple[Any, ...
 def release(client: redis.Redis, key: str, token: str) -> bool:
     """Delete lease ``key`` if ``token`` still holds it. Returns True when it was deleted, by
     this call or by an earlier release of ``token`` (so a release sent again after a broken
-    connection, whose first reply may be lost after the script ran, still answers True).
+    connection, whose first reply may be lost after the script ran, still answers True; also
+    once a later holder was granted the key, until that holder released it in turn).
 
     A release also notes ``token`` as the last execution that ended with this key (beside the
     fencing counter), for :func:`released_last`.

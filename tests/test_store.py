@@ -108,17 +108,50 @@ def test_release_notes_who_ended_last_and_the_next_grant_clears_it(client: redis
     assert after > fence and not store.released_last(client, "lease:{d}", a)
 
 
-def test_a_repeated_release_answers_true_until_the_next_grant(client: redis.Redis) -> None:
+def test_a_repeated_release_answers_true_until_a_later_holder_released(
+        client: redis.Redis) -> None:
     # A release sent again after a broken connection (its first reply may be lost after the
-    # script ran) must not report a loss that did not happen.
+    # script ran) must not report a loss that did not happen, even when a waiter woken by that
+    # release was granted the key before the repeat arrived.
     a, b = token(), token()
     store.acquire(client, "lease:{r}", a, 5000, HOLDER)
     assert store.release(client, "lease:{r}", a) is True
     assert store.release(client, "lease:{r}", a) is True
     assert store.release(client, "lease:{r}", b) is False  # never held: not released by it
     store.acquire(client, "lease:{r}", b, 5000, HOLDER)
-    assert store.release(client, "lease:{r}", a) is False  # a later holder was granted
+    assert store.release(client, "lease:{r}", a) is True  # a released it, then b was granted
+    assert not store.released_last(client, "lease:{r}", a)  # but a is no longer the last
     assert store.release(client, "lease:{r}", b) is True
+    assert store.release(client, "lease:{r}", a) is False  # b ended since: too old to tell
+    c = token()
+    store.acquire(client, "lease:{r}", c, 5000, HOLDER)
+    assert store.release(client, "lease:{r}", a) is False
+
+
+def test_a_repeated_release_of_a_lost_lease_stays_false(client: redis.Redis) -> None:
+    # a's key expired (lost), b was granted: a never released, whatever b does.
+    a, b = token(), token()
+    store.acquire(client, "lease:{x}", a, 5000, HOLDER)
+    client.delete("lease:{x}")  # as an expiry
+    store.acquire(client, "lease:{x}", b, 5000, HOLDER)
+    assert store.release(client, "lease:{x}", a) is False
+    assert store.release(client, "lease:{x}", b) is True
+    assert store.release(client, "lease:{x}", a) is False
+
+
+def test_a_release_after_the_fence_counter_lapsed_still_notes_who_ended(
+        client: redis.Redis) -> None:
+    # A lease renewed for longer than TTL + 1 h outlives its counter: its release must still
+    # be noted (a redelivery would run again, a repeated release would report a loss).
+    a, b = token(), token()
+    granted = store.acquire(client, "lease:{f}", a, 5000, HOLDER)
+    client.delete("lease:{f}:fence")
+    assert store.release(client, "lease:{f}", a) is True
+    assert store.released_last(client, "lease:{f}", a)
+    assert store.release(client, "lease:{f}", a) is True
+    assert 0 < client.pttl("lease:{f}:fence") <= store.FENCE_COUNTER_EXTRA_MS
+    later = store.acquire(client, "lease:{f}", b, 5000, HOLDER)  # fenced by the clock
+    assert later.holder.fencing_token > granted.holder.fencing_token
 
 
 def test_an_operators_revoke_is_not_the_holders_end(client: redis.Redis) -> None:

@@ -1,0 +1,189 @@
+"""A release whose connection broke, sent once more (celery_lease.lifecycle, pending, wire).
+
+Real Redis servers (private, restarted, paused, their clients killed). Where a reply must be
+lost after the script ran, the real release runs and only its reply is replaced by a
+connection error.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from celery_lease import lifecycle, pending, signals, store
+from celery_lease.config import LeaseSettings, resolve_settings
+from celery_lease.heartbeat import heartbeat
+from celery_lease.keys import fence_key
+from celery_lease.lease import Lease
+from harness.redis_server import RedisServer
+from tests.support.fixtures import RedisFactory
+from tests.support.received import received
+from tests.test_take_and_end import NoTarget
+
+
+@pytest.fixture
+def server(throwaway_redis: RedisFactory) -> Iterator[RedisServer]:
+    yield throwaway_redis()
+    for lease in heartbeat().held():  # nothing of a test outlives it
+        heartbeat().remove(lease)
+
+
+def _setup(server: RedisServer, ttl: float = 6.0,
+           timeout: float | None = None) -> tuple[LeaseSettings, redis.Redis]:
+    app = Celery("retry", broker="memory://", set_as_current=False)
+    app.conf.update(lease_backend=server.url(), lease_ttl=ttl)
+    if timeout is not None:
+        app.conf.update(lease_store_timeout=timeout)
+    settings = resolve_settings(app.conf, {}, "test")
+    return settings, store.client_for(settings.url, settings.options.store_timeout)
+
+
+def _take(settings: LeaseSettings, client: redis.Redis, key: str) -> Lease:
+    got = lifecycle.take(settings, client, key, lifecycle.HolderInfo("t", key, "h"),
+                         NoTarget(), sender="t")
+    assert isinstance(got, Lease)
+    return got
+
+
+def _lose_first_release_reply(monkeypatch: pytest.MonkeyPatch, name: str,
+                              after: Callable[[], None]) -> list[int]:
+    """The first ``store.<name>`` runs on the server, then its reply is lost (``after`` runs
+    first); the later ones run unchanged."""
+    real = getattr(store, name)
+    calls: list[int] = []
+
+    def release(*args: Any, **kwargs: Any) -> bool:
+        calls.append(1)
+        answer: bool = real(*args, **kwargs)
+        if len(calls) == 1:
+            after()
+            raise RedisConnectionError("reply lost")
+        return answer
+
+    monkeypatch.setattr(store, name, release)
+    return calls
+
+
+def _in_threads(run: Callable[[Any], None], args: Iterable[Any]) -> None:
+    """``run(arg)`` for each of ``args``, each in a thread of its own, all joined."""
+    threads = [threading.Thread(target=run, args=(arg,)) for arg in args]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+@pytest.mark.parametrize("wait", [True, False], ids=["release waited for", "reply read later"])
+def test_threads_releasing_at_once_after_a_restart_all_learn_their_keys_were_gone(
+    server: RedisServer, wait: bool,
+) -> None:
+    settings, client = _setup(server)
+    n = 16
+    leases: list[Lease] = []
+    gate = threading.Barrier(n)
+
+    def take(i: int) -> None:
+        gate.wait()  # at once: each thread checks a connection of its own out of the free list
+        leases.append(_take(settings, client, f"lease:{{c:{i}}}"))
+
+    _in_threads(take, range(n))
+    assert len(leases) == n and len(client.__dict__["_lease_idle"][1]) > 1
+    answers: dict[str, bool | None] = {}
+    server.restart()
+    gate = threading.Barrier(n)
+
+    def end(lease: Lease) -> None:
+        gate.wait()
+        answers[lease.key] = lifecycle.end(lease, sender="t", wait=wait).released
+
+    with received(signals.lease_lost) as lost:
+        _in_threads(end, leases)
+        pending.settle_all()
+    assert sorted(x["key"] for x in lost) == sorted(lease.key for lease in leases)
+    assert set(answers.values()) == ({False} if wait else {None})
+
+
+def test_a_release_after_the_librarys_connections_were_killed_deletes_the_key(
+    server: RedisServer,
+) -> None:
+    settings, client = _setup(server)
+    leases = [_take(settings, client, f"lease:{{k:{i}}}") for i in range(2)]
+    admin = server.client()
+    admin.client_kill_filter(_type="normal", skipme=True)
+    with received(signals.lease_lost) as lost:
+        assert lifecycle.end(leases[0], sender="t").released is True
+        lifecycle.end(leases[1], sender="t", wait=False)
+        pending.settle_all()
+    assert not lost
+    assert admin.exists(leases[0].key, leases[1].key) == 0
+
+
+@pytest.mark.parametrize("name", ["release", "release_and_wake"])
+def test_a_release_whose_reply_was_lost_is_not_a_loss_when_a_waiter_took_the_key_at_once(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch, name: str,
+) -> None:
+    # A hold's release wakes a waiter, which acquires at once: the repeated release then
+    # finds a later holder, although the first release ran and the key was this token's to
+    # the end.
+    settings, client = _setup(server)
+    lease = _take(settings, client, "lease:{w}")
+    other = redis.Redis.from_url(server.url())
+    calls = _lose_first_release_reply(monkeypatch, name, lambda: store.acquire(
+        other, "lease:{w}", "b" * 32, 5000, "{}"))
+    release = getattr(store, name)
+    with received(signals.lease_lost) as lost:
+        ending = lifecycle.end(lease, sender="t", release=release)
+    assert len(calls) == 2
+    assert ending.released is True and ending.loss is None, ending
+    assert not lost
+
+
+def test_a_release_whose_reply_was_lost_after_the_fence_counter_lapsed_is_not_a_loss(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The fence counter outlives the grant by an hour, but a lease renewed for longer keeps
+    # its key after the counter lapsed; its release must still answer a repeat as the first.
+    settings, client = _setup(server)
+    lease = _take(settings, client, "lease:{l}")
+    admin = server.client()
+    admin.delete(fence_key("lease:{l}"))  # as after more than TTL + 1 h of renewals
+    calls = _lose_first_release_reply(monkeypatch, "release", lambda: None)
+    ending = lifecycle.end(lease, sender="t", release=store.release)
+    assert len(calls) == 2
+    assert ending.released is True and ending.loss is None, ending
+
+
+@pytest.mark.parametrize("wait", [True, False], ids=["release waited for", "reply read later"])
+def test_a_release_to_a_paused_store_is_not_sent_again(server: RedisServer,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        wait: bool) -> None:
+    settings, client = _setup(server, timeout=0.5)
+    lease = _take(settings, client, "lease:{p}")
+    sent: list[int] = []
+    real = store.release
+
+    def counting(*args: Any) -> bool:
+        sent.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(store, "release", counting)
+    server.pause()
+    try:
+        started = time.monotonic()
+        ending = lifecycle.end(lease, sender="t", wait=wait,
+                               release=counting if wait else store.release)
+        if not wait:
+            pending.settle_all()
+        took = time.monotonic() - started
+    finally:
+        server.resume()
+    assert ending.released is None
+    assert sent == ([1] if wait else [])
+    assert took < 0.5 * 1.8, took
