@@ -17,7 +17,9 @@ hangs, the network drops) is given up once the client's socket timeout (the stor
 has passed since the write, and its connection disconnected; the key then lapses within one
 TTL, as after any failed release. A connection that broke instead (the server restarted or
 failed over) gets the release sent once more, waiting, on a fresh connection: the holder
-still learns whether the store had its token.
+still learns whether the store had its token. The heartbeat sends it only when its timeout
+ends before the earliest deadline of the leases it renews (a fresh connection to a store that
+hangs would otherwise delay their deadlines by a timeout); until then it stays pending.
 
 Only a standalone client (:func:`celery_lease.wire.usable`: one ``redis.Redis`` on redis-py's
 own ``ConnectionPool``, TCP, TLS or unix socket) takes this path: :func:`write` returns
@@ -29,6 +31,7 @@ longer owns the key) and the caller releases synchronously.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -39,7 +42,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import store, wire
+from . import clock, store, wire
 from .keys import fence_key
 
 __all__ = ["PendingRelease", "has_pending", "settle_all", "write"]
@@ -54,14 +57,18 @@ class PendingRelease:
     deleted; False when the token no longer held it; None when no reply could be read).
     """
 
-    __slots__ = ("_lock", "client", "conn", "done", "key", "on_reply", "overdue_at", "token",
-                 "ttl")
+    __slots__ = ("_lock", "broke", "client", "conn", "done", "key", "on_reply", "overdue_at",
+                 "timeout", "token", "ttl")
 
     def __init__(self, client: Any, conn: Any, key: str, token: str, ttl: float,
                  on_reply: Callable[[bool | None], None]) -> None:
         self.client = client
         # The reply counts as lost once the socket timeout (the store timeout) has passed.
-        self.overdue_at = time.monotonic() + (getattr(conn, "socket_timeout", None) or ttl)
+        self.timeout: float = getattr(conn, "socket_timeout", None) or ttl
+        self.overdue_at = time.monotonic() + self.timeout
+        # The connection error that broke the connection, while the release waits to be sent
+        # again (see settle's ``until``); None before.
+        self.broke: RedisConnectionError | None = None
         self.conn = conn
         self.key = key
         self.token = token
@@ -70,53 +77,67 @@ class PendingRelease:
         self.done = False
         self._lock = threading.Lock()
 
-    def settle(self, wait: bool = True) -> None:
+    def settle(self, wait: bool = True, until: float = math.inf) -> None:
         """Read the reply and give the connection back.
 
         Args:
             wait: True: wait for the reply, at most the socket timeout; returns once it was
                 read, by this thread or by another one. False (the heartbeat): read it only if
                 it arrived; give it up, without waiting, once it is overdue.
+            until: with ``wait=False``, the :func:`celery_lease.clock.now` time (float seconds)
+                of the heartbeat's earliest deadline: a release sent again after a broken
+                connection is a round trip, sent only if its timeout ends before then (as the
+                heartbeat plans renewals); otherwise it stays pending for a later pass or for
+                the next acquire.
 
         Never raises for a store error: it is logged, and the key lapses within one TTL.
         """
         with self._lock:
             if self.done:
                 return
-            if not wait and not self._ready():
-                return
             released: bool | None = None
-            try:
-                if time.monotonic() >= self.overdue_at and not self.conn.can_read(0):
-                    raise RedisTimeoutError("no reply within the store timeout")
-                released = bool(self.conn.read_response())
-            except ResponseError as exc:  # an error reply: the connection is still in step
-                logger.warning("lease release failed (it expires within %.3fs): key=%s error=%s",
-                               self.ttl, self.key, store.describe(exc))
-            except BaseException as exc:  # no reply, or an interrupted read: start afresh
-                wire.broken(self.client, self.conn, exc)
-                if not isinstance(exc, RedisError):
-                    raise
-                released = self._send_again(exc)
-            finally:
+            if self.broke is None:
+                if not wait and not self._ready():
+                    return
+                try:
+                    if time.monotonic() >= self.overdue_at and not self.conn.can_read(0):
+                        raise RedisTimeoutError("no reply within the store timeout")
+                    released = bool(self.conn.read_response())
+                except ResponseError as exc:  # an error reply: the connection is still in step
+                    logger.warning("lease release failed (it expires within %.3fs): key=%s "
+                                   "error=%s", self.ttl, self.key, store.describe(exc))
+                except BaseException as exc:  # no reply, or an interrupted read: start afresh
+                    wire.broken(self.client, self.conn, exc)
+                    if isinstance(exc, RedisConnectionError):
+                        self.broke = exc  # sent again below, or by a later settle
+                    elif isinstance(exc, RedisError):
+                        self._unanswered(exc)
+                    else:
+                        raise
+                finally:
+                    self.done = self.broke is None
+                    wire.checkin(self.client, self.conn)
+            if self.broke is not None:
+                if not wait and clock.now() + self.timeout >= until:
+                    return
+                released = self._send_again(self.broke)
                 self.done = True
-                wire.checkin(self.client, self.conn)
         self.on_reply(released)
 
-
-    def _send_again(self, error: RedisError) -> bool | None:
-        """After ``error``, the release sent once more, waiting, if the connection broke (the
+    def _send_again(self, error: RedisConnectionError) -> bool | None:
+        """After ``error`` broke the connection, the release sent once more, waiting (the
         server restarted or failed over: the holder must still learn whether the store had
         its token; a repeated release answers True for a token it already released). None
         when it stays unanswered."""
-        if isinstance(error, RedisConnectionError):
-            try:
-                return store.release(self.client, self.key, self.token)
-            except RedisError as exc:
-                error = exc
+        try:
+            return store.release(self.client, self.key, self.token)
+        except RedisError as exc:
+            self._unanswered(exc)
+        return None
+
+    def _unanswered(self, error: RedisError) -> None:
         logger.warning("lease release unanswered (it expires within %.3fs): key=%s error=%s",
                        self.ttl, self.key, store.describe(error))
-        return None
 
     def _ready(self) -> bool:
         """True when the reply can be read at once, or is overdue (given up without waiting)."""
@@ -168,19 +189,21 @@ def has_pending() -> bool:
     return bool(_pending)
 
 
-def settle_all(wait: bool = True) -> None:
+def settle_all(wait: bool = True, until: float = math.inf) -> None:
     """Read the replies of every release this process wrote so far (see the module docs).
 
     Args:
         wait: False (the heartbeat): only the replies that arrived, and give up the overdue
             ones, never waiting (a renewal or a deadline may be due).
+        until: with ``wait=False``, the heartbeat's earliest deadline (see
+            :meth:`PendingRelease.settle`).
     """
     if not _pending:
         return
     with _lock:
         items = list(_pending)
     for item in items:
-        item.settle(wait)
+        item.settle(wait, until)
     with _lock:
         _pending[:] = [item for item in _pending if not item.done]
 

@@ -17,12 +17,13 @@ import redis
 from celery import Celery
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from celery_lease import lifecycle, pending, signals, store
+from celery_lease import clock, lifecycle, pending, signals, store
 from celery_lease.config import LeaseSettings, resolve_settings
 from celery_lease.heartbeat import heartbeat
 from celery_lease.keys import fence_key
 from celery_lease.lease import Lease
 from harness.redis_server import RedisServer
+from harness.waiting import wait_for
 from tests.support.fixtures import RedisFactory
 from tests.support.received import received
 from tests.test_take_and_end import NoTarget
@@ -187,3 +188,36 @@ def test_a_release_to_a_paused_store_is_not_sent_again(server: RedisServer,
     assert ending.released is None
     assert sent == ([1] if wait else [])
     assert took < 0.5 * 1.8, took
+
+
+def test_the_heartbeat_declares_a_deadline_on_time_while_a_broken_release_waits_to_be_resent(
+    throwaway_redis: RedisFactory, server: RedisServer,
+) -> None:
+    # The heartbeat plans no round trip whose timeout could still run at the earliest
+    # deadline; the release it sends again for a connection that broke is one too.
+    near = throwaway_redis()
+    settings, client = _setup(near, ttl=1.5)  # store timeout 0.25 s
+    far_settings, far_client = _setup(server, ttl=30.0)  # store timeout 2 s
+    lease = _take(settings, client, "lease:{near}")
+    other = _take(far_settings, far_client, "lease:{far}")
+    near.pause()  # the near lease is no longer renewed: its deadline stands
+    server.restart()  # the far client's idle connection is dead
+    server.pause()  # and a fresh one hangs
+    try:
+        with received(signals.lease_lost) as lost:
+            time.sleep(max(lease.deadline - 0.1 - clock.now(), 0.0))
+            lifecycle.end(other, sender="t", wait=False)
+            found = wait_for(lambda: [x for x in lost if x["key"] == lease.key], 5)
+            assert pending.has_pending()  # not sent again yet: no time was left for it
+            server.resume()
+            # The heartbeat sends it once a round trip fits (no acquire comes to do it), and
+            # learns that the restarted store no longer had the key.
+            refused = wait_for(lambda: [x for x in lost if x["key"] == other.key], 5)
+    finally:
+        near.resume()
+        server.resume()
+        lifecycle.end(lease, sender="t")
+        pending.settle_all()
+    assert found[0]["cause"] == "deadline"
+    assert found[0]["late"] < 0.1, found[0]["late"]
+    assert refused[0]["cause"] == "refused"
