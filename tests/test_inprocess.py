@@ -160,8 +160,8 @@ def test_no_command_names_the_key_after_release(redis_url: str) -> None:
     key = job.apply((1,)).get()
     # Nothing to wait for: the test asserts an absence, so it watches for five intervals.
     time.sleep(0.5)
-    redis.Redis.from_url(redis_url).ping()
     stop.set()
+    redis.Redis.from_url(redis_url).ping()  # after stop is set: the watcher sees it and returns
     watcher.join(5)
     mentions = [line for line in lines if key in line]
 
