@@ -153,11 +153,13 @@ class Heartbeat:
                     self._cond.wait(_MAX_SLEEP)
 
     def _pass(self) -> None:
-        with self._cond:
-            earliest = min((lease.deadline for lease in self._leases), default=math.inf)
-        # Releases written without waiting: their replies; one sent again after a broken
-        # connection only if its timeout ends before the earliest deadline (see plan_pass).
-        pending.settle_all(wait=False, until=earliest)
+        if pending.has_pending():
+            # Releases written without waiting: their replies; one sent again after a broken
+            # connection only if its timeout ends before the earliest deadline (see
+            # plan_pass). The scan of the deadlines is paid only while one is pending.
+            with self._cond:
+                earliest = min((lease.deadline for lease in self._leases), default=math.inf)
+            pending.settle_all(wait=False, until=earliest)
         with self._cond:
             while not self._leases:
                 self._wait(_MAX_SLEEP if pending.has_pending() else None)

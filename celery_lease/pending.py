@@ -174,8 +174,8 @@ def write(client: Any, key: str, token: str, ttl: float,
     try:
         # EVAL, not EVALSHA: a NOSCRIPT reply read later would mean a release never applied.
         wire.send(conn, ("EVAL", store.RELEASE_LUA, 2, key, fence_key(key), token))
-    except BaseException:
-        conn.disconnect()
+    except BaseException as exc:
+        wire.broken(client, conn, exc)
         wire.checkin(client, conn)  # it goes back empty
         raise
     item = PendingRelease(client, conn, key, token, ttl, on_reply)

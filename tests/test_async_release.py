@@ -25,6 +25,7 @@ from harness.redis_server import RedisServer
 from harness.waiting import wait_for
 from tests.support.received import received
 from tests.support.rig import Rig
+from tests.support.store_calls import NoTarget
 
 CALLS = 2000
 
@@ -63,16 +64,6 @@ def test_a_process_killed_right_after_writing_its_release_still_releases(rig: Ri
 
 
 # -- in process: a reply that never arrives ----------------------------------------------------
-
-class NoTarget:
-    mechanism = "none"
-
-    def deliver(self, error: BaseException) -> bool:
-        return True
-
-    def finish(self) -> None:
-        pass
-
 
 @pytest.fixture
 def proxied(redis_server: RedisServer, tmp_path: Path) -> Iterator[tuple[TcpProxy, Celery]]:

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from celery_lease import clock, lifecycle, pending, signals, store
 from celery_lease.config import LeaseSettings, resolve_settings
@@ -26,7 +25,7 @@ from harness.redis_server import RedisServer
 from harness.waiting import wait_for
 from tests.support.fixtures import RedisFactory
 from tests.support.received import received
-from tests.test_take_and_end import NoTarget
+from tests.support.store_calls import NoTarget, lose_first_reply, spy
 
 
 @pytest.fixture
@@ -53,25 +52,6 @@ def _take(settings: LeaseSettings, client: redis.Redis, key: str) -> Lease:
     return got
 
 
-def _lose_first_release_reply(monkeypatch: pytest.MonkeyPatch, name: str,
-                              after: Callable[[], None]) -> list[int]:
-    """The first ``store.<name>`` runs on the server, then its reply is lost (``after`` runs
-    first); the later ones run unchanged."""
-    real = getattr(store, name)
-    calls: list[int] = []
-
-    def release(*args: Any, **kwargs: Any) -> bool:
-        calls.append(1)
-        answer: bool = real(*args, **kwargs)
-        if len(calls) == 1:
-            after()
-            raise RedisConnectionError("reply lost")
-        return answer
-
-    monkeypatch.setattr(store, name, release)
-    return calls
-
-
 def _in_threads(run: Callable[[Any], None], args: Iterable[Any]) -> None:
     """``run(arg)`` for each of ``args``, each in a thread of its own, all joined."""
     threads = [threading.Thread(target=run, args=(arg,)) for arg in args]
@@ -79,6 +59,29 @@ def _in_threads(run: Callable[[Any], None], args: Iterable[Any]) -> None:
         t.start()
     for t in threads:
         t.join()
+
+
+@pytest.mark.parametrize("wait", [True, False], ids=["release waited for", "reply read later"])
+def test_a_holder_whose_store_restarted_is_told_at_release_and_the_next_take_works_at_once(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch, wait: bool,
+) -> None:
+    # After a restart every pooled connection is dead: the release must still reach the store
+    # (and learn that the key is gone), and the next acquire must not fail on a dead one.
+    settings, client = _setup(server)
+    acquires = spy(monkeypatch, store, "acquire")
+    with received(signals.lease_lost) as lost, received(signals.lease_released) as released:
+        leases = [_take(settings, client, f"lease:{{r:{i}}}") for i in range(2)]
+        server.restart()  # empty: both keys are gone, every connection of the client is dead
+        for lease in leases:
+            lifecycle.end(lease, sender="t", wait=wait)
+        acquires.clear()
+        after = _take(settings, client, "lease:{r:after}")
+        assert len(acquires) == 1  # no retry was needed
+        lifecycle.end(after, sender="t")
+    assert sorted((x["key"], x["cause"]) for x in lost) == [
+        ("lease:{r:0}", "refused"), ("lease:{r:1}", "refused")]
+    expected = [False, False, True] if wait else [None, None, True]
+    assert [x["released"] for x in released] == expected
 
 
 @pytest.mark.parametrize("wait", [True, False], ids=["release waited for", "reply read later"])
@@ -136,7 +139,7 @@ def test_a_release_whose_reply_was_lost_is_not_a_loss_when_a_waiter_took_the_key
     settings, client = _setup(server)
     lease = _take(settings, client, "lease:{w}")
     other = redis.Redis.from_url(server.url())
-    calls = _lose_first_release_reply(monkeypatch, name, lambda: store.acquire(
+    calls = lose_first_reply(monkeypatch, name, lambda: store.acquire(
         other, "lease:{w}", "b" * 32, 5000, "{}"))
     release = getattr(store, name)
     with received(signals.lease_lost) as lost:
@@ -155,7 +158,7 @@ def test_a_release_whose_reply_was_lost_after_the_fence_counter_lapsed_is_not_a_
     lease = _take(settings, client, "lease:{l}")
     admin = server.client()
     admin.delete(fence_key("lease:{l}"))  # as after more than TTL + 1 h of renewals
-    calls = _lose_first_release_reply(monkeypatch, "release", lambda: None)
+    calls = lose_first_reply(monkeypatch, "release", lambda: None)
     ending = lifecycle.end(lease, sender="t", release=store.release)
     assert len(calls) == 2
     assert ending.released is True and ending.loss is None, ending
@@ -167,26 +170,18 @@ def test_a_release_to_a_paused_store_is_not_sent_again(server: RedisServer,
                                                         wait: bool) -> None:
     settings, client = _setup(server, timeout=0.5)
     lease = _take(settings, client, "lease:{p}")
-    sent: list[int] = []
-    real = store.release
-
-    def counting(*args: Any) -> bool:
-        sent.append(1)
-        return real(*args)
-
-    monkeypatch.setattr(store, "release", counting)
+    sent = spy(monkeypatch, store, "release")
     server.pause()
     try:
         started = time.monotonic()
-        ending = lifecycle.end(lease, sender="t", wait=wait,
-                               release=counting if wait else store.release)
+        ending = lifecycle.end(lease, sender="t", wait=wait, release=store.release)
         if not wait:
             pending.settle_all()
         took = time.monotonic() - started
     finally:
         server.resume()
     assert ending.released is None
-    assert sent == ([1] if wait else [])
+    assert len(sent) == (1 if wait else 0)
     assert took < 0.5 * 1.8, took
 
 

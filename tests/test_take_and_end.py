@@ -6,21 +6,19 @@ its reply is replaced by a connection error; the deadline clock is a hand-moved 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 import redis
 from celery import Celery
-from redis.exceptions import ConnectionError as RedisConnectionError
 
-from celery_lease import LeaseLost, clock, lifecycle, signals, store
+from celery_lease import clock, lifecycle, signals, store
 from celery_lease.beat import BeatLeader
 from celery_lease.config import beat_settings, resolve_settings
 from celery_lease.heartbeat import heartbeat
 from celery_lease.lease import Lease
-from tests.support.fixtures import RedisFactory
 from tests.support.received import received
+from tests.support.store_calls import NoTarget, lose_first_reply
 
 
 class FakeClock:
@@ -40,38 +38,6 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     return fake
 
 
-class NoTarget:
-    mechanism = "none"
-
-    def __init__(self) -> None:
-        self.finished = False
-        self.delivered: list[LeaseLost] = []
-
-    def deliver(self, error: LeaseLost) -> bool:
-        self.delivered.append(error)
-        return True
-
-    def finish(self) -> None:
-        self.finished = True
-
-
-def lose_first_reply(monkeypatch: pytest.MonkeyPatch, after: Callable[[], None]) -> list[int]:
-    """The first acquire runs on the server, then its reply is lost (``after`` runs first)."""
-    real = store.acquire
-    calls: list[int] = []
-
-    def acquire(*args: Any, **kwargs: Any) -> store.AcquireResult:
-        calls.append(1)
-        found = real(*args, **kwargs)
-        if len(calls) == 1:
-            after()
-            raise RedisConnectionError("reply lost")
-        return found
-
-    monkeypatch.setattr(store, "acquire", acquire)
-    return calls
-
-
 @pytest.fixture
 def app(redis_url: str) -> Iterator[Celery]:
     app = Celery("lifecycle", broker="memory://", set_as_current=False)
@@ -87,7 +53,8 @@ def test_take_counts_the_deadline_from_the_first_send_when_its_reply_was_lost(
     settings = resolve_settings(app.conf, {}, "test")
     client = store.client_for(settings.url, settings.options.store_timeout)
     first_send = fake_clock.t
-    calls = lose_first_reply(monkeypatch, lambda: setattr(fake_clock, "t", fake_clock.t + 2.0))
+    calls = lose_first_reply(monkeypatch, "acquire",
+                             lambda: setattr(fake_clock, "t", fake_clock.t + 2.0))
     got = lifecycle.take(settings, client, "lease:{t:1}", lifecycle.HolderInfo("t", "id", "h"),
                          NoTarget(), sender="t")
     assert isinstance(got, Lease) and len(calls) == 2
@@ -102,7 +69,7 @@ def test_beat_counts_its_deadline_from_the_first_send_when_its_reply_was_lost(
     options, url, _ = beat_settings(app.conf)
     leader = BeatLeader(app, "lease:{celery.beat:lifecycle}", options, url)
     first_send = fake_clock.t
-    lose_first_reply(monkeypatch, lambda: setattr(fake_clock, "t", fake_clock.t + 2.0))
+    lose_first_reply(monkeypatch, "acquire", lambda: setattr(fake_clock, "t", fake_clock.t + 2.0))
     leading, _ = leader.poll()
     assert leading and leader.lease is not None
     # The key was created on the server at the first send: the local deadline must fall
@@ -169,47 +136,3 @@ def test_a_release_that_finds_the_key_gone_reports_the_loss(app: Celery, wait: b
     if wait:
         assert ending.released is False and ending.loss is not None
         assert ending.loss.cause == "refused"
-
-
-@pytest.mark.parametrize("wait", [True, False], ids=["release waited for", "reply read later"])
-def test_a_holder_whose_store_restarted_is_told_at_release_and_the_next_take_works_at_once(
-    throwaway_redis: RedisFactory, monkeypatch: pytest.MonkeyPatch, wait: bool,
-) -> None:
-    # After a restart every pooled connection is dead: the release must still reach the store
-    # (and learn that the key is gone), and the next acquire must not fail on a dead one.
-    server = throwaway_redis()
-    app = Celery("restarted", broker="memory://", set_as_current=False)
-    app.conf.update(lease_backend=server.url(), lease_ttl=6.0)
-    settings = resolve_settings(app.conf, {}, "test")
-    client = store.client_for(settings.url, settings.options.store_timeout)
-    acquires = spy(monkeypatch, store, "acquire")
-    with received(signals.lease_lost) as lost, received(signals.lease_released) as released:
-        leases = [lifecycle.take(settings, client, f"lease:{{r:{i}}}",
-                                 lifecycle.HolderInfo("t", str(i), "h"), NoTarget(), sender="t")
-                  for i in range(2)]
-        assert all(isinstance(lease, Lease) for lease in leases)
-        server.restart()  # empty: both keys are gone, every connection of the client is dead
-        for lease in leases:
-            assert isinstance(lease, Lease)
-            lifecycle.end(lease, sender="t", wait=wait)
-        acquires.clear()
-        after = lifecycle.take(settings, client, "lease:{r:after}",
-                               lifecycle.HolderInfo("t", "after", "h"), NoTarget(), sender="t")
-        assert isinstance(after, Lease) and len(acquires) == 1  # no retry was needed
-        lifecycle.end(after, sender="t")
-    assert sorted((x["key"], x["cause"]) for x in lost) == [
-        ("lease:{r:0}", "refused"), ("lease:{r:1}", "refused")]
-    expected = [False, False, True] if wait else [None, None, True]
-    assert [x["released"] for x in released] == expected
-
-
-def spy(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> list[tuple[Any, ...]]:
-    """Record the arguments of each call of ``owner.name`` (which still runs)."""
-    real, calls = getattr(owner, name), []
-
-    def recording(*args: Any, **kwargs: Any) -> Any:
-        calls.append(args)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(owner, name, recording)
-    return calls
