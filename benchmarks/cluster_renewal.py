@@ -22,7 +22,8 @@ from typing import Any
 
 from redis.connection import Connection
 
-from celery_lease import connection, store
+from celery_lease import store
+from celery_lease.store import connection
 from harness.topologies import cluster_setup, sentinel_setup
 
 TOKEN = "b" * 32

@@ -10,7 +10,7 @@ between lock protocols and their Python code, not between client settings.
   :func:`~celery_lease.store.acquire` and :func:`~celery_lease.store.release`;
 - ``celery-lease async``: what ``LeasedTask`` does per execution: the same acquire, after
   reading the previous release's reply, and a release written without waiting for its reply
-  (:mod:`celery_lease.pending`);
+  (:mod:`celery_lease.store.pending`);
 - ``redis-py Lock``, ``python-redis-lock``, ``pottery Redlock`` (one master): a lock object made
   per cycle (as one is per job), non-blocking acquire, release.
 
@@ -29,7 +29,8 @@ from typing import Any
 
 import redis
 
-from celery_lease import pending, store
+from celery_lease import store
+from celery_lease.store import pending
 
 from ._infra import spread, summary
 

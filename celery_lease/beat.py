@@ -52,6 +52,7 @@ from .config import BEAT_WHERE, DEFAULTS, LeaseOptions, LeaseSettings
 from .errors import LeaseConfigError, LeaseLost, LeaseStartRefused
 from .keys import BEAT_TASK_NAME, beat_leader_key, last_run_key
 from .lease import Lease
+from .store import records
 
 __all__ = ["BEAT_TASK_NAME", "BeatLeader", "LeasedScheduler", "beat_lease_key"]
 
@@ -141,7 +142,8 @@ class BeatLeader:
     def client(self) -> redis.Redis:
         """The Redis client of the lease store (process-wide, timeouts = ``store_timeout``)."""
         options = self.options
-        return store.client_for(self.url, options.store_timeout, options.backend_options)
+        return store.client_for(  # type: ignore[no-any-return]
+            self.url, options.store_timeout, options.backend_options)
 
     @property
     def is_leader(self) -> bool:
@@ -230,7 +232,7 @@ class BeatLeader:
     def record_run(self, name: str, at: float) -> None:
         """Record that the leader sent entry ``name`` at ``at`` (epoch float seconds)."""
         try:
-            self.client.hset(self.state_key, name, repr(at))
+            records.record_run(self.client, self.state_key, name, at)
         except RedisError as exc:
             logger.warning("beat: could not record the last run of %s in %s: %s",
                            name, self.state_key, store.describe(exc))
@@ -238,17 +240,10 @@ class BeatLeader:
     def last_runs(self) -> dict[str, float]:
         """Entry name -> epoch float seconds of its last send by any leader."""
         try:
-            raw = self.client.hgetall(self.state_key)
+            return records.last_runs(self.client, self.state_key)
         except RedisError as exc:
             logger.warning("beat: could not read %s: %s", self.state_key, store.describe(exc))
             return {}
-        runs = {}
-        for name, value in raw.items():
-            try:
-                runs[name.decode() if isinstance(name, bytes) else str(name)] = float(value)
-            except ValueError:
-                continue
-        return runs
 
 
 def _inner_class(app: Any) -> type:

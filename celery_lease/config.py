@@ -18,9 +18,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from . import backend_url
 from .errors import LeaseConfigError
 from .keys import DEFAULT_PREFIX
+from .store import url as backend_url
 
 __all__ = [
     "BEAT_WHERE",
@@ -42,7 +42,7 @@ logger = logging.getLogger("celery_lease")
 #: Setting name -> default. ``None`` for a derived default.
 DEFAULTS: dict[str, Any] = {
     "lease_backend": None,  # Redis URL; falls back to a Redis broker_url
-    "lease_backend_options": None,  # dict: TLS, Sentinel and Cluster options (backend_url.py)
+    "lease_backend_options": None,  # dict: TLS, Sentinel, Cluster options (store/url.py)
     "lease_min_replicas": 0,  # int >= 0: replicas that must acknowledge a grant (WAIT)
     "lease_ttl": 30.0,  # float seconds
     "lease_renew_interval": None,  # float seconds; default lease_ttl / 3

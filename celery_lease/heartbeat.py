@@ -35,9 +35,10 @@ from dataclasses import dataclass
 
 from redis.exceptions import RedisError, ResponseError
 
-from . import clock, interrupt, pending, signals, store
+from . import clock, interrupt, signals, store
 from .errors import LostCause
 from .lease import Lease
+from .store import pending
 
 __all__ = ["Heartbeat", "Plan", "heartbeat", "plan_pass"]
 

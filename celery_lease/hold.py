@@ -38,7 +38,7 @@ from celery import current_app
 from celery._state import get_current_task
 from redis.exceptions import RedisError
 
-from . import clock, connection, interrupt, lifecycle, store
+from . import clock, interrupt, lifecycle, store
 from .config import LeaseSettings, resolve_settings
 from .errors import LeaseConfigError, LeaseConflict, LeaseLost, LeaseStoreUnavailable
 from .keys import DEFAULT_PREFIX, hold_key
@@ -118,13 +118,13 @@ class Hold:
     def client(self) -> Any:
         """The store's client (process-wide, per URL and timeout)."""
         options = self.settings.options
-        return connection.client_for(self.settings.url, options.store_timeout,
+        return store.client_for(self.settings.url, options.store_timeout,
                                      options.backend_options)
 
     def _wait_client(self) -> Any:
         # BLPOP blocks longer than a store call may: a client whose reads outlast it.
         options = self.settings.options
-        return connection.client_for(self.settings.url, WAIT_CHUNK + options.store_timeout,
+        return store.client_for(self.settings.url, WAIT_CHUNK + options.store_timeout,
                                      options.backend_options)
 
     def try_take(self, target: interrupt.Target) -> Lease | store.AcquireResult:

@@ -8,7 +8,6 @@ command (:mod:`celery_lease.cli`) only formats and prints them. Listing uses ``S
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,11 +15,12 @@ from typing import Any
 import redis
 from redis.exceptions import RedisError
 
-from . import clock, config, store, topology
-from .backend_url import safe_url
+from . import clock, config, store
 from .config import LeaseOptions, resolve_backend, resolve_options
 from .errors import LeaseConfigError
 from .keys import DEFAULT_PREFIX, is_internal
+from .store import records, topology
+from .store.url import safe_url
 from .task import LeasedTask
 
 __all__ = [
@@ -107,13 +107,10 @@ def read_lease(client: redis.Redis, key: str) -> LeaseInfo | None:
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
-    pipe = client.pipeline(transaction=True)  # value and lifetime from the same instant
-    pipe.get(key)
-    pipe.pttl(key)
-    value, pttl = pipe.execute()
+    value, pttl = records.read(client, key)
     if value is None:
         return None
-    return _info(key, value, int(pttl))
+    return _info(key, value, pttl)
 
 
 def scan_leases(client: redis.Redis, prefix: str, count: int = SCAN_COUNT,
@@ -137,15 +134,9 @@ def scan_leases(client: redis.Redis, prefix: str, count: int = SCAN_COUNT,
     batch: list[str] = []
 
     def read(keys: list[str]) -> Iterator[LeaseInfo]:
-        pipe = client.pipeline(transaction=False)
-        for key in keys:
-            pipe.get(key)
-            pipe.pttl(key)
-        replies = pipe.execute()
-        for i, key in enumerate(keys):
-            value, pttl = replies[2 * i], replies[2 * i + 1]
+        for key, (value, pttl) in zip(keys, records.read_many(client, keys), strict=True):
             if value is not None:
-                yield _info(key, value, int(pttl))
+                yield _info(key, value, pttl)
 
     for raw in topology.scan(client, _glob_escape(prefix) + ":*", count, "STRING",
                                skipped):
@@ -207,7 +198,7 @@ def client(url: str, app: Any = None) -> redis.Redis:
     """The client the inspection functions use for ``url`` (:data:`CLI_TIMEOUT` per call), with
     ``app``'s ``lease_backend_options`` (Sentinel, Cluster, TLS) when an app is given."""
     options = app.conf.get("lease_backend_options") if app is not None else None
-    return store.client_for(url, CLI_TIMEOUT, options)
+    return store.client_for(url, CLI_TIMEOUT, options)  # type: ignore[no-any-return]
 
 
 # -- the doctor's checks ------------------------------------------------------------------------
@@ -267,15 +258,9 @@ def check_store(url: str, timeout: float, app: Any = None) -> list[Finding]:
                              f"maxmemory-policy {check.eviction_policy} may evict a live lease",
                              "CONFIG SET maxmemory-policy noeviction (and in redis.conf), or "
                              "use a dedicated Redis for lease_backend"))
-    samples = []
     try:
-        for _ in range(20):
-            started = clock.now()
-            redis_client.ping()
-            samples.append(clock.now() - started)
-        before = time.time()
-        seconds, micros = redis_client.time()
-        after = time.time()
+        samples = topology.round_trips(redis_client, 20)
+        server, before, after = topology.server_time(redis_client)
     except RedisError as exc:
         found.append(Finding("fail", subject,
                              f"stopped answering during the latency check: {store.describe(exc)}"))
@@ -292,7 +277,7 @@ def check_store(url: str, timeout: float, app: Any = None) -> list[Finding]:
             "raise lease_ttl / lease_store_timeout, or move the store closer"))
     else:
         found.append(Finding("ok", subject, detail))
-    skew = seconds + micros / 1e6 - (before + after) / 2
+    skew = server - (before + after) / 2
     if abs(skew) > 2.0 + (after - before):
         found.append(Finding(
             "warn", subject, f"server clock differs from this host's by {skew:+.3f}s (lease "

@@ -65,12 +65,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import clock, pending, signals, store
+from . import clock, signals, store
 from .config import LeaseSettings
 from .errors import LeaseLost
 from .heartbeat import heartbeat
 from .interrupt import Target
 from .lease import Lease
+from .store import pending
 
 __all__ = ["Ending", "HolderInfo", "announce_end", "end", "retire", "take"]
 

@@ -35,13 +35,14 @@ from typing import Any
 from celery import bootsteps
 from redis.exceptions import RedisError
 
-from . import store, topology
-from .backend_url import safe_url
+from . import store
 from .config import check_process_settings
 from .errors import LeaseConfigError, LeaseStartRefused
 from .inspection import redis_version_problem
 from .names import check_app_settings
-from .store_errors import permanent_error
+from .store import topology
+from .store.errors import permanent_error
+from .store.url import safe_url
 from .task import LeasedTask
 
 __all__ = ["LeaseStoreCheck", "check_app", "install"]

@@ -1,4 +1,4 @@
-"""The release written before the result is stored, its reply read later (celery_lease.pending).
+"""The release written before the result is stored, its reply read later (store.pending).
 
 Real workers (solo and prefork) and a real Redis: a call made the moment the previous one's
 result arrived always runs; a process killed right after writing its release still releases.
@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
-from celery_lease import is_skipped, lifecycle, pending, signals, store
+from celery_lease import is_skipped, lifecycle, signals, store
 from celery_lease.config import resolve_settings
 from celery_lease.heartbeat import heartbeat
 from celery_lease.keys import fence_key
 from celery_lease.lease import Lease
+from celery_lease.store import pending
 from harness.proxy import TcpProxy
 from harness.redis_server import RedisServer
 from harness.waiting import wait_for

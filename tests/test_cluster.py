@@ -22,11 +22,13 @@ from click.testing import CliRunner
 from redis.connection import Connection
 from redis.exceptions import ConnectionError, SlotNotCoveredError
 
-from celery_lease import LeaseStoreUnavailable, backend_url, connection, hold, store
+from celery_lease import LeaseStoreUnavailable, hold, store
 from celery_lease.beat import BeatLeader
 from celery_lease.cli import lease
 from celery_lease.config import resolve_options
 from celery_lease.keys import fence_key
+from celery_lease.store import connection
+from celery_lease.store import url as store_url
 from harness.topologies import ClusterSetup, cluster_setup
 from tests.support.holders import Holders
 from tests.support.redis_server import RedisServer, free_port
@@ -239,7 +241,7 @@ def test_a_dead_primary_costs_only_its_own_leases_when_the_cluster_stays_up(
         assert f"warning: cluster node {victim.address}: Error 111" in listed.stderr
         if victim is seed:  # a client that knows no node but the dead seed: a store error
             with pytest.raises(ConnectionError, match="no Redis Cluster node answered"):
-                connection.build_client(backend_url.parse_store(url, {"cluster": True}), 0.5)
+                connection.build_client(store_url.parse_store(url, {"cluster": True}), 0.5)
 
 
 @pytest.fixture(scope="module")

@@ -17,16 +17,11 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_lease import (
-    LeaseConfigError,
-    LeasedTask,
-    backend_url,
-    connection,
-    store,
-    store_errors,
-    topology,
-)
+from celery_lease import LeaseConfigError, LeasedTask, store
 from celery_lease.config import resolve_backend, resolve_options
+from celery_lease.store import connection, topology
+from celery_lease.store import errors as store_errors
+from celery_lease.store import url as store_url
 from celery_lease.worker import check_app
 from tests.support.fixtures import RedisFactory
 from tests.support.secure import (
@@ -187,7 +182,7 @@ def test_lease_min_replicas_must_be_a_whole_number(value: object) -> None:
 
 
 def test_sentinel_url_in_celerys_spelling_is_parsed() -> None:
-    spec = backend_url.parse_store(
+    spec = store_url.parse_store(
         "sentinel://:pw@h1:26379/2;sentinel://h2:26380/2",
         {"master_name": "mymaster", "sentinel_kwargs": {"password": "spw"}})
     assert spec.kind == "sentinel" and spec.master_name == "mymaster"
@@ -197,7 +192,7 @@ def test_sentinel_url_in_celerys_spelling_is_parsed() -> None:
 
 
 def test_cluster_is_an_option_on_a_plain_seed_url() -> None:
-    spec = backend_url.parse_store("rediss://u:p@h:7000", {"cluster": True,
+    spec = store_url.parse_store("rediss://u:p@h:7000", {"cluster": True,
                                                           "ssl_ca_certs": "/ca.pem"})
     assert spec.kind == "cluster" and spec.tls and "db" not in spec.params
     assert spec.params["ssl_cert_reqs"] == ssl.CERT_REQUIRED
@@ -212,7 +207,7 @@ def test_cluster_is_an_option_on_a_plain_seed_url() -> None:
     "amqp://guest:hunter2@h:5672//", "redis://:hunter2@h:63 79/0",
 ])
 def test_safe_url_masks_every_password(url: str) -> None:
-    assert "hunter2" not in backend_url.safe_url(url)
+    assert "hunter2" not in store_url.safe_url(url)
 
 
 def test_configuration_errors_never_show_the_password() -> None:

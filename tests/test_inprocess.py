@@ -166,10 +166,10 @@ def test_no_command_names_the_key_after_release(redis_url: str) -> None:
     mentions = [line for line in lines if key in line]
 
     def is_renewal(line: str) -> bool:
-        return store._renew.sha in line or "PEXPIRE" in line.upper()
+        return store.renewal._renew.sha in line or "PEXPIRE" in line.upper()
 
     first_release = next(i for i, line in enumerate(mentions)
-                         if store._release.sha in line or "'DEL'" in line or "DEL" in line)
+                         if store.protocol._release.sha in line or "'DEL'" in line or "DEL" in line)
     assert sum(map(is_renewal, mentions[:first_release])) >= 2  # the heartbeat was at work
     late = [line for line in mentions[first_release:] if is_renewal(line)]
     assert late == [], "a renewal named the key after its release"

@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 from redis.exceptions import TryAgainError
 
-from celery_lease import LeaseStoreUnavailable, connection
+from celery_lease import LeaseStoreUnavailable
 from celery_lease.keys import fence_key
+from celery_lease.store import connection
 from harness.topologies import Node, cluster_setup
 from tests.support.holders import Holders, Run
 from tests.support.redis_server import HOST, free_port

@@ -16,11 +16,12 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_lease import clock, lifecycle, pending, signals, store
+from celery_lease import clock, lifecycle, signals, store
 from celery_lease.config import LeaseSettings, resolve_settings
 from celery_lease.heartbeat import heartbeat
 from celery_lease.keys import fence_key
 from celery_lease.lease import Lease
+from celery_lease.store import pending
 from harness.redis_server import RedisServer
 from harness.waiting import wait_for
 from tests.support.fixtures import RedisFactory

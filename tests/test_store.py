@@ -8,8 +8,9 @@ import pytest
 import redis
 from redis.exceptions import ResponseError
 
-from celery_lease import connection, store, topology
+from celery_lease import store
 from celery_lease.keys import fence_key
+from celery_lease.store import connection, topology
 from tests.support.fixtures import RedisFactory
 
 HOLDER = store.holder_json("t.job", "task-1", "host", 42)

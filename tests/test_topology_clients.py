@@ -12,7 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from celery_lease import connection, store, topology
+from celery_lease import store
+from celery_lease.store import connection, topology
 from harness.topologies import MASTER_NAME, ClusterSetup, SentinelSetup
 
 HOLDER = store.holder_json("t.job", "task-1", "host", 42)

@@ -210,7 +210,7 @@ if os.environ.get("KILL_AFTER_RELEASE_WRITE") == "1":
     # read, before the result is stored.
     import signal as _signal
 
-    from celery_lease import pending as _pending
+    from celery_lease.store import pending as _pending
 
     _write = _pending.write
 

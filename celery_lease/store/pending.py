@@ -3,7 +3,7 @@
 An execution that ends writes its token-checked release to a connection of its own client and
 goes on (its result is stored and its message acknowledged after that write returned); the
 connection, whose reply is still unread, stays out of the free list of connections
-(:mod:`celery_lease.wire`) until the reply is read, so no other caller is ever handed it. The
+(:mod:`celery_lease.store.wire`) until the reply is read, so no other caller is ever handed it. The
 reply is read, and the connection given back:
 
 - before this process sends its next acquire, by whichever thread sends it
@@ -21,7 +21,7 @@ still learns whether the store had its token. The heartbeat sends it only when i
 ends before the earliest deadline of the leases it renews (a fresh connection to a store that
 hangs would otherwise delay their deadlines by a timeout); until then it stays pending.
 
-Only a standalone client (:func:`celery_lease.wire.usable`: one ``redis.Redis`` on redis-py's
+Only a standalone client (:func:`celery_lease.store.wire.usable`: one ``redis.Redis`` on redis-py's
 own ``ConnectionPool``, TCP, TLS or unix socket) takes this path: :func:`write` returns
 ``None`` for a Redis Cluster or Sentinel client (they pick a node per command and re-route on
 errors and failovers; a connection held aside across that could answer for a node that no
@@ -42,12 +42,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import clock, store, wire
-from .keys import fence_key
+from .. import clock
+from ..keys import fence_key
+from . import lua, protocol, wire
+from .errors import describe
 
 __all__ = ["PendingRelease", "has_pending", "settle_all", "write"]
 
 logger = logging.getLogger("celery_lease")
+
+_RELEASE = lua.load("release-2.lua")
 
 
 class PendingRelease:
@@ -105,7 +109,7 @@ class PendingRelease:
                     released = bool(self.conn.read_response())
                 except ResponseError as exc:  # an error reply: the connection is still in step
                     logger.warning("lease release failed (it expires within %.3fs): key=%s "
-                                   "error=%s", self.ttl, self.key, store.describe(exc))
+                                   "error=%s", self.ttl, self.key, describe(exc))
                 except BaseException as exc:  # no reply, or an interrupted read: start afresh
                     wire.broken(self.client, self.conn, exc)
                     if isinstance(exc, RedisConnectionError):
@@ -130,14 +134,14 @@ class PendingRelease:
         its token; a repeated release answers True for a token it already released). None
         when it stays unanswered."""
         try:
-            return store.release(self.client, self.key, self.token)
+            return protocol.release(self.client, self.key, self.token)
         except RedisError as exc:
             self._unanswered(exc)
         return None
 
     def _unanswered(self, error: RedisError) -> None:
         logger.warning("lease release unanswered (it expires within %.3fs): key=%s error=%s",
-                       self.ttl, self.key, store.describe(error))
+                       self.ttl, self.key, describe(error))
 
     def _ready(self) -> bool:
         """True when the reply can be read at once, or is overdue (given up without waiting)."""
@@ -173,7 +177,7 @@ def write(client: Any, key: str, token: str, ttl: float,
     conn = wire.checkout(client)
     try:
         # EVAL, not EVALSHA: a NOSCRIPT reply read later would mean a release never applied.
-        wire.send(conn, ("EVAL", store.RELEASE_LUA, 2, key, fence_key(key), token))
+        wire.send(conn, ("EVAL", _RELEASE.source, 2, key, fence_key(key), token))
     except BaseException as exc:
         wire.broken(client, conn, exc)
         wire.checkin(client, conn)  # it goes back empty

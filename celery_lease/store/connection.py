@@ -2,7 +2,7 @@
 
 A single Redis or a Sentinel-managed primary gets a ``redis.Redis``; Redis Cluster a
 ``RedisCluster`` (seed node from the URL, plus the nodes this process saw before when that seed
-does not answer). The URL and options are parsed by :mod:`celery_lease.backend_url`.
+does not answer). The URL and options are parsed by :mod:`celery_lease.store.url`.
 
 The library's own client settings always win: a reply or connect timeout of
 ``lease_store_timeout``, no retries, no health checks, no maintenance notifications and raw
@@ -28,8 +28,8 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
-from .backend_url import TLS_KEYS, StoreSpec, parse_store
 from .routing import is_cluster
+from .url import TLS_KEYS, StoreSpec, parse_store
 
 __all__ = ["LeaseCluster", "build_client", "client_for", "reset_clients", "retries_of"]
 

@@ -12,7 +12,7 @@ disconnected (the next command reconnects it). A connection that broke (the serv
 failed over, or a proxy closed it) disconnects every idle one of its client as well: they most
 likely broke with it, and redis-py's pool, which checks each connection as it hands it out,
 would not have handed them out either (see :func:`broken`). A release written without
-waiting for its reply (:mod:`celery_lease.pending`) keeps its connection out of the list until
+waiting for its reply (:mod:`celery_lease.store.pending`) keeps its connection out of the list until
 the reply was read, so no caller is ever handed a connection with an unread reply.
 
 Only a standalone client (``redis.Redis`` on redis-py's own ``ConnectionPool``: TCP, TLS or a
@@ -22,15 +22,12 @@ commands keep going through redis-py (they pick a node per command and follow re
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import os
-from collections.abc import Sequence
 from typing import Any
 
 import redis
 
-__all__ = ["Script", "broken", "call", "call_many", "checkin", "checkout", "send", "usable"]
+__all__ = ["broken", "call", "call_many", "checkin", "checkout", "send", "usable"]
 
 _pid = os.getpid()
 
@@ -150,34 +147,6 @@ def call_many(client: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
         raise
     finally:
         checkin(client, conn)
-
-
-class Script:
-    """A Lua script sent by SHA, loaded on ``NOSCRIPT`` (e.g. after a server restart).
-
-    redis-py's own ``Script`` in a pipeline checks ``SCRIPT EXISTS`` before every execute, an
-    extra round trip on the renewal path; this sends ``EVALSHA`` and reloads only on demand.
-    On a standalone client it uses :func:`call`, on the others ``execute_command``.
-    """
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.sha = hashlib.sha1(source.encode()).hexdigest()
-
-    def args(self, keys: Sequence[str], argv: Sequence[Any],
-             by_sha: bool = True) -> tuple[Any, ...]:
-        """The ``EVALSHA`` command for ``keys`` and ``argv``; ``by_sha=False``: ``EVAL`` with the
-        source, which also caches the script on the server that runs it."""
-        if by_sha:
-            return ("EVALSHA", self.sha, len(keys), *keys, *argv)
-        return ("EVAL", self.source, len(keys), *keys, *argv)
-
-    def __call__(self, client: Any, keys: Sequence[str], argv: Sequence[Any]) -> Any:
-        send = functools.partial(call, client) if usable(client) else client.execute_command
-        try:
-            return send(*self.args(keys, argv))
-        except redis.exceptions.NoScriptError:
-            return send(*self.args(keys, argv, by_sha=False))
 
 
 def _after_fork_in_child() -> None:

@@ -2,12 +2,13 @@
 start-up check), its primaries, replicas and TLS (``celery lease doctor``), and a ``SCAN``
 over every primary (``celery lease ls``).
 
-:mod:`celery_lease.routing` says where one lease's commands go; this module looks at the whole
+:mod:`celery_lease.store.routing` says where one lease's commands go; this module looks at the whole
 store.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import redis
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
+from .. import clock
 from .routing import is_cluster
 
 __all__ = ["StoreCheck", "Topology", "check_store", "describe_topology", "scan"]
@@ -105,7 +107,7 @@ def _replicas_of(node: Any) -> list[str]:
 
 
 def describe_topology(client: Any) -> Topology:
-    """Describe the store behind ``client`` (from :func:`celery_lease.connection.client_for`).
+    """Describe the store behind ``client`` (from :func:`celery_lease.store.connection.client_for`).
 
     A cluster primary that does not answer is named in ``unreachable`` instead of raising.
 
@@ -192,3 +194,30 @@ def check_store(client: redis.Redis) -> StoreCheck:
     if isinstance(policy, bytes):
         policy = policy.decode()
     return StoreCheck(version=str(info.get("redis_version", "?")), eviction_policy=str(policy))
+
+
+def round_trips(client: Any, count: int) -> list[float]:
+    """The float seconds each of ``count`` ``PING`` round trips to ``client``'s node took.
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    samples = []
+    for _ in range(count):
+        started = clock.now()
+        client.ping()
+        samples.append(clock.now() - started)
+    return samples
+
+
+def server_time(client: Any) -> tuple[float, float, float]:
+    """``(server, before, after)``: the server's clock (``TIME``) and this host's wall clock
+    just before and after asking, all epoch float seconds (for the doctor's skew check).
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    before = time.time()
+    seconds, micros = client.time()
+    after = time.time()
+    return seconds + micros / 1e6, before, after

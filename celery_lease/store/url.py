@@ -6,7 +6,7 @@ and kombu's ``redis+socket://``), Sentinel (``sentinel://h1:26379;sentinel://h2:
 ``master_name``), and Redis Cluster (a ``redis://``/``rediss://`` seed node with
 ``lease_backend_options={"cluster": True}``).
 
-The library's own client settings (:mod:`celery_lease.connection`) always win. They are what
+The library's own client settings (:mod:`celery_lease.store.connection`) always win. They are what
 makes ``LeaseLost`` arrive by the local deadline, so an option that would weaken them is either
 refused here, at registration (the timeouts: ``lease_store_timeout`` says what the user meant),
 or overridden with a warning (options with a single right value, which a broker URL shared with
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from .errors import LeaseConfigError
+from ..errors import LeaseConfigError
 
 __all__ = ["OVERRIDDEN", "REFUSED", "TLS_KEYS", "StoreSpec", "parse_store", "safe_url",
            "validate_backend"]

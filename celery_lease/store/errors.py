@@ -1,17 +1,37 @@
-"""Which store errors waiting cannot cure, and the fix to name for each.
+"""Store errors: the library's own, how one is described, and which ones waiting cannot cure.
 
-A worker refuses to start on a permanent one (``worker.py``); every other store error is
-transient and handled by the lease policies (``lease_on_store_error``, renewal until the local
-deadline).
+A worker refuses to start on a permanent one (:mod:`celery_lease.worker`); every other store
+error is transient and handled by the lease policies (``lease_on_store_error``, renewal until
+the local deadline).
 """
 
 from __future__ import annotations
 
 import ssl
 
-from redis.exceptions import AuthenticationError, NoPermissionError
+from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
 
-__all__ = ["permanent_error"]
+__all__ = ["NotReplicated", "describe", "permanent_error"]
+
+
+class NotReplicated(RedisError):
+    """A grant was not acknowledged by ``min_replicas`` replicas within the store timeout.
+
+    The grant was released again (best effort; otherwise it lapses with its TTL). A
+    :class:`redis.exceptions.RedisError`, so callers treat it as any store error: the task
+    body does not run (``lease_on_store_error`` decides what happens instead).
+    """
+
+
+def describe(error: BaseException) -> str:
+    """``"ErrorType: message (on <topology and node>)"`` for logs and errors.
+
+    redis-py 8's ``repr`` of a server error drops the message; the node is the one noted by the
+    store function that got the error (:func:`celery_lease.store.routing.where`), if any.
+    """
+    text = f"{type(error).__name__}: {error}"
+    node = getattr(error, "lease_store_where", None)
+    return f"{text} (on {node})" if node else text
 
 
 def permanent_error(error: BaseException, setting: str = "lease_backend") -> str | None:

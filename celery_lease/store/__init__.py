@@ -1,0 +1,55 @@
+"""The Redis side of celery-lease: everything that talks to the lease store lives here.
+
+Nothing above this package builds a Redis command; it calls these functions:
+
+- the protocol (:mod:`.protocol`, :mod:`.renewal`): acquire, renew, release, revoke, and the
+  release that wakes a waiting hold, each one script in ``scripts/*.lua`` (:mod:`.lua`);
+- what is stored (:mod:`.value`: a lease's value; :mod:`.records`: reading leases back for
+  ``celery lease ls``, and beat's last-run record);
+- the client (:mod:`.connection`, :mod:`.url`), its topologies (:mod:`.topology`) and where
+  each command goes on them (:mod:`.routing`), the raw connection path of a standalone client
+  (:mod:`.wire`), and releases whose replies are read later (:mod:`.pending`);
+- store errors (:mod:`.errors`).
+"""
+
+from __future__ import annotations
+
+from .connection import client_for, reset_clients
+from .errors import NotReplicated, describe, permanent_error
+from .protocol import (
+    FENCE_COUNTER_EXTRA_MS,
+    TOKEN_LENGTH,
+    WAKE_LIFETIME_MS,
+    AcquireResult,
+    acquire,
+    release,
+    release_and_wake,
+    released_last,
+    revoke,
+    wait_for_release,
+)
+from .renewal import RENEW_BATCH, renew_many
+from .value import Holder, holder_json, parse_value
+
+__all__ = [
+    "FENCE_COUNTER_EXTRA_MS",
+    "RENEW_BATCH",
+    "TOKEN_LENGTH",
+    "WAKE_LIFETIME_MS",
+    "AcquireResult",
+    "Holder",
+    "NotReplicated",
+    "acquire",
+    "client_for",
+    "describe",
+    "holder_json",
+    "parse_value",
+    "permanent_error",
+    "release",
+    "release_and_wake",
+    "released_last",
+    "renew_many",
+    "reset_clients",
+    "revoke",
+    "wait_for_release",
+]

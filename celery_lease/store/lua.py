@@ -1,0 +1,177 @@
+"""The Lua scripts of the protocol: one file each, loaded once, sent by SHA.
+
+Each script is a file in ``scripts/`` (package data), named after what it does and the number
+of keys it takes (``acquire-2.lua``: two keys; a name without a number takes any number). Each
+opens with a header in a Lua block comment: what it does, one line per ``KEYS[i]`` and
+``ARGV[i]``, and what it returns; ``tests/test_scripts.py`` holds every script to its header.
+
+A fragment several scripts share (the token check, for one) is a file in ``scripts/includes/``,
+pulled in by a line that reads ``--@include <file name>`` (indented or not). That line is
+replaced by the fragment's body, indented as the line was; nothing else is expanded. Headers
+are dropped from what is sent to Redis (the release is sent as ``EVAL`` with its source on
+every execution).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import redis
+
+from . import wire
+
+__all__ = ["Header", "Script", "header", "load", "names", "source"]
+
+_INCLUDE = re.compile(r"^( *)--@include (\S+)$")
+_HEADER = re.compile(r"\A--\[\[\n(.*?)\n\]\]\n", re.S)
+_DIR = "scripts"
+
+
+def _read(path: str) -> str:
+    found = resources.files(__package__).joinpath(_DIR)
+    for part in path.split("/"):  # one part per call: Python 3.10's joinpath takes one
+        found = found.joinpath(part)
+    return found.read_text("utf-8")
+
+
+def _split(text: str, path: str) -> tuple[str, str]:
+    """``(header, body)`` of a script file.
+
+    Raises:
+        ValueError: the file does not open with a ``--[[ ... ]]`` header.
+    """
+    found = _HEADER.match(text)
+    if found is None:
+        raise ValueError(f"celery_lease/store/{_DIR}/{path} has no header: it must open with "
+                         f"a '--[[' block (what it does, KEYS, ARGV, Returns) closed by ']]'")
+    return found.group(1), text[found.end():]
+
+
+def _expand(body: str, seen: tuple[str, ...]) -> str:
+    lines = []
+    for line in body.splitlines(keepends=True):
+        found = _INCLUDE.match(line.rstrip("\n"))
+        if found is None:
+            lines.append(line)
+            continue
+        indent, name = found.groups()
+        if name in seen:
+            raise ValueError(f"scripts/includes/{name} includes itself")
+        path = f"includes/{name}"
+        fragment = _expand(_split(_read(path), path)[1], (*seen, name))
+        lines += [indent + part if part.strip() else part
+                  for part in fragment.splitlines(keepends=True)]
+    return "".join(lines)
+
+
+def names() -> list[str]:
+    """The file names of every script (``scripts/*.lua``, not the includes), sorted."""
+    folder = resources.files(__package__).joinpath(_DIR)
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".lua"))
+
+
+@functools.cache
+def source(name: str) -> str:
+    """The source sent to Redis for script ``name`` (``"acquire-2.lua"``): its body with each
+    ``--@include`` line replaced by the fragment's body, headers left out.
+
+    Raises:
+        ValueError: the script or a fragment it includes has no header, or an include loops.
+        FileNotFoundError: no such script or fragment.
+    """
+    return _expand(_split(_read(name), name)[1], ())
+
+
+@dataclass(frozen=True)
+class Header:
+    """What a script's header says.
+
+    Attributes:
+        text: the header, as written.
+        keys: the ``KEYS`` lines, ``{"1": "the lease key", ...}`` (``"1..n"`` for any number).
+        argv: the ``ARGV`` lines, the same way.
+        returns: the text from the ``Returns`` line on (empty when there is none).
+        key_count: the number of keys in the file name (``acquire-2.lua``: 2), ``None`` when
+            the name has none (any number of keys).
+    """
+
+    text: str
+    keys: dict[str, str]
+    argv: dict[str, str]
+    returns: str
+    key_count: int | None
+
+
+def header(path: str) -> Header:
+    """The header of ``scripts/<path>`` (``"acquire-2.lua"``, ``"includes/held.lua"``).
+
+    Raises:
+        ValueError: the file has no header.
+    """
+    text = _split(_read(path), path)[0]
+    table: dict[str, dict[str, str]] = {"KEYS": {}, "ARGV": {}}
+    for line in text.splitlines():
+        found = re.match(r"^(KEYS|ARGV)\[([\w.+]+)\]\s+(.*)$", line)
+        if found:
+            table[found.group(1)][found.group(2)] = found.group(3)
+    returns = text[text.index("Returns"):] if "Returns" in text else ""
+    count = re.search(r"-(\d+)\.lua$", path)
+    return Header(text, table["KEYS"], table["ARGV"], returns,
+                  int(count.group(1)) if count else None)
+
+
+class Script:
+    """A Lua script sent by SHA, loaded on ``NOSCRIPT`` (e.g. after a server restart).
+
+    redis-py's own ``Script`` in a pipeline checks ``SCRIPT EXISTS`` before every execute, an
+    extra round trip on the renewal path; this sends ``EVALSHA`` and reloads only on demand.
+    On a standalone client it uses :func:`celery_lease.store.wire.call`, on the others
+    ``execute_command``.
+
+    Attributes:
+        name: the script's file name (str).
+        source: what is sent to Redis (str, see :func:`source`).
+        sha: its SHA1, hex (str).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.source = source(name)
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+
+    def args(self, keys: Sequence[str], argv: Sequence[Any],
+             by_sha: bool = True) -> tuple[Any, ...]:
+        """The ``EVALSHA`` command for ``keys`` and ``argv``; ``by_sha=False``: ``EVAL`` with the
+        source, which also caches the script on the server that runs it."""
+        if by_sha:
+            return ("EVALSHA", self.sha, len(keys), *keys, *argv)
+        return ("EVAL", self.source, len(keys), *keys, *argv)
+
+    def __call__(self, client: Any, keys: Sequence[str], argv: Sequence[Any]) -> Any:
+        """Run the script on ``client``; returns its reply.
+
+        Raises:
+            redis.exceptions.RedisError: as the command raised it.
+        """
+        send = functools.partial(wire.call, client) if wire.usable(client) \
+            else client.execute_command
+        try:
+            return send(*self.args(keys, argv))
+        except redis.exceptions.NoScriptError:
+            return send(*self.args(keys, argv, by_sha=False))
+
+
+@functools.cache
+def load(name: str) -> Script:
+    """The :class:`Script` of ``scripts/<name>`` (``"acquire-2.lua"``), read once per process.
+
+    Raises:
+        ValueError, FileNotFoundError: as :func:`source`.
+    """
+    return Script(name)

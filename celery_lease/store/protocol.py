@@ -1,0 +1,217 @@
+"""The lease protocol: acquire, release, revoke, and the wake-up of a waiting hold.
+
+Stored value of a lease key: ``<token>:<fencing token>:<holder JSON>``
+(:mod:`celery_lease.store.value`). The token (32 hex characters, unique per execution) is what
+every conditional operation compares; the rest is there for the holder's successors and for
+operators (``celery lease ls``). Renewal is :mod:`celery_lease.store.renewal`.
+
+Each decision is one script (``scripts/*.lua``, see :mod:`celery_lease.store.lua`), one round
+trip; each script's header says what it does, its keys, arguments and replies, and why it is
+safe (conditional on the token, safe to repeat, checks before writes, nothing left without a
+lifetime under ``maxmemory``). The fencing token is ``max(previous + 1, server time in
+microseconds)``: strictly increasing per key across every grant, even when the counter key was
+evicted or the server restarted empty (as long as the server clock does not step back further
+than the counter lifetime), and across a failover that lost the counter (as long as the new
+primary's clock is not behind the old one's by more than the failover took;
+docs/deploying.md, Sentinel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from redis.exceptions import MovedError, NoScriptError, RedisError
+
+from ..keys import fence_key, wake_key
+from . import lua, routing
+from .errors import NotReplicated
+from .value import Holder, parse_value
+
+__all__ = [
+    "FENCE_COUNTER_EXTRA_MS",
+    "TOKEN_LENGTH",
+    "WAKE_LIFETIME_MS",
+    "AcquireResult",
+    "acquire",
+    "release",
+    "release_and_wake",
+    "released_last",
+    "revoke",
+    "wait_for_release",
+]
+
+TOKEN_LENGTH = 32
+# The fencing counter outlives its lease by an hour: across a longer gap the server clock
+# (microseconds) alone keeps fencing tokens increasing, and per-argument keys do not pile up.
+# scripts/includes/note_ended.lua writes the same lifetime for a counter that had lapsed.
+FENCE_COUNTER_EXTRA_MS = 3600 * 1000
+# How long a wake element waits for a waiter, int milliseconds: long enough for a waiter
+# between its refused acquire and its BLPOP; a stale one costs a later waiter one acquire.
+WAKE_LIFETIME_MS = 2000
+
+_acquire = lua.load("acquire-2.lua")
+_release = lua.load("release-2.lua")
+_release_wake = lua.load("release_wake-3.lua")
+_revoke = lua.load("revoke-1.lua")
+
+
+@dataclass(frozen=True)
+class AcquireResult:
+    """What an acquire found.
+
+    Attributes:
+        granted: True when this token holds the lease now.
+        holder: the holder (this token when granted).
+        remaining: the lifetime left on the server, float seconds.
+    """
+
+    granted: bool
+    holder: Holder
+    remaining: float
+
+
+def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
+            min_replicas: int = 0) -> AcquireResult:
+    """Take lease ``key`` for ``token`` with lifetime ``ttl_ms`` (int milliseconds).
+
+    One round trip (two when the server lost its script cache). Safe to repeat with the same
+    token after an ambiguous failure: the repeat is granted with the same fencing token.
+
+    Args:
+        min_replicas: int; when above 0, ``WAIT min_replicas`` goes in the same round trip
+            (a pipeline on the key's primary) and a grant counts only once that many replicas
+            acknowledged it. ``WAIT`` waits at most half the client's socket timeout (the store
+            timeout), so its reply arrives before the socket gives up.
+
+    Raises:
+        NotReplicated: fewer than ``min_replicas`` replicas acknowledged the grant in time;
+            the grant was released again.
+        redis.exceptions.RedisError: connection problems, timeouts, OOM and other store errors
+            (with :func:`where` noted for :func:`describe`).
+    """
+    keys, argv = (key, fence_key(key)), (token, ttl_ms, holder, ttl_ms + FENCE_COUNTER_EXTRA_MS)
+    try:
+        if min_replicas > 0:
+            granted, value, pttl = _acquire_replicated(client, keys, argv, min_replicas)
+        else:
+            granted, value, pttl = _acquire(client, keys, argv)
+    except RedisError as exc:
+        raise routing.note(exc, client, key) from None
+    if granted and b":" not in value:  # a fresh grant answers with the fencing token alone
+        return AcquireResult(True, Holder(token, int(value)), ttl_ms / 1000)
+    return AcquireResult(bool(granted), parse_value(value), max(int(pttl), 0) / 1000)
+
+
+def _acquire_replicated(client: Any, keys: tuple[str, str], argv: tuple[Any, ...],
+                        min_replicas: int) -> Any:
+    """The acquire script and ``WAIT`` in one pipeline on the primary that owns the key."""
+    node = routing.owner(client, keys[0])  # WAIT counts the writes of its own connection
+    timeout = node.connection_pool.connection_kwargs.get("socket_timeout") or 1.0
+    wait_ms = max(1, int(timeout * 1000 / 2))
+
+    def send(script: tuple[Any, ...]) -> list[Any]:
+        pipe = node.pipeline(transaction=False)
+        pipe.execute_command(*script)
+        pipe.execute_command("WAIT", min_replicas, wait_ms)
+        return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+
+    found, acked = send(_acquire.args(keys, argv))
+    if isinstance(found, NoScriptError):
+        found, acked = send(("EVAL", _acquire.source, len(keys), *keys, *argv))
+    if isinstance(found, MovedError) and routing.is_cluster(client):
+        client.nodes_manager.initialize()  # the slot moved (a resharding): ask its new owner
+        return _acquire_replicated(client, keys, argv, min_replicas)
+    if isinstance(found, Exception):
+        raise found
+    granted = found[0]
+    if granted and (isinstance(acked, Exception) or int(acked) < min_replicas):
+        try:
+            _release(client, keys, (argv[0],))
+        except RedisError:
+            pass  # it lapses with its TTL; nobody ran under it
+        if isinstance(acked, Exception):
+            raise acked
+        raise NotReplicated(f"WAIT {min_replicas}: only {acked} replica(s) acknowledged the "
+                            f"grant within {wait_ms} ms (lease_min_replicas); released")
+    return found
+
+
+def release(client: redis.Redis, key: str, token: str) -> bool:
+    """Delete lease ``key`` if ``token`` still holds it. Returns True when it was deleted, by
+    this call or by an earlier release of ``token`` (so a release sent again after a broken
+    connection, whose first reply may be lost after the script ran, still answers True; also
+    once a later holder was granted the key, until that holder released it in turn).
+
+    A release also notes ``token`` as the last execution that ended with this key (beside the
+    fencing counter), for :func:`released_last`.
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    try:
+        return bool(_release(client, (key, fence_key(key)), (token,)))
+    except RedisError as exc:
+        raise routing.note(exc, client, key) from None
+
+
+def revoke(client: redis.Redis, key: str, token: str) -> bool:
+    """Take lease ``key`` away from the holder ``token`` (an operator's release): delete it if
+    ``token`` still holds it. Returns True when it was deleted.
+
+    Unlike :func:`release` it does not note ``token`` as having ended: the holder finds the
+    loss at its next renewal (``LeaseLost``, cause ``refused``) and at its own release
+    (``released=False``), and a redelivered message of it is run again.
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    try:
+        return bool(_revoke(client, (key,), (token,)))
+    except RedisError as exc:
+        raise routing.note(exc, client, key) from None
+
+
+def release_and_wake(client: redis.Redis, key: str, token: str) -> bool:
+    """:func:`release`, and wake one hold waiting for ``key`` (:func:`wait_for_release`).
+
+    Used by holds only (their keys are never a task's), so a task's release is unchanged.
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    keys = (key, fence_key(key), wake_key(key))
+    try:
+        return bool(_release_wake(client, keys, (token, WAKE_LIFETIME_MS)))
+    except RedisError as exc:
+        raise routing.note(exc, client, key) from None
+
+
+def wait_for_release(client: redis.Redis, key: str, timeout: float) -> bool:
+    """Block up to ``timeout`` float seconds (at least 1 ms) for a release of ``key`` by
+    :func:`release_and_wake`. Returns True when woken by one, False on the timeout.
+
+    ``client`` must time out later than ``timeout`` (a client of its own for waiting).
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    try:
+        return client.blpop([wake_key(key)], max(timeout, 0.001)) is not None
+    except RedisError as exc:
+        raise routing.note(exc, client, key) from None
+
+
+def released_last(client: redis.Redis, key: str, token: str) -> bool:
+    """True when ``token`` was the last holder of ``key`` to release it (it ended normally).
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    value = client.get(fence_key(key))
+    if isinstance(value, bytes):
+        value = value.decode()
+    return isinstance(value, str) and value.partition(":")[2] == token
+
+

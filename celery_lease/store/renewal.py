@@ -1,0 +1,110 @@
+"""Renewal: many leases in one round trip per primary.
+
+A standalone or Sentinel client renews with ``scripts/renew_many.lua``, up to
+:data:`RENEW_BATCH` leases per call, every call of a pass in one pipeline; a cluster client
+with ``scripts/renew-1.lua`` per lease, grouped by the primary that owns each key's slot
+(:func:`celery_lease.store.routing.send_many`). A renewal sets the lifetime back to the TTL
+(``PEXPIRE``: sets, never adds) only while the token matches, so it is safe to repeat.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import redis
+from redis.exceptions import AskError, MovedError, NoScriptError, RedisError
+
+from . import lua, routing, wire
+
+__all__ = ["RENEW_BATCH", "renew_many"]
+
+#: Leases per call of the batch renewal script: Redis runs one script at a time, so a call
+#: for 1 000 keys (about a millisecond) delays other clients by no more than that.
+RENEW_BATCH = 1000
+
+_renew = lua.load("renew-1.lua")
+_renew_many = lua.load("renew_many.lua")
+_BATCH_REPLY = {ord("1"): 1, ord("0"): 0, ord("2"): -1}
+
+
+def renew_many(
+    client: redis.Redis, leases: Sequence[tuple[str, str, int]]
+) -> list[int | RedisError]:
+    """Renew many leases in one round trip per primary (a pipeline of conditional renewals).
+
+    With a :class:`redis.cluster.RedisCluster` client, redis-py's cluster pipeline groups the
+    renewals by the node that owns each key's slot: one round trip per primary, all written
+    before any reply is read. A renewal answered ``MOVED``/``ASK`` (its slot is moving) is sent
+    again to the owner alone; Redis runs a script only where the key's slot is served, so a
+    lease is never renewed on a node that no longer owns it.
+
+    Args:
+        leases: ``(key, token, ttl_ms)`` triples.
+
+    Returns:
+        One entry per lease: ``1`` renewed, ``0`` key absent, ``-1`` held by another token, or
+        the :class:`RedisError` that lease's command got (:func:`describe` names its node).
+
+    Raises:
+        redis.exceptions.RedisError: the round trip itself failed (connection, timeout).
+    """
+    if not routing.is_cluster(client):
+        return _renew_batched(client, leases)
+    commands = [_renew.args((key,), (token, ttl_ms)) for key, token, ttl_ms in leases]
+    try:
+        replies = routing.send_many(client, commands)
+        stale = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if stale:
+            # A server restarted, failed over or flushed its scripts: only the renewals it
+            # refused go again, as EVAL (which caches the script there), to their own primary.
+            # Not SCRIPT LOAD on every primary: on a cluster with a primary down it stops at
+            # that one, and the primaries after it would never get the script back.
+            again = routing.send_many(client, [_renew.args((leases[i][0],), leases[i][1:],
+                                                            by_sha=False) for i in stale])
+            for i, reply in zip(stale, again, strict=True):
+                replies[i] = reply
+    except RedisError as exc:
+        raise routing.note(exc, client, None) from None
+    out: list[int | RedisError] = []
+    for (key, token, ttl_ms), reply in zip(leases, replies, strict=True):
+        if isinstance(reply, (MovedError, AskError)):
+            try:  # redis-py follows the redirection (ASKING first for ASK)
+                reply = _renew(client, (key,), (token, ttl_ms))
+            except RedisError as exc:
+                reply = exc
+        out.append(routing.note(reply, client, key) if isinstance(reply, RedisError)
+                   else int(reply))
+    return out
+
+
+def _renew_batched(client: redis.Redis, leases: Sequence[tuple[str, str, int]]
+                   ) -> list[int | RedisError]:
+    """:func:`renew_many` on one primary: the batch script, per TTL and per
+    :data:`RENEW_BATCH` leases, all calls in one pipeline (one round trip)."""
+    order: dict[int, list[int]] = {}
+    for i, (_, _, ttl_ms) in enumerate(leases):
+        order.setdefault(ttl_ms, []).append(i)
+    chunks = [(ttl_ms, idx[at:at + RENEW_BATCH])
+              for ttl_ms, idx in order.items() for at in range(0, len(idx), RENEW_BATCH)]
+    calls = [([leases[i][0] for i in chunk], [ttl_ms, *(leases[i][1] + ":" for i in chunk)])
+             for ttl_ms, chunk in chunks]
+    send = functools.partial(wire.call_many if wire.usable(client) else routing.send_many,
+                             client)
+    try:
+        replies = send([_renew_many.args(keys, argv) for keys, argv in calls])
+        if any(isinstance(r, NoScriptError) for r in replies):
+            # The server lost its scripts: EVAL caches the script again (not SCRIPT LOAD,
+            # which the minimal ACL in docs/deploying.md does not grant).
+            replies = send([_renew_many.args(keys, argv, by_sha=False) for keys, argv in calls])
+    except RedisError as exc:
+        raise routing.note(exc, client, None) from None
+    out: list[int | RedisError] = [0] * len(leases)
+    for (_, chunk), reply in zip(chunks, replies, strict=True):
+        if isinstance(reply, RedisError):  # e.g. OOM, BUSY: every lease of the call got it
+            for i in chunk:
+                out[i] = routing.note(reply, client, leases[i][0])
+            continue
+        for i, code in zip(chunk, reply, strict=True):
+            out[i] = _BATCH_REPLY[code]
+    return out

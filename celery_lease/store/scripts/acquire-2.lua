@@ -1,0 +1,41 @@
+--[[
+Take a lease: a conditional create with its lifetime in the same write (SET NX PX), which also
+issues the fencing token. A repeat with the same token (its first reply was lost) finds its own
+value and is granted again with the same fencing token: no phantom lease. The fencing token is
+max(previous + 1, server time in microseconds): strictly increasing per key across every grant,
+even when the counter was evicted or the server restarted empty. The checks come before the
+writes, and SET, the only write refused under maxmemory, is the first write: a refused grant
+leaves nothing behind, and no key without a lifetime.
+
+KEYS[1]  the lease key
+KEYS[2]  the fencing counter key (same hash tag)
+
+ARGV[1]  the token of the execution taking the lease (32 hex characters)
+ARGV[2]  the lease's lifetime, int milliseconds (the TTL)
+ARGV[3]  the holder JSON (task, task id, host, pid)
+ARGV[4]  the fencing counter's lifetime, int milliseconds (the TTL plus an hour)
+
+Returns {granted, answer, pttl}:
+  {1, fence, ARGV[2]}  granted now; answer is the fencing token alone (digits)
+  {1, value, pttl}     the key holds this token already (a repeat); answer is the whole value
+  {0, value, pttl}     held by another token; value is "<token>:<fencing token>:<holder JSON>"
+                       and pttl its lifetime left, int milliseconds (-1: none)
+]]
+if redis.replicate_commands then redis.replicate_commands() end
+--@include held.lua
+if cur then
+  return {mine and 1 or 0, cur, redis.call('PTTL', KEYS[1])}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local last = redis.call('GET', KEYS[2]) or ''
+local fence = (tonumber(string.match(last, '^%d+')) or 0) + 1
+if now > fence then fence = now end
+fence = string.format('%.0f', fence)
+local value = ARGV[1] .. ':' .. fence .. ':' .. ARGV[3]
+redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2])
+-- The last release's token stays, after ';' (not ':': released_last no longer names it),
+-- for a repeat of that release sent after its reply was lost (see released_before.lua).
+local ended = string.match(last, '^%d+:(.+)$')
+redis.call('SET', KEYS[2], ended and (fence .. ';' .. ended) or fence, 'PX', ARGV[4])
+return {1, fence, tonumber(ARGV[2])}

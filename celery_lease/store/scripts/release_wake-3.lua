@@ -1,0 +1,28 @@
+--[[
+Release a hold's lease (celery_lease.hold) as release-2.lua does, then put one "free" element
+in the key's wake list for a waiting hold's BLPOP. A separate script, so a task's release costs
+nothing more. DEL first: the list holds at most one element (one waiter woken per release; it
+passes the turn on with its own release). pcall: a wake refused under OOM only leaves the
+waiters to their fallback, the holder's expiry.
+
+KEYS[1]  the lease key
+KEYS[2]  the fencing counter key (same hash tag)
+KEYS[3]  the wake list key (same hash tag)
+
+ARGV[1]  the holder's token
+ARGV[2]  the wake element's lifetime, int milliseconds
+
+Returns:
+  1  released (now or before), and one waiter woken when released now
+  0  ARGV[1] did not hold the key
+]]
+--@include held.lua
+if mine then
+  redis.call('DEL', KEYS[1])
+  --@include note_ended.lua
+  redis.call('DEL', KEYS[3])
+  redis.pcall('RPUSH', KEYS[3], '1')
+  redis.pcall('PEXPIRE', KEYS[3], ARGV[2])
+  return 1
+end
+--@include released_before.lua
