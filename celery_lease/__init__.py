@@ -3,6 +3,16 @@
 ``@app.task(base=LeasedTask)`` takes a lease keyed by the task name and arguments before the
 body runs, renews it from a heartbeat thread while the body runs, releases it when the
 execution ends, and raises :class:`LeaseLost` inside the body the moment it is lost.
+
+The layers, each importing only from itself and those below it (tests/test_layout.py)::
+
+    operations    cli, doctor, inspection, flower, metrics, testing, worker (start check)
+    entry points  task (+ conflict), hold (+ hold_core, hold_async), beat, lease_tasks, eager
+    the lease     lifecycle, heartbeat, interrupt (delivering LeaseLost), lease
+    settings      config, names
+    store/        the Redis side: the protocol and its Lua scripts, the client and its
+                  topologies, routing, pending replies, stored values, store errors
+    base          keys, errors, signals, clock
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from celery.bin.base import CeleryCommand, handle_preload_options
 from redis.exceptions import RedisError
 
 from . import inspection, store
+from .doctor import Finding, diagnose
 from .errors import LeaseConfigError, LeaseError
 from .inspection import LeaseInfo, read_lease, scan_leases
 from .keys import BEAT_TASK_NAME, is_internal
@@ -289,7 +290,7 @@ def release(ctx: click.Context, key: str, assume_yes: bool, url: str | None,
 _COLORS = {"ok": "green", "warn": "yellow", "fail": "red", "info": "blue"}
 
 
-def _print_finding(finding: inspection.Finding, ctx_obj: Any) -> None:
+def _print_finding(finding: Finding, ctx_obj: Any) -> None:
     tag = f"{finding.level.upper():<4}"
     style = getattr(ctx_obj, "style", None)
     if style is not None and not getattr(ctx_obj, "no_color", True):
@@ -314,7 +315,7 @@ def doctor(ctx: click.Context, strict: bool, url: str | None, **kwargs: Any) -> 
     """
     app = _app(ctx)
     failures = warnings = 0
-    for finding in inspection.diagnose(app, url):
+    for finding in diagnose(app, url):
         failures += finding.level == "fail"
         warnings += finding.level == "warn"
         _print_finding(finding, ctx.find_root().obj)

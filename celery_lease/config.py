@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import signal as _signal
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -374,29 +374,3 @@ def resolve_signal(value: Any) -> int:
             f"'SIGUSR2' or a real-time signal such as {int(_signal.SIGRTMIN) + 2}"
         )
     return int(signum)
-
-
-def validate_lease_key(spec: Any, parameters: Callable[[], list[str]], where: str) -> None:
-    """Check a ``lease_key`` task option at registration.
-
-    Args:
-        spec: ``None``, a sequence of parameter names, or a callable.
-        parameters: returns the task's parameter names (called only when needed).
-
-    Raises:
-        LeaseConfigError: a string, a non-sequence, or a name the task does not take.
-    """
-    if spec is None or callable(spec):
-        return
-    if isinstance(spec, (str, bytes)) or not isinstance(spec, (list, tuple)):
-        raise LeaseConfigError(
-            f"lease_key={spec!r} ({where}) must be None, a callable, or a list/tuple of "
-            f"parameter names, e.g. lease_key=({spec!r},)"
-        )
-    known = parameters()
-    for name in spec:
-        if name not in known:
-            raise LeaseConfigError(
-                f"lease_key names {name!r} ({where}), which is not a parameter of the task; "
-                f"its parameters are {known}"
-            )

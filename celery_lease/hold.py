@@ -15,52 +15,29 @@ What the store holds: the key ``<lease_key_prefix>:{hold:<name>}``; as the holde
 name and id of the enclosing Celery task, else ``celery_lease.hold`` and the thread's name
 (a low-cardinality name: metrics are labelled with it; the key says which resource).
 
-Waiting (``on_conflict="wait"``) does not poll: a hold's release pushes one element to the
-key's wake list (:func:`celery_lease.store.release_and_wake`) and a waiter blocks on it with
-``BLPOP``, for at most the holder's remaining lifetime (a holder that dies never releases:
-the key expires, and the waiter tries again then). One waiter is woken per release; it passes
-the turn on with its own release. Fairness is not promised: a hold that arrives as the key is
-freed can take it before a woken waiter.
+Waiting for a release (``on_conflict="wait"``): :mod:`celery_lease.hold_core`.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
-import logging
-import socket
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 import wrapt
-from celery import current_app
-from celery._state import get_current_task
-from redis.exceptions import RedisError
 
-from . import clock, interrupt, lifecycle, store
-from .config import LeaseSettings, resolve_settings
-from .errors import LeaseConfigError, LeaseConflict, LeaseLost, LeaseStoreUnavailable
-from .keys import DEFAULT_PREFIX, hold_key
+from . import clock, interrupt, lifecycle
+from .errors import LeaseLost
+from .hold_async import AsyncHold
+from .hold_core import HOLD_TASK_NAME, HoldCore, end
 from .lease import Lease
 
 __all__ = ["HOLD_TASK_NAME", "Hold", "hold"]
 
-logger = logging.getLogger("celery_lease")
-
-#: The task name stored (and the metrics label) for a hold taken outside any Celery task.
-HOLD_TASK_NAME = "celery_lease.hold"
-
 F = TypeVar("F", bound=Callable[..., Any])
 
-ON_CONFLICT = ("raise", "wait")
-# Longest single BLPOP, float seconds: a waiter re-reads the holder at least this often.
-WAIT_CHUNK = 5.0
-# Past the holder's expiry before trying again, float seconds (the key expires on the server).
-EXPIRY_SLACK = 0.002
 
-
-class Hold:
+class Hold(HoldCore):
     """A lease on ``name`` for a block of code; made by :func:`hold` (see it for the options).
 
     A context manager (``with``), a decorator (each call holds the lease), and a lock-like
@@ -71,101 +48,6 @@ class Hold:
         name: the hold name (str).
         lease: the :class:`~celery_lease.lease.Lease` while held, else ``None``.
     """
-
-    def __init__(self, name: str, *, ttl: float | None = None, url: str | None = None,
-                 app: Any = None, on_conflict: str = "raise", timeout: float | None = None,
-                 blocking: bool = True, renew_interval: float | None = None,
-                 key_prefix: str | None = None) -> None:
-        if on_conflict not in ON_CONFLICT:
-            raise LeaseConfigError(
-                f"on_conflict={on_conflict!r} (hold {name!r}) is not one of "
-                f"{', '.join(map(repr, ON_CONFLICT))}")
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(
-                timeout, (int, float)) or timeout < 0):
-            raise LeaseConfigError(
-                f"timeout={timeout!r} (hold {name!r}) must be None (wait as long as it takes) "
-                f"or a number of seconds >= 0")
-        self._params: dict[str, Any] = dict(
-            ttl=ttl, url=url, app=app, on_conflict=on_conflict, timeout=timeout,
-            blocking=blocking, renew_interval=renew_interval, key_prefix=key_prefix)
-        hold_key(DEFAULT_PREFIX, name)  # a bad name fails here, at once
-        self.name = name
-        self.on_conflict = on_conflict
-        self.timeout = timeout
-        self.blocking = blocking
-        self.lease: Lease | None = None
-
-    @functools.cached_property
-    def settings(self) -> LeaseSettings:
-        """The resolved settings, on first use: a decorator applied at import time reads the
-        app's configuration when the function is first called, not before it is configured.
-
-        Raises:
-            LeaseConfigError: an invalid option, or no Redis URL.
-        """
-        p = self._params
-        return _settings(self.name, p["app"], p["url"], p["ttl"], p["renew_interval"],
-                         p["key_prefix"])
-
-    @functools.cached_property
-    def key(self) -> str:
-        """The Redis key: ``<lease_key_prefix>:{hold:<name>}`` (resolves the settings)."""
-        return hold_key(self.settings.options.key_prefix, self.name)
-
-    # -- taking and ending ----------------------------------------------------------------------
-
-    @property
-    def client(self) -> Any:
-        """The store's client (process-wide, per URL and timeout)."""
-        options = self.settings.options
-        return store.client_for(self.settings.url, options.store_timeout,
-                                     options.backend_options)
-
-    def _wait_client(self) -> Any:
-        # BLPOP blocks longer than a store call may: a client whose reads outlast it.
-        options = self.settings.options
-        return store.client_for(self.settings.url, WAIT_CHUNK + options.store_timeout,
-                                     options.backend_options)
-
-    def try_take(self, target: interrupt.Target) -> Lease | store.AcquireResult:
-        """One attempt: the granted lease, or what the holder looks like.
-
-        Raises:
-            LeaseStoreUnavailable: the store could not be reached.
-        """
-        holder = _holder()
-        try:
-            return lifecycle.take(self.settings, self.client, self.key, holder, target,
-                                  sender=holder.task_name)
-        except RedisError as exc:
-            raise LeaseStoreUnavailable(self.key, "acquire", store.describe(exc)) from None
-
-    def conflict(self, found: store.AcquireResult, waited: float = 0.0) -> LeaseConflict:
-        """The :class:`LeaseConflict` describing ``found`` (after ``waited`` float seconds)."""
-        holder = found.holder
-        if waited:
-            logger.info("hold %r: still held after waiting %.3fs", self.name, waited)
-        return LeaseConflict(self.key, holder.task_id, holder.where, found.remaining)
-
-    def wait_time(self, found: store.AcquireResult, deadline: float | None) -> float:
-        """How long to wait for a release before trying again (float seconds, <= 0: give up)."""
-        # At least 10 ms: a foreign key without a lifetime (remaining 0) is no tight loop.
-        chunk = min(max(found.remaining + EXPIRY_SLACK, 0.01), WAIT_CHUNK)
-        if deadline is None:
-            return chunk
-        left = deadline - clock.now()
-        return min(chunk, left) if left > 0 else 0.0
-
-    def wait_released(self, seconds: float) -> bool:
-        """Block up to ``seconds`` for a release of the key (True if woken by one).
-
-        Raises:
-            LeaseStoreUnavailable: the store could not be reached.
-        """
-        try:
-            return store.wait_for_release(self._wait_client(), self.key, seconds)
-        except RedisError as exc:
-            raise LeaseStoreUnavailable(self.key, "wait", store.describe(exc)) from None
 
     def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """Take the lease. Returns False when it is held elsewhere and not (or no longer) waited
@@ -253,8 +135,6 @@ class Hold:
         A coroutine function gets :func:`celery_lease.hold_async` instead.
         """
         if inspect.iscoroutinefunction(func):
-            from .hold_async import AsyncHold
-
             @wrapt.decorator
             async def run_async(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
                 async with AsyncHold(self.name, settings=self.settings, **self._params):
@@ -314,36 +194,3 @@ def hold(name: str, *, ttl: float | None = None, url: str | None = None, app: An
                 blocking=blocking, renew_interval=renew_interval, key_prefix=key_prefix)
 
 
-def end(lease: Lease, *, sender: Any) -> lifecycle.Ending:
-    """:func:`celery_lease.lifecycle.end` with the release that wakes a waiting hold."""
-    return lifecycle.end(lease, sender=sender, release=store.release_and_wake)
-
-
-def _settings(name: str, app: Any, url: str | None, ttl: float | None,
-              renew_interval: float | None, key_prefix: str | None) -> LeaseSettings:
-    conf: Mapping[str, Any] = (app if app is not None else current_app).conf
-    where = f"hold {name!r}"
-    overrides = {"lease_ttl": ttl, "lease_renew_interval": renew_interval,
-                 "lease_key_prefix": key_prefix, "lease_backend": url}
-    try:
-        return resolve_settings(conf, overrides, where)
-    except LeaseConfigError as exc:
-        if "lease_backend is not set" not in str(exc):
-            raise
-        raise LeaseConfigError(
-            f"{where}: no Redis URL for the lease store: pass url='redis://host:6379/1' or "
-            f"app=<a Celery app with lease_backend or a Redis broker_url>, or set "
-            f"lease_backend on the current Celery app (Celery's current app is per thread: "
-            f"in a thread that did not create the app, pass app= or call app.set_default())"
-        ) from None
-
-
-def _holder() -> lifecycle.HolderInfo:
-    """The enclosing Celery task (name, id, worker node), else this thread in this host."""
-    task = get_current_task()
-    request = getattr(task, "request", None) if task is not None else None
-    if request is not None and getattr(request, "id", None):
-        return lifecycle.HolderInfo(
-            task.name, request.id, request.hostname or socket.gethostname())
-    return lifecycle.HolderInfo(
-        HOLD_TASK_NAME, threading.current_thread().name, socket.gethostname())

@@ -10,7 +10,7 @@ Python 3.11+ the task's cancellation count tells them apart (``Task.uncancel``);
 cancellation's message does.
 
 Waiting (``on_conflict="wait"``) blocks an executor thread in ``BLPOP`` for at most
-:data:`celery_lease.hold.WAIT_CHUNK` seconds at a time; a waiting task that is cancelled
+:data:`celery_lease.hold_core.WAIT_CHUNK` seconds at a time; a waiting task that is cancelled
 returns at once, its thread finishes that wait in the background.
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from . import clock, interrupt, store
-from .hold import Hold, end
+from .hold_core import HoldCore, end
 from .lease import Lease
 
 __all__ = ["AsyncHold", "hold_async"]
@@ -66,7 +66,7 @@ class AsyncHold:
         return self._hold.key
 
     def __init__(self, name: str, *, settings: Any = None, **options: Any) -> None:
-        self._hold = Hold(name, **options)
+        self._hold = HoldCore(name, **options)
         if settings is not None:  # already resolved (the decorator's)
             self._hold.settings = settings
         self.name = name

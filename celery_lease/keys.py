@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .errors import LeaseKeyError
+from .errors import LeaseConfigError, LeaseKeyError
 
 __all__ = [
     "BEAT_TASK_NAME",
@@ -46,6 +46,7 @@ __all__ = [
     "hold_name",
     "is_internal",
     "last_run_key",
+    "validate_lease_key",
     "wake_key",
 ]
 
@@ -317,3 +318,29 @@ def hold_name(label: str, *values: Any, **named: Any) -> str:
 def wake_key(key: str) -> str:
     """The list a hold's release pushes to, to wake holds waiting for ``key`` (same hash tag)."""
     return key + _WAKE
+
+
+def validate_lease_key(spec: Any, parameters: Callable[[], list[str]], where: str) -> None:
+    """Check a ``lease_key`` task option at registration.
+
+    Args:
+        spec: ``None``, a sequence of parameter names, or a callable.
+        parameters: returns the task's parameter names (called only when needed).
+
+    Raises:
+        LeaseConfigError: a string, a non-sequence, or a name the task does not take.
+    """
+    if spec is None or callable(spec):
+        return
+    if isinstance(spec, (str, bytes)) or not isinstance(spec, (list, tuple)):
+        raise LeaseConfigError(
+            f"lease_key={spec!r} ({where}) must be None, a callable, or a list/tuple of "
+            f"parameter names, e.g. lease_key=({spec!r},)"
+        )
+    known = parameters()
+    for name in spec:
+        if name not in known:
+            raise LeaseConfigError(
+                f"lease_key names {name!r} ({where}), which is not a parameter of the task; "
+                f"its parameters are {known}"
+            )

@@ -45,8 +45,9 @@ from celery import bootsteps
 from celery import signals as celery_signals
 from celery._state import connect_on_app_finalize
 
-from .config import TASK_OPTIONS, resolve_options, validate_lease_key
+from .config import TASK_OPTIONS, resolve_options
 from .errors import LeaseConfigError
+from .keys import validate_lease_key
 from .lease import current_lease
 from .names import check_names
 from .task import LeasedTask

@@ -12,18 +12,17 @@ import inspect
 import logging
 import os
 import socket
-import time
 from collections.abc import Mapping
 from typing import Any, ClassVar, NoReturn
 
-from celery import Task, states
+from celery import Task
 from celery.exceptions import Ignore
-from celery.result import ResultBase, allow_join_result
+from celery.result import allow_join_result
 from celery.utils import uuid
 from kombu.serialization import dumps, loads
 from redis.exceptions import RedisError
 
-from . import eager, interrupt, lifecycle, signals, store
+from . import conflict, eager, interrupt, lifecycle, store
 from .config import (
     TASK_OPTIONS,
     LeaseOptions,
@@ -31,42 +30,16 @@ from .config import (
     check_process_settings,
     resolve_options,
     resolve_settings,
-    validate_lease_key,
 )
-from .errors import LeaseConflict, LeaseKeyError, LeaseLost, LeaseStoreUnavailable
-from .keys import KeySpec, build_key
+from .conflict import REDELIVERY_HEADER, SKIPPED_MARKER, SUCCESSOR_HEADER, is_skipped
+from .errors import LeaseKeyError, LeaseLost, LeaseStoreUnavailable
+from .keys import KeySpec, build_key, validate_lease_key
 from .lease import Lease, _current
 from .names import check_task_names
 
 __all__ = ["SKIPPED_MARKER", "LeasedTask", "is_skipped"]
 
 logger = logging.getLogger("celery_lease")
-
-#: Message header naming the token of the execution that published this message, when that
-#: execution held the same key (a retry or a self-requeue): it runs after that holder ends.
-SUCCESSOR_HEADER = "lease_successor_of"
-
-#: Message header of a copy republished by a delivery that found its own task id holding the
-#: lease; its value is the holder's token. The copy runs only if that holder did not release
-#: (it died), which the release notes beside the fencing counter.
-REDELIVERY_HEADER = "lease_redelivery"
-
-#: The key in the result stored for a duplicate skipped by ``lease_on_conflict="skip"``.
-SKIPPED_MARKER = "lease_skipped"
-
-
-def is_skipped(result: Any) -> bool:
-    """True when ``result`` (an ``AsyncResult.get()`` value) is a skipped duplicate's marker.
-
-    Raises:
-        TypeError: ``result`` is the ``AsyncResult`` (or ``EagerResult``) itself, which would
-            always answer False.
-    """
-    if isinstance(result, ResultBase):
-        raise TypeError("is_skipped() takes the task's result, not its AsyncResult: "
-                        "is_skipped(result.get())")
-    return isinstance(result, Mapping) and result.get(SKIPPED_MARKER) is True
-
 
 def _run_signature(task_cls: type) -> inspect.Signature:
     """The task's real signature without ``self``, through any ``functools.wraps`` wrapper."""
@@ -316,7 +289,7 @@ class LeasedTask(Task):  # type: ignore[misc]
         except RedisError as exc:
             self._store_error(options, key, exc)
         if not isinstance(got, Lease):
-            return self._conflict(request, options, key, got)
+            return conflict.handle(self, request, options, key, got)
         return got
 
     def _release(self, lease: Lease) -> None:
@@ -337,79 +310,6 @@ class LeasedTask(Task):  # type: ignore[misc]
         if options.on_store_error == "retry" and not self.request.is_eager:
             raise self.retry(exc=error, countdown=options.renew_interval)
         raise error
-
-    def _conflict(self, request: Any, options: LeaseOptions, key: str,
-                  found: store.AcquireResult) -> dict[str, Any]:
-        holder = found.holder
-        conflict = LeaseConflict(key, holder.task_id, holder.where, found.remaining)
-        headers = request.headers or {}
-        if holder.token and headers.get(SUCCESSOR_HEADER) == holder.token:
-            policy = "successor"  # published by the holder itself (a retry): run once it ends
-        elif holder.task_id and holder.task_id == request.id:
-            policy = "redelivered"  # same message again while it runs: not ours, not stored
-        elif options.on_conflict == "skip" and (request.chain or request.callbacks):
-            # A skipped link would leave the rest of its chain waiting forever (Ignore sends
-            # nothing on): fail it instead, so the chain's result raises LeaseConflict.
-            policy = "fail"
-        else:
-            policy = options.on_conflict
-        # A skip says what happened in its own line below, once the marker is stored.
-        logger.log(logging.DEBUG if policy == "skip" else logging.INFO,
-                   "lease conflict (%s): task %s[%s] not run: %s (fencing_token=%d)",
-                   policy, self.name, request.id, conflict, holder.fencing_token)
-        signals.lease_conflict.send(
-            sender=self, key=key, task_id=request.id, holder_task_id=holder.task_id,
-            holder=holder.where, remaining=found.remaining, policy=policy,
-            fencing_token=holder.fencing_token, token=holder.token)
-        if policy == "redelivered":
-            if request.is_eager:
-                raise conflict
-            # Either the broker delivered a message that is still running (acks_late,
-            # visibility timeout) or the execution that holds it died (a SIGKILLed child with
-            # reject_on_worker_lost). Look again once the holder's lifetime is over: the copy
-            # runs only if the first execution did not finish.
-            self.signature_from_request(
-                request, countdown=max(0.05, found.remaining), retries=request.retries,
-                headers={**headers, REDELIVERY_HEADER: holder.token},
-            ).apply_async()
-            raise Ignore()
-        if policy == "successor":
-            if request.is_eager:
-                raise conflict
-            self.signature_from_request(
-                request, countdown=max(0.05, min(found.remaining, options.renew_interval / 2)),
-                retries=request.retries,
-            ).apply_async()
-            raise Ignore()
-        if policy == "retry":
-            countdown = max(found.remaining, 0.05)
-            if request.is_eager:
-                # Eager mode runs a retry at once, ignoring its countdown: wait here the time
-                # a worker's retry would wait, or every retry would meet the same holder.
-                time.sleep(countdown)
-            raise self.retry(exc=conflict, countdown=countdown)
-        if policy == "fail":
-            raise conflict
-        # skip: store a marker result so AsyncResult.get() returns instead of hanging
-        self._event("task-lease-skipped", lease_key=key, lease_holder=holder.where,
-                    lease_holder_task_id=holder.task_id, lease_remaining=found.remaining,
-                    lease_cause="held by another execution")
-        marker = {SKIPPED_MARKER: True, "key": key, "holder_task_id": holder.task_id,
-                  "holder": holder.where}
-        if request.is_eager:
-            return marker  # returned as the result: no worker, no stored state to set
-        try:
-            self.backend.mark_as_done(request.id, marker, request=request, state=states.SUCCESS)
-        except Exception:
-            logger.exception("could not store the skipped marker of %s", request.id)
-        else:
-            logger.info("skipped: task %s[%s] not run, lease %s held by %s (task %s, %.1fs "
-                        "left, fencing_token=%d); result stored as SUCCESS with a skip marker",
-                        self.name, request.id, key, holder.where, holder.task_id or "?",
-                        found.remaining, holder.fencing_token)
-        # Ignore, not a returned marker: a return would send task-succeeded, which would
-        # replace the task-lease-skipped state in Flower.
-        raise Ignore()
 
     @staticmethod
     def _ended(client: Any, key: str, token: str) -> bool:

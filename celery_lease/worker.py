@@ -37,8 +37,8 @@ from redis.exceptions import RedisError
 
 from . import store
 from .config import check_process_settings
+from .doctor import redis_version_problem
 from .errors import LeaseConfigError, LeaseStartRefused
-from .inspection import redis_version_problem
 from .names import check_app_settings
 from .store import topology
 from .store.errors import permanent_error

@@ -1,0 +1,192 @@
+"""What a leased task's execution does when it finds its key held: one handler per policy.
+
+:func:`handle` picks the policy (the task's ``lease_on_conflict``, or one of the cases that
+ignore it: a message the holder published for its own key, a redelivery of the holder's own
+message, a skip inside a chain), logs it, sends :data:`~celery_lease.signals.lease_conflict`
+and calls the policy's handler from :data:`HANDLERS`. A handler raises what ends the
+execution (``Ignore``, ``Retry``, ``LeaseConflict``) or returns the result of an eager call.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from celery import states
+from celery.exceptions import Ignore
+from celery.result import ResultBase
+
+from . import signals, store
+from .config import LeaseOptions
+from .errors import LeaseConflict
+
+__all__ = ["HANDLERS", "REDELIVERY_HEADER", "SKIPPED_MARKER", "SUCCESSOR_HEADER", "Conflict",
+           "handle", "is_skipped"]
+
+logger = logging.getLogger("celery_lease")
+
+#: Message header naming the token of the execution that published this message, when that
+#: execution held the same key (a retry or a self-requeue): it runs after that holder ends.
+SUCCESSOR_HEADER = "lease_successor_of"
+
+#: Message header of a copy republished by a delivery that found its own task id holding the
+#: lease; its value is the holder's token. The copy runs only if that holder did not release
+#: (it died), which the release notes beside the fencing counter.
+REDELIVERY_HEADER = "lease_redelivery"
+
+#: The key in the result stored for a duplicate skipped by ``lease_on_conflict="skip"``.
+SKIPPED_MARKER = "lease_skipped"
+
+
+def is_skipped(result: Any) -> bool:
+    """True when ``result`` (an ``AsyncResult.get()`` value) is a skipped duplicate's marker.
+
+    Raises:
+        TypeError: ``result`` is the ``AsyncResult`` (or ``EagerResult``) itself, which would
+            always answer False.
+    """
+    if isinstance(result, ResultBase):
+        raise TypeError("is_skipped() takes the task's result, not its AsyncResult: "
+                        "is_skipped(result.get())")
+    return isinstance(result, Mapping) and result.get(SKIPPED_MARKER) is True
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """One execution that found its key held, as a handler sees it.
+
+    Attributes:
+        task: the :class:`~celery_lease.LeasedTask` instance (its ``request`` is the
+            execution's).
+        request: the execution's Celery request.
+        options: the task's lease options.
+        key: the lease key (str).
+        found: what the acquire found (the holder, its time left).
+        error: the :class:`LeaseConflict` that describes it.
+    """
+
+    task: Any
+    request: Any
+    options: LeaseOptions
+    key: str
+    found: store.AcquireResult
+    error: LeaseConflict
+
+
+def _policy(c: Conflict) -> str:
+    holder, request = c.found.holder, c.request
+    if holder.token and (request.headers or {}).get(SUCCESSOR_HEADER) == holder.token:
+        return "successor"  # published by the holder itself (a retry): run once it ends
+    if holder.task_id and holder.task_id == request.id:
+        return "redelivered"  # same message again while it runs: not ours, not stored
+    if c.options.on_conflict == "skip" and (request.chain or request.callbacks):
+        # A skipped link would leave the rest of its chain waiting forever (Ignore sends
+        # nothing on): fail it instead, so the chain's result raises LeaseConflict.
+        return "fail"
+    return c.options.on_conflict
+
+
+def _redelivered(c: Conflict) -> NoReturn:
+    if c.request.is_eager:
+        raise c.error
+    # Either the broker delivered a message that is still running (acks_late, visibility
+    # timeout) or the execution that holds it died (a SIGKILLed child with
+    # reject_on_worker_lost). Look again once the holder's lifetime is over: the copy runs
+    # only if the first execution did not finish.
+    request = c.request
+    c.task.signature_from_request(
+        request, countdown=max(0.05, c.found.remaining), retries=request.retries,
+        headers={**(request.headers or {}), REDELIVERY_HEADER: c.found.holder.token},
+    ).apply_async()
+    raise Ignore()
+
+
+def _successor(c: Conflict) -> NoReturn:
+    if c.request.is_eager:
+        raise c.error
+    c.task.signature_from_request(
+        c.request, countdown=max(0.05, min(c.found.remaining, c.options.renew_interval / 2)),
+        retries=c.request.retries,
+    ).apply_async()
+    raise Ignore()
+
+
+def _retry(c: Conflict) -> NoReturn:
+    countdown = max(c.found.remaining, 0.05)
+    if c.request.is_eager:
+        # Eager mode runs a retry at once, ignoring its countdown: wait here the time a
+        # worker's retry would wait, or every retry would meet the same holder.
+        time.sleep(countdown)
+    raise c.task.retry(exc=c.error, countdown=countdown)
+
+
+def _fail(c: Conflict) -> NoReturn:
+    raise c.error
+
+
+def _skip(c: Conflict) -> dict[str, Any]:
+    # Store a marker result so AsyncResult.get() returns instead of hanging.
+    task, request, key, found = c.task, c.request, c.key, c.found
+    holder = found.holder
+    task._event("task-lease-skipped", lease_key=key, lease_holder=holder.where,
+                lease_holder_task_id=holder.task_id, lease_remaining=found.remaining,
+                lease_cause="held by another execution")
+    marker = {SKIPPED_MARKER: True, "key": key, "holder_task_id": holder.task_id,
+              "holder": holder.where}
+    if request.is_eager:
+        return marker  # returned as the result: no worker, no stored state to set
+    try:
+        task.backend.mark_as_done(request.id, marker, request=request, state=states.SUCCESS)
+    except Exception:
+        logger.exception("could not store the skipped marker of %s", request.id)
+    else:
+        logger.info("skipped: task %s[%s] not run, lease %s held by %s (task %s, %.1fs "
+                    "left, fencing_token=%d); result stored as SUCCESS with a skip marker",
+                    task.name, request.id, key, holder.where, holder.task_id or "?",
+                    found.remaining, holder.fencing_token)
+    # Ignore, not a returned marker: a return would send task-succeeded, which would
+    # replace the task-lease-skipped state in Flower.
+    raise Ignore()
+
+
+#: Policy name -> its handler. The task's ``lease_on_conflict`` names one of ``skip``,
+#: ``retry`` and ``fail``; ``successor`` and ``redelivered`` are chosen by :func:`handle`.
+HANDLERS: dict[str, Callable[[Conflict], Any]] = {
+    "skip": _skip,
+    "retry": _retry,
+    "fail": _fail,
+    "successor": _successor,
+    "redelivered": _redelivered,
+}
+
+
+def handle(task: Any, request: Any, options: LeaseOptions, key: str,
+           found: store.AcquireResult) -> dict[str, Any]:
+    """Deal with an execution of ``task`` that found ``key`` held (``found``).
+
+    Returns:
+        The marker result of a skipped eager call.
+
+    Raises:
+        celery.exceptions.Ignore: the execution ends without a result of its own (a stored
+            skip marker, or a copy sent to run later).
+        celery.exceptions.Retry: ``lease_on_conflict="retry"``.
+        LeaseConflict: ``lease_on_conflict="fail"``, or a skip inside a chain, or a
+            successor or redelivery in eager mode.
+    """
+    holder = found.holder
+    c = Conflict(task, request, options, key, found,
+                 LeaseConflict(key, holder.task_id, holder.where, found.remaining))
+    policy = _policy(c)
+    # A skip says what happened in its own line, once the marker is stored.
+    logger.log(logging.DEBUG if policy == "skip" else logging.INFO,
+               "lease conflict (%s): task %s[%s] not run: %s (fencing_token=%d)",
+               policy, task.name, request.id, c.error, holder.fencing_token)
+    signals.lease_conflict.send(
+        sender=task, key=key, task_id=request.id, holder_task_id=holder.task_id,
+        holder=holder.where, remaining=found.remaining, policy=policy,
+        fencing_token=holder.fencing_token, token=holder.token)
+    return HANDLERS[policy](c)  # type: ignore[no-any-return]
