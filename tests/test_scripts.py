@@ -1,0 +1,425 @@
+"""Every Lua script held to its header: the header names exactly the KEYS and ARGV it uses,
+and each script, run alone on a real Redis, answers and writes what its header says."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import uuid
+from collections.abc import Iterator, Sequence
+from importlib import resources
+from typing import Any
+
+import pytest
+import redis
+
+from celery_lease.keys import fence_key, hold_key, wake_key
+from celery_lease.store import holder_json, lua
+
+SCRIPTS = lua.names()
+_FOLDER = resources.files(lua.__package__).joinpath("scripts")
+INCLUDES = sorted(f"includes/{p.name}" for p in _FOLDER.joinpath("includes").iterdir()
+                  if p.name.endswith(".lua"))
+
+_ENTRY = re.compile(r"^(KEYS|ARGV)\[([^\]]+)\]\s+\S", re.M)
+_RANGE = re.compile(r"^\d+\.\.n(\+\d+)?$")  # "1..n", "2..n+1": any number of entries
+_INCLUDE = re.compile(r"^ *--@include (\S+)$", re.M)
+
+
+# --- the header check ---------------------------------------------------------------------
+
+def _code(body: str) -> str:
+    """``body`` without its Lua comments (a comment naming ``KEYS[3]`` is not a use)."""
+    return re.sub(r"--[^\n]*", "", re.sub(r"--\[\[.*?\]\]", "", body, flags=re.S))
+
+
+def _used(code: str, kind: str) -> set[int]:
+    return {int(n) for n in re.findall(rf"\b{kind}\[\s*(\d+)\s*\]", code)}
+
+
+def _by_variable(code: str, kind: str) -> bool:
+    """True when ``code`` indexes ``kind`` by a variable (``KEYS[i]``, ``ipairs(KEYS)``)."""
+    return re.search(rf"\b{kind}\[\s*[A-Za-z_]|\bi?pairs\(\s*{kind}\s*\)|#{kind}\b(?!\s*\[)",
+                     code) is not None
+
+
+def _named(header_text: str, kind: str) -> tuple[set[int], list[str]]:
+    """The numeric indexes and the ranges (``"1..n"``) the header's ``kind`` lines name."""
+    entries = [i for k, i in _ENTRY.findall(header_text) if k == kind]
+    return {int(i) for i in entries if i.isdigit()}, [i for i in entries if _RANGE.match(i)]
+
+
+def header_problems(header_text: str | None, body: str) -> list[str]:
+    """What is wrong with a header (``None``: the file has none) for the Lua ``body`` it heads:
+    no description line or KEYS line, or KEYS/ARGV it names that the body does not use, or the
+    other way round. Empty when the header is right."""
+    if header_text is None or not header_text.strip():
+        return ["no header: the file must open with a --[[ ... ]] block"]
+    problems = []
+    first = header_text.splitlines()[0]
+    if not first.strip() or _ENTRY.match(first):
+        problems.append("no description line: the header must open with what the script does")
+    if not _ENTRY.search(header_text) or "KEYS" not in dict(_ENTRY.findall(header_text)):
+        problems.append("no KEYS line")
+    code = _code(body)
+    for kind in ("KEYS", "ARGV"):
+        named, ranges = _named(header_text, kind)
+        used = _used(code, kind)
+        problems += [f"the header names {kind}[{n}], which the body does not use"
+                     for n in sorted(named - used)]
+        problems += [f"the body uses {kind}[{n}], which the header does not name"
+                     for n in sorted(used - named)]
+        if ranges and not _by_variable(code, kind):
+            problems.append(f"the header names {kind}[{ranges[0]}], but the body never indexes "
+                            f"{kind} by a variable")
+        if not ranges and _by_variable(code, kind):
+            problems.append(f"the body indexes {kind} by a variable, but the header names no "
+                            f"range like {kind}[1..n]")
+    return problems
+
+
+def _text(path: str) -> str:
+    found = _FOLDER
+    for part in path.split("/"):
+        found = found.joinpath(part)
+    return found.read_text("utf-8")
+
+
+def _body(path: str) -> str:
+    """What the header of ``path`` describes: a script's assembled source, an include's own
+    body."""
+    if path in SCRIPTS:
+        return lua.source(path)
+    text, opening = _text(path), f"--[[\n{lua.header(path).text}\n]]\n"
+    assert text.startswith(opening)
+    return text[len(opening):]
+
+
+def _includes_of(path: str) -> list[str]:
+    """Every include ``path`` pulls in, its includes' includes as well."""
+    found = []
+    for name in _INCLUDE.findall(_text(path)):
+        found += [f"includes/{name}", *_includes_of(f"includes/{name}")]
+    return list(dict.fromkeys(found))
+
+
+def test_the_header_check_reports_a_missing_header_an_unused_key_and_an_unnamed_argument(
+) -> None:
+    header = "Get a key.\n\nKEYS[1]  the key\nKEYS[2]  another key\n\nARGV[1]  a token\n"
+    assert header_problems(header, "return KEYS[1] .. KEYS[2] .. ARGV[1]  -- ARGV[3]") == []
+    assert header_problems(None, "return KEYS[1]") == [
+        "no header: the file must open with a --[[ ... ]] block"]
+    assert header_problems(header, "return KEYS[1] .. ARGV[1]") == [
+        "the header names KEYS[2], which the body does not use"]
+    assert header_problems(header, "return KEYS[1] .. KEYS[2] .. ARGV[1] .. ARGV[3]") == [
+        "the body uses ARGV[3], which the header does not name"]
+
+
+@pytest.mark.parametrize("path", SCRIPTS + INCLUDES)
+def test_the_file_opens_with_a_header_saying_what_it_does_and_its_keys(path: str) -> None:
+    header = lua.header(path)  # raises when there is none
+    assert header.text.splitlines()[0].strip()
+    assert header.keys
+    if path in SCRIPTS:
+        assert header.returns.removeprefix("Returns").strip(" :\n")
+
+
+@pytest.mark.parametrize("path", SCRIPTS + INCLUDES)
+def test_the_header_names_exactly_the_keys_and_arguments_the_body_uses(path: str) -> None:
+    assert header_problems(lua.header(path).text, _body(path)) == []
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_the_key_count_in_the_file_name_is_the_number_of_keys_in_the_header(name: str) -> None:
+    header = lua.header(name)
+    if any(not i.isdigit() for i in header.keys):  # KEYS[1..n]: any number of keys
+        assert header.key_count is None
+    else:
+        assert header.key_count is not None
+        assert sorted(header.keys, key=int) == [str(i) for i in range(1, header.key_count + 1)]
+
+
+@pytest.mark.parametrize(("name", "include"),
+                         [(name, inc) for name in SCRIPTS for inc in _includes_of(name)])
+def test_an_include_uses_only_keys_and_arguments_its_script_names(name: str,
+                                                                   include: str) -> None:
+    code, header = _code(_body(include)), lua.header(name).text
+    for kind in ("KEYS", "ARGV"):
+        assert _used(code, kind) <= _named(header, kind)[0]
+        assert not _by_variable(code, kind)
+
+
+# --- each script against a real Redis -----------------------------------------------------
+
+KEY = "lease:{t}"
+FENCE = fence_key(KEY)
+HOLD = hold_key("lease", "invoice")
+WAKE = wake_key(HOLD)
+TTL = 5000
+COUNTER_TTL = TTL + 3_600_000
+LAPSED_COUNTER_TTL = 3_600_000  # note_ended.lua's lifetime for a counter that had lapsed
+HOLDER = holder_json("t.job", "task-1", "host", 42)
+
+
+def token() -> str:
+    return uuid.uuid4().hex
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+def run(client: redis.Redis, name: str, keys: Sequence[str], argv: Sequence[Any]) -> Any:
+    return lua.load(name)(client, keys, argv)
+
+
+def acquire(client: redis.Redis, tok: str, key: str = KEY, ttl: int = TTL) -> Any:
+    return run(client, "acquire-2.lua", [key, fence_key(key)],
+               [tok, ttl, HOLDER, ttl + 3_600_000])
+
+
+def release(client: redis.Redis, tok: str, key: str = KEY) -> Any:
+    return run(client, "release-2.lua", [key, fence_key(key)], [tok])
+
+
+def release_wake(client: redis.Redis, tok: str, lifetime: int = 2000) -> Any:
+    return run(client, "release_wake-3.lua", [HOLD, fence_key(HOLD), WAKE], [tok, lifetime])
+
+
+def micros(client: redis.Redis) -> int:
+    seconds, us = client.time()
+    return seconds * 1_000_000 + us
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_the_script_sent_by_sha_is_the_assembled_source_without_header_or_includes(
+        client: redis.Redis, name: str) -> None:
+    script = lua.load(name)
+    assert script.source == lua.source(name)
+    assert not script.source.startswith("--[[") and "--@include" not in script.source
+    assert client.script_load(script.source) == script.sha
+
+
+def test_acquire_grants_a_free_key_with_its_lifetime_and_a_fencing_token_from_the_clock(
+        client: redis.Redis) -> None:
+    t = token()
+    before = micros(client)
+    granted, fence, ttl = acquire(client, t)
+    after = micros(client)
+    assert (granted, ttl) == (1, TTL)
+    assert fence.isdigit() and before <= int(fence) <= after
+    assert client.get(KEY) == f"{t}:{fence}:{HOLDER}"
+    assert TTL - 1000 < client.pttl(KEY) <= TTL
+    assert client.get(FENCE) == fence
+    assert COUNTER_TTL - 1000 < client.pttl(FENCE) <= COUNTER_TTL
+
+
+def test_acquire_takes_the_fencing_token_one_past_a_counter_ahead_of_the_clock(
+        client: redis.Redis) -> None:
+    ahead = micros(client) + 10**12
+    client.set(FENCE, str(ahead))
+    assert acquire(client, token())[1] == str(ahead + 1)
+    assert client.get(FENCE) == str(ahead + 1)
+
+
+def test_acquire_with_the_same_token_again_answers_the_whole_value_and_its_lifetime_left(
+        client: redis.Redis) -> None:
+    t = token()
+    fence = acquire(client, t)[1]
+    granted, value, pttl = acquire(client, t)
+    assert (granted, value) == (1, f"{t}:{fence}:{HOLDER}")
+    assert TTL - 1000 < pttl <= TTL
+    assert client.get(FENCE) == fence  # no second fencing token issued
+
+
+def test_acquire_answers_the_holder_value_and_its_lifetime_left_to_another_token(
+        client: redis.Redis) -> None:
+    t = token()
+    fence = acquire(client, t, ttl=60_000)[1]
+    granted, value, pttl = acquire(client, token())
+    assert (granted, value) == (0, f"{t}:{fence}:{HOLDER}")
+    assert 59_000 < pttl <= 60_000
+    assert client.get(KEY) == value and client.get(FENCE) == fence
+
+
+def test_acquire_answers_minus_1_as_the_lifetime_of_a_holder_key_without_one(
+        client: redis.Redis) -> None:
+    value = f"{token()}:7:{HOLDER}"
+    client.set(KEY, value)
+    assert acquire(client, token()) == [0, value, -1]
+
+
+def test_fencing_tokens_strictly_increase_across_grants_even_after_the_counter_is_deleted(
+        client: redis.Redis) -> None:
+    seen = []
+    for _ in range(4):
+        t = token()
+        seen.append(int(acquire(client, t)[1]))
+        assert release(client, t) == 1
+    client.delete(FENCE)  # evicted, or the server restarted empty
+    seen.append(int(acquire(client, token())[1]))
+    assert all(a < b for a, b in itertools.pairwise(seen))
+
+
+def test_renew_sets_the_holders_lifetime_back_to_the_ttl_and_answers_1(
+        client: redis.Redis) -> None:
+    t = token()
+    acquire(client, t, ttl=60_000)
+    assert run(client, "renew-1.lua", [KEY], [t, 2000]) == 1
+    assert 1000 < client.pttl(KEY) <= 2000  # set, not added to the minute left
+    assert run(client, "renew-1.lua", [KEY], [t, 30_000]) == 1
+    assert 29_000 < client.pttl(KEY) <= 30_000
+
+
+def test_renew_answers_0_for_an_absent_key_and_does_not_create_it(client: redis.Redis) -> None:
+    assert run(client, "renew-1.lua", [KEY], [token(), TTL]) == 0
+    assert client.exists(KEY) == 0
+
+
+def test_renew_answers_minus_1_for_a_key_held_by_another_token_and_leaves_its_lifetime(
+        client: redis.Redis) -> None:
+    acquire(client, token(), ttl=2000)
+    value = client.get(KEY)
+    assert run(client, "renew-1.lua", [KEY], [token(), 60_000]) == -1
+    assert client.pttl(KEY) <= 2000 and client.get(KEY) == value
+
+
+def test_renew_many_answers_one_character_per_key_in_the_order_of_keys(
+        client: redis.Redis) -> None:
+    mine, theirs = token(), token()
+    acquire(client, mine, key="lease:{a}", ttl=2000)
+    acquire(client, theirs, key="lease:{c}", ttl=2000)
+    keys = ["lease:{a}", "lease:{b}", "lease:{c}"]
+    assert run(client, "renew_many.lua", keys, [60_000, f"{mine}:", f"{mine}:", f"{mine}:"]) \
+        == "102"
+    assert 59_000 < client.pttl("lease:{a}") <= 60_000
+    assert client.exists("lease:{b}") == 0
+    assert client.pttl("lease:{c}") <= 2000
+    reordered = ["lease:{b}", "lease:{c}", "lease:{a}"]
+    assert run(client, "renew_many.lua", reordered, [60_000, f"{mine}:", f"{mine}:", f"{mine}:"]) \
+        == "021"
+
+
+def test_renew_many_of_no_keys_answers_an_empty_string(client: redis.Redis) -> None:
+    assert run(client, "renew_many.lua", [], [TTL]) == ""
+
+
+def test_release_deletes_the_key_and_notes_the_token_beside_the_counter_keeping_its_lifetime(
+        client: redis.Redis) -> None:
+    t = token()
+    fence = acquire(client, t)[1]
+    assert release(client, t) == 1
+    assert client.exists(KEY) == 0
+    assert client.get(FENCE) == f"{fence}:{t}"
+    assert COUNTER_TTL - 1000 < client.pttl(FENCE) <= COUNTER_TTL
+
+
+def test_a_repeated_release_answers_1_and_changes_nothing(client: redis.Redis) -> None:
+    t = token()
+    acquire(client, t)
+    assert release(client, t) == 1
+    counter = client.get(FENCE)
+    assert release(client, t) == 1
+    assert client.get(FENCE) == counter and client.exists(KEY) == 0
+
+
+def test_release_by_a_token_that_never_held_answers_0_and_leaves_the_holder(
+        client: redis.Redis) -> None:
+    t = token()
+    fence = acquire(client, t)[1]
+    value = client.get(KEY)
+    assert release(client, token()) == 0
+    assert client.get(KEY) == value and client.get(FENCE) == fence
+    assert release(client, t) == 1
+    assert release(client, token()) == 0  # the key is free, the note is another token's
+
+
+def test_release_after_the_lease_expired_answers_0(client: redis.Redis) -> None:
+    t = token()
+    fence = acquire(client, t)[1]
+    client.delete(KEY)  # as its expiry would
+    assert release(client, t) == 0
+    assert client.get(FENCE) == fence
+
+
+def test_a_repeated_release_after_the_next_grant_still_answers_1_for_the_first_token(
+        client: redis.Redis) -> None:
+    first, second = token(), token()
+    fence = acquire(client, first)[1]
+    assert release(client, first) == 1
+    next_fence = acquire(client, second)[1]
+    assert int(next_fence) > int(fence)
+    assert client.get(FENCE) == f"{next_fence};{first}"
+    assert release(client, first) == 1
+    assert client.get(KEY) == f"{second}:{next_fence}:{HOLDER}"  # the new holder stays
+    assert release(client, second) == 1
+    assert client.get(FENCE) == f"{next_fence}:{second}"
+    assert release(client, first) == 0  # another release ended since: no longer known
+
+
+def test_release_of_a_lease_whose_counter_lapsed_notes_the_token_with_an_hours_lifetime(
+        client: redis.Redis) -> None:
+    t = token()
+    acquire(client, t)
+    client.delete(FENCE)  # lapsed: the lease was renewed for longer than the TTL plus an hour
+    assert release(client, t) == 1
+    assert client.get(FENCE) == f"0:{t}"
+    assert LAPSED_COUNTER_TTL - 1000 < client.pttl(FENCE) <= LAPSED_COUNTER_TTL
+    before = micros(client)
+    fence = acquire(client, token())[1]
+    assert int(fence) >= before  # from the clock, not from the 0
+    assert client.get(FENCE) == f"{fence};{t}"
+
+
+def test_release_wake_releases_and_leaves_exactly_one_wake_element_with_its_lifetime(
+        client: redis.Redis) -> None:
+    t = token()
+    fence = acquire(client, t, key=HOLD)[1]
+    client.rpush(WAKE, "1", "1", "1")  # stale elements no waiter took
+    assert release_wake(client, t, lifetime=1500) == 1
+    assert client.exists(HOLD) == 0
+    assert client.get(fence_key(HOLD)) == f"{fence}:{t}"
+    assert client.lrange(WAKE, 0, -1) == ["1"]
+    assert 0 < client.pttl(WAKE) <= 1500
+
+
+def test_a_repeated_release_wake_answers_1_and_wakes_no_one_again(client: redis.Redis) -> None:
+    t, waiter = token(), token()
+    acquire(client, t, key=HOLD)
+    assert release_wake(client, t) == 1
+    assert client.lpop(WAKE) == "1"  # the waiter woke
+    granted, fence, _ = acquire(client, waiter, key=HOLD)
+    assert granted == 1
+    assert release_wake(client, t) == 1
+    assert client.exists(WAKE) == 0
+    assert client.get(HOLD) == f"{waiter}:{fence}:{HOLDER}"
+
+
+def test_release_wake_by_another_token_answers_0_and_wakes_no_one(client: redis.Redis) -> None:
+    acquire(client, token(), key=HOLD)
+    value = client.get(HOLD)
+    assert release_wake(client, token()) == 0
+    assert client.get(HOLD) == value and client.exists(WAKE) == 0
+
+
+def test_revoke_deletes_the_lease_and_does_not_note_the_token_beside_the_counter(
+        client: redis.Redis) -> None:
+    t = token()
+    fence = acquire(client, t)[1]
+    assert run(client, "revoke-1.lua", [KEY], [t]) == 1
+    assert client.exists(KEY) == 0
+    assert client.get(FENCE) == fence
+    assert release(client, t) == 0  # the holder's own release reports the loss
+
+
+def test_revoke_with_a_token_that_no_longer_holds_answers_0_and_leaves_the_key(
+        client: redis.Redis) -> None:
+    acquire(client, token())
+    value = client.get(KEY)
+    assert run(client, "revoke-1.lua", [KEY], [token()]) == 0
+    assert client.get(KEY) == value
+    client.delete(KEY)
+    assert run(client, "revoke-1.lua", [KEY], [token()]) == 0
