@@ -12,7 +12,7 @@ Each pass, in this order:
    passed during a suspension is seen within a second of resuming.
 
 At each wake-up it also reads the replies of releases written without waiting for them
-(:mod:`celery_lease.pending`), so none stays unread for more than a second.
+(:mod:`celery_lease.store.pending`), so none stays unread for more than a second.
 
 A round trip is only sent when its timeout ends before the earliest deadline, so the thread is
 never stuck in a call when a deadline passes. A refused renewal (token gone or replaced) loses
@@ -267,7 +267,7 @@ def _after_fork_in_child() -> None:
     # The parent's thread does not exist here; its leases are not ours to renew or release.
     _instance = None
     _instance_lock = threading.Lock()
-    interrupt.reset_after_fork()  # store clients: celery_lease.connection's own fork hook
+    interrupt.reset_after_fork()  # store clients: celery_lease.store.connection's own fork hook
 
 
 if hasattr(os, "register_at_fork"):

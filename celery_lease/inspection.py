@@ -103,7 +103,7 @@ def scan_leases(client: redis.Redis, prefix: str, count: int = SCAN_COUNT,
         prefix: a ``lease_key_prefix``.
         count: the ``COUNT`` hint of each ``SCAN`` step (int).
         skipped: when a list, a cluster primary that cannot be reached is left out and named
-            in it (see :func:`celery_lease.topology.scan`) instead of raising.
+            in it (see :func:`celery_lease.store.topology.scan`) instead of raising.
 
     Raises:
         redis.exceptions.RedisError: on store errors.

@@ -33,7 +33,7 @@ and does not retry; on a store error it finishes ``target``, releases what the f
 may have been granted (best effort) and raises the :class:`redis.exceptions.RedisError`.
 
 :func:`take` first reads the replies of every release this process wrote without waiting
-(:mod:`celery_lease.pending`): an acquire is never sent before them.
+(:mod:`celery_lease.store.pending`): an acquire is never sent before them.
 
 :func:`end` (= :func:`retire`, a token-checked release, :func:`announce_end`):
 
@@ -47,7 +47,7 @@ may have been granted (best effort) and raises the :class:`redis.exceptions.Redi
 
 With ``wait=False`` step 3 only writes the release (a standalone client; Cluster and Sentinel
 clients release synchronously): :func:`end` returns once the command is handed to the socket,
-with ``released=None``; its reply is read later (:mod:`celery_lease.pending`).
+with ``released=None``; its reply is read later (:mod:`celery_lease.store.pending`).
 
 Policies (skip, retry, standby...) and the caller's own logs and events stay with the caller.
 """
@@ -246,7 +246,7 @@ def end(lease: Lease, *, sender: Any, wait: bool = True,
 
 
 def _write(lease: Lease) -> bool:
-    """Write the release without waiting for its reply (:mod:`celery_lease.pending`); False
+    """Write the release without waiting for its reply (:mod:`celery_lease.store.pending`); False
     when it must be sent waiting: not a standalone client, or the connection broke."""
     try:
         return pending.write(lease.client, lease.key, lease.token, lease.ttl,

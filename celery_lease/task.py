@@ -85,7 +85,7 @@ class LeasedTask(Task):  # type: ignore[misc]
     _lease_resolved: ClassVar[tuple[int, LeaseSettings] | None] = None
     #: Wait for the release's reply before the execution's result is stored (the benchmark's
     #: synchronous variant). False: the release is written before, its reply read later
-    #: (:mod:`celery_lease.pending`), one round trip less on every execution.
+    #: (:mod:`celery_lease.store.pending`), one round trip less on every execution.
     _lease_release_wait: ClassVar[bool] = False
 
     @classmethod

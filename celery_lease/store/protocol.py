@@ -89,7 +89,8 @@ def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
         NotReplicated: fewer than ``min_replicas`` replicas acknowledged the grant in time;
             the grant was released again.
         redis.exceptions.RedisError: connection problems, timeouts, OOM and other store errors
-            (with :func:`where` noted for :func:`describe`).
+            (the node noted by :func:`celery_lease.store.routing.note`, for
+            :func:`celery_lease.store.errors.describe`).
     """
     keys, argv = (key, fence_key(key)), (token, ttl_ms, holder, ttl_ms + FENCE_COUNTER_EXTRA_MS)
     try:

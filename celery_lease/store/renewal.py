@@ -44,7 +44,8 @@ def renew_many(
 
     Returns:
         One entry per lease: ``1`` renewed, ``0`` key absent, ``-1`` held by another token, or
-        the :class:`RedisError` that lease's command got (:func:`describe` names its node).
+        the :class:`RedisError` that lease's command got (its node named by
+        :func:`celery_lease.store.errors.describe`).
 
     Raises:
         redis.exceptions.RedisError: the round trip itself failed (connection, timeout).

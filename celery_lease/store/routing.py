@@ -132,7 +132,8 @@ def where(client: Any, key: str | None = None) -> str:
 
 
 def note(error: RedisError, client: Any, key: str | None) -> RedisError:
-    """Attach :func:`where` to ``error`` (once; read by ``store.describe``) and return it."""
+    """Attach :func:`where` to ``error`` (once; read by
+    :func:`celery_lease.store.errors.describe`) and return it."""
     if not getattr(error, "lease_store_where", None):
         error.lease_store_where = where(client, key)  # type: ignore[attr-defined]
     return error
