@@ -103,13 +103,13 @@ class HoldCore:
         """The store's client (process-wide, per URL and timeout)."""
         options = self.settings.options
         return store.client_for(self.settings.url, options.store_timeout,
-                                     options.backend_options)
+                                options.backend_options)
 
     def _wait_client(self) -> Any:
         # BLPOP blocks longer than a store call may: a client whose reads outlast it.
         options = self.settings.options
         return store.client_for(self.settings.url, WAIT_CHUNK + options.store_timeout,
-                                     options.backend_options)
+                                options.backend_options)
 
     def try_take(self, target: interrupt.Target) -> Lease | store.AcquireResult:
         """One attempt: the granted lease, or what the holder looks like.

@@ -36,6 +36,8 @@ __all__ = [
 CLI_TIMEOUT = 5.0  # float seconds for each store call made from outside a worker
 SCAN_COUNT = 1000  # keys per SCAN step (a hint to Redis, not a limit)
 _BATCH = 500  # keys per GET/PTTL pipeline
+
+
 @dataclass(frozen=True)
 class LeaseInfo:
     """One held lease, as stored.

@@ -23,10 +23,14 @@ LAYERS = {
     **dict.fromkeys(["cli", "doctor", "inspection", "flower", "metrics", "testing", "worker"], 5),
 }
 MAX_LINES = 400
-#: redis-py client methods that send a command (names no other object here has).
-COMMANDS = {"pipeline", "execute_command", "hset", "hget", "hgetall", "pttl", "pexpire",
-            "blpop", "rpush", "eval", "evalsha", "scan", "scan_iter", "ping", "config_get",
-            "publish", "register_script", "send_packed_command", "read_response"}
+#: redis-py client methods that send a command, those no other object here has a method of
+#: the same name for (not get, set, delete, info, time: dicts, events, loggers have them).
+COMMANDS = {"pipeline", "execute_command", "hset", "hget", "hgetall", "hdel", "pttl", "pexpire",
+            "expire", "blpop", "rpush", "lpush", "eval", "evalsha", "script_load", "scan",
+            "scan_iter", "ping", "config_get", "publish", "register_script", "setex", "mget",
+            "unlink", "flushall", "flushdb", "send_packed_command", "read_response"}
+#: The one exception: the pytest plugin empties its own embedded test server between tests.
+ALLOWED = {("testing", "flushall")}
 
 
 def modules() -> dict[str, Path]:
@@ -139,6 +143,7 @@ def test_no_module_outside_the_store_sends_a_redis_command() -> None:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                    node.func.attr in COMMANDS and not _is_store_module(node.func.value):
+                    node.func.attr in COMMANDS and not _is_store_module(node.func.value) \
+                    and (name, node.func.attr) not in ALLOWED:
                 sent.append(f"{name}:{node.lineno} .{node.func.attr}()")
     assert sent == []

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from celery_lease.keys import fence_key, hold_key, wake_key
-from celery_lease.store import holder_json, lua
+from celery_lease.store import FENCE_COUNTER_EXTRA_MS, holder_json, lua
 
 SCRIPTS = lua.names()
 _FOLDER = resources.files(lua.__package__).joinpath("scripts")
@@ -156,8 +156,9 @@ FENCE = fence_key(KEY)
 HOLD = hold_key("lease", "invoice")
 WAKE = wake_key(HOLD)
 TTL = 5000
-COUNTER_TTL = TTL + 3_600_000
-LAPSED_COUNTER_TTL = 3_600_000  # note_ended.lua's lifetime for a counter that had lapsed
+COUNTER_TTL = TTL + FENCE_COUNTER_EXTRA_MS
+# note_ended.lua writes this lifetime for a counter that had lapsed: the protocol's constant.
+LAPSED_COUNTER_TTL = FENCE_COUNTER_EXTRA_MS
 HOLDER = holder_json("t.job", "task-1", "host", 42)
 
 
@@ -178,7 +179,7 @@ def run(client: redis.Redis, name: str, keys: Sequence[str], argv: Sequence[Any]
 
 def acquire(client: redis.Redis, tok: str, key: str = KEY, ttl: int = TTL) -> Any:
     return run(client, "acquire-2.lua", [key, fence_key(key)],
-               [tok, ttl, HOLDER, ttl + 3_600_000])
+               [tok, ttl, HOLDER, ttl + FENCE_COUNTER_EXTRA_MS])
 
 
 def release(client: redis.Redis, tok: str, key: str = KEY) -> Any:
@@ -423,3 +424,10 @@ def test_revoke_with_a_token_that_no_longer_holds_answers_0_and_leaves_the_key(
     assert client.get(KEY) == value
     client.delete(KEY)
     assert run(client, "revoke-1.lua", [KEY], [token()]) == 0
+
+
+@pytest.mark.parametrize("line", ["\t--@include held.lua", "--@include held.lua  ",
+                                  "--@include  held.lua"])
+def test_an_include_line_the_loader_cannot_read_is_refused_not_dropped(line: str) -> None:
+    with pytest.raises(ValueError, match="not an include line"):
+        lua._expand(f"local x = 1\n{line}\nreturn x\n", ())

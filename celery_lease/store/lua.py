@@ -58,6 +58,9 @@ def _expand(body: str, seen: tuple[str, ...]) -> str:
     for line in body.splitlines(keepends=True):
         found = _INCLUDE.match(line.rstrip("\n"))
         if found is None:
+            if "--@include" in line:  # a tab, trailing blanks: never dropped in silence
+                raise ValueError(f"{line.strip()!r} is not an include line: write it as "
+                                 f"'--@include <file name>', indented with spaces only")
             lines.append(line)
             continue
         indent, name = found.groups()

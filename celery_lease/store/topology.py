@@ -1,9 +1,9 @@
 """What the lease store looks like from here: its version and eviction policy (the worker's
-start-up check), its primaries, replicas and TLS (``celery lease doctor``), and a ``SCAN``
-over every primary (``celery lease ls``).
+start-up check), its primaries, replicas and TLS, its round-trip time and its clock
+(``celery lease doctor``), and a ``SCAN`` over every primary (``celery lease ls``).
 
-:mod:`celery_lease.store.routing` says where one lease's commands go; this module looks at the whole
-store.
+:mod:`celery_lease.store.routing` says where one lease's commands go; this module looks at the
+whole store.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 from .. import clock
 from .routing import is_cluster
 
-__all__ = ["StoreCheck", "Topology", "check_store", "describe_topology", "scan"]
+__all__ = ["StoreCheck", "Topology", "check_store", "describe_topology", "round_trips", "scan",
+           "server_time"]
 
 
 def _node_clients(client: Any) -> list[Any]:
