@@ -78,27 +78,31 @@ def header_problems(header_text: str | None, body: str) -> list[str]:
     return problems
 
 
-def _text(path: str) -> str:
-    found = _FOLDER
-    for part in path.split("/"):
-        found = found.joinpath(part)
-    return found.read_text("utf-8")
+def _header(path: str) -> str:
+    return lua.parts(path)[0]  # raises when there is none
+
+
+def _keys(header_text: str) -> list[str]:
+    """The indexes the header's KEYS lines name (``"1"``, or ``"1..n"`` for any number)."""
+    return [i for k, i in _ENTRY.findall(header_text) if k == "KEYS"]
+
+
+def _key_count(name: str) -> int | None:
+    """The number of keys in the file name (``acquire-2.lua``: 2), None when it has none."""
+    found = re.search(r"-(\d+)\.lua$", name)
+    return int(found.group(1)) if found else None
 
 
 def _body(path: str) -> str:
     """What the header of ``path`` describes: a script's assembled source, an include's own
     body."""
-    if path in SCRIPTS:
-        return lua.source(path)
-    text, opening = _text(path), f"--[[\n{lua.header(path).text}\n]]\n"
-    assert text.startswith(opening)
-    return text[len(opening):]
+    return lua.source(path) if path in SCRIPTS else lua.parts(path)[1]
 
 
 def _includes_of(path: str) -> list[str]:
     """Every include ``path`` pulls in, its includes' includes as well."""
     found = []
-    for name in _INCLUDE.findall(_text(path)):
+    for name in _INCLUDE.findall(lua.parts(path)[1]):
         found += [f"includes/{name}", *_includes_of(f"includes/{name}")]
     return list(dict.fromkeys(found))
 
@@ -117,33 +121,34 @@ def test_the_header_check_reports_a_missing_header_an_unused_key_and_an_unnamed_
 
 @pytest.mark.parametrize("path", SCRIPTS + INCLUDES)
 def test_the_file_opens_with_a_header_saying_what_it_does_and_its_keys(path: str) -> None:
-    header = lua.header(path)  # raises when there is none
-    assert header.text.splitlines()[0].strip()
-    assert header.keys
+    header = _header(path)
+    assert header.splitlines()[0].strip()
+    assert _keys(header)
     if path in SCRIPTS:
-        assert header.returns.removeprefix("Returns").strip(" :\n")
+        returns = header[header.index("Returns"):] if "Returns" in header else ""
+        assert returns.removeprefix("Returns").strip(" :\n")
 
 
 @pytest.mark.parametrize("path", SCRIPTS + INCLUDES)
 def test_the_header_names_exactly_the_keys_and_arguments_the_body_uses(path: str) -> None:
-    assert header_problems(lua.header(path).text, _body(path)) == []
+    assert header_problems(_header(path), _body(path)) == []
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_the_key_count_in_the_file_name_is_the_number_of_keys_in_the_header(name: str) -> None:
-    header = lua.header(name)
-    if any(not i.isdigit() for i in header.keys):  # KEYS[1..n]: any number of keys
-        assert header.key_count is None
+    keys, key_count = _keys(_header(name)), _key_count(name)
+    if any(not i.isdigit() for i in keys):  # KEYS[1..n]: any number of keys
+        assert key_count is None
     else:
-        assert header.key_count is not None
-        assert sorted(header.keys, key=int) == [str(i) for i in range(1, header.key_count + 1)]
+        assert key_count is not None
+        assert sorted(keys, key=int) == [str(i) for i in range(1, key_count + 1)]
 
 
 @pytest.mark.parametrize(("name", "include"),
                          [(name, inc) for name in SCRIPTS for inc in _includes_of(name)])
 def test_an_include_uses_only_keys_and_arguments_its_script_names(name: str,
                                                                    include: str) -> None:
-    code, header = _code(_body(include)), lua.header(name).text
+    code, header = _code(_body(include)), _header(name)
     for kind in ("KEYS", "ARGV"):
         assert _used(code, kind) <= _named(header, kind)[0]
         assert not _by_variable(code, kind)

@@ -18,7 +18,6 @@ import functools
 import hashlib
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -26,7 +25,7 @@ import redis
 
 from . import wire
 
-__all__ = ["Header", "Script", "header", "load", "names", "source"]
+__all__ = ["Script", "load", "names", "parts", "source"]
 
 _INCLUDE = re.compile(r"^( *)--@include (\S+)$")
 _HEADER = re.compile(r"\A--\[\[\n(.*?)\n\]\]\n", re.S)
@@ -38,19 +37,6 @@ def _read(path: str) -> str:
     for part in path.split("/"):  # one part per call: Python 3.10's joinpath takes one
         found = found.joinpath(part)
     return found.read_text("utf-8")
-
-
-def _split(text: str, path: str) -> tuple[str, str]:
-    """``(header, body)`` of a script file.
-
-    Raises:
-        ValueError: the file does not open with a ``--[[ ... ]]`` header.
-    """
-    found = _HEADER.match(text)
-    if found is None:
-        raise ValueError(f"celery_lease/store/{_DIR}/{path} has no header: it must open with "
-                         f"a '--[[' block (what it does, KEYS, ARGV, Returns) closed by ']]'")
-    return found.group(1), text[found.end():]
 
 
 def _expand(body: str, seen: tuple[str, ...]) -> str:
@@ -67,7 +53,7 @@ def _expand(body: str, seen: tuple[str, ...]) -> str:
         if name in seen:
             raise ValueError(f"scripts/includes/{name} includes itself")
         path = f"includes/{name}"
-        fragment = _expand(_split(_read(path), path)[1], (*seen, name))
+        fragment = _expand(parts(path)[1], (*seen, name))
         lines += [indent + part if part.strip() else part
                   for part in fragment.splitlines(keepends=True)]
     return "".join(lines)
@@ -88,45 +74,24 @@ def source(name: str) -> str:
         ValueError: the script or a fragment it includes has no header, or an include loops.
         FileNotFoundError: no such script or fragment.
     """
-    return _expand(_split(_read(name), name)[1], ())
+    return _expand(parts(name)[1], ())
 
 
-@dataclass(frozen=True)
-class Header:
-    """What a script's header says.
-
-    Attributes:
-        text: the header, as written.
-        keys: the ``KEYS`` lines, ``{"1": "the lease key", ...}`` (``"1..n"`` for any number).
-        argv: the ``ARGV`` lines, the same way.
-        returns: the text from the ``Returns`` line on (empty when there is none).
-        key_count: the number of keys in the file name (``acquire-2.lua``: 2), ``None`` when
-            the name has none (any number of keys).
-    """
-
-    text: str
-    keys: dict[str, str]
-    argv: dict[str, str]
-    returns: str
-    key_count: int | None
-
-
-def header(path: str) -> Header:
-    """The header of ``scripts/<path>`` (``"acquire-2.lua"``, ``"includes/held.lua"``).
+def parts(path: str) -> tuple[str, str]:
+    """``(header, body)`` of ``scripts/<path>`` (``"acquire-2.lua"``, ``"includes/held.lua"``)
+    as written: the header without its ``--[[``/``]]`` lines, the body with its ``--@include``
+    lines (what ``tests/test_scripts.py`` holds to the header).
 
     Raises:
-        ValueError: the file has no header.
+        ValueError: the file does not open with a ``--[[ ... ]]`` header.
+        FileNotFoundError: no such file.
     """
-    text = _split(_read(path), path)[0]
-    table: dict[str, dict[str, str]] = {"KEYS": {}, "ARGV": {}}
-    for line in text.splitlines():
-        found = re.match(r"^(KEYS|ARGV)\[([\w.+]+)\]\s+(.*)$", line)
-        if found:
-            table[found.group(1)][found.group(2)] = found.group(3)
-    returns = text[text.index("Returns"):] if "Returns" in text else ""
-    count = re.search(r"-(\d+)\.lua$", path)
-    return Header(text, table["KEYS"], table["ARGV"], returns,
-                  int(count.group(1)) if count else None)
+    text = _read(path)
+    found = _HEADER.match(text)
+    if found is None:
+        raise ValueError(f"celery_lease/store/{_DIR}/{path} has no header: it must open with "
+                         f"a '--[[' block (what it does, KEYS, ARGV, Returns) closed by ']]'")
+    return found.group(1), text[found.end():]
 
 
 class Script:
