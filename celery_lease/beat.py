@@ -14,10 +14,12 @@ Celery's ``PersistentScheduler``) and only the process holding the leader lease 
   past its local deadline); the moment it does not, it stops sending, logs the loss, sends
   :data:`~celery_lease.signals.lease_lost` and goes back to standby. The process never exits
   because of a loss, so a supervisor does not see a crash loop;
-- the leader records when it last sent each entry in Redis (``<lease key>:last-run``). A beat
-  that takes over loads these times into its own schedule first, so it neither repeats runs
-  the previous leader sent nor skips a run that fell due during the hand-over (it sends
-  that one run once, as Celery does after any restart).
+- the leader records when it last sent each entry in Redis (``<lease key>:last-run``),
+  stamped with the store's clock (``TIME``), never its own. A beat that takes over reads how
+  long ago each entry ran, on that clock, onto its own timeline, so whatever the hosts' wall
+  clocks say it neither repeats runs the previous leader sent nor skips one that fell due
+  during the hand-over (sent once, as Celery does after any restart). The record lives
+  :data:`LAST_RUN_PERIODS` times the longest period, refreshed at every send.
 
 A check-then-send can still race with a pause that hits between the check and the send; the
 window is one ``apply_async`` call. Tasks that must never overlap should also be
@@ -39,7 +41,6 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import socket
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -54,11 +55,16 @@ from .keys import BEAT_TASK_NAME, beat_leader_key, last_run_key
 from .lease import Lease
 from .store import records
 
-__all__ = ["BEAT_TASK_NAME", "BeatLeader", "LeasedScheduler", "beat_lease_key"]
+__all__ = ["BEAT_TASK_NAME", "LAST_RUN_PERIODS", "BeatLeader", "LeasedScheduler",
+           "beat_lease_key"]
 
 logger = logging.getLogger("celery_lease")
 
 _DEFAULT_INNER = "celery.beat:PersistentScheduler"
+
+#: The last-run record outlives the last send by this many of the longest period (at least
+#: as many ``lease_beat_ttl``): enough for any hand-over, and no record left forever.
+LAST_RUN_PERIODS = 10
 _SELF_NAMES = ("celery_lease.beat:LeasedScheduler", "celery_lease.beat.LeasedScheduler")
 
 
@@ -229,18 +235,22 @@ class BeatLeader:
         # Let another beat take over first after a loss.
         self._next_try = clock.now() + (self.options.renew_interval if ending.loss else 0.0)
 
-    def record_run(self, name: str, at: float) -> None:
-        """Record that the leader sent entry ``name`` at ``at`` (epoch float seconds)."""
+    def record_run(self, name: str, period: float) -> None:
+        """Record that the leader sent entry ``name`` just now, on the store's clock, and keep
+        the record for :data:`LAST_RUN_PERIODS` times ``period`` (float seconds: the entry's
+        wait until its next run) or that many leader TTLs, whichever is longer."""
+        lifetime = LAST_RUN_PERIODS * max(period, self.options.ttl)
         try:
-            records.record_run(self.client, self.state_key, name, at)
+            records.record_run(self.client, self.state_key, name, int(lifetime * 1000))
         except RedisError as exc:
             logger.warning("beat: could not record the last run of %s in %s: %s",
                            name, self.state_key, store.describe(exc))
 
-    def last_runs(self) -> dict[str, float]:
-        """Entry name -> epoch float seconds of its last send by any leader."""
+    def last_run_ages(self) -> dict[str, float]:
+        """Entry name -> float seconds since its last send by any leader, measured on the
+        store's clock; empty when the store cannot be read (logged)."""
         try:
-            return records.last_runs(self.client, self.state_key)
+            return records.last_run_ages(self.client, self.state_key)
         except RedisError as exc:
             logger.warning("beat: could not read %s: %s", self.state_key, store.describe(exc))
             return {}
@@ -331,21 +341,23 @@ class LeasedScheduler:
         return float(min(delay, poll_in))
 
     def _take_over(self, leader: BeatLeader) -> None:
-        """Load the last-run times the previous leaders recorded into the wrapped schedule."""
-        runs = leader.last_runs()
-        if not runs:
+        """Load the last runs the previous leaders recorded into the wrapped schedule: how
+        long ago each ran, on the store's clock, placed on this host's timeline (``app.now()``,
+        which the wrapped scheduler compares with), whatever the leader's wall clock said."""
+        ages = leader.last_run_ages()
+        if not ages:
             return
-        tz = getattr(self.app, "timezone", None) or _dt.timezone.utc
+        now = self.app.now()
         updated = 0
         schedule = self.inner.schedule
         for name, entry in list(schedule.items()):
-            at = runs.get(name)
-            if at is None:
+            age = ages.get(name)
+            if age is None:
                 continue
+            at = now - _dt.timedelta(seconds=age)
             mine = entry.last_run_at.timestamp() if entry.last_run_at is not None else 0.0
-            if at > mine:
-                entry.last_run_at = _dt.datetime.fromtimestamp(at, tz=_dt.timezone.utc) \
-                    .astimezone(tz)
+            if at.timestamp() > mine:
+                entry.last_run_at = at
                 schedule[name] = entry
                 updated += 1
         if updated:
@@ -360,8 +372,16 @@ class LeasedScheduler:
                            "lease", entry.name, entry.task)
             return None
         result = self._send(entry, producer=producer, advance=advance, **kwargs)
-        leader.record_run(entry.name, time.time())
+        leader.record_run(entry.name, self._period(entry))
         return result
+
+    def _period(self, entry: Any) -> float:
+        """Float seconds from now to ``entry``'s next run, by its schedule's own ``is_due``
+        (an interval's period, a crontab's gap to its next match); 0.0 if it cannot say."""
+        try:
+            return max(float(entry.schedule.is_due(self.app.now())[1]), 0.0)
+        except Exception:  # a third-party schedule: the record then lives LAST_RUN_PERIODS TTLs
+            return 0.0
 
     @property
     def info(self) -> str:

@@ -33,6 +33,7 @@ from celery_lease.beat import LeasedScheduler
 from celery_lease.errors import EX_CONFIG
 from harness.waiting import wait_for
 from tests.support.fixtures import WorkerFactory
+from tests.support.skew import skewed_env
 from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, REPO_ROOT, RESULT_BACKEND_ENV
 
 APP = "tests.apps.ops_app"
@@ -229,35 +230,67 @@ def test_two_beats_elect_one_leader_and_fail_over_on_kill_and_pause(
     assert fences[0] > 0
 
 
-def test_graceful_stop_hands_over_at_once_and_the_new_leader_does_not_repeat_runs(
-    redis_url: str, worker_factory: WorkerFactory, beats: list[BeatProcess], tmp_path: Path
-) -> None:
-    # A long TTL: only the release on shutdown explains a fast takeover. The new leader's own
-    # schedule says the entry is due about now; the last-run time the old leader recorded
-    # says it ran a moment ago, so the next run must wait a whole period.
-    period = 4.0
+def _ticking(redis_url: str, worker_factory: WorkerFactory, period: float,
+             ttl: float) -> tuple[dict[str, str], redis.Redis]:
+    """A solo worker running ``ops.tick``, and the beat environment that sends it every
+    ``period`` with a ``ttl`` leader lease; returns it and a client of the store."""
     env = _env(redis_url, worker_factory.queue, BEAT_PERIOD=str(period), BEAT_TASK="tick",
-               BEAT_TTL="20")
+               BEAT_TTL=str(ttl))
     worker_factory(APP, pool="solo", env=env)
-    client = redis.Redis.from_url(redis_url)
-    b1 = BeatProcess(env, tmp_path, "g1").start()
-    b2 = BeatProcess(env, tmp_path, "g2").start()
-    beats += [b1, b2]
-    first = wait_for(lambda: _leader_pid(client), 20, message=lambda: b1.log() + b2.log())
-    leader, standby = (b1, b2) if first == b1.pid else (b2, b1)
-    wait_for(lambda: "standby; leader is" in standby.log(), 20, message=standby.log)
-    wait_for(lambda: len(_ticks_by(client)) == 1, period + 5, interval=0.01, message=leader.log)
+    return env, redis.Redis.from_url(redis_url)
+
+
+@pytest.mark.parametrize("offset", [0.0, -4.0, 6.0],
+                         ids=["clocks agree", "leader 4 s slow", "leader 6 s fast"])
+def test_a_graceful_stop_hands_over_at_once_and_the_successor_sends_one_period_after_the_last(
+    redis_url: str, worker_factory: WorkerFactory, beats: list[BeatProcess], tmp_path: Path,
+    offset: float,
+) -> None:
+    # A long TTL: only the release on shutdown explains a fast takeover. The successor's own
+    # schedule says the entry is due 3 s after the leader's send (it started 3 s later); the
+    # record says it ran a moment ago, so the next run waits a whole period. The leader's
+    # wall clock is `offset` seconds off: had it stamped the record with its own clock, the
+    # successor would send again 3 s (slow clock) or 12 s (fast clock) after the leader's
+    # last send; on the store's clock it is one period.
+    period = 6.0
+    env, client = _ticking(redis_url, worker_factory, period, ttl=20.0)
+    skew = skewed_env(offset, tmp_path) if offset else {}
+    leader = BeatProcess({**env, **skew}, tmp_path, "leader").start()
+    beats.append(leader)
+    wait_for(lambda: _leader_pid(client) == leader.pid, 20, message=leader.log)
+    successor = BeatProcess(env, tmp_path, "successor").start()
+    beats.append(successor)
+    wait_for(lambda: "standby; leader is" in successor.log(), 20, message=successor.log)
+    wait_for(lambda: len(_ticks_by(client)) == 1, period + 10, interval=0.01,
+             message=leader.log)
     leader.stop()  # SIGTERM: beat syncs, the scheduler closes and releases the lease
     stopped_at = time.monotonic()
-    wait_for(lambda: _leader_pid(client) == standby.pid, 10, interval=0.01,
-             message=standby.log)
+    wait_for(lambda: _leader_pid(client) == successor.pid, 10, interval=0.01,
+             message=successor.log)
     assert time.monotonic() - stopped_at < 5  # far below the 20 s TTL
-    wait_for(lambda: "loaded 1 last-run time(s)" in standby.log(), 5, message=standby.log)
-    wait_for(lambda: len(_ticks_by(client)) == 2, period + 5, interval=0.01,
-             message=standby.log)
+    wait_for(lambda: "loaded 1 last-run time(s)" in successor.log(), 5,
+             message=successor.log)
+    wait_for(lambda: len(_ticks_by(client)) == 2, period + 10, interval=0.01,
+             message=successor.log)
     (pid1, at1), (pid2, at2) = _ticks_by(client)
-    assert (pid1, pid2) == (leader.pid, standby.pid)
-    assert at2 - at1 >= period - 0.5, f"the new leader repeated a run after {at2 - at1:.2f}s"
+    assert (pid1, pid2) == (leader.pid, successor.pid)
+    assert period - 0.75 <= at2 - at1 <= period + 1.5, \
+        f"the successor sent {at2 - at1:.2f}s after the leader's last send (period {period}s)"
+
+
+def test_the_last_run_record_lives_ten_periods_refreshed_at_every_send(
+    redis_url: str, worker_factory: WorkerFactory, beats: list[BeatProcess], tmp_path: Path
+) -> None:
+    env, client = _ticking(redis_url, worker_factory, period=1.0, ttl=3.0)
+    beats.append(BeatProcess(env, tmp_path, "only").start())
+    state = f"{BEAT_KEY}:last-run"
+    wait_for(lambda: len(_ticks_by(client)) >= 1, 20, message=beats[0].log)
+    # The longer of ten periods and ten leader TTLs: 30 s, set again at every send.
+    assert 20_000 < client.pttl(state) <= 30_000
+    client.pexpire(state, 5_000)
+    count = len(_ticks_by(client))
+    wait_for(lambda: len(_ticks_by(client)) > count, 10, message=beats[0].log)
+    wait_for(lambda: client.pttl(state) > 20_000, 5, message=beats[0].log)
 
 
 class RecordingScheduler(Scheduler):  # type: ignore[misc]

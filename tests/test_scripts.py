@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import redis
 
-from celery_lease.keys import fence_key, hold_key, wake_key
+from celery_lease.keys import beat_leader_key, fence_key, hold_key, last_run_key, wake_key
 from celery_lease.store import FENCE_COUNTER_EXTRA_MS, holder_json, lua
 
 SCRIPTS = lua.names()
@@ -429,6 +429,46 @@ def test_revoke_with_a_token_that_no_longer_holds_answers_0_and_leaves_the_key(
     assert client.get(KEY) == value
     client.delete(KEY)
     assert run(client, "revoke-1.lua", [KEY], [token()]) == 0
+
+
+LAST_RUN = last_run_key(beat_leader_key("lease", "proj"))
+
+
+def test_record_run_stamps_the_entry_with_the_servers_clock_and_gives_the_record_its_lifetime(
+        client: redis.Redis) -> None:
+    before = micros(client)
+    stamp = run(client, "record_run-1.lua", [LAST_RUN], ["report", 60_000])
+    after = micros(client)
+    seconds, _, fraction = stamp.partition(".")
+    assert len(fraction) == 6 and before <= int(seconds + fraction) <= after
+    assert client.hgetall(LAST_RUN) == {"report": stamp}
+    assert 59_000 < client.pttl(LAST_RUN) <= 60_000
+
+
+def test_record_run_raises_the_records_lifetime_and_never_lowers_it(
+        client: redis.Redis) -> None:
+    run(client, "record_run-1.lua", [LAST_RUN], ["daily", 600_000])
+    run(client, "record_run-1.lua", [LAST_RUN], ["often", 5_000])  # a shorter period
+    assert 599_000 < client.pttl(LAST_RUN) <= 600_000
+    client.pexpire(LAST_RUN, 1_000)
+    run(client, "record_run-1.lua", [LAST_RUN], ["often", 5_000])
+    assert 4_000 < client.pttl(LAST_RUN) <= 5_000
+    assert set(client.hgetall(LAST_RUN)) == {"daily", "often"}
+
+
+def test_last_runs_answers_the_servers_clock_and_the_record_as_a_flat_list(
+        client: redis.Redis) -> None:
+    stamp = run(client, "record_run-1.lua", [LAST_RUN], ["report", 60_000])
+    seconds, us, fields = run(client, "last_runs-1.lua", [LAST_RUN], [])
+    now = int(seconds) * 1_000_000 + int(us)
+    assert fields == ["report", stamp]
+    assert int(stamp.replace(".", "")) <= now <= micros(client)
+
+
+def test_last_runs_of_an_absent_record_answers_the_clock_and_no_fields(
+        client: redis.Redis) -> None:
+    seconds, us, fields = run(client, "last_runs-1.lua", [LAST_RUN], [])
+    assert fields == [] and int(seconds) > 0 and 0 <= int(us) < 1_000_000
 
 
 @pytest.mark.parametrize("line", ["\t--@include held.lua", "--@include held.lua  ",

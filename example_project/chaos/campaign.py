@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 import redis
 
-from celery_lease.keys import beat_leader_key, is_internal, last_run_key
+from celery_lease.keys import is_internal
 
 from . import db
 from .checker import LEASE_ERRORS
@@ -363,11 +363,9 @@ def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: 
         for key in _lease_keys(leases, worker_app.LEASE_PREFIX):
             leftover.append({"key": key, "pttl": leases.pttl(key),
                              "value": _text(leases.get(key))})
-        # The beat's last-run record is kept without a TTL by design (one hash per app, one
-        # field per schedule entry, as beat's own schedule file): not a leak.
-        beat_state = last_run_key(beat_leader_key(worker_app.LEASE_PREFIX, worker_app.app.main))
+        # Every key has a lifetime, the beat's last-run record included (ten periods).
         no_ttl = [_text(k) for k in leases.scan_iter(match=f"{worker_app.LEASE_PREFIX}*")
-                  if leases.ttl(k) == -1 and _text(k) != beat_state]
+                  if leases.ttl(k) == -1]
     finally:
         leases.close()
     samples = []

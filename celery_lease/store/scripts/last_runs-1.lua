@@ -1,0 +1,14 @@
+--[[
+Read beat's last-run record together with the store's clock, in one step on the node that
+holds it: the reader turns each stamp into an age (how long ago the entry was sent) measured on
+the one clock every stamp was written with, and places it on its own timeline.
+
+KEYS[1]  the last-run hash (<beat leader key>:last-run)
+
+Returns {seconds, microseconds, fields}:
+  seconds, microseconds  the server's clock (TIME) now
+  fields                 the hash as a flat list: entry name, stamp, entry name, stamp...
+                         (empty when the record is absent)
+]]
+local t = redis.call('TIME')
+return {t[1], t[2], redis.call('HGETALL', KEYS[1])}
