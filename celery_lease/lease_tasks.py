@@ -23,13 +23,17 @@ everything else anyone who imports the task sees stays as it was):
 - ``lease``: a view of :func:`celery_lease.current_lease` (attributes of the running
   execution's lease; false outside one), for ``bind=True`` tasks that read ``self.lease``.
 
-When it applies: once the app is finalized (every task known then), again when the worker's
-default modules are imported, and at worker start, where it is strict: a pattern that matches
-no task, an unknown option, a ``lease_key`` naming a parameter the task does not take, a task
-that is already a ``LeasedTask``, or two patterns for one task stop the worker with a
-:class:`~celery_lease.errors.LeaseConfigError` naming the entry. Elsewhere (a script using
-``apply()``) call :func:`apply_lease_tasks` to get the same errors raised. Celery's own
-``celery.*`` tasks are never leased.
+When it applies: whatever path first builds a task's tracer, the object through which Celery
+runs a task (``apply()``, and so ``delay()``/``apply_async()`` in eager mode, before the app
+was finalized or after, the setting given before the task was defined or after); when the app
+is finalized (every task known then, so ``app.tasks[name]`` shows it) and again when the
+worker's default modules are imported; and at worker start (a bootstep every finalized app
+gets), where it is strict: a pattern that matches no task, an unknown option, a ``lease_key``
+naming a parameter the task does not take, a task that is already a ``LeasedTask``, or two
+patterns for one task stop the worker with a :class:`~celery_lease.errors.LeaseConfigError`
+naming the entry; on the other paths an entry that names the task being run raises it there.
+:func:`apply_lease_tasks` raises the same errors on demand. Celery's own ``celery.*`` tasks are
+never leased.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from .lease import current_lease
 from .names import check_names
 from .task import LeasedTask
 
-__all__ = ["SETTING", "apply_lease_tasks"]
+__all__ = ["SETTING", "apply_lease_tasks", "leased_class"]
 
 logger = logging.getLogger("celery_lease")
 
@@ -189,6 +193,46 @@ def apply_lease_tasks(app: Any, *, strict: bool = True) -> list[str]:
     return sorted(found)
 
 
+def leased_class(task: Any) -> type[LeasedTask] | None:
+    """The private ``Leased[<name>]`` class that runs ``task``'s executions when the setting
+    leases it (its lease settings are that class's: ``forget_lease_settings()``), else None."""
+    found: type[LeasedTask] | None = vars(task).get(_MARK)
+    return found
+
+
+def _lease_one(app: Any, task: Any) -> None:
+    """Apply the setting to ``task`` alone, if an entry covers it and it is not leased yet."""
+    if _MARK in vars(task):
+        return
+    entries = _entries(app.conf)
+    pattern = _matches(entries, [task.name]).get(task.name) if entries else None
+    if pattern is not None:
+        _lease(app, task, pattern, entries[pattern])
+
+
+def _hook_tracers() -> None:
+    """Make Celery's ``build_tracer`` apply the setting to the task it builds a tracer for.
+
+    Every execution but a direct call runs through a tracer built just before (``Task.apply``
+    builds one per call, a prefork child one per task) and the tracer keeps the ``run`` it
+    found, so this is the one moment that sees every path first, before finalize included.
+    A worker's consumer imported its own reference earlier: :class:`LeaseTasksStep` covers it.
+    """
+    from celery.app import trace
+
+    original = trace.build_tracer
+    if getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    def build_tracer(name: str, task: Any, *args: Any, **kwargs: Any) -> Any:
+        _lease_one(kwargs.get("app") or task._get_app(), task)
+        return original(name, task, *args, **kwargs)
+
+    setattr(build_tracer, _MARK, True)
+    trace.build_tracer = build_tracer
+
+
 class LeaseTasksStep(bootsteps.Step):  # type: ignore[misc]
     """Worker bootstep: apply ``lease_tasks`` strictly before the worker consumes anything
     (the consumer builds each task's tracer later, from the patched ``run``)."""
@@ -198,15 +242,17 @@ class LeaseTasksStep(bootsteps.Step):  # type: ignore[misc]
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
         leased = apply_lease_tasks(worker.app, strict=True)
-        logger.info("lease_tasks: %d task(s) leased: %s", len(leased), ", ".join(leased))
+        if leased:
+            logger.info("lease_tasks: %d task(s) leased: %s", len(leased), ", ".join(leased))
 
 
 def _on_finalize(app: Any) -> None:
-    if app.conf.get(SETTING) is None:
-        return
+    # Every app's worker gets the step: the setting may be given after finalize.
     app.steps["worker"].add(LeaseTasksStep)
 
     def apply_known(sender: Any = None, **_: Any) -> None:
+        if app.conf.get(SETTING) is None:
+            return
         try:
             apply_lease_tasks(app, strict=False)
         except LeaseConfigError as exc:  # a signal swallows it: say it loudly
@@ -218,3 +264,4 @@ def _on_finalize(app: Any) -> None:
 
 
 connect_on_app_finalize(_on_finalize)
+_hook_tracers()

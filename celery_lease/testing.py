@@ -11,8 +11,10 @@ Fixtures:
 - ``lease_redis``: a :class:`LeaseRedis` on that server, emptied before each test.
 
 And a context manager, :func:`use_lease_backend`, that points an app's leases at a store for
-the duration of a test. The library's own Lua scripts run unchanged: this is the real server,
-not an emulation. See docs/howto/testing.md.
+the duration of a test. Loading the plugin installs the ``lease_tasks`` hooks, so a task the
+setting names is leased on every path a test takes (``apply()``, eager ``delay()``, a test
+worker) even when nothing the tests import imports ``celery_lease``. The library's own Lua
+scripts run unchanged: this is the real server, not an emulation. See docs/howto/testing.md.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ import pytest
 import redis
 from celery import Celery
 
+# Imported here too, so that a test run leases lease_tasks tasks on every path (eager
+# apply() before the app is finalized included) even when no module under test imports it.
+from .lease_tasks import leased_class
 from .task import LeasedTask
 
 __all__ = ["LeaseRedis", "lease_redis", "lease_redis_server", "use_lease_backend"]
@@ -55,10 +60,11 @@ def _free_port() -> int:
 
 def _forget_resolved_settings(app: Celery) -> None:
     # LeasedTask resolves its settings once per process; a test that changes lease_backend
-    # must make the app's leased tasks read them again.
+    # must make the app's leased tasks read them again, those leased by lease_tasks too.
     for task in list(app.tasks.values()):
-        if isinstance(task, LeasedTask):
-            type(task).forget_lease_settings()
+        leased = type(task) if isinstance(task, LeasedTask) else leased_class(task)
+        if leased is not None:
+            leased.forget_lease_settings()
 
 
 @contextlib.contextmanager

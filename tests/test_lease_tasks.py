@@ -12,12 +12,15 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from celery.beat import ScheduleEntry, Scheduler
+from celery.contrib.testing.worker import start_worker
 
 import celery_lease
 import tests.apps.thirdparty.tasks  # noqa: F401 - registers its shared tasks on every app
 from celery_lease import LeaseConfigError, LeasedTask, apply_lease_tasks, is_skipped
 from celery_lease.inspection import scan_leases
 from celery_lease.keys import build_key
+from celery_lease.testing import use_lease_backend
 from tests.support.waiting import wait_for
 
 APP = "tests.apps.lease_tasks_app"
@@ -127,3 +130,97 @@ def test_the_setting_lives_beside_leased_tasks_of_the_same_app(redis_url: str) -
     app.finalize()  # LeasedTask checks every lease_* setting name: lease_tasks is known
     assert own.apply().get() is True
     assert apply_lease_tasks(app) == ["thirdparty.close_day"]
+
+
+# --- every path that first evaluates a task leases it -------------------------------------
+
+NAME = "hc.plain_job"
+SETTING = {NAME: {"lease_key": ["x"]}}
+
+
+def _plain_job(x: int, note: str = "") -> str | None:
+    """The body of ``hc.plain_job``: the key of the lease it runs under, None without one."""
+    lease = celery_lease.current_lease()
+    return lease.key if lease is not None else None
+
+
+def _expected_key(x: int) -> str:
+    return build_key("lease", NAME, inspect.signature(_plain_job), ["x"], (x,), {})
+
+
+def _plain_app(redis_url: str, order: str) -> tuple[Celery, Any]:
+    """An app with ``hc.plain_job`` and the setting naming it, given in ``order``; in memory
+    (broker, results), the leases on ``redis_url``; nothing has finalized it unless ``order``
+    says so."""
+    app = Celery("hc", broker="memory://", backend="cache+memory://", set_as_current=False)
+    app.conf.update(lease_backend=redis_url, task_always_eager=True)
+    if order == "setting, then task":
+        app.conf.lease_tasks = SETTING
+    task = app.task(name=NAME, shared=False)(_plain_job)
+    if order == "finalize, then setting":
+        app.finalize()
+    if order != "setting, then task":
+        app.conf.lease_tasks = SETTING
+    return app, task
+
+
+EAGER_PATHS = {
+    "apply": lambda app, task: task.apply((7,)).get(),
+    "delay, eager": lambda app, task: task.delay(7).get(),
+    "apply_async, eager": lambda app, task: task.apply_async((7,)).get(),
+    "app.tasks": lambda app, task: app.tasks[NAME].apply((7,)).get(),
+}
+ORDERS = ["setting, then task", "task, then setting", "finalize, then setting"]
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("path", list(EAGER_PATHS))
+def test_the_body_runs_under_a_lease_for_its_key_whatever_path_first_evaluates_the_task(
+        redis_url: str, path: str, order: str) -> None:
+    app, task = _plain_app(redis_url, order)
+    assert app.finalized is (order == "finalize, then setting")
+    assert EAGER_PATHS[path](app, task) == _expected_key(7)
+    assert task(7) is None  # a direct call takes no lease, as with LeasedTask
+
+
+@pytest.mark.parametrize("order", ["setting, then task", "finalize, then setting"])
+def test_a_worker_runs_the_body_under_a_lease_for_its_key(redis_url: str, order: str) -> None:
+    app, task = _plain_app(redis_url, order)
+    app.conf.task_always_eager = False
+    with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False):
+        assert task.delay(7).get(timeout=30) == _expected_key(7)
+
+
+def test_what_beat_sends_runs_under_a_lease_for_its_key(redis_url: str) -> None:
+    app, _ = _plain_app(redis_url, "task, then setting")
+    scheduler = Scheduler(app=app, lazy=True)
+    entry = ScheduleEntry(name="every-minute", task=NAME, schedule=60.0, args=(7,), app=app)
+    assert scheduler.apply_async(entry, advance=False).get() == _expected_key(7)
+
+
+def test_a_bad_entry_for_the_task_being_run_is_raised_by_its_first_apply(
+        redis_url: str) -> None:
+    app = Celery("hc", broker="memory://", set_as_current=False)
+    app.conf.update(lease_backend=redis_url, lease_tasks={NAME: {"lease_key": ["y"]}})
+    task = app.task(name=NAME, shared=False)(_plain_job)
+    with pytest.raises(LeaseConfigError, match=r"'y' \(app.conf.lease_tasks\['hc.plain_job'\]"):
+        task.apply((7,))
+
+
+def test_use_lease_backend_points_a_task_leased_by_the_setting_at_the_test_store(
+        redis_url: str, throwaway_redis: Any) -> None:
+    app, task = _plain_app(redis_url, "task, then setting")
+    assert task.apply((7,)).get() == _expected_key(7)  # its settings resolved on redis_url
+    other = throwaway_redis().url()
+    seen: list[int] = []
+
+    def on_acquired(sender: Any = None, key: str = "", **_: Any) -> None:
+        seen.append(redis.Redis.from_url(other).pttl(key))
+
+    with use_lease_backend(app, other):
+        celery_lease.signals.lease_acquired.connect(on_acquired, weak=False)
+        try:
+            assert task.apply((7,)).get() == _expected_key(7)
+        finally:
+            celery_lease.signals.lease_acquired.disconnect(on_acquired)
+    assert len(seen) == 1 and seen[0] > 0  # the lease was taken on the test store
