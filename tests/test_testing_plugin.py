@@ -75,3 +75,45 @@ def test_the_testing_how_to_runs_as_shown_with_a_plain_pytest_command(tmp_path: 
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert re.search(r"\b4 passed\b", run.stdout), run.stdout
+
+
+LIBRARY_APP = '''
+from celery import Celery
+
+app = Celery("lib", broker="memory://", backend="cache+memory://")
+
+
+@app.task(name="lib.plain_job")
+def plain_job(x):
+    from celery_lease import current_lease  # at run time: this module never imports it
+
+    lease = current_lease()
+    return lease.key if lease is not None else None
+'''
+
+LIBRARY_TEST = '''
+from lib_app import app, plain_job
+
+
+def test_the_plugin_leases_a_task_named_by_the_setting_before_anything_finalized_the_app(
+        lease_redis):
+    app.conf.update(lease_backend=lease_redis.url, task_always_eager=True,
+                    lease_tasks={"lib.plain_job": {}})
+    assert not app.finalized
+    assert plain_job.delay(1).get().startswith("lease:{lib.plain_job:")
+    assert plain_job.apply((1,)).get().startswith("lease:{lib.plain_job:")
+'''
+
+
+def test_the_plugin_alone_leases_tasks_named_by_lease_tasks_on_every_path(
+        tmp_path: Path) -> None:
+    # Neither the app's module nor the test imports celery_lease before the task runs: the
+    # plugin pytest loads by itself is what applies the setting.
+    write_project(tmp_path, {"lib_app.py": LIBRARY_APP, "test_lib.py": LIBRARY_TEST})
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+         "-o", "timeout=60", "test_lib.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=180,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert re.search(r"\b1 passed\b", run.stdout), run.stdout
