@@ -42,6 +42,7 @@ import fnmatch
 import functools
 import inspect
 import logging
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -64,6 +65,9 @@ logger = logging.getLogger("celery_lease")
 SETTING = "lease_tasks"
 _OPTIONS = (*TASK_OPTIONS, "lease_key")
 _MARK = "_lease_tasks_leased"  # instance attribute: the private class applied to this task
+# Two threads running a task's first apply() at once must not wrap its run twice (the inner
+# lease would meet the outer one and be skipped).
+_patching = threading.Lock()
 
 
 class _LeaseView:
@@ -188,8 +192,9 @@ def apply_lease_tasks(app: Any, *, strict: bool = True) -> list[str]:
                     f"name, and that its module is imported (imports/include or autodiscover)")
     for name, pattern in found.items():
         task = tasks[name]
-        if _MARK not in vars(task):
-            _lease(app, task, pattern, entries[pattern])
+        with _patching:
+            if _MARK not in vars(task):
+                _lease(app, task, pattern, entries[pattern])
     return sorted(found)
 
 
@@ -207,7 +212,9 @@ def _lease_one(app: Any, task: Any) -> None:
     entries = _entries(app.conf)
     pattern = _matches(entries, [task.name]).get(task.name) if entries else None
     if pattern is not None:
-        _lease(app, task, pattern, entries[pattern])
+        with _patching:
+            if _MARK not in vars(task):
+                _lease(app, task, pattern, entries[pattern])
 
 
 def _hook_tracers() -> None:

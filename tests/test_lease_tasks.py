@@ -183,6 +183,25 @@ def test_the_body_runs_under_a_lease_for_its_key_whatever_path_first_evaluates_t
     assert task(7) is None  # a direct call takes no lease, as with LeasedTask
 
 
+def test_first_applies_from_many_threads_at_once_each_take_one_lease(redis_url: str) -> None:
+    _, task = _plain_app(redis_url, "task, then setting")
+    assert task.name == NAME  # evaluated and bound here: Celery's lazy bind is not thread-safe
+    start = threading.Barrier(8)
+    results: dict[int, Any] = {}
+
+    def first_apply(x: int) -> None:
+        start.wait()
+        results[x] = task.apply((x,)).get()
+
+    threads = [threading.Thread(target=first_apply, args=(x,)) for x in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    # Wrapped once: a second wrap would take the same key inside the first and be skipped.
+    assert results == {x: _expected_key(x) for x in range(8)}
+
+
 @pytest.mark.parametrize("order", ["setting, then task", "finalize, then setting"])
 def test_a_worker_runs_the_body_under_a_lease_for_its_key(redis_url: str, order: str) -> None:
     app, task = _plain_app(redis_url, order)
