@@ -203,7 +203,8 @@ class Heartbeat:
         sent_at = clock.now()
         try:
             replies = store.renew_many(
-                group[0].client, [(x.key, x.token, x.options.ttl_ms) for x in group])
+                group[0].client, [(x.key, x.token, x.options.ttl_ms) for x in group],
+                max(x.options.min_replicas for x in group))
             self.passes += 1
         except RedisError as exc:
             replies = [exc] * len(group)

@@ -8,14 +8,15 @@ Nothing above this package builds a Redis command; it calls these functions:
   ``celery lease ls``, and beat's last-run record);
 - the client (:mod:`.connection`, :mod:`.url`), its topologies (:mod:`.topology`) and where
   each command goes on them (:mod:`.routing`), the raw connection path of a standalone client
-  (:mod:`.wire`), and releases whose replies are read later (:mod:`.pending`);
+  (:mod:`.wire`), releases whose replies are read later (:mod:`.pending`), and whether a
+  write landed on the primary the sentinels name (:mod:`.primary`);
 - store errors (:mod:`.errors`).
 """
 
 from __future__ import annotations
 
 from .connection import client_for, reset_clients
-from .errors import NotReplicated, describe, permanent_error
+from .errors import NotReplicated, PrimaryUnconfirmed, describe, permanent_error
 from .protocol import (
     FENCE_COUNTER_EXTRA_MS,
     TOKEN_LENGTH,
@@ -39,6 +40,7 @@ __all__ = [
     "AcquireResult",
     "Holder",
     "NotReplicated",
+    "PrimaryUnconfirmed",
     "acquire",
     "client_for",
     "describe",

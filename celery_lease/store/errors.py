@@ -11,7 +11,7 @@ import ssl
 
 from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
 
-__all__ = ["NotReplicated", "describe", "permanent_error"]
+__all__ = ["NotReplicated", "PrimaryUnconfirmed", "describe", "permanent_error"]
 
 
 class NotReplicated(RedisError):
@@ -21,6 +21,29 @@ class NotReplicated(RedisError):
     :class:`redis.exceptions.RedisError`, so callers treat it as any store error: the task
     body does not run (``lease_on_store_error`` decides what happens instead).
     """
+
+
+class PrimaryUnconfirmed(RedisError):
+    """A write through a Sentinel-managed client that the sentinels did not confirm landed on
+    the primary they name now (:mod:`celery_lease.store.primary`): a failover moved the
+    primary, or too few sentinels answered to know.
+
+    A :class:`redis.exceptions.RedisError`, so it is handled as any store error: a grant is
+    released again and the body does not run (``lease_on_store_error``); a renewal does not
+    count and is tried again until the lease's local deadline.
+
+    Attributes:
+        moved_during_write: True when the client found a new primary while the write was in
+            flight, so that the node it went to is not known (writing again is safe: every
+            lease write is conditional on the token).
+    """
+
+    def __init__(self, message: str, moved_during_write: bool = False) -> None:
+        super().__init__(message)
+        self.moved_during_write = moved_during_write
+
+    def __reduce__(self) -> tuple[type, tuple[str, bool]]:  # picklable with its field
+        return (type(self), (str(self), self.moved_during_write))
 
 
 def describe(error: BaseException) -> str:

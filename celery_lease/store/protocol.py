@@ -25,7 +25,7 @@ import redis
 from redis.exceptions import MovedError, NoScriptError, RedisError
 
 from ..keys import fence_key, wake_key
-from . import lua, routing
+from . import lua, primary, routing
 from .errors import NotReplicated
 from .value import Holder, parse_value
 
@@ -88,16 +88,31 @@ def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
     Raises:
         NotReplicated: fewer than ``min_replicas`` replicas acknowledged the grant in time;
             the grant was released again.
+        PrimaryUnconfirmed: a Sentinel-managed client's grant that the sentinels did not
+            confirm landed on the primary they name now (:mod:`celery_lease.store.primary`);
+            the grant was released again.
         redis.exceptions.RedisError: connection problems, timeouts, OOM and other store errors
             (the node noted by :func:`celery_lease.store.routing.note`, for
             :func:`celery_lease.store.errors.describe`).
     """
     keys, argv = (key, fence_key(key)), (token, ttl_ms, holder, ttl_ms + FENCE_COUNTER_EXTRA_MS)
+    confirmed = primary.managed(client)
     try:
-        if min_replicas > 0:
-            granted, value, pttl = _acquire_replicated(client, keys, argv, min_replicas)
-        else:
-            granted, value, pttl = _acquire(client, keys, argv)
+        for attempt in (1, 2):
+            before = primary.written_to(client) if confirmed else None
+            if min_replicas > 0:
+                granted, value, pttl = _acquire_replicated(client, keys, argv, min_replicas)
+            else:
+                granted, value, pttl = _acquire(client, keys, argv)
+            if not (confirmed and granted):
+                break
+            problem = primary.confirm(client, before)
+            if problem is None:
+                break
+            if not (problem.moved_during_write and attempt == 1):
+                _release_unconfirmed(client, keys, token)
+                raise problem
+            # The write found the new primary as it went: again, where it can be confirmed.
     except RedisError as exc:
         raise routing.note(exc, client, key) from None
     if granted and b":" not in value:  # a fresh grant answers with the fencing token alone
@@ -105,12 +120,20 @@ def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
     return AcquireResult(bool(granted), parse_value(value), max(int(pttl), 0) / 1000)
 
 
+def _release_unconfirmed(client: Any, keys: tuple[str, str], token: str) -> None:
+    """Release a grant the sentinels did not confirm, wherever the client writes now (harmless
+    where it is absent); on the old primary it lapses with its TTL. Nobody ran under it."""
+    try:
+        _release(client, keys, (token,))
+    except RedisError:
+        pass
+
+
 def _acquire_replicated(client: Any, keys: tuple[str, str], argv: tuple[Any, ...],
                         min_replicas: int) -> Any:
     """The acquire script and ``WAIT`` in one pipeline on the primary that owns the key."""
     node = routing.owner(client, keys[0])  # WAIT counts the writes of its own connection
-    timeout = node.connection_pool.connection_kwargs.get("socket_timeout") or 1.0
-    wait_ms = max(1, int(timeout * 1000 / 2))
+    wait_ms = routing.wait_ms(node)
 
     def send(script: tuple[Any, ...]) -> list[Any]:
         pipe = node.pipeline(transaction=False)
