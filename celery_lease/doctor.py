@@ -1,7 +1,8 @@
 """The checks of ``celery lease doctor``: each task's lease settings, beat, and each store.
 
 Each check returns :class:`Finding` values; the command (:mod:`celery_lease.cli`) prints them.
-The worker's start check (:mod:`celery_lease.worker`) shares :func:`redis_version_problem`.
+The worker's start check (:mod:`celery_lease.worker`) shares :func:`redis_version_problem` and
+:func:`failover_problem`.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ __all__ = [
     "MIN_REDIS",
     "Finding",
     "check_beat",
+    "check_failover",
     "check_store",
     "check_task",
     "diagnose",
+    "failover_problem",
     "redis_version_problem",
 ]
 
@@ -133,6 +136,37 @@ def check_store(url: str, timeout: float, app: Any = None) -> list[Finding]:
     return found
 
 
+#: Float seconds a Sentinel failover takes after the primary is called down (election,
+#: promotion, and the two-second hello by which the other sentinels learn of it), with margin.
+FAILOVER_ALLOWANCE = 3.0
+
+
+def failover_problem(options: LeaseOptions, down_after: float) -> tuple[str, str] | None:
+    """``(problem, fix)`` when ``options`` leave a lease exposed to a Sentinel primary cut off
+    from the sentinels but not from this worker; None when they cover it.
+
+    Such a primary takes renewals that its replica never sees until the sentinels call it
+    down (``down_after``, float seconds) and promote the replica. With ``lease_min_replicas``
+    of 1 or more those renewals do not count (no replica acknowledges them). With 0, the
+    holder moves to the new primary at its next renewal after the promotion, which finds the
+    lease still there only when ``lease_ttl`` exceeds ``down_after`` plus
+    :data:`FAILOVER_ALLOWANCE` plus two renew intervals; a shorter one can lapse there and be
+    granted to another worker while the holder still runs.
+    """
+    if options.min_replicas > 0:
+        return None
+    bound = down_after + FAILOVER_ALLOWANCE + 2 * options.renew_interval
+    if options.ttl > bound:
+        return None
+    return (f"lease_min_replicas=0 on Sentinel: a primary cut off from the sentinels (but not "
+            f"from this worker) keeps taking renewals for down-after-milliseconds "
+            f"({down_after:g}s) before a replica is promoted, so lease_ttl={options.ttl:g}s "
+            f"must exceed {bound:g}s (that + {FAILOVER_ALLOWANCE:g}s + 2 renew intervals)",
+            f"set lease_min_replicas=1 (a renewal then counts only once a replica has it), or "
+            f"lease_ttl={3 * (down_after + FAILOVER_ALLOWANCE) + 1:g} with the default renew "
+            f"interval, or lower the sentinels' down-after-milliseconds")
+
+
 def _visibility_timeout(app: Any) -> float | None:
     broker = str(app.conf.get("broker_url") or "")
     if not broker.startswith(("redis://", "rediss://", "redis+socket://", "unix://", "sqs://")):
@@ -214,6 +248,7 @@ def diagnose(app: Any, url: str | None = None) -> Iterator[Finding]:
                       "pass -A with the module that defines the tasks, or add it to include")
     vt = _visibility_timeout(app)
     timeouts: dict[str, float] = {}
+    using: dict[str, list[tuple[str, LeaseOptions]]] = {}
     for task in tasks:
         try:
             options, task_url, _ = task.lease_settings()
@@ -224,6 +259,7 @@ def diagnose(app: Any, url: str | None = None) -> Iterator[Finding]:
         task_url = url or task_url
         timeouts[task_url] = min(timeouts.get(task_url, options.store_timeout),
                                  options.store_timeout)
+        using.setdefault(task_url, []).append((task.name, options))
     yield from check_beat(app)
     if not timeouts:
         try:
@@ -234,4 +270,27 @@ def diagnose(app: Any, url: str | None = None) -> Iterator[Finding]:
             yield Finding("fail", "app", str(exc))
     for store_url, timeout in timeouts.items():
         yield from check_store(store_url, timeout, app)
+        yield from check_failover(store_url, using.get(store_url, []), app)
+
+
+def check_failover(url: str, tasks: list[tuple[str, LeaseOptions]], app: Any = None
+                   ) -> list[Finding]:
+    """Each task's lease settings (``(name, options)``) against the failover of the Sentinel
+    store at ``url`` (:func:`failover_problem`); nothing for other stores or when no sentinel
+    answers (:func:`check_store` reports that)."""
+    try:
+        down_after = topology.sentinel_down_after(client(url, app))
+    except RedisError:
+        return []
+    if down_after is None:
+        return []
+    found = []
+    for name, options in tasks:
+        problem = failover_problem(options, down_after)
+        if problem is None:
+            found.append(Finding("ok", f"task {name}", f"covers a Sentinel failover "
+                                 f"(down-after-milliseconds {down_after:g}s)"))
+        else:
+            found.append(Finding("warn", f"task {name}", *problem))
+    return found
 

@@ -37,7 +37,7 @@ from redis.exceptions import RedisError
 
 from . import store
 from .config import check_process_settings
-from .doctor import redis_version_problem
+from .doctor import failover_problem, redis_version_problem
 from .errors import LeaseConfigError, LeaseStartRefused
 from .names import check_app_settings
 from .store import topology
@@ -62,6 +62,7 @@ def check_app(app: Any) -> list[topology.StoreCheck]:
     check_app_settings(app.conf)
     check_process_settings(app.conf, "app.conf")
     stores: dict[tuple[str, str], tuple[float, Any, set[str]]] = {}
+    using: dict[tuple[str, str], list[tuple[str, Any]]] = {}
     for task in list(app.tasks.values()):
         if isinstance(task, LeasedTask):
             options, url, _ = task.lease_settings()
@@ -69,12 +70,14 @@ def check_app(app: Any) -> list[topology.StoreCheck]:
             timeout, _, prefixes = stores.get(key, (options.store_timeout, None, set()))
             stores[key] = (min(timeout, options.store_timeout), options.backend_options,
                            {*prefixes, options.key_prefix})
+            using.setdefault(key, []).append((task.name, options))
     checks = []
-    for (url, _), (timeout, backend_options, prefixes) in stores.items():
+    for (url, backend_key), (timeout, backend_options, prefixes) in stores.items():
         try:
             client = store.client_for(url, max(timeout, 1.0), backend_options)
             check = topology.check_store(client)
             _probe_permissions(client, prefixes)
+            _warn_failover_exposure(client, url, using[url, backend_key])
         except RedisError as exc:
             permanent = permanent_error(exc)
             if permanent:
@@ -108,6 +111,19 @@ def check_app(app: Any) -> list[topology.StoreCheck]:
             logger.warning("!" * 20 + " " + message + "; lease_require_noeviction=True makes the "
                            "worker refuse to start on such a store instead of warning")
     return checks
+
+
+def _warn_failover_exposure(client: Any, url: str, tasks: list[tuple[str, Any]]) -> None:
+    """Warn for each task whose lease a Sentinel failover could let lapse under its holder
+    (:func:`celery_lease.doctor.failover_problem`)."""
+    down_after = topology.sentinel_down_after(client)
+    if down_after is None:
+        return
+    for name, options in tasks:
+        problem = failover_problem(options, down_after)
+        if problem is not None:
+            logger.warning("lease store %s, task %s: %s. Fix: %s", safe_url(url), name,
+                           *problem)
 
 
 def _probe_permissions(client: Any, prefixes: set[str]) -> None:

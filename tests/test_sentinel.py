@@ -290,3 +290,38 @@ def test_a_replica_promoted_by_hand_takes_no_lease_from_the_primary(
         with holders(sentinel, lease_store_timeout=0.45) as rival:
             rival.start(1)
             assert rival.running(1) is None
+
+
+@pytest.mark.parametrize(("conf", "exposed"), [
+    ({"lease_ttl": 4.0}, True),  # 4 s <= 1 s down-after + 3 s + 2 x 1.33 s
+    ({"lease_ttl": 4.0, "lease_min_replicas": 1}, False),  # replicas must acknowledge
+    ({"lease_ttl": 8.0, "lease_renew_interval": 0.5}, False),  # 8 s > 1 + 3 + 2 x 0.5
+])
+def test_doctor_and_the_worker_start_check_name_a_ttl_a_partitioned_primary_can_outlast(
+    sentinel: SentinelSetup, caplog: pytest.LogCaptureFixture, conf: dict[str, Any],
+    exposed: bool,
+) -> None:
+    from celery import Celery
+
+    from celery_lease import LeasedTask
+    from celery_lease.doctor import check_failover
+    from celery_lease.worker import check_app
+
+    app = Celery("failover_bound", broker="memory://", set_as_current=False)
+    app.conf.update(lease_backend=sentinel.sentinel_url,
+                    lease_backend_options={"master_name": MASTER_NAME}, **conf)
+
+    @app.task(base=LeasedTask, name="failover_bound.job", shared=False)  # type: ignore[misc]
+    def job() -> None:
+        pass
+
+    options, url, _ = job.lease_settings()
+    (finding,) = check_failover(url, [(job.name, options)], app)
+    assert finding.level == ("warn" if exposed else "ok"), finding
+    if exposed:
+        assert "down-after-milliseconds (1s)" in finding.message
+        assert "lease_min_replicas=1" in finding.fix
+    with caplog.at_level("WARNING", logger="celery_lease"):
+        check_app(app)
+    warned = [r.getMessage() for r in caplog.records if "down-after" in r.getMessage()]
+    assert bool(warned) == exposed, warned

@@ -40,7 +40,8 @@ Address = tuple[str, int]
 
 def managed(client: Any) -> bool:
     """True for a Sentinel-managed client (the only kind whose writes are confirmed here)."""
-    return getattr(client.connection_pool, "sentinel_manager", None) is not None
+    pool = getattr(client, "connection_pool", None)  # a cluster client has none
+    return getattr(pool, "sentinel_manager", None) is not None
 
 
 def written_to(client: Any) -> Address | None:
@@ -63,10 +64,10 @@ def confirm(client: Any, before: Address | None) -> PrimaryUnconfirmed | None:
 
     Never raises a store error: a sentinel that does not answer is counted as such.
     """
-    pool = client.connection_pool
-    manager = getattr(pool, "sentinel_manager", None)
-    if manager is None:
+    if not managed(client):
         return None
+    pool = client.connection_pool
+    manager = pool.sentinel_manager
     after = written_to(client)
     if before is None:  # the write made the pool's first connection
         before = after
