@@ -9,7 +9,9 @@ Nothing above this package builds a Redis command; it calls these functions:
 - the client (:mod:`.connection`, :mod:`.url`), its topologies (:mod:`.topology`) and where
   each command goes on them (:mod:`.routing`), the raw connection path of a standalone client
   (:mod:`.wire`), and releases whose replies are read later (:mod:`.pending`);
-- store errors (:mod:`.errors`).
+- store errors (:mod:`.errors`);
+- the commands each feature sends, and whether the ACL user may send them
+  (:mod:`.permissions`).
 """
 
 from __future__ import annotations

@@ -49,7 +49,8 @@ def permanent_error(error: BaseException, setting: str = "lease_backend") -> str
                 f"in {setting} (redis://user:password@host:6379/0)")
     if isinstance(error, NoPermissionError) or "noperm" in lowered:
         return (f"{text}; the ACL user lacks a permission the lease store needs: grant the "
-                f"ACL in docs/deploying.md (section ACL), or use another user in {setting}")
+                f"rule `celery lease acl` prints (docs/deploying.md, section ACL), or use "
+                f"another user in {setting}")
     if "db index" in lowered:
         return f"{text}; the server has no such database: fix the database number in {setting}"
     if "certificate has expired" in lowered or "certificate is not yet valid" in lowered:
