@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 
 import pytest
+import redis
 from celery import Celery
 
 from celery_lease import LeaseConfigError, LeasedTask, LeaseStoreUnavailable, acl, hold, store
@@ -202,3 +203,11 @@ def test_every_command_of_every_feature_can_be_asked_about(server: AclRedisServe
     assert found is not None
     assert {(d.feature, d.commands) for d in found} == {
         ("cluster", ("cluster|slots", "command", "asking")), ("database", ("select",))}
+
+
+def test_a_command_a_script_may_not_run_is_a_permanent_error_naming_the_fix(
+        server: AclRedisServer) -> None:
+    client = store.client_for(user_without(server, "set"), 1.0)
+    with pytest.raises(redis.exceptions.ResponseError) as refused:
+        store.acquire(client, "lease:{acl-noset}", uuid.uuid4().hex, 5000, HOLDER)
+    assert "celery lease acl" in str(store.permanent_error(refused.value))

@@ -451,3 +451,21 @@ def test_acl_check_answers_the_commands_the_user_may_not_run_and_runs_none(
             assert run(limited, "acl_check-1.lua", [KEY], specs) == [2, 3, 4, 5]
     finally:
         client.execute_command("ACL", "DELUSER", name)
+
+
+def test_release_wake_answers_the_refusal_of_its_wake_and_still_releases(
+        client: redis.Redis, redis_url: str) -> None:
+    name = f"no-rpush-{token()[:8]}"
+    client.execute_command("ACL", "SETUSER", name, "reset", "on", ">pw", "~lease:*", "-@all",
+                           "+evalsha", "+eval", "+get", "+set", "+del", "+pexpire")
+    t = token()
+    fence = acquire(client, t, key=HOLD)[1]
+    try:
+        with redis.Redis.from_url(redis_url, username=name, password="pw",
+                                  decode_responses=True) as limited:
+            answer = release_wake(limited, t)
+    finally:
+        client.execute_command("ACL", "DELUSER", name)
+    assert "can't run this command" in answer  # the server's own words, not a silent 1
+    assert client.exists(HOLD, WAKE) == 0
+    assert client.get(fence_key(HOLD)) == f"{fence}:{t}"
