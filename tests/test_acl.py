@@ -20,6 +20,7 @@ from celery_lease.doctor import check_acl
 from celery_lease.keys import hold_key, wake_key
 from celery_lease.store import permissions
 from celery_lease.worker import check_app
+from harness.topologies import cluster_setup
 from tests.support.redis_server import HOST, RedisServer
 from tests.support.secure import AclRedisServer, lease_acl
 from tests.support.waiting import wait_for
@@ -211,3 +212,26 @@ def test_a_command_a_script_may_not_run_is_a_permanent_error_naming_the_fix(
     with pytest.raises(redis.exceptions.ResponseError) as refused:
         store.acquire(client, "lease:{acl-noset}", uuid.uuid4().hex, 5000, HOLDER)
     assert "celery lease acl" in str(store.permanent_error(refused.value))
+
+
+def test_a_cluster_under_exactly_the_generated_rule_grants_renews_and_releases() -> None:
+    features = (*permissions.DEFAULT_FEATURES, "cluster")
+    with cluster_setup(replicas=0) as cluster:
+        for node in cluster.live():
+            with node.client() as admin:
+                admin.execute_command("ACL", "SETUSER", *lease_acl("lease", "pw",
+                                                                   features=features))
+        url = f"redis://lease:pw@{HOST}:{cluster.live()[0].port}/0"
+        client = store.client_for(url, 2.0, {"cluster": True})
+        keys = [f"lease:{{acl-cluster-{i}}}" for i in range(6)]  # over every primary
+        tokens = [uuid.uuid4().hex for _ in keys]
+        for key, token in zip(keys, tokens, strict=True):
+            assert store.acquire(client, key, token, 30_000, HOLDER).granted
+        assert store.renew_many(client, [(k, t, 30_000) for k, t in zip(keys, tokens,
+                                                                         strict=True)]) == [1] * 6
+        assert all(store.release(client, k, t) for k, t in zip(keys, tokens, strict=True))
+        assert permissions.denied(client, features, ["lease"]) == []
+        app = app_for(url, lease_backend_options={"cluster": True})
+        assert check_app(app)
+        (rule,) = acl.rules(app)
+        assert "+cluster|slots +command +asking" in rule
