@@ -1,4 +1,5 @@
-"""The checks of ``celery lease doctor``: each task's lease settings, beat, and each store.
+"""The checks of ``celery lease doctor``: each task's lease settings, beat, each store, and
+each store's ACL user (:func:`check_acl`).
 
 Each check returns :class:`Finding` values; the command (:mod:`celery_lease.cli`) prints them.
 The worker's start check (:mod:`celery_lease.worker`) shares :func:`redis_version_problem`.
