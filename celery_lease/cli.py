@@ -7,6 +7,7 @@ with the app given by ``-A``::
     celery -A proj lease show TASK [ARGS...] [--kwargs JSON] [--json]
     celery -A proj lease release KEY [--yes]
     celery -A proj lease doctor [--strict]
+    celery -A proj lease acl [--user NAME] [--password TEXT]
 
 The store (``lease_backend``, else a Redis ``broker_url``) and the key prefixes come from the
 app's settings and its registered :class:`~celery_lease.LeasedTask` tasks; ``--url`` and
@@ -32,7 +33,7 @@ import redis
 from celery.bin.base import CeleryCommand, handle_preload_options
 from redis.exceptions import RedisError
 
-from . import inspection, store
+from . import acl, inspection, store
 from .doctor import Finding, diagnose
 from .errors import LeaseConfigError, LeaseError
 from .inspection import LeaseInfo, read_lease, scan_leases
@@ -283,6 +284,19 @@ def release(ctx: click.Context, key: str, assume_yes: bool, url: str | None,
     now = read_lease(client, key)
     _fail(f"refused: the lease changed since it was shown; now "
           f"{_describe(now) if now else 'free'}. Nothing was deleted", 1)
+
+
+@lease.command(name="acl", cls=CeleryCommand)
+@click.option("--user", default=None, help="ACL user name (default: the URL's, else lease).")
+@click.option("--password", default="<password>", show_default=True,
+              help="Password the printed command sets (the URL's is never printed).")
+@click.pass_context
+@handle_preload_options  # type: ignore[untyped-decorator]
+@_config_guard
+def acl_rule(ctx: click.Context, user: str | None, password: str, **kwargs: Any) -> None:
+    """Print the ACL SETUSER command that gives the lease store's user exactly the commands
+    this app's configuration sends (one per store; docs/deploying.md, section ACL)."""
+    click.echo("\n".join(acl.rules(_app(ctx), user, password)))
 
 
 # -- doctor ---------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The checks of ``celery lease doctor``: each task's lease settings, beat, and each store.
+"""The checks of ``celery lease doctor``: each task's lease settings, beat, each store, and
+each store's ACL user (:func:`check_acl`).
 
 Each check returns :class:`Finding` values; the command (:mod:`celery_lease.cli`) prints them.
 The worker's start check (:mod:`celery_lease.worker`) shares :func:`redis_version_problem` and
@@ -9,21 +10,22 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from redis.exceptions import RedisError
 
-from . import clock, config, store
+from . import acl, clock, config, store
 from .config import LeaseOptions, resolve_backend
 from .errors import LeaseConfigError
 from .inspection import app_options, client, leased_tasks
-from .store import topology
+from .store import permissions, topology
 from .store.url import safe_url
 
 __all__ = [
     "MIN_REDIS",
     "Finding",
+    "check_acl",
     "check_beat",
     "check_failover",
     "check_store",
@@ -220,10 +222,7 @@ def check_beat(app: Any) -> list[Finding]:
     """The beat leader lease's settings, when beat is configured to use one."""
     from .beat import beat_lease_key  # beat is only imported by those who use it
 
-    scheduler = str(app.conf.get("beat_scheduler") or "")
-    configured = "LeasedScheduler" in scheduler or any(
-        app.conf.get(name) is not None for name in ("lease_beat_ttl", "lease_beat_key"))
-    if not configured:
+    if not acl.beat_configured(app):
         return []
     try:
         options = config.beat_settings(app.conf).options
@@ -271,6 +270,7 @@ def diagnose(app: Any, url: str | None = None) -> Iterator[Finding]:
     for store_url, timeout in timeouts.items():
         yield from check_store(store_url, timeout, app)
         yield from check_failover(store_url, using.get(store_url, []), app)
+    yield from check_acl(app, url)
 
 
 def check_failover(url: str, tasks: list[tuple[str, LeaseOptions]], app: Any = None
@@ -292,5 +292,35 @@ def check_failover(url: str, tasks: list[tuple[str, LeaseOptions]], app: Any = N
                                  f"(down-after-milliseconds {down_after:g}s)"))
         else:
             found.append(Finding("warn", f"task {name}", *problem))
+    return found
+
+
+def check_acl(app: Any, url: str | None = None) -> list[Finding]:
+    """Whether each store's ACL user may run every command of ``app``'s features
+    (:func:`celery_lease.acl.problems`); ``url``: check this store instead."""
+    try:
+        needs = acl.needs(app)
+    except LeaseConfigError:
+        return []  # the task and app checks named it
+    found = []
+    for need in needs:
+        need = replace(need, url=url or need.url)
+        subject = f"store {safe_url(need.url)}"
+        try:
+            result = acl.problems(client(need.url, app), need)
+        except RedisError:
+            continue  # the store check reported it
+        names = ", ".join(f for f in permissions.FEATURES if f in need.features)
+        if result is None:
+            found.append(Finding("info", subject, "ACL not checked: a server before Redis 7.0 "
+                                 "cannot say without running the commands",
+                                 "compare the user's ACL with `celery lease acl`"))
+            continue
+        refusals, warnings = result
+        found += [Finding("fail", subject, text) for text in refusals]
+        found += [Finding("warn", subject, text) for text in warnings]
+        if not refusals and not warnings:
+            found.append(Finding("ok", subject, f"the ACL user may run every command of: "
+                                 f"{names}"))
     return found
 

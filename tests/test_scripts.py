@@ -436,3 +436,36 @@ def test_revoke_with_a_token_that_no_longer_holds_answers_0_and_leaves_the_key(
 def test_an_include_line_the_loader_cannot_read_is_refused_not_dropped(line: str) -> None:
     with pytest.raises(ValueError, match="not an include line"):
         lua._expand(f"local x = 1\n{line}\nreturn x\n", ())
+
+
+def test_acl_check_answers_the_commands_the_user_may_not_run_and_runs_none(
+        client: redis.Redis, redis_url: str) -> None:
+    specs = ["GET %k", "SET %k 1", "WAIT 0 0", "GET jobs:{t}", "PING", "BLPOP %k 1"]
+    assert run(client, "acl_check-1.lua", [KEY], specs) == []  # the default user: all
+    assert client.exists(KEY) == 0  # asked about, not run
+    name = f"acl-check-{token()[:8]}"
+    client.execute_command("ACL", "SETUSER", name, "reset", "on", ">pw", "~lease:*", "-@all",
+                           "+evalsha", "+eval", "+get", "+blpop")
+    try:
+        with redis.Redis.from_url(redis_url, username=name, password="pw") as limited:
+            assert run(limited, "acl_check-1.lua", [KEY], specs) == [2, 3, 4, 5]
+    finally:
+        client.execute_command("ACL", "DELUSER", name)
+
+
+def test_release_wake_answers_the_refusal_of_its_wake_and_still_releases(
+        client: redis.Redis, redis_url: str) -> None:
+    name = f"no-rpush-{token()[:8]}"
+    client.execute_command("ACL", "SETUSER", name, "reset", "on", ">pw", "~lease:*", "-@all",
+                           "+evalsha", "+eval", "+get", "+set", "+del", "+pexpire")
+    t = token()
+    fence = acquire(client, t, key=HOLD)[1]
+    try:
+        with redis.Redis.from_url(redis_url, username=name, password="pw",
+                                  decode_responses=True) as limited:
+            answer = release_wake(limited, t)
+    finally:
+        client.execute_command("ACL", "DELUSER", name)
+    assert "can't run this command" in answer  # the server's own words, not a silent 1
+    assert client.exists(HOLD, WAKE) == 0
+    assert client.get(fence_key(HOLD)) == f"{fence}:{t}"

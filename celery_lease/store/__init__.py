@@ -10,7 +10,9 @@ Nothing above this package builds a Redis command; it calls these functions:
   each command goes on them (:mod:`.routing`), the raw connection path of a standalone client
   (:mod:`.wire`), releases whose replies are read later (:mod:`.pending`), and whether a
   write landed on the primary the sentinels name (:mod:`.primary`);
-- store errors (:mod:`.errors`).
+- store errors (:mod:`.errors`);
+- the commands each feature sends, and whether the ACL user may send them
+  (:mod:`.permissions`).
 """
 
 from __future__ import annotations

@@ -70,9 +70,12 @@ def permanent_error(error: BaseException, setting: str = "lease_backend") -> str
             "invalid username-password" in lowered or "noauth" in lowered:
         return (f"{text}; the store refused the credentials: fix the user name and password "
                 f"in {setting} (redis://user:password@host:6379/0)")
-    if isinstance(error, NoPermissionError) or "noperm" in lowered:
+    # Redis 7.0 words a command a script may not run as ERR, not NOPERM.
+    if isinstance(error, NoPermissionError) or "noperm" in lowered or \
+            "the user executing the script can't" in lowered:
         return (f"{text}; the ACL user lacks a permission the lease store needs: grant the "
-                f"ACL in docs/deploying.md (section ACL), or use another user in {setting}")
+                f"rule `celery lease acl` prints (docs/deploying.md, section ACL), or use "
+                f"another user in {setting}")
     if "db index" in lowered:
         return f"{text}; the server has no such database: fix the database number in {setting}"
     if "certificate has expired" in lowered or "certificate is not yet valid" in lowered:

@@ -18,6 +18,7 @@ docs/deploying.md, Sentinel).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,8 @@ __all__ = [
     "revoke",
     "wait_for_release",
 ]
+
+logger = logging.getLogger("celery_lease")
 
 TOKEN_LENGTH = 32
 # The fencing counter outlives its lease by an hour: across a longer gap the server clock
@@ -201,15 +204,28 @@ def release_and_wake(client: redis.Redis, key: str, token: str) -> bool:
     """:func:`release`, and wake one hold waiting for ``key`` (:func:`wait_for_release`).
 
     Used by holds only (their keys are never a task's), so a task's release is unchanged.
+    A wake the store refuses (out of memory, or an ACL user without ``RPUSH``) does not undo
+    the release: it is logged as a warning naming the fix, and waiting holds take the key
+    when it expires instead.
 
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
     keys = (key, fence_key(key), wake_key(key))
     try:
-        return bool(_release_wake(client, keys, (token, WAKE_LIFETIME_MS)))
+        reply = _release_wake(client, keys, (token, WAKE_LIFETIME_MS))
     except RedisError as exc:
         raise routing.note(exc, client, key) from None
+    if isinstance(reply, (bytes, str)):  # released, the wake refused: the server's reason
+        text = reply.decode() if isinstance(reply, bytes) else reply
+        fix = ("free memory on the store (maxmemory)" if "OOM" in text else
+               "grant the ACL user +rpush (the rule `celery lease acl` prints, "
+               "docs/deploying.md section ACL)")
+        logger.warning("hold released %s but woke no waiting hold: the store refused the "
+                       "wake (%s); waiters take the key when it expires instead. Fix: %s",
+                       key, text, fix)
+        return True
+    return bool(reply)
 
 
 def wait_for_release(client: redis.Redis, key: str, timeout: float) -> bool:
