@@ -1,9 +1,11 @@
 --[[
 Release a hold's lease (celery_lease.hold) as release-2.lua does, then put one "free" element
 in the key's wake list for a waiting hold's BLPOP. A separate script, so a task's release costs
-nothing more. DEL first: the list holds at most one element (one waiter woken per release; it
-passes the turn on with its own release). pcall: a wake refused under OOM only leaves the
-waiters to their fallback, the holder's expiry.
+nothing more. The list is emptied first: it holds at most one element (one waiter woken per
+release; it passes the turn on with its own release). pcall: a wake refused under OOM only
+leaves the waiters to their fallback, the holder's expiry. A wake key of another type is not
+ours and is left alone (LTRIM empties a list only; the lifetime goes only on a list the push
+made).
 
 KEYS[1]  the lease key
 KEYS[2]  the fencing counter key (same hash tag)
@@ -20,9 +22,10 @@ Returns:
 if mine then
   redis.call('DEL', KEYS[1])
   --@include note_ended.lua
-  redis.call('DEL', KEYS[3])
-  redis.pcall('RPUSH', KEYS[3], '1')
-  redis.pcall('PEXPIRE', KEYS[3], ARGV[2])
+  redis.pcall('LTRIM', KEYS[3], 1, 0)
+  if type(redis.pcall('RPUSH', KEYS[3], '1')) == 'number' then
+    redis.pcall('PEXPIRE', KEYS[3], ARGV[2])
+  end
   return 1
 end
 --@include released_before.lua
