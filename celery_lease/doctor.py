@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 #: The oldest Redis the library works with: the release keeps its note beside the fencing
-#: counter with ``SET ... KEEPTTL`` and ``celery lease ls`` uses ``SCAN ... TYPE``, both 6.0.
+#: counter with ``SET ... KEEPTTL`` (6.0).
 MIN_REDIS = (6, 0)
 
 
@@ -45,8 +45,7 @@ def redis_version_problem(version: str) -> str | None:
     if len(parts) < 2 or parts >= MIN_REDIS:
         return None
     return (f"Redis {version} is too old: celery-lease needs Redis "
-            f"{MIN_REDIS[0]}.{MIN_REDIS[1]} or later (SET ... KEEPTTL in the release, "
-            f"SCAN ... TYPE in `celery lease ls`)")
+            f"{MIN_REDIS[0]}.{MIN_REDIS[1]} or later (SET ... KEEPTTL in the release)")
 
 
 @dataclass(frozen=True)

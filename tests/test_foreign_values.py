@@ -52,7 +52,7 @@ def structured(rng: random.Random) -> list[Any]:
     values += [f"{good}:12:{tail}".encode() for tail in (
         "[" * 100_000, "[" * 2000 + "]" * 2000, "{\"a\":" * 3000 + "1" + "}" * 3000,
         '{"pid": 1' + "0" * 5000 + "}", '{"pid": 1' + "0" * 4000 + "}",
-        '{"pid": 1e999}', '{"pid": NaN}', "null", "[]", '"text"', "{" + "x" * 10_000)]
+        '{"pid": 1e999}', '{"pid": NaN}', "null", "[]", '"text"', "{" + "x" * 70_000)]
     values += [bytes(rng.getrandbits(8) for _ in range(rng.randrange(0, 120)))
                for _ in range(2000)]
     values += [OtherType(kind) for kind in OTHER_TYPES]
@@ -77,6 +77,9 @@ def test_parse_value_reads_what_celery_lease_writes_with_or_without_its_version(
         holder = store.parse_value(stored.encode())
         assert (holder.token, holder.fencing_token, holder.task_id, holder.where,
                 holder.version, holder.foreign) == (t, 12, "task-1", "host:42", 1, "")
+    long_name = "tâche\u2028" * 1000  # 6 000 characters, 11 000 once escaped
+    written = f"{t}:12:{store.holder_json(long_name, 'id', 'host', 1)}"
+    assert store.parse_value(written).task_name == long_name
 
 
 def test_a_value_of_a_later_format_version_is_held_by_a_known_holder_with_the_shared_fields(

@@ -66,7 +66,10 @@ def previous_python() -> Path:
          "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True, text=True, check=True).stdout.strip())
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(site, filter="data")
+        if hasattr(tarfile, "data_filter"):  # Python 3.10.12+: no path leaves ``site``
+            tar.extractall(site, filter="data")
+        else:
+            tar.extractall(site)
     # The dependencies (celery, redis-py...) are this environment's; its .pth files are not
     # read from there, so its editable install of this version stays out.
     (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")

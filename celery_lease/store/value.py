@@ -33,9 +33,10 @@ TOKEN_LENGTH = 32
 #: Fencing tokens stay below 2**53: the scripts count in Lua numbers (doubles), exact only
 #: up to there; a counter at or above it cannot be incremented exactly and is not ours.
 MAX_FENCE = 2**53 - 1
-# The longest holder JSON read (characters): this library writes about 200; a longer one is
-# not parsed at all (a deeply nested or huge tail is someone else's, and costs time).
-_MAX_META = 4096
+# The longest holder JSON read (characters): this library writes about 200 (more only for
+# task names of hundreds of escaped characters); a longer one is not parsed at all (a huge
+# tail is someone else's, and costs time; a deeply nested one is refused by json itself).
+_MAX_META = 65536
 _HEX = frozenset("0123456789abcdef")
 _FOREIGN = "not a value celery-lease writes"
 
