@@ -98,6 +98,8 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int | N
 
 
 def _describe(info: LeaseInfo) -> str:
+    if info.foreign:
+        return f"an unknown holder ({info.foreign}), expires in {_human(info.ttl)}"
     return (f"task {info.task or '?'} [{info.task_id or '?'}] on host {info.host or '?'} "
             f"(pid {info.pid}), fencing token {info.fencing_token}, "
             f"expires in {_human(info.ttl)}")
@@ -189,17 +191,22 @@ def ls(ctx: click.Context, task_name: str | None, as_json: bool, wide: bool, url
 
 def _print_leases(found: list[LeaseInfo], wide: bool) -> None:
     rows: list[tuple[str, ...]]
+    task = {id(i): "(unknown holder)" if i.foreign else i.task or "?" for i in found}
     if wide:
-        rows = [(i.task or "?", i.task_id or "?", i.host or "?", str(i.pid),
+        rows = [(task[id(i)], i.task_id or "?", i.host or "?", str(i.pid),
                  str(i.fencing_token), _human(i.ttl), i.key) for i in found]
         click.echo(_table(("TASK", "TASK ID", "HOST", "PID", "FENCING TOKEN", "TIME LEFT",
                            "KEY"), rows))
     else:
-        rows = [(i.task or "?", i.task_id or "?", i.host or "?", str(i.pid), _human(i.ttl))
+        rows = [(task[id(i)], i.task_id or "?", i.host or "?", str(i.pid), _human(i.ttl))
                 for i in found]
         click.echo(_table(("TASK", "TASK ID", "HOST", "PID", "TIME LEFT"), rows,
                           width=shutil.get_terminal_size().columns))
     click.echo(f"{len(found)} lease(s)")
+    for info in found:
+        if info.foreign:
+            click.echo(f"unknown holder at {info.key}: {info.foreign}; it holds that lease "
+                       f"until it expires or is deleted (`celery lease doctor` says more)")
 
 
 def _parse_arg(text: str) -> Any:
@@ -276,6 +283,10 @@ def release(ctx: click.Context, key: str, assume_yes: bool, url: str | None,
         _fail(f"no lease at {key}", 1)
         return
     click.echo(f"{key} is held by {_describe(current)}")
+    if current.foreign:
+        _fail(f"not released: celery-lease did not write {key}, so it does not delete it; "
+              f"if nothing else uses it, delete it with redis-cli, or give celery-lease a "
+              f"prefix of its own (lease_key_prefix)", 1)
     if not assume_yes and not click.confirm("Release it?", default=False):
         _fail("not released", 1)
     if store.revoke(client, key, current.token):

@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 from . import acl, clock, config, store
 from .config import LeaseOptions, resolve_backend
 from .errors import LeaseConfigError
-from .inspection import app_options, client, leased_tasks
+from .inspection import app_options, client, leased_tasks, scan_foreign, stores
 from .store import permissions, topology
 from .store.url import safe_url
 
@@ -30,13 +30,14 @@ __all__ = [
     "check_failover",
     "check_store",
     "check_task",
+    "check_values",
     "diagnose",
     "failover_problem",
     "redis_version_problem",
 ]
 
 #: The oldest Redis the library works with: the release keeps its note beside the fencing
-#: counter with ``SET ... KEEPTTL`` and ``celery lease ls`` uses ``SCAN ... TYPE``, both 6.0.
+#: counter with ``SET ... KEEPTTL`` (6.0).
 MIN_REDIS = (6, 0)
 
 
@@ -49,8 +50,7 @@ def redis_version_problem(version: str) -> str | None:
     if len(parts) < 2 or parts >= MIN_REDIS:
         return None
     return (f"Redis {version} is too old: celery-lease needs Redis "
-            f"{MIN_REDIS[0]}.{MIN_REDIS[1]} or later (SET ... KEEPTTL in the release, "
-            f"SCAN ... TYPE in `celery lease ls`)")
+            f"{MIN_REDIS[0]}.{MIN_REDIS[1]} or later (SET ... KEEPTTL in the release)")
 
 
 @dataclass(frozen=True)
@@ -169,6 +169,35 @@ def failover_problem(options: LeaseOptions, down_after: float) -> tuple[str, str
             f"interval, or lower the sentinels' down-after-milliseconds")
 
 
+#: Keys named in a finding about values celery-lease did not write (the rest are counted).
+_SHOWN = 5
+
+
+def check_values(url: str, prefixes: set[str], app: Any = None) -> list[Finding]:
+    """Keys under ``prefixes`` on the store at ``url`` that celery-lease did not write (another
+    tool sharing the prefix, a key damaged by hand): each holds its lease for an unknown
+    holder, never overwritten or deleted by the library. One ``SCAN`` of each prefix.
+    Nothing is reported when the store does not answer (:func:`check_store` says so)."""
+    subject = f"store {safe_url(url)}"
+    found: list[Finding] = []
+    for prefix in sorted(prefixes):
+        try:
+            foreign = list(scan_foreign(client(url, app), prefix))
+        except RedisError:
+            return found
+        if not foreign:
+            found.append(Finding("ok", subject, f"every key under {prefix}:* is celery-lease's"))
+            continue
+        shown = "; ".join(f"{key}: {why}" for key, why in foreign[:_SHOWN])
+        more = f" and {len(foreign) - _SHOWN} more" if len(foreign) > _SHOWN else ""
+        found.append(Finding(
+            "warn", subject, f"{len(foreign)} key(s) under {prefix}:* hold what celery-lease "
+            f"did not write, each a lease held by an unknown holder: {shown}{more}",
+            "another tool shares the prefix: give celery-lease one of its own "
+            "(lease_key_prefix), or delete those keys if nothing uses them"))
+    return found
+
+
 def _visibility_timeout(app: Any) -> float | None:
     broker = str(app.conf.get("broker_url") or "")
     if not broker.startswith(("redis://", "rediss://", "redis+socket://", "unix://", "sqs://")):
@@ -235,7 +264,8 @@ def check_beat(app: Any) -> list[Finding]:
 
 
 def diagnose(app: Any, url: str | None = None) -> Iterator[Finding]:
-    """Every check of ``celery lease doctor``, in order: tasks, beat, then each store.
+    """Every check of ``celery lease doctor``, in order: tasks, beat, each store, then the
+    keys under each prefix (:func:`check_values`).
 
     Args:
         app: the Celery app, with its tasks imported.
@@ -270,6 +300,12 @@ def diagnose(app: Any, url: str | None = None) -> Iterator[Finding]:
     for store_url, timeout in timeouts.items():
         yield from check_store(store_url, timeout, app)
         yield from check_failover(store_url, using.get(store_url, []), app)
+    try:
+        prefixes = stores(app, url, ())
+    except LeaseConfigError:
+        prefixes = {}  # the task and app checks named it
+    for store_url, store_prefixes in prefixes.items():
+        yield from check_values(store_url, store_prefixes, app)
     yield from check_acl(app, url)
 
 

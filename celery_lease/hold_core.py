@@ -133,7 +133,8 @@ class HoldCore:
 
     def wait_time(self, found: store.AcquireResult, deadline: float | None) -> float:
         """How long to wait for a release before trying again (float seconds, <= 0: give up)."""
-        # At least 10 ms: a foreign key without a lifetime (remaining 0) is no tight loop.
+        # At least 10 ms: never a tight loop, whatever the remaining time read (a key without a
+        # lifetime, not ours, counts as held for one TTL: store.acquire).
         chunk = min(max(found.remaining + EXPIRY_SLACK, 0.01), WAIT_CHUNK)
         if deadline is None:
             return chunk

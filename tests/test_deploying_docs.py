@@ -67,5 +67,5 @@ def test_every_lua_script_is_run_by_a_feature_so_its_commands_are_in_a_rule() ->
 
 
 def test_a_scripts_commands_are_read_from_its_source_with_includes_and_pcalls() -> None:
-    assert permissions.script_commands("release_wake-3.lua") == ("get", "del", "set", "rpush",
-                                                                  "pexpire")
+    assert permissions.script_commands("release_wake-3.lua") == ("get", "del", "set", "ltrim",
+                                                                  "rpush", "pexpire")

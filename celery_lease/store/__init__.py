@@ -32,7 +32,7 @@ from .protocol import (
     wait_for_release,
 )
 from .renewal import RENEW_BATCH, renew_many
-from .value import Holder, holder_json, parse_value
+from .value import Holder, holder_json, parse_counter, parse_value
 
 __all__ = [
     "FENCE_COUNTER_EXTRA_MS",
@@ -47,6 +47,7 @@ __all__ = [
     "client_for",
     "describe",
     "holder_json",
+    "parse_counter",
     "parse_value",
     "permanent_error",
     "release",

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import ssl
 
-from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
+from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
 
-__all__ = ["NotReplicated", "PrimaryUnconfirmed", "describe", "permanent_error"]
+__all__ = ["NotReplicated", "PrimaryUnconfirmed", "describe", "is_wrong_type", "permanent_error"]
 
 
 class NotReplicated(RedisError):
@@ -55,6 +55,12 @@ def describe(error: BaseException) -> str:
     text = f"{type(error).__name__}: {error}"
     node = getattr(error, "lease_store_where", None)
     return f"{text} (on {node})" if node else text
+
+
+def is_wrong_type(error: BaseException) -> bool:
+    """True when ``error`` is Redis' ``WRONGTYPE`` reply: the key is of another type than the
+    command reads (a key celery-lease did not write, at a name it uses)."""
+    return isinstance(error, ResponseError) and str(error).startswith("WRONGTYPE")
 
 
 def permanent_error(error: BaseException, setting: str = "lease_backend") -> str | None:

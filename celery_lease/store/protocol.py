@@ -19,6 +19,7 @@ docs/deploying.md, Sentinel).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,8 +28,8 @@ from redis.exceptions import MovedError, NoScriptError, RedisError
 
 from ..keys import fence_key, wake_key
 from . import lua, primary, routing
-from .errors import NotReplicated
-from .value import Holder, parse_value
+from .errors import NotReplicated, is_wrong_type
+from .value import TOKEN_LENGTH, Holder, parse_value
 
 __all__ = [
     "FENCE_COUNTER_EXTRA_MS",
@@ -45,7 +46,6 @@ __all__ = [
 
 logger = logging.getLogger("celery_lease")
 
-TOKEN_LENGTH = 32
 # The fencing counter outlives its lease by an hour: across a longer gap the server clock
 # (microseconds) alone keeps fencing tokens increasing, and per-argument keys do not pile up.
 # scripts/includes/note_ended.lua writes the same lifetime for a counter that had lapsed.
@@ -120,7 +120,10 @@ def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
         raise routing.note(exc, client, key) from None
     if granted and b":" not in value:  # a fresh grant answers with the fencing token alone
         return AcquireResult(True, Holder(token, int(value)), ttl_ms / 1000)
-    return AcquireResult(bool(granted), parse_value(value), max(int(pttl), 0) / 1000)
+    # A key without a lifetime (pttl -1) is no lease of ours (each has one): a value or a
+    # counter another tool wrote. It counts as held for one TTL more, so a retry waits a TTL.
+    return AcquireResult(bool(granted), parse_value(value),
+                         (int(pttl) if int(pttl) >= 0 else ttl_ms) / 1000)
 
 
 def _release_unconfirmed(client: Any, keys: tuple[str, str], token: str) -> None:
@@ -230,7 +233,8 @@ def release_and_wake(client: redis.Redis, key: str, token: str) -> bool:
 
 def wait_for_release(client: redis.Redis, key: str, timeout: float) -> bool:
     """Block up to ``timeout`` float seconds (at least 1 ms) for a release of ``key`` by
-    :func:`release_and_wake`. Returns True when woken by one, False on the timeout.
+    :func:`release_and_wake`. Returns True when woken by one, False on the timeout (also after
+    sleeping the timeout when the wake key is of another type than a list: not ours).
 
     ``client`` must time out later than ``timeout`` (a client of its own for waiting).
 
@@ -240,18 +244,29 @@ def wait_for_release(client: redis.Redis, key: str, timeout: float) -> bool:
     try:
         return client.blpop([wake_key(key)], max(timeout, 0.001)) is not None
     except RedisError as exc:
-        raise routing.note(exc, client, key) from None
+        if not is_wrong_type(exc):
+            raise routing.note(exc, client, key) from None
+    # A key of another type at the wake key (another tool's): no wake-up can come, so the
+    # waiter waits its time out and falls back to the holder's expiry, as after a lost one.
+    time.sleep(max(timeout, 0.001))
+    return False
 
 
 def released_last(client: redis.Redis, key: str, token: str) -> bool:
-    """True when ``token`` was the last holder of ``key`` to release it (it ended normally).
+    """True when ``token`` was the last holder of ``key`` to release it (it ended normally);
+    False for a counter celery-lease did not write (any bytes, another type).
 
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
-    value = client.get(fence_key(key))
-    if isinstance(value, bytes):
-        value = value.decode()
-    return isinstance(value, str) and value.partition(":")[2] == token
+    try:
+        value = client.get(fence_key(key))
+    except RedisError as exc:
+        if is_wrong_type(exc):
+            return False  # a counter of another type: not ours, so no release of ours noted
+        raise
+    if isinstance(value, str):
+        value = value.encode()
+    return isinstance(value, bytes) and value.partition(b":")[2] == token.encode()
 
 
