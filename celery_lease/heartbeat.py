@@ -130,9 +130,11 @@ class Heartbeat:
 
         Called before a release is sent, so nothing renews a lease after its release.
         """
-        with self._cond:
-            self._leases.discard(lease)
-        lease.stop_renewing(wait=lease.options.store_timeout * 2)
+        try:
+            with self._cond:
+                self._leases.discard(lease)
+        finally:  # retired whatever interrupts the above: a pass that listed it skips it
+            lease.stop_renewing(wait=lease.options.store_timeout * 2)
 
     def held(self) -> list[Lease]:
         """A snapshot of the leases being renewed."""

@@ -68,15 +68,29 @@ class Hold(HoldCore):
         if self.lease is not None:
             raise RuntimeError(f"hold {self.name!r} is held by this object already; use a new "
                                f"hold() for a nested block")
+        # Filled at the grant: an exit that lands anywhere after it (a time limit,
+        # KeyboardInterrupt, SystemExit) ends the lease here instead of leaving it renewed.
+        claim = lifecycle.Claim()
+        try:
+            took = self._take_or_wait(blocking, timeout, raise_conflict, claim)
+            self.lease = claim.lease
+            return took
+        except BaseException:
+            if claim.lease is not None:
+                self.lease = claim.lease
+                self._release()
+            raise
+
+    def _take_or_wait(self, blocking: bool | None, timeout: float | None,
+                      raise_conflict: bool, claim: lifecycle.Claim) -> bool:
         blocking = self.blocking if blocking is None else blocking
         timeout = self.timeout if timeout is None else timeout
         wait = blocking and self.on_conflict == "wait"
         started = clock.now()
         deadline = None if timeout is None else started + timeout
         while True:
-            got = self.try_take(interrupt.for_current_context(self.settings.signum))
+            got = self.try_take(interrupt.for_current_context(self.settings.signum), claim)
             if isinstance(got, Lease):
-                self.lease = got
                 return True
             seconds = self.wait_time(got, deadline) if wait else 0.0
             if seconds <= 0:
@@ -94,7 +108,12 @@ class Hold(HoldCore):
             RuntimeError: the lease is not held by this object.
             LeaseLost: it was lost while held and the loss was not raised in the block.
         """
-        ending = self._release()
+        try:
+            ending = self._release()
+        except BaseException:
+            if self.lease is not None:  # an exit as the end began: end it, then go on
+                self._release()
+            raise
         if ending.loss is not None:
             raise ending.loss
         return bool(ending.released)
@@ -104,8 +123,13 @@ class Hold(HoldCore):
         if lease is None:
             raise RuntimeError(f"hold {self.name!r} is not held")
         self.lease = None
-        lease.target.finish()
-        return end(lease, sender=lease.task_name)
+        try:
+            lease.target.finish()
+            return end(lease, sender=lease.task_name)
+        except BaseException:
+            if not lease.retired:  # the exit landed before the end began: end it, go on
+                end(lease, sender=lease.task_name)
+            raise
 
     # -- with / decorator ---------------------------------------------------------------------
 
@@ -115,7 +139,11 @@ class Hold(HoldCore):
         return self.lease
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
-        ending = self._release()
+        try:
+            ending = self._release()
+        finally:
+            if self.lease is not None:  # an exit landed as the end began: end it all the same
+                self._release()
         if isinstance(exc, LeaseLost) and type(exc) is not LeaseLost:
             # The threads' per-delivery carrier: surface the public class.
             raise LeaseLost(*exc.args).with_traceback(tb) from None

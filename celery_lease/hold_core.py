@@ -111,8 +111,14 @@ class HoldCore:
         return store.client_for(self.settings.url, WAIT_CHUNK + options.store_timeout,
                                 options.backend_options)
 
-    def try_take(self, target: interrupt.Target) -> Lease | store.AcquireResult:
+    def try_take(self, target: interrupt.Target, claim: lifecycle.Claim | None = None
+                 ) -> Lease | store.AcquireResult:
         """One attempt: the granted lease, or what the holder looks like.
+
+        Args:
+            target: where a loss is delivered.
+            claim: set to the lease at the grant (:class:`celery_lease.lifecycle.Claim`), so
+                an exit that lands before the caller stored the returned lease finds it.
 
         Raises:
             LeaseStoreUnavailable: the store could not be reached.
@@ -120,7 +126,7 @@ class HoldCore:
         holder = _holder()
         try:
             return lifecycle.take(self.settings, self.client, self.key, holder, target,
-                                  sender=holder.task_name)
+                                  sender=holder.task_name, claim=claim)
         except RedisError as exc:
             raise LeaseStoreUnavailable(self.key, "acquire", store.describe(exc)) from None
 
