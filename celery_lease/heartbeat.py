@@ -38,7 +38,7 @@ from redis.exceptions import RedisError, ResponseError
 from . import clock, interrupt, signals, store
 from .errors import LostCause
 from .lease import Lease
-from .store import pending
+from .store import pending, primary
 
 __all__ = ["Heartbeat", "Plan", "heartbeat", "plan_pass"]
 
@@ -85,6 +85,8 @@ def plan_pass(leases: list[Lease], now: float) -> Plan:
         if not any(lease.next_renewal <= now for lease in group):
             continue
         timeout = max(lease.options.store_timeout for lease in group)
+        if primary.managed(group[0].client):
+            timeout *= 2  # the sentinels confirm the renewals after their reply
         if now + timeout >= earliest_deadline:
             wake = earliest_deadline
             continue

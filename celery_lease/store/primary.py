@@ -13,7 +13,8 @@ confirm, after its reply, that the node it was written to is still the one they 
 failover's leader has seen it promoted, before redis-py's own discovery does):
 
 - every sentinel is asked at once (all requests written before any reply is read: one round
-  trip, bounded by the store timeout);
+  trip, the whole check bounded by the store timeout, so that a renewal with its check takes
+  at most two store timeouts, less than the renew interval);
 - the write counts when a majority of the sentinels answered and every one that answered
   names the node written to;
 - otherwise it does not count (:class:`~celery_lease.store.errors.PrimaryUnconfirmed`, a store
@@ -31,6 +32,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from .. import clock
 from .errors import PrimaryUnconfirmed
 
 __all__ = ["Address", "confirm", "managed", "written_to"]
@@ -77,7 +79,8 @@ def confirm(client: Any, before: Address | None) -> PrimaryUnconfirmed | None:
         return PrimaryUnconfirmed(
             "the client moved to another primary during the write (Sentinel failover)",
             moved_during_write=True)
-    named = _ask_all(manager.sentinels, pool.service_name)
+    budget = pool.connection_kwargs.get("socket_timeout") or 1.0  # the store timeout
+    named = _ask_all(manager.sentinels, pool.service_name, budget)
     answered = [address for address in named if address is not None]
     majority = len(named) // 2 + 1
     if len(answered) < majority:
@@ -93,12 +96,19 @@ def confirm(client: Any, before: Address | None) -> PrimaryUnconfirmed | None:
         f"primary now (a failover): the write does not count")
 
 
-def _ask_all(sentinels: list[Any], service: str) -> list[Address | None]:
+def _ask_all(sentinels: list[Any], service: str, budget: float) -> list[Address | None]:
     """Each sentinel's primary for ``service`` (None where it did not answer), asked of all at
-    once: every request is written before any reply is read."""
+    once: every request is written before any reply is read, and the whole check ends within
+    ``budget`` float seconds (the store timeout), however many sentinels do not answer: no
+    connection is begun after half of it (each takes at most half: see
+    :func:`celery_lease.store.connection.build_client`), and no reply waited for after it."""
+    started = clock.now()
     asked: list[tuple[Any, Any] | None] = []
     for sentinel in sentinels:
         pool = sentinel.connection_pool
+        if clock.now() - started >= budget / 2:
+            asked.append(None)
+            continue
         try:
             try:
                 conn = pool.get_connection()
@@ -119,11 +129,14 @@ def _ask_all(sentinels: list[Any], service: str) -> list[Address | None]:
             named.append(None)
             continue
         pool, conn = entry
+        reply = None
         try:
-            reply = conn.read_response()
+            if conn.can_read(timeout=max(budget - (clock.now() - started), 0.0)):
+                reply = conn.read_response()
+            else:
+                conn.disconnect()  # its reply, if it ever comes, must not be read as another's
         except RedisError:
             conn.disconnect()
-            reply = None
         finally:
             pool.release(conn)
         named.append(_address(reply))
