@@ -26,7 +26,7 @@ from typing import Any, Literal, TypeVar
 
 import wrapt
 
-from . import clock, interrupt, lifecycle
+from . import clock, hold_options, interrupt, lifecycle
 from .errors import LeaseLost
 from .hold_async import AsyncHold
 from .hold_core import HOLD_TASK_NAME, HoldCore, end
@@ -50,21 +50,20 @@ class Hold(HoldCore):
     """
 
     def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
-        """Take the lease. Returns False when it is held elsewhere and not (or no longer) waited
-        for: at once with ``blocking=False`` or ``on_conflict="raise"``, else after ``timeout``.
-
-        Args:
-            blocking: override the ``blocking`` given to :func:`hold`.
-            timeout: override the ``timeout`` given to :func:`hold` (float seconds).
+        """Take the lease, as :meth:`threading.Lock.acquire` does: ``blocking=True`` or a
+        ``timeout`` waits for a release (up to ``timeout`` float seconds), ``blocking=False``
+        answers at once, neither does what :func:`hold` was given. Returns False when the lease
+        is held elsewhere and not (or no longer) waited for.
 
         Raises:
+            LeaseConfigError: ``blocking=False`` with a ``timeout``, or a bad ``timeout``.
             RuntimeError: this object holds the lease already.
             LeaseStoreUnavailable: the store could not be reached.
         """
-        return self._enter(blocking, timeout, raise_conflict=False)
+        return self._enter(hold_options.for_call(self.name, self.waiting, blocking, timeout),
+                           raise_conflict=False)
 
-    def _enter(self, blocking: bool | None, timeout: float | None, *,
-               raise_conflict: bool) -> bool:
+    def _enter(self, waiting: hold_options.Waiting, *, raise_conflict: bool) -> bool:
         if self.lease is not None:
             raise RuntimeError(f"hold {self.name!r} is held by this object already; use a new "
                                f"hold() for a nested block")
@@ -72,7 +71,7 @@ class Hold(HoldCore):
         # KeyboardInterrupt, SystemExit) ends the lease here instead of leaving it renewed.
         claim = lifecycle.Claim()
         try:
-            took = self._take_or_wait(blocking, timeout, raise_conflict, claim)
+            took = self._take_or_wait(waiting, raise_conflict, claim)
             self.lease = claim.lease
             return took
         except BaseException:
@@ -81,11 +80,9 @@ class Hold(HoldCore):
                 self._release()
             raise
 
-    def _take_or_wait(self, blocking: bool | None, timeout: float | None,
-                      raise_conflict: bool, claim: lifecycle.Claim) -> bool:
-        blocking = self.blocking if blocking is None else blocking
-        timeout = self.timeout if timeout is None else timeout
-        wait = blocking and self.on_conflict == "wait"
+    def _take_or_wait(self, waiting: hold_options.Waiting, raise_conflict: bool,
+                      claim: lifecycle.Claim) -> bool:
+        wait, timeout = waiting.wait, waiting.timeout
         started = clock.now()
         deadline = None if timeout is None else started + timeout
         while True:
@@ -134,7 +131,7 @@ class Hold(HoldCore):
     # -- with / decorator ---------------------------------------------------------------------
 
     def __enter__(self) -> Lease:
-        self._enter(None, None, raise_conflict=True)
+        self._enter(self.waiting, raise_conflict=True)
         assert self.lease is not None
         return self.lease
 
@@ -182,7 +179,8 @@ class Hold(HoldCore):
 
 
 def hold(name: str, *, ttl: float | None = None, url: str | None = None, app: Any = None,
-         on_conflict: str = "raise", timeout: float | None = None, blocking: bool = True,
+         on_conflict: str | None = None, timeout: float | None = None,
+         blocking: bool | None = None,
          renew_interval: float | None = None, key_prefix: str | None = None) -> Hold:
     """A lease on ``name`` for a block of code: ``with hold(name) as lease:`` or ``@hold(name)``.
 
@@ -198,9 +196,12 @@ def hold(name: str, *, ttl: float | None = None, url: str | None = None, app: An
         app: the Celery app whose ``lease_*`` settings apply (default: ``celery.current_app``,
             which is per thread: the default app in a thread that did not create the app).
         on_conflict: ``"raise"`` (:class:`LeaseConflict` with the holder and its time left) or
-            ``"wait"`` (until released, or ``timeout``; then :class:`LeaseConflict`).
-        timeout: with ``"wait"``, the most float seconds to wait (``None``: no limit).
-        blocking: False answers at once whatever ``on_conflict`` says.
+            ``"wait"`` (until released, or ``timeout``; then :class:`LeaseConflict`). Default:
+            ``"wait"`` when ``timeout`` or ``blocking=True`` is given, else ``"raise"``.
+        timeout: the most float seconds to wait (``None``: no limit); giving one means waiting,
+            as for :meth:`threading.Lock.acquire`.
+        blocking: True waits (as ``on_conflict="wait"``), False answers at once. The rule for
+            the three together, and the combinations refused: :mod:`celery_lease.hold_options`.
         renew_interval: float seconds between renewals (default: ``ttl / 3``).
         key_prefix: overrides ``lease_key_prefix``.
 
@@ -210,7 +211,8 @@ def hold(name: str, *, ttl: float | None = None, url: str | None = None, app: An
     greenlet); a loss that could not be raised inside is raised when the block ends.
 
     Raises:
-        LeaseConfigError: an invalid ``on_conflict`` or ``timeout`` (here); an invalid setting,
+        LeaseConfigError: an invalid ``on_conflict`` or ``timeout``, or a combination of them
+            and ``blocking`` in which one would do nothing (here); an invalid setting,
             or no Redis URL from ``url``, ``app`` or the current app (on entry, or at the first
             call of a decorated function, before anything is sent).
         LeaseKeyError: an invalid ``name`` (here).

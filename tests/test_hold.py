@@ -63,7 +63,8 @@ def test_conflict_raises_with_the_holder_and_its_time_left(redis_url: str) -> No
 
 def test_blocking_false_answers_at_once_even_when_told_to_wait(redis_url: str) -> None:
     with hold("quick", url=redis_url, ttl=5.0):
-        other = hold("quick", url=redis_url, on_conflict="wait", blocking=False)
+        with pytest.warns(DeprecationWarning, match="pass blocking=False alone"):
+            other = hold("quick", url=redis_url, on_conflict="wait", blocking=False)
         started = time.monotonic()
         assert other.acquire() is False
         assert time.monotonic() - started < 1.0
