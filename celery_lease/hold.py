@@ -15,7 +15,10 @@ What the store holds: the key ``<lease_key_prefix>:{hold:<name>}``; as the holde
 name and id of the enclosing Celery task, else ``celery_lease.hold`` and the thread's name
 (a low-cardinality name: metrics are labelled with it; the key says which resource).
 
-Waiting for a release (``on_conflict="wait"``): :mod:`celery_lease.hold_core`.
+Waiting for a release (``on_conflict="wait"``): :mod:`celery_lease.hold_core`; when a hold
+waits (``timeout``, ``blocking``, ``on_conflict`` read together): :mod:`celery_lease.hold_options`;
+the decorator on each shape of callable (generators held step by step, async generators
+refused): :mod:`celery_lease.hold_shapes`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any, Literal, TypeVar
 
 import wrapt
 
-from . import clock, hold_options, interrupt, lifecycle
+from . import clock, hold_options, hold_shapes, interrupt, lifecycle
 from .errors import LeaseLost
 from .hold_async import AsyncHold
 from .hold_core import HOLD_TASK_NAME, HoldCore, end
@@ -86,7 +89,7 @@ class Hold(HoldCore):
         started = clock.now()
         deadline = None if timeout is None else started + timeout
         while True:
-            got = self.try_take(interrupt.for_current_context(self.settings.signum), claim)
+            got = self.try_take(self._target(), claim)
             if isinstance(got, Lease):
                 return True
             seconds = self.wait_time(got, deadline) if wait else 0.0
@@ -95,6 +98,13 @@ class Hold(HoldCore):
                     raise self.conflict(got, clock.now() - started if wait else 0.0)
                 return False
             self.wait_released(seconds)
+
+    _by_steps = False  # a generator's run: its loss goes to the step running (hold_shapes)
+
+    def _target(self) -> interrupt.Target:
+        if self._by_steps:
+            return hold_shapes.StepTarget(self.settings.signum)
+        return interrupt.for_current_context(self.settings.signum)
 
     def release(self) -> bool:
         """End the lease: stop renewing it, release it (waking one waiter), announce it.
@@ -155,11 +165,21 @@ class Hold(HoldCore):
         return copy
 
     def __call__(self, func: F) -> F:
-        """Decorate ``func``: each call runs inside a fresh hold (signature kept by ``wrapt``).
+        """Decorate ``func``: each run holds a fresh hold (signature kept by ``wrapt``).
 
-        A coroutine function gets :func:`celery_lease.hold_async` instead.
+        Every shape is held for its real run (:mod:`celery_lease.hold_shapes`): a function,
+        method, classmethod, staticmethod, ``functools.partial`` or callable object for the
+        call; a coroutine function while its coroutine is awaited
+        (:func:`celery_lease.hold_async`); a generator function from its first ``next()`` until
+        it finishes or is closed.
+
+        Raises:
+            TypeError: ``func`` is an async generator function (here); or a call returned a
+                coroutine or generator that would run without the lease (at that call).
         """
-        if inspect.iscoroutinefunction(func):
+        hold_shapes.refuse_async_generator(self.name, func)
+        body = hold_shapes.body_of(func)
+        if inspect.iscoroutinefunction(body):
             @wrapt.decorator
             async def run_async(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
                 async with AsyncHold(self.name, settings=self.settings, **self._params):
@@ -167,10 +187,24 @@ class Hold(HoldCore):
 
             return run_async(func)  # type: ignore[return-value]
 
+        if inspect.isgeneratorfunction(body):
+            @wrapt.decorator
+            def run_generator(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+                held = self.fresh()
+                held._by_steps = True
+                with held as lease:  # at the first next(): nothing runs before it
+                    assert isinstance(lease.target, hold_shapes.StepTarget)
+                    return (yield from hold_shapes.run_steps(
+                        lease.target, lambda: wrapped(*args, **kwargs)))
+
+            return run_generator(func)  # type: ignore[return-value]
+
         @wrapt.decorator
         def run(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
             with self.fresh():
-                return wrapped(*args, **kwargs)
+                result = wrapped(*args, **kwargs)
+                hold_shapes.refuse_unheld_result(self.name, wrapped, result)
+                return result
 
         return run(func)  # type: ignore[return-value]
 
@@ -182,7 +216,8 @@ def hold(name: str, *, ttl: float | None = None, url: str | None = None, app: An
          on_conflict: str | None = None, timeout: float | None = None,
          blocking: bool | None = None,
          renew_interval: float | None = None, key_prefix: str | None = None) -> Hold:
-    """A lease on ``name`` for a block of code: ``with hold(name) as lease:`` or ``@hold(name)``.
+    """A lease on ``name`` for a block of code: ``with hold(name) as lease:`` or ``@hold(name)``
+    (held for the real run of each shape of callable: :meth:`Hold.__call__`).
 
     Usable in any Celery task (leased or not), in beat, and in plain Python with no worker.
 

@@ -174,7 +174,8 @@ class AsyncHold:
 def hold_async(name: str, **options: Any) -> AsyncHold:
     """``async with hold_async(name, ...) as lease:``, the asyncio form of
     :func:`celery_lease.hold` (same arguments: ``ttl``, ``url``, ``app``, ``on_conflict``,
-    ``timeout``, ``blocking``, ``renew_interval``, ``key_prefix``).
+    ``timeout``, ``blocking``, ``renew_interval``, ``key_prefix``; a ``timeout`` or
+    ``blocking=True`` waits, as :mod:`celery_lease.hold_options` says).
 
     A loss cancels the task that entered the block and surfaces there as
     :class:`LeaseLost`; any other cancellation stays a ``CancelledError``.

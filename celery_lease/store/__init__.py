@@ -8,8 +8,9 @@ Nothing above this package builds a Redis command; it calls these functions:
   ``celery lease ls``, and beat's last-run record);
 - the client (:mod:`.connection`, :mod:`.url`), its topologies (:mod:`.topology`) and where
   each command goes on them (:mod:`.routing`), the raw connection path of a standalone client
-  (:mod:`.wire`), releases whose replies are read later (:mod:`.pending`), and whether a
-  write landed on the primary the sentinels name (:mod:`.primary`);
+  (:mod:`.wire`), releases whose replies are read later (:mod:`.pending`), whether a write
+  landed on the primary the sentinels name (:mod:`.primary`), and the ``redis.asyncio``
+  client a waiting ``hold_async`` blocks on (:mod:`.async_wait`);
 - store errors (:mod:`.errors`);
 - the commands each feature sends, and whether the ACL user may send them
   (:mod:`.permissions`).
