@@ -16,6 +16,7 @@ import redis
 
 from celery_lease import LeaseLost, hold, signals
 from celery_lease.keys import hold_key
+from tests.support.threads import run_in_threads
 
 KEY = hold_key("lease", "shape")
 
@@ -92,21 +93,7 @@ def _shapes(url: str, runs: Runs) -> dict[str, Callable[[], Any]]:
 def test_each_shape_is_held_for_its_real_run_and_two_runs_never_overlap(
         redis_url: str, shape: str) -> None:
     runs = Runs(redis_url)
-    call = _shapes(redis_url, runs)[shape]
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            call()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert errors == []
+    assert run_in_threads(_shapes(redis_url, runs)[shape], 2) == []
     assert (runs.unheld, runs.overlaps) == (0, 0)
     assert runs.done >= 2
     assert not runs.client.exists(KEY)
