@@ -22,6 +22,7 @@ applies the same rule to its own ``blocking`` and ``timeout`` for one attempt.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from dataclasses import dataclass
 
@@ -58,6 +59,16 @@ def _check_timeout(timeout: object, where: str) -> None:
             f"number of seconds >= 0")
 
 
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside celery_lease (the user's ``hold()`` or
+    ``hold_async()`` call), counted from :func:`resolve`'s caller of ``warnings.warn``."""
+    frame, level = sys._getframe(2), 2
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
+            "celery_lease"):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def resolve(name: str, on_conflict: str | None, blocking: bool | None,
             timeout: float | None) -> Waiting:
     """The :class:`Waiting` that :func:`celery_lease.hold`'s three arguments ask for (see the
@@ -88,7 +99,7 @@ def resolve(name: str, on_conflict: str | None, blocking: bool | None,
             f"{where}: on_conflict='wait' with blocking=False answers at once, and will be "
             f"refused in a later release; pass blocking=False alone (or call "
             f"acquire(blocking=False) for one attempt that does not wait)",
-            DeprecationWarning, stacklevel=4)
+            DeprecationWarning, stacklevel=_caller_level())
         return Waiting(False, None)
     wait = on_conflict == "wait" or bool(blocking) or timeout is not None
     return Waiting(wait, timeout if wait else None)

@@ -91,8 +91,11 @@ def test_acquire_reads_like_a_lock(redis_url: str, held_for_a_moment: threading.
 
 def test_the_old_wait_with_blocking_false_spelling_still_answers_at_once_with_a_warning(
         redis_url: str, held_for_a_moment: threading.Event) -> None:
-    with pytest.warns(DeprecationWarning, match="will be refused in a later release"):
+    with pytest.warns(DeprecationWarning, match="will be refused in a later release") as seen:
         old = hold("invoice:3", url=redis_url, on_conflict="wait", blocking=False)
+    with pytest.warns(DeprecationWarning) as seen_async:
+        hold_async("invoice:3", url=redis_url, on_conflict="wait", blocking=False)
+    assert {seen[0].filename, seen_async[0].filename} == {__file__}  # points at the caller
     assert old.acquire() is False
 
     with warnings.catch_warnings():
