@@ -16,9 +16,10 @@ work never queue behind waiters, however many.
 
 Cancellation (``task.cancel()``, a timeout) never leaves a lease that nobody holds: cancelled
 while taking, the take is awaited to its end and a lease it was granted is released by its
-token; while waiting, the ``BLPOP`` ends at once; while ending, the release is awaited to its
-end. Then the ``CancelledError`` is raised. Each of these waits lasts at most a store call
-(``lease_store_timeout``, twice for a connection that broke).
+token; while waiting, the ``BLPOP`` ends at once (and, the key being free, the next waiter
+is woken: the cancelled one may have taken a release's wake-up unread); while ending, the
+release is awaited to its end. Then the ``CancelledError`` is raised. Each of these waits
+lasts at most a store call (``lease_store_timeout``, twice for a connection that broke).
 """
 
 from __future__ import annotations
@@ -77,6 +78,14 @@ async def _release_abandoned(got: Lease | store.AcquireResult) -> None:
         await _complete(future)
 
 
+def _pass_turn(h: HoldCore) -> None:
+    """Best effort: a waiter cancelled in its BLPOP wakes the next one if the key is free."""
+    try:
+        store.pass_turn(h.client, h.key)
+    except RedisError:
+        pass  # the other waiters fall back to their own BLPOP's end
+
+
 class AsyncHold:
     """``async with`` a lease on ``name``; made by :func:`hold_async` (same options as
     :func:`celery_lease.hold`).
@@ -130,6 +139,12 @@ class AsyncHold:
                     await waiter.wait(h.key, seconds)
                 except RedisError as exc:
                     raise LeaseStoreUnavailable(h.key, "wait", store.describe(exc)) from None
+                except asyncio.CancelledError:
+                    # A wake-up it took unread is passed on, once its BLPOP's connection is
+                    # closed (else the server could hand that connection the new one too).
+                    await waiter.close()  # (closing twice is nothing)
+                    await _off_loop(_pass_turn, h)
+                    raise
         finally:
             if waiter is not None:
                 await waiter.close()

@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from celery_lease import hold, hold_async, signals
+from celery_lease.heartbeat import heartbeat
 from celery_lease.keys import hold_key
 from tests.support.rig import measured
 
@@ -169,6 +170,35 @@ def test_cancelled_while_waiting_ends_its_blpop_at_once_and_takes_nothing(
             assert client.get(key).startswith(lease.token.encode())
 
     _run(main)
+
+
+def test_a_waiter_cancelled_in_its_wait_wakes_the_next_when_the_key_is_free(
+        redis_url: str) -> None:
+    """The cancelled waiter may have taken a release's wake-up unread: it passes it on."""
+    client = redis.Redis.from_url(redis_url)
+    dead = hold("turn", url=redis_url, ttl=30.0)
+    assert dead.acquire()
+    assert dead.lease is not None
+    heartbeat().remove(dead.lease)  # as if its process died: never renewed, never released
+    dead.lease.target.finish()
+
+    async def second() -> float:
+        async with hold_async("turn", url=redis_url, timeout=20.0):
+            return time.perf_counter()
+
+    async def main() -> float:
+        first = asyncio.ensure_future(
+            hold_async("turn", url=redis_url, on_conflict="wait").__aenter__())
+        other = asyncio.ensure_future(second())
+        assert await _until(lambda: _blocked(client) == 2, 10.0)
+        client.delete(hold_key("lease", "turn"))  # freed, and nobody was woken
+        cancelled_at = time.perf_counter()
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        return await other - cancelled_at
+
+    assert _run(main) < 1.0  # now, not at the end of its own BLPOP 5 s away
 
 
 def test_cancelled_while_ending_finishes_the_release_before_raising(redis_url: str) -> None:
