@@ -1,7 +1,8 @@
 """``async with celery_lease.hold_async(name)``: :func:`celery_lease.hold` for asyncio code.
 
 The lease is taken and released by the same code as :func:`~celery_lease.hold` (one store
-round trip, run in the loop's default executor, so it never blocks the loop), renewed by the
+round trip, run in a small thread pool of the library's own, :data:`STORE_THREADS`, so it never
+blocks the loop and never shares the loop's default executor with the program), renewed by the
 process's one heartbeat thread. A loss cancels the task that entered the block, from its own
 loop (:class:`celery_lease.interrupt.AsyncioTarget`); the block's exit turns that cancellation
 into :class:`~celery_lease.errors.LeaseLost`. A cancellation that came from elsewhere (a
@@ -12,7 +13,8 @@ cancellation's message does.
 Waiting (``on_conflict="wait"``) awaits ``BLPOP`` on a ``redis.asyncio`` client of the
 waiting hold's own (:mod:`celery_lease.store.async_wait`): a waiter holds no executor thread
 and no pooled connection, so the holder's release and the program's own ``run_in_executor``
-work never queue behind waiters, however many.
+work never queue behind waiters, however many (a waiter takes a store thread only for one
+acquire, when woken or when its holder's lifetime ran out).
 
 Cancellation (``task.cancel()``, a timeout) never leaves a lease that nobody holds: cancelled
 while taking, the take is awaited to its end and a lease it was granted is released by its
@@ -25,7 +27,10 @@ lasts at most a store call (``lease_store_timeout``, twice for a connection that
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
@@ -36,9 +41,34 @@ from .hold_core import WAIT_CHUNK, HoldCore, end
 from .lease import Lease
 from .store.async_wait import AsyncWaiter
 
-__all__ = ["AsyncHold", "hold_async"]
+__all__ = ["STORE_THREADS", "AsyncHold", "hold_async"]
 
 T = TypeVar("T")
+
+#: Threads of the process's pool for hold_async's store calls (take, release): a pool of its
+#: own, so they never queue behind the program's work in the loop's default executor, nor
+#: the program's behind them. Each call lasts one round trip (at most lease_store_timeout).
+STORE_THREADS = 4
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _store_threads() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="celery-lease-async")
+        return _pool
+
+
+def _forget_pool() -> None:
+    """In a forked child: the parent's threads do not exist here."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 async def _complete(future: asyncio.Future[Any]) -> bool:
@@ -55,10 +85,10 @@ async def _complete(future: asyncio.Future[Any]) -> bool:
 
 async def _off_loop(call: Callable[..., T], *args: Any,
                     abandoned: Callable[[T], Awaitable[None]] | None = None) -> T:
-    """Run ``call(*args)`` in the default executor. If the awaiting task is cancelled, the
-    call is still awaited to its end and ``abandoned`` awaited with its result (e.g. a lease to
-    release) before the ``CancelledError`` is raised."""
-    future = asyncio.get_running_loop().run_in_executor(None, call, *args)
+    """Run ``call(*args)`` in the store threads (:data:`STORE_THREADS`). If the awaiting task
+    is cancelled, the call is still awaited to its end and ``abandoned`` awaited with its
+    result (e.g. a lease to release) before the ``CancelledError`` is raised."""
+    future = asyncio.get_running_loop().run_in_executor(_store_threads(), call, *args)
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
@@ -74,7 +104,7 @@ async def _release_abandoned(got: Lease | store.AcquireResult) -> None:
     if isinstance(got, Lease):
         got.target.finish()
         future = asyncio.get_running_loop().run_in_executor(
-            None, lambda: end(got, sender=got.task_name))
+            _store_threads(), lambda: end(got, sender=got.task_name))
         await _complete(future)
 
 

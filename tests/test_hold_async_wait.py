@@ -95,6 +95,32 @@ def test_a_hundred_waiters_hold_no_executor_thread_and_are_handed_the_lease_in_t
     measured("run_in_executor beside 100 waiters (max)", "asyncio", probe_worst)
 
 
+def test_hand_offs_go_on_while_the_programs_own_work_fills_the_default_executor(
+        redis_url: str) -> None:
+    busy = threading.Event()
+    entered: list[int] = []
+
+    async def waiter() -> None:
+        async with hold_async("busy", url=redis_url, ttl=10.0, timeout=60.0) as lease:
+            entered.append(lease.fencing_token)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        occupied = loop.run_in_executor(None, busy.wait, 30)  # the program's one thread, taken
+        async with hold_async("busy", url=redis_url, ttl=10.0):
+            waiters = [asyncio.ensure_future(waiter()) for _ in range(10)]
+            await asyncio.sleep(0.1)
+        await asyncio.wait_for(asyncio.gather(*waiters), 20.0)
+        busy.set()
+        await occupied
+
+    try:
+        _run(main, threads=1)
+    finally:
+        busy.set()
+    assert len(entered) == 10
+
+
 @contextlib.contextmanager
 def _held_up(signal: Any) -> Iterator[tuple[threading.Event, threading.Event]]:
     """A receiver of ``signal`` that holds up the executor thread sending it: ``entered`` is set
