@@ -162,6 +162,27 @@ def test_a_generator_takes_at_its_first_step_and_releases_when_closed_or_collect
     assert list(numbers()) == list(range(10)) and not client.exists(KEY)
 
 
+def test_a_held_generator_passes_sent_and_thrown_values_to_its_body(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+
+    @hold("shape", url=redis_url, ttl=5.0)
+    def echo() -> Any:
+        received = yield "ready"
+        while True:
+            try:
+                received = yield f"got {received}"
+            except ValueError as exc:
+                received = f"thrown {exc}"
+
+    gen = echo()
+    assert next(gen) == "ready"
+    assert gen.send(1) == "got 1"
+    assert gen.throw(ValueError("x")) == "got thrown x"
+    assert client.exists(KEY)
+    gen.close()
+    assert not client.exists(KEY)
+
+
 def test_a_loss_while_a_generator_is_suspended_is_raised_in_its_body_at_the_next_step(
         redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
