@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import ssl
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,11 +42,23 @@ __all__ = ["AsyncWaiter"]
 
 logger = logging.getLogger("celery_lease")
 _warned: set[str] = set()  # the reasons already logged
+_CERT_REQS_NAMES = {ssl.CERT_NONE: "none", ssl.CERT_OPTIONAL: "optional",
+                    ssl.CERT_REQUIRED: "required"}
 
 
 def _async_kwargs(timeout: float, tcp: bool) -> dict[str, Any]:
     """The sync client's library settings, with redis.asyncio's own ``Retry``."""
     return {**_library_kwargs(timeout, tcp), "retry": Retry(NoBackoff(), 0)}
+
+
+def _spelled(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with ``ssl_cert_reqs`` as its name: redis-py 5.0's redis.asyncio takes only
+    the string (an ``ssl.VerifyMode`` leaves its TLS context without one)."""
+    found = dict(options)
+    reqs = found.get("ssl_cert_reqs")
+    if isinstance(reqs, ssl.VerifyMode):
+        found["ssl_cert_reqs"] = _CERT_REQS_NAMES[reqs]
+    return found
 
 
 def _unserved(cls: Any, kwargs: Mapping[str, Any]) -> str | None:
@@ -67,11 +80,11 @@ def build_async_client(spec: StoreSpec, timeout: float,
         known_nodes: ``(host, port)`` of cluster nodes (the sync client's), tried with the
             URL's seed node.
     """
-    params = dict(spec.params)
+    params = _spelled(spec.params)
     if spec.kind == "sentinel":
         from redis.asyncio.sentinel import Sentinel
 
-        skw = {**spec.sentinel_kwargs, **_async_kwargs(timeout, True)}
+        skw = {**_spelled(spec.sentinel_kwargs), **_async_kwargs(timeout, True)}
         if skw.get("ssl_cert_reqs") is not None or any(k in skw for k in TLS_KEYS):
             skw["ssl"] = True
         credentials: dict[str, Any] = {
