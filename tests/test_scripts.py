@@ -469,3 +469,37 @@ def test_release_wake_answers_the_refusal_of_its_wake_and_still_releases(
     assert "can't run this command" in answer  # the server's own words, not a silent 1
     assert client.exists(HOLD, WAKE) == 0
     assert client.get(fence_key(HOLD)) == f"{fence}:{t}"
+
+
+def pass_turn(client: redis.Redis, lifetime: int = 2000) -> Any:
+    return run(client, "pass_turn-2.lua", [HOLD, WAKE], [lifetime])
+
+
+def test_pass_turn_on_a_free_key_leaves_exactly_one_wake_element_with_its_lifetime(
+        client: redis.Redis) -> None:
+    client.rpush(WAKE, "1", "1")  # stale elements no waiter took
+    assert pass_turn(client, lifetime=1500) == 1
+    assert client.lrange(WAKE, 0, -1) == ["1"]
+    assert 0 < client.pttl(WAKE) <= 1500
+
+
+def test_pass_turn_on_a_held_key_answers_0_and_wakes_no_one(client: redis.Redis) -> None:
+    acquire(client, token(), key=HOLD)
+    value = client.get(HOLD)
+    assert pass_turn(client) == 0
+    assert client.get(HOLD) == value and client.exists(WAKE) == 0
+
+
+def test_pass_turn_answers_the_refusal_of_its_wake_and_leaves_no_list(
+        client: redis.Redis, redis_url: str) -> None:
+    name = f"no-rpush-{token()[:8]}"
+    client.execute_command("ACL", "SETUSER", name, "reset", "on", ">pw", "~lease:*", "-@all",
+                           "+evalsha", "+eval", "+exists", "+del", "+pexpire")
+    try:
+        with redis.Redis.from_url(redis_url, username=name, password="pw",
+                                  decode_responses=True) as limited:
+            answer = pass_turn(limited)
+    finally:
+        client.execute_command("ACL", "DELUSER", name)
+    assert "can't run this command" in answer  # the server's own words, not a silent 1
+    assert client.exists(WAKE) == 0

@@ -2,14 +2,16 @@
 
 Nothing above this package builds a Redis command; it calls these functions:
 
-- the protocol (:mod:`.protocol`, :mod:`.renewal`): acquire, renew, release, revoke, and the
-  release that wakes a waiting hold, each one script in ``scripts/*.lua`` (:mod:`.lua`);
+- the protocol (:mod:`.protocol`, :mod:`.renewal`): acquire, renew, release, revoke, the
+  release that wakes a waiting hold and the wake-up a cancelled waiter passes on, each one
+  script in ``scripts/*.lua`` (:mod:`.lua`);
 - what is stored (:mod:`.value`: a lease's value; :mod:`.records`: reading leases back for
   ``celery lease ls``, and beat's last-run record);
 - the client (:mod:`.connection`, :mod:`.url`), its topologies (:mod:`.topology`) and where
   each command goes on them (:mod:`.routing`), the raw connection path of a standalone client
-  (:mod:`.wire`), releases whose replies are read later (:mod:`.pending`), and whether a
-  write landed on the primary the sentinels name (:mod:`.primary`);
+  (:mod:`.wire`), releases whose replies are read later (:mod:`.pending`), whether a write
+  landed on the primary the sentinels name (:mod:`.primary`), and the ``redis.asyncio``
+  client a waiting ``hold_async`` blocks on (:mod:`.async_wait`);
 - store errors (:mod:`.errors`);
 - the commands each feature sends, and whether the ACL user may send them
   (:mod:`.permissions`).
@@ -25,6 +27,7 @@ from .protocol import (
     WAKE_LIFETIME_MS,
     AcquireResult,
     acquire,
+    pass_turn,
     release,
     release_and_wake,
     released_last,
@@ -49,6 +52,7 @@ __all__ = [
     "holder_json",
     "parse_counter",
     "parse_value",
+    "pass_turn",
     "permanent_error",
     "release",
     "release_and_wake",

@@ -81,7 +81,8 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
             ("get", "info"), ("acquire-2.lua", "renew_many.lua", "renew-1.lua",
                               "release-2.lua")),
     Feature("hold", "celery_lease.hold and hold_async: the release wakes a waiting hold, "
-            "on_conflict='wait' blocks for it", ("blpop",), ("release_wake-3.lua",)),
+            "on_conflict='wait' blocks for it, a cancelled waiter passes the turn on",
+            ("blpop",), ("release_wake-3.lua", "pass_turn-2.lua")),
     Feature("beat", "LeasedScheduler: the leader lease and the last-run record",
             ("hset", "hgetall")),
     Feature("cli", "celery lease ls / show / release: SCAN (never KEYS), value and lifetime "

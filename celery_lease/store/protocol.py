@@ -37,6 +37,7 @@ __all__ = [
     "WAKE_LIFETIME_MS",
     "AcquireResult",
     "acquire",
+    "pass_turn",
     "release",
     "release_and_wake",
     "released_last",
@@ -58,6 +59,7 @@ _acquire = lua.load("acquire-2.lua")
 _release = lua.load("release-2.lua")
 _release_wake = lua.load("release_wake-3.lua")
 _revoke = lua.load("revoke-1.lua")
+_pass_turn = lua.load("pass_turn-2.lua")
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,15 @@ def _acquire_replicated(client: Any, keys: tuple[str, str], argv: tuple[Any, ...
     return found
 
 
+def _decide(script: lua.Script, client: redis.Redis, key: str, keys: tuple[str, ...],
+            argv: tuple[Any, ...]) -> bool:
+    """Run a yes/no ``script`` about lease ``key``; a store error names the node it came from."""
+    try:
+        return bool(script(client, keys, argv))
+    except RedisError as exc:
+        raise routing.note(exc, client, key) from None
+
+
 def release(client: redis.Redis, key: str, token: str) -> bool:
     """Delete lease ``key`` if ``token`` still holds it. Returns True when it was deleted, by
     this call or by an earlier release of ``token`` (so a release sent again after a broken
@@ -180,10 +191,7 @@ def release(client: redis.Redis, key: str, token: str) -> bool:
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
-    try:
-        return bool(_release(client, (key, fence_key(key)), (token,)))
-    except RedisError as exc:
-        raise routing.note(exc, client, key) from None
+    return _decide(_release, client, key, (key, fence_key(key)), (token,))
 
 
 def revoke(client: redis.Redis, key: str, token: str) -> bool:
@@ -197,10 +205,7 @@ def revoke(client: redis.Redis, key: str, token: str) -> bool:
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
-    try:
-        return bool(_revoke(client, (key,), (token,)))
-    except RedisError as exc:
-        raise routing.note(exc, client, key) from None
+    return _decide(_revoke, client, key, (key,), (token,))
 
 
 def release_and_wake(client: redis.Redis, key: str, token: str) -> bool:
@@ -229,6 +234,23 @@ def release_and_wake(client: redis.Redis, key: str, token: str) -> bool:
                        key, text, fix)
         return True
     return bool(reply)
+
+
+def pass_turn(client: redis.Redis, key: str) -> bool:
+    """Wake one hold waiting for ``key`` if it is free: what a waiter that stops waiting
+    (cancelled in its ``BLPOP``) does, in case it took a release's wake-up unread. Returns True
+    when the key was free and a waiter was woken; False when it is held, or when the store
+    refused the wake (as :func:`release_and_wake` says; the waiters take the key at the end of
+    their own ``BLPOP``).
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    try:
+        reply = _pass_turn(client, (key, wake_key(key)), (WAKE_LIFETIME_MS,))
+    except RedisError as exc:
+        raise routing.note(exc, client, key) from None
+    return bool(reply == 1)
 
 
 def wait_for_release(client: redis.Redis, key: str, timeout: float) -> bool:
