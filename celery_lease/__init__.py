@@ -6,12 +6,15 @@ execution ends, and raises :class:`LeaseLost` inside the body the moment it is l
 
 The layers, each importing only from itself and those below it (tests/test_layout.py)::
 
-    operations    cli, doctor, inspection, flower, metrics, testing, worker (start check)
-    entry points  task (+ conflict), hold (+ hold_core, hold_async), beat, lease_tasks, eager
+    operations    cli, doctor, inspection, flower, metrics, testing, worker (start check),
+                  acl (the ACL rule an app needs)
+    entry points  task (+ conflict), hold (+ hold_core, hold_async, hold_options, hold_shapes),
+                  beat, lease_tasks, eager
     the lease     lifecycle, heartbeat, interrupt (delivering LeaseLost), lease
     settings      config, names
     store/        the Redis side: the protocol and its Lua scripts, the client and its
-                  topologies, routing, pending replies, stored values, store errors
+                  topologies, routing, pending replies, stored values, store errors, the
+                  commands each feature sends (permissions), the asyncio wait of a hold
     base          keys, errors, signals, clock
 """
 

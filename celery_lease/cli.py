@@ -7,6 +7,7 @@ with the app given by ``-A``::
     celery -A proj lease show TASK [ARGS...] [--kwargs JSON] [--json]
     celery -A proj lease release KEY [--yes]
     celery -A proj lease doctor [--strict]
+    celery -A proj lease acl [--user NAME] [--password TEXT]
 
 The store (``lease_backend``, else a Redis ``broker_url``) and the key prefixes come from the
 app's settings and its registered :class:`~celery_lease.LeasedTask` tasks; ``--url`` and
@@ -32,7 +33,7 @@ import redis
 from celery.bin.base import CeleryCommand, handle_preload_options
 from redis.exceptions import RedisError
 
-from . import inspection, store
+from . import acl, inspection, store
 from .doctor import Finding, diagnose
 from .errors import LeaseConfigError, LeaseError
 from .inspection import LeaseInfo, read_lease, scan_leases
@@ -97,6 +98,8 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int | N
 
 
 def _describe(info: LeaseInfo) -> str:
+    if info.foreign:
+        return f"an unknown holder ({info.foreign}), expires in {_human(info.ttl)}"
     return (f"task {info.task or '?'} [{info.task_id or '?'}] on host {info.host or '?'} "
             f"(pid {info.pid}), fencing token {info.fencing_token}, "
             f"expires in {_human(info.ttl)}")
@@ -188,17 +191,22 @@ def ls(ctx: click.Context, task_name: str | None, as_json: bool, wide: bool, url
 
 def _print_leases(found: list[LeaseInfo], wide: bool) -> None:
     rows: list[tuple[str, ...]]
+    task = {id(i): "(unknown holder)" if i.foreign else i.task or "?" for i in found}
     if wide:
-        rows = [(i.task or "?", i.task_id or "?", i.host or "?", str(i.pid),
+        rows = [(task[id(i)], i.task_id or "?", i.host or "?", str(i.pid),
                  str(i.fencing_token), _human(i.ttl), i.key) for i in found]
         click.echo(_table(("TASK", "TASK ID", "HOST", "PID", "FENCING TOKEN", "TIME LEFT",
                            "KEY"), rows))
     else:
-        rows = [(i.task or "?", i.task_id or "?", i.host or "?", str(i.pid), _human(i.ttl))
+        rows = [(task[id(i)], i.task_id or "?", i.host or "?", str(i.pid), _human(i.ttl))
                 for i in found]
         click.echo(_table(("TASK", "TASK ID", "HOST", "PID", "TIME LEFT"), rows,
                           width=shutil.get_terminal_size().columns))
     click.echo(f"{len(found)} lease(s)")
+    for info in found:
+        if info.foreign:
+            click.echo(f"unknown holder at {info.key}: {info.foreign}; it holds that lease "
+                       f"until it expires or is deleted (`celery lease doctor` says more)")
 
 
 def _parse_arg(text: str) -> Any:
@@ -275,6 +283,10 @@ def release(ctx: click.Context, key: str, assume_yes: bool, url: str | None,
         _fail(f"no lease at {key}", 1)
         return
     click.echo(f"{key} is held by {_describe(current)}")
+    if current.foreign:
+        _fail(f"not released: celery-lease did not write {key}, so it does not delete it; "
+              f"if nothing else uses it, delete it with redis-cli, or give celery-lease a "
+              f"prefix of its own (lease_key_prefix)", 1)
     if not assume_yes and not click.confirm("Release it?", default=False):
         _fail("not released", 1)
     if store.revoke(client, key, current.token):
@@ -283,6 +295,19 @@ def release(ctx: click.Context, key: str, assume_yes: bool, url: str | None,
     now = read_lease(client, key)
     _fail(f"refused: the lease changed since it was shown; now "
           f"{_describe(now) if now else 'free'}. Nothing was deleted", 1)
+
+
+@lease.command(name="acl", cls=CeleryCommand)
+@click.option("--user", default=None, help="ACL user name (default: the URL's, else lease).")
+@click.option("--password", default="<password>", show_default=True,
+              help="Password the printed command sets (the URL's is never printed).")
+@click.pass_context
+@handle_preload_options  # type: ignore[untyped-decorator]
+@_config_guard
+def acl_rule(ctx: click.Context, user: str | None, password: str, **kwargs: Any) -> None:
+    """Print the ACL SETUSER command that gives the lease store's user exactly the commands
+    this app's configuration sends (one per store; docs/deploying.md, section ACL)."""
+    click.echo("\n".join(acl.rules(_app(ctx), user, password)))
 
 
 # -- doctor ---------------------------------------------------------------------------------

@@ -1,37 +1,43 @@
-"""The checks of ``celery lease doctor``: each task's lease settings, beat, and each store.
+"""The checks of ``celery lease doctor``: each task's lease settings, beat, each store, and
+each store's ACL user (:func:`check_acl`).
 
 Each check returns :class:`Finding` values; the command (:mod:`celery_lease.cli`) prints them.
-The worker's start check (:mod:`celery_lease.worker`) shares :func:`redis_version_problem`.
+The worker's start check (:mod:`celery_lease.worker`) shares :func:`redis_version_problem` and
+:func:`failover_problem`.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from redis.exceptions import RedisError
 
-from . import clock, config, store
+from . import acl, clock, config, store
 from .config import LeaseOptions, resolve_backend
 from .errors import LeaseConfigError
-from .inspection import app_options, client, leased_tasks
-from .store import topology
+from .inspection import app_options, client, leased_tasks, scan_foreign, stores
+from .store import permissions, topology
 from .store.url import safe_url
 
 __all__ = [
     "MIN_REDIS",
     "Finding",
+    "check_acl",
     "check_beat",
+    "check_failover",
     "check_store",
     "check_task",
+    "check_values",
     "diagnose",
+    "failover_problem",
     "redis_version_problem",
 ]
 
 #: The oldest Redis the library works with: the release keeps its note beside the fencing
-#: counter with ``SET ... KEEPTTL`` and ``celery lease ls`` uses ``SCAN ... TYPE``, both 6.0.
+#: counter with ``SET ... KEEPTTL`` (6.0).
 MIN_REDIS = (6, 0)
 
 
@@ -44,8 +50,7 @@ def redis_version_problem(version: str) -> str | None:
     if len(parts) < 2 or parts >= MIN_REDIS:
         return None
     return (f"Redis {version} is too old: celery-lease needs Redis "
-            f"{MIN_REDIS[0]}.{MIN_REDIS[1]} or later (SET ... KEEPTTL in the release, "
-            f"SCAN ... TYPE in `celery lease ls`)")
+            f"{MIN_REDIS[0]}.{MIN_REDIS[1]} or later (SET ... KEEPTTL in the release)")
 
 
 @dataclass(frozen=True)
@@ -133,6 +138,66 @@ def check_store(url: str, timeout: float, app: Any = None) -> list[Finding]:
     return found
 
 
+#: Float seconds a Sentinel failover takes after the primary is called down (election,
+#: promotion, and the two-second hello by which the other sentinels learn of it), with margin.
+FAILOVER_ALLOWANCE = 3.0
+
+
+def failover_problem(options: LeaseOptions, down_after: float) -> tuple[str, str] | None:
+    """``(problem, fix)`` when ``options`` leave a lease exposed to a Sentinel primary cut off
+    from the sentinels but not from this worker; None when they cover it.
+
+    Such a primary takes renewals that its replica never sees until the sentinels call it
+    down (``down_after``, float seconds) and promote the replica. With ``lease_min_replicas``
+    of 1 or more those renewals do not count (no replica acknowledges them). With 0, the
+    holder moves to the new primary at its next renewal after the promotion, which finds the
+    lease still there only when ``lease_ttl`` exceeds ``down_after`` plus
+    :data:`FAILOVER_ALLOWANCE` plus two renew intervals; a shorter one can lapse there and be
+    granted to another worker while the holder still runs.
+    """
+    if options.min_replicas > 0:
+        return None
+    bound = down_after + FAILOVER_ALLOWANCE + 2 * options.renew_interval
+    if options.ttl > bound:
+        return None
+    return (f"lease_min_replicas=0 on Sentinel: a primary cut off from the sentinels (but not "
+            f"from this worker) keeps taking renewals for down-after-milliseconds "
+            f"({down_after:g}s) before a replica is promoted, so lease_ttl={options.ttl:g}s "
+            f"must exceed {bound:g}s (that + {FAILOVER_ALLOWANCE:g}s + 2 renew intervals)",
+            f"set lease_min_replicas=1 (a renewal then counts only once a replica has it), or "
+            f"lease_ttl={3 * (down_after + FAILOVER_ALLOWANCE) + 1:g} with the default renew "
+            f"interval, or lower the sentinels' down-after-milliseconds")
+
+
+#: Keys named in a finding about values celery-lease did not write (the rest are counted).
+_SHOWN = 5
+
+
+def check_values(url: str, prefixes: set[str], app: Any = None) -> list[Finding]:
+    """Keys under ``prefixes`` on the store at ``url`` that celery-lease did not write (another
+    tool sharing the prefix, a key damaged by hand): each holds its lease for an unknown
+    holder, never overwritten or deleted by the library. One ``SCAN`` of each prefix.
+    Nothing is reported when the store does not answer (:func:`check_store` says so)."""
+    subject = f"store {safe_url(url)}"
+    found: list[Finding] = []
+    for prefix in sorted(prefixes):
+        try:
+            foreign = list(scan_foreign(client(url, app), prefix))
+        except RedisError:
+            return found
+        if not foreign:
+            found.append(Finding("ok", subject, f"every key under {prefix}:* is celery-lease's"))
+            continue
+        shown = "; ".join(f"{key}: {why}" for key, why in foreign[:_SHOWN])
+        more = f" and {len(foreign) - _SHOWN} more" if len(foreign) > _SHOWN else ""
+        found.append(Finding(
+            "warn", subject, f"{len(foreign)} key(s) under {prefix}:* hold what celery-lease "
+            f"did not write, each a lease held by an unknown holder: {shown}{more}",
+            "another tool shares the prefix: give celery-lease one of its own "
+            "(lease_key_prefix), or delete those keys if nothing uses them"))
+    return found
+
+
 def _visibility_timeout(app: Any) -> float | None:
     broker = str(app.conf.get("broker_url") or "")
     if not broker.startswith(("redis://", "rediss://", "redis+socket://", "unix://", "sqs://")):
@@ -186,10 +251,7 @@ def check_beat(app: Any) -> list[Finding]:
     """The beat leader lease's settings, when beat is configured to use one."""
     from .beat import beat_lease_key  # beat is only imported by those who use it
 
-    scheduler = str(app.conf.get("beat_scheduler") or "")
-    configured = "LeasedScheduler" in scheduler or any(
-        app.conf.get(name) is not None for name in ("lease_beat_ttl", "lease_beat_key"))
-    if not configured:
+    if not acl.beat_configured(app):
         return []
     try:
         options = config.beat_settings(app.conf).options
@@ -202,7 +264,8 @@ def check_beat(app: Any) -> list[Finding]:
 
 
 def diagnose(app: Any, url: str | None = None) -> Iterator[Finding]:
-    """Every check of ``celery lease doctor``, in order: tasks, beat, then each store.
+    """Every check of ``celery lease doctor``, in order: tasks, beat, each store, then the
+    keys under each prefix (:func:`check_values`).
 
     Args:
         app: the Celery app, with its tasks imported.
@@ -214,6 +277,7 @@ def diagnose(app: Any, url: str | None = None) -> Iterator[Finding]:
                       "pass -A with the module that defines the tasks, or add it to include")
     vt = _visibility_timeout(app)
     timeouts: dict[str, float] = {}
+    using: dict[str, list[tuple[str, LeaseOptions]]] = {}
     for task in tasks:
         try:
             options, task_url, _ = task.lease_settings()
@@ -224,6 +288,7 @@ def diagnose(app: Any, url: str | None = None) -> Iterator[Finding]:
         task_url = url or task_url
         timeouts[task_url] = min(timeouts.get(task_url, options.store_timeout),
                                  options.store_timeout)
+        using.setdefault(task_url, []).append((task.name, options))
     yield from check_beat(app)
     if not timeouts:
         try:
@@ -234,4 +299,64 @@ def diagnose(app: Any, url: str | None = None) -> Iterator[Finding]:
             yield Finding("fail", "app", str(exc))
     for store_url, timeout in timeouts.items():
         yield from check_store(store_url, timeout, app)
+        yield from check_failover(store_url, using.get(store_url, []), app)
+    try:
+        prefixes = stores(app, url, ())
+    except LeaseConfigError:
+        prefixes = {}  # the task and app checks named it
+    for store_url, store_prefixes in prefixes.items():
+        yield from check_values(store_url, store_prefixes, app)
+    yield from check_acl(app, url)
+
+
+def check_failover(url: str, tasks: list[tuple[str, LeaseOptions]], app: Any = None
+                   ) -> list[Finding]:
+    """Each task's lease settings (``(name, options)``) against the failover of the Sentinel
+    store at ``url`` (:func:`failover_problem`); nothing for other stores or when no sentinel
+    answers (:func:`check_store` reports that)."""
+    try:
+        down_after = topology.sentinel_down_after(client(url, app))
+    except RedisError:
+        return []
+    if down_after is None:
+        return []
+    found = []
+    for name, options in tasks:
+        problem = failover_problem(options, down_after)
+        if problem is None:
+            found.append(Finding("ok", f"task {name}", f"covers a Sentinel failover "
+                                 f"(down-after-milliseconds {down_after:g}s)"))
+        else:
+            found.append(Finding("warn", f"task {name}", *problem))
+    return found
+
+
+def check_acl(app: Any, url: str | None = None) -> list[Finding]:
+    """Whether each store's ACL user may run every command of ``app``'s features
+    (:func:`celery_lease.acl.problems`); ``url``: check this store instead."""
+    try:
+        needs = acl.needs(app)
+    except LeaseConfigError:
+        return []  # the task and app checks named it
+    found = []
+    for need in needs:
+        need = replace(need, url=url or need.url)
+        subject = f"store {safe_url(need.url)}"
+        try:
+            result = acl.problems(client(need.url, app), need)
+        except RedisError:
+            continue  # the store check reported it
+        names = ", ".join(f for f in permissions.FEATURES if f in need.features)
+        if result is None:
+            found.append(Finding("info", subject, "ACL not checked: a server before Redis 7.0 "
+                                 "cannot say without running the commands",
+                                 "compare the user's ACL with `celery lease acl`"))
+            continue
+        refusals, warnings = result
+        found += [Finding("fail", subject, text) for text in refusals]
+        found += [Finding("warn", subject, text) for text in warnings]
+        if not refusals and not warnings:
+            found.append(Finding("ok", subject, f"the ACL user may run every command of: "
+                                 f"{names}"))
+    return found
 

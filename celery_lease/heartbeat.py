@@ -38,7 +38,7 @@ from redis.exceptions import RedisError, ResponseError
 from . import clock, interrupt, signals, store
 from .errors import LostCause
 from .lease import Lease
-from .store import pending
+from .store import pending, primary
 
 __all__ = ["Heartbeat", "Plan", "heartbeat", "plan_pass"]
 
@@ -85,6 +85,8 @@ def plan_pass(leases: list[Lease], now: float) -> Plan:
         if not any(lease.next_renewal <= now for lease in group):
             continue
         timeout = max(lease.options.store_timeout for lease in group)
+        if primary.managed(group[0].client):
+            timeout *= 2  # the sentinels confirm the renewals after their reply
         if now + timeout >= earliest_deadline:
             wake = earliest_deadline
             continue
@@ -130,9 +132,11 @@ class Heartbeat:
 
         Called before a release is sent, so nothing renews a lease after its release.
         """
-        with self._cond:
-            self._leases.discard(lease)
-        lease.stop_renewing(wait=lease.options.store_timeout * 2)
+        try:
+            with self._cond:
+                self._leases.discard(lease)
+        finally:  # retired whatever interrupts the above: a pass that listed it skips it
+            lease.stop_renewing(wait=lease.options.store_timeout * 2)
 
     def held(self) -> list[Lease]:
         """A snapshot of the leases being renewed."""
@@ -203,7 +207,8 @@ class Heartbeat:
         sent_at = clock.now()
         try:
             replies = store.renew_many(
-                group[0].client, [(x.key, x.token, x.options.ttl_ms) for x in group])
+                group[0].client, [(x.key, x.token, x.options.ttl_ms) for x in group],
+                max(x.options.min_replicas for x in group))
             self.passes += 1
         except RedisError as exc:
             replies = [exc] * len(group)

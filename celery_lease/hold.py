@@ -15,7 +15,10 @@ What the store holds: the key ``<lease_key_prefix>:{hold:<name>}``; as the holde
 name and id of the enclosing Celery task, else ``celery_lease.hold`` and the thread's name
 (a low-cardinality name: metrics are labelled with it; the key says which resource).
 
-Waiting for a release (``on_conflict="wait"``): :mod:`celery_lease.hold_core`.
+Waiting for a release (``on_conflict="wait"``): :mod:`celery_lease.hold_core`; when a hold
+waits (``timeout``, ``blocking``, ``on_conflict`` read together): :mod:`celery_lease.hold_options`;
+the decorator on each shape of callable (generators held step by step, async generators
+refused): :mod:`celery_lease.hold_shapes`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any, Literal, TypeVar
 
 import wrapt
 
-from . import clock, interrupt, lifecycle
+from . import clock, hold_options, hold_shapes, interrupt, lifecycle
 from .errors import LeaseLost
 from .hold_async import AsyncHold
 from .hold_core import HOLD_TASK_NAME, HoldCore, end
@@ -50,33 +53,44 @@ class Hold(HoldCore):
     """
 
     def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
-        """Take the lease. Returns False when it is held elsewhere and not (or no longer) waited
-        for: at once with ``blocking=False`` or ``on_conflict="raise"``, else after ``timeout``.
-
-        Args:
-            blocking: override the ``blocking`` given to :func:`hold`.
-            timeout: override the ``timeout`` given to :func:`hold` (float seconds).
+        """Take the lease, as :meth:`threading.Lock.acquire` does: ``blocking=True`` or a
+        ``timeout`` waits for a release (up to ``timeout`` float seconds), ``blocking=False``
+        answers at once, neither does what :func:`hold` was given. Returns False when the lease
+        is held elsewhere and not (or no longer) waited for.
 
         Raises:
+            LeaseConfigError: ``blocking=False`` with a ``timeout``, or a bad ``timeout``.
             RuntimeError: this object holds the lease already.
             LeaseStoreUnavailable: the store could not be reached.
         """
-        return self._enter(blocking, timeout, raise_conflict=False)
+        return self._enter(hold_options.for_call(self.name, self.waiting, blocking, timeout),
+                           raise_conflict=False)
 
-    def _enter(self, blocking: bool | None, timeout: float | None, *,
-               raise_conflict: bool) -> bool:
+    def _enter(self, waiting: hold_options.Waiting, *, raise_conflict: bool) -> bool:
         if self.lease is not None:
             raise RuntimeError(f"hold {self.name!r} is held by this object already; use a new "
                                f"hold() for a nested block")
-        blocking = self.blocking if blocking is None else blocking
-        timeout = self.timeout if timeout is None else timeout
-        wait = blocking and self.on_conflict == "wait"
+        # Filled at the grant: an exit that lands anywhere after it (a time limit,
+        # KeyboardInterrupt, SystemExit) ends the lease here instead of leaving it renewed.
+        claim = lifecycle.Claim()
+        try:
+            took = self._take_or_wait(waiting, raise_conflict, claim)
+            self.lease = claim.lease
+            return took
+        except BaseException:
+            if claim.lease is not None:
+                self.lease = claim.lease
+                self._release()
+            raise
+
+    def _take_or_wait(self, waiting: hold_options.Waiting, raise_conflict: bool,
+                      claim: lifecycle.Claim) -> bool:
+        wait, timeout = waiting.wait, waiting.timeout
         started = clock.now()
         deadline = None if timeout is None else started + timeout
         while True:
-            got = self.try_take(interrupt.for_current_context(self.settings.signum))
+            got = self.try_take(self._target(), claim)
             if isinstance(got, Lease):
-                self.lease = got
                 return True
             seconds = self.wait_time(got, deadline) if wait else 0.0
             if seconds <= 0:
@@ -84,6 +98,13 @@ class Hold(HoldCore):
                     raise self.conflict(got, clock.now() - started if wait else 0.0)
                 return False
             self.wait_released(seconds)
+
+    _by_steps = False  # a generator's run: its loss goes to the step running (hold_shapes)
+
+    def _target(self) -> interrupt.Target:
+        if self._by_steps:
+            return hold_shapes.StepTarget(self.settings.signum)
+        return interrupt.for_current_context(self.settings.signum)
 
     def release(self) -> bool:
         """End the lease: stop renewing it, release it (waking one waiter), announce it.
@@ -94,7 +115,12 @@ class Hold(HoldCore):
             RuntimeError: the lease is not held by this object.
             LeaseLost: it was lost while held and the loss was not raised in the block.
         """
-        ending = self._release()
+        try:
+            ending = self._release()
+        except BaseException:
+            if self.lease is not None:  # an exit as the end began: end it, then go on
+                self._release()
+            raise
         if ending.loss is not None:
             raise ending.loss
         return bool(ending.released)
@@ -104,18 +130,27 @@ class Hold(HoldCore):
         if lease is None:
             raise RuntimeError(f"hold {self.name!r} is not held")
         self.lease = None
-        lease.target.finish()
-        return end(lease, sender=lease.task_name)
+        try:
+            lease.target.finish()
+            return end(lease, sender=lease.task_name)
+        except BaseException:
+            if not lease.retired:  # the exit landed before the end began: end it, go on
+                end(lease, sender=lease.task_name)
+            raise
 
     # -- with / decorator ---------------------------------------------------------------------
 
     def __enter__(self) -> Lease:
-        self._enter(None, None, raise_conflict=True)
+        self._enter(self.waiting, raise_conflict=True)
         assert self.lease is not None
         return self.lease
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
-        ending = self._release()
+        try:
+            ending = self._release()
+        finally:
+            if self.lease is not None:  # an exit landed as the end began: end it all the same
+                self._release()
         if isinstance(exc, LeaseLost) and type(exc) is not LeaseLost:
             # The threads' per-delivery carrier: surface the public class.
             raise LeaseLost(*exc.args).with_traceback(tb) from None
@@ -130,11 +165,21 @@ class Hold(HoldCore):
         return copy
 
     def __call__(self, func: F) -> F:
-        """Decorate ``func``: each call runs inside a fresh hold (signature kept by ``wrapt``).
+        """Decorate ``func``: each run holds a fresh hold (signature kept by ``wrapt``).
 
-        A coroutine function gets :func:`celery_lease.hold_async` instead.
+        Every shape is held for its real run (:mod:`celery_lease.hold_shapes`): a function,
+        method, classmethod, staticmethod, ``functools.partial`` or callable object for the
+        call; a coroutine function while its coroutine is awaited
+        (:func:`celery_lease.hold_async`); a generator function from its first ``next()`` until
+        it finishes or is closed.
+
+        Raises:
+            TypeError: ``func`` is an async generator function (here); or a call returned a
+                coroutine or generator that would run without the lease (at that call).
         """
-        if inspect.iscoroutinefunction(func):
+        hold_shapes.refuse_async_generator(self.name, func)
+        body = hold_shapes.body_of(func)
+        if inspect.iscoroutinefunction(body):
             @wrapt.decorator
             async def run_async(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
                 async with AsyncHold(self.name, settings=self.settings, **self._params):
@@ -142,10 +187,24 @@ class Hold(HoldCore):
 
             return run_async(func)  # type: ignore[return-value]
 
+        if inspect.isgeneratorfunction(body):
+            @wrapt.decorator
+            def run_generator(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+                held = self.fresh()
+                held._by_steps = True
+                with held as lease:  # at the first next(): nothing runs before it
+                    assert isinstance(lease.target, hold_shapes.StepTarget)
+                    return (yield from hold_shapes.run_steps(
+                        lease.target, lambda: wrapped(*args, **kwargs)))
+
+            return run_generator(func)  # type: ignore[return-value]
+
         @wrapt.decorator
         def run(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
             with self.fresh():
-                return wrapped(*args, **kwargs)
+                result = wrapped(*args, **kwargs)
+                hold_shapes.refuse_unheld_result(self.name, wrapped, result)
+                return result
 
         return run(func)  # type: ignore[return-value]
 
@@ -154,9 +213,11 @@ class Hold(HoldCore):
 
 
 def hold(name: str, *, ttl: float | None = None, url: str | None = None, app: Any = None,
-         on_conflict: str = "raise", timeout: float | None = None, blocking: bool = True,
+         on_conflict: str | None = None, timeout: float | None = None,
+         blocking: bool | None = None,
          renew_interval: float | None = None, key_prefix: str | None = None) -> Hold:
-    """A lease on ``name`` for a block of code: ``with hold(name) as lease:`` or ``@hold(name)``.
+    """A lease on ``name`` for a block of code: ``with hold(name) as lease:`` or ``@hold(name)``
+    (held for the real run of each shape of callable: :meth:`Hold.__call__`).
 
     Usable in any Celery task (leased or not), in beat, and in plain Python with no worker.
 
@@ -170,9 +231,12 @@ def hold(name: str, *, ttl: float | None = None, url: str | None = None, app: An
         app: the Celery app whose ``lease_*`` settings apply (default: ``celery.current_app``,
             which is per thread: the default app in a thread that did not create the app).
         on_conflict: ``"raise"`` (:class:`LeaseConflict` with the holder and its time left) or
-            ``"wait"`` (until released, or ``timeout``; then :class:`LeaseConflict`).
-        timeout: with ``"wait"``, the most float seconds to wait (``None``: no limit).
-        blocking: False answers at once whatever ``on_conflict`` says.
+            ``"wait"`` (until released, or ``timeout``; then :class:`LeaseConflict`). Default:
+            ``"wait"`` when ``timeout`` or ``blocking=True`` is given, else ``"raise"``.
+        timeout: the most float seconds to wait (``None``: no limit); giving one means waiting,
+            as for :meth:`threading.Lock.acquire`.
+        blocking: True waits (as ``on_conflict="wait"``), False answers at once. The rule for
+            the three together, and the combinations refused: :mod:`celery_lease.hold_options`.
         renew_interval: float seconds between renewals (default: ``ttl / 3``).
         key_prefix: overrides ``lease_key_prefix``.
 
@@ -182,7 +246,8 @@ def hold(name: str, *, ttl: float | None = None, url: str | None = None, app: An
     greenlet); a loss that could not be raised inside is raised when the block ends.
 
     Raises:
-        LeaseConfigError: an invalid ``on_conflict`` or ``timeout`` (here); an invalid setting,
+        LeaseConfigError: an invalid ``on_conflict`` or ``timeout``, or a combination of them
+            and ``blocking`` in which one would do nothing (here); an invalid setting,
             or no Redis URL from ``url``, ``app`` or the current app (on entry, or at the first
             call of a decorated function, before anything is sent).
         LeaseKeyError: an invalid ``name`` (here).

@@ -1,7 +1,8 @@
 """``async with celery_lease.hold_async(name)``: :func:`celery_lease.hold` for asyncio code.
 
-The lease is taken and released by the same code as :func:`~celery_lease.hold` (run in the
-loop's default executor, so a store round trip never blocks the loop), renewed by the
+The lease is taken and released by the same code as :func:`~celery_lease.hold` (one store
+round trip, run in a small thread pool of the library's own, :data:`STORE_THREADS`, so it never
+blocks the loop and never shares the loop's default executor with the program), renewed by the
 process's one heartbeat thread. A loss cancels the task that entered the block, from its own
 loop (:class:`celery_lease.interrupt.AsyncioTarget`); the block's exit turns that cancellation
 into :class:`~celery_lease.errors.LeaseLost`. A cancellation that came from elsewhere (a
@@ -9,46 +10,110 @@ timeout, ``task.cancel()``) stays a ``CancelledError``, also when both happen at
 Python 3.11+ the task's cancellation count tells them apart (``Task.uncancel``); on 3.10 the
 cancellation's message does.
 
-Waiting (``on_conflict="wait"``) blocks an executor thread in ``BLPOP`` for at most
-:data:`celery_lease.hold_core.WAIT_CHUNK` seconds at a time; a waiting task that is cancelled
-returns at once, its thread finishes that wait in the background.
+Waiting (``on_conflict="wait"``) awaits ``BLPOP`` on a ``redis.asyncio`` client of the
+waiting hold's own (:mod:`celery_lease.store.async_wait`): a waiter holds no executor thread
+and no pooled connection, so the holder's release and the program's own ``run_in_executor``
+work never queue behind waiters, however many (a waiter takes a store thread only for one
+acquire, when woken or when its holder's lifetime ran out).
+
+Cancellation (``task.cancel()``, a timeout) never leaves a lease that nobody holds: cancelled
+while taking, the take is awaited to its end and a lease it was granted is released by its
+token; while waiting, the ``BLPOP`` ends at once (and, the key being free, the next waiter
+is woken: the cancelled one may have taken a release's wake-up unread); while ending, the
+release is awaited to its end. Then the ``CancelledError`` is raised. Each of these waits
+lasts at most a store call (``lease_store_timeout``, twice for a connection that broke).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import os
+import threading
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from . import clock, interrupt, store
-from .hold_core import HoldCore, end
-from .lease import Lease
+from redis.exceptions import RedisError
 
-__all__ = ["AsyncHold", "hold_async"]
+from . import clock, interrupt, store
+from .errors import LeaseStoreUnavailable
+from .hold_core import WAIT_CHUNK, HoldCore, end
+from .lease import Lease
+from .store.async_wait import AsyncWaiter
+
+__all__ = ["STORE_THREADS", "AsyncHold", "hold_async"]
 
 T = TypeVar("T")
 
+#: Threads of the process's pool for hold_async's store calls (take, release): a pool of its
+#: own, so they never queue behind the program's work in the loop's default executor, nor
+#: the program's behind them. Each call lasts one round trip (at most lease_store_timeout).
+STORE_THREADS = 4
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _store_threads() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="celery-lease-async")
+        return _pool
+
+
+def _forget_pool() -> None:
+    """In a forked child: the parent's threads do not exist here."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+async def _complete(future: asyncio.Future[Any]) -> bool:
+    """Await ``future`` to its end through any cancellation of the awaiting task (a store call
+    ends within its timeout). Returns True if the task was cancelled meanwhile."""
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.wait([future])
+        except asyncio.CancelledError:
+            cancelled = True
+    return cancelled
+
 
 async def _off_loop(call: Callable[..., T], *args: Any,
-                    abandoned: Callable[[T], None] | None = None) -> T:
-    """Run ``call(*args)`` in the default executor; if the awaiting task is cancelled, the
-    call still completes and ``abandoned`` gets its result (e.g. a lease to release)."""
-    future = asyncio.get_running_loop().run_in_executor(None, call, *args)
+                    abandoned: Callable[[T], Awaitable[None]] | None = None) -> T:
+    """Run ``call(*args)`` in the store threads (:data:`STORE_THREADS`). If the awaiting task
+    is cancelled, the call is still awaited to its end and ``abandoned`` awaited with its
+    result (e.g. a lease to release) before the ``CancelledError`` is raised."""
+    future = asyncio.get_running_loop().run_in_executor(_store_threads(), call, *args)
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
-        if abandoned is not None:
-            def done(f: asyncio.Future[T]) -> None:
-                if not f.cancelled() and f.exception() is None:
-                    abandoned(f.result())
-            future.add_done_callback(done)
+        await _complete(future)
+        if abandoned is not None and not future.cancelled() and future.exception() is None:
+            await abandoned(future.result())
         raise
 
 
-def _release_abandoned(got: Lease | store.AcquireResult) -> None:
-    if isinstance(got, Lease):  # granted to a task cancelled meanwhile: nobody runs under it
+async def _release_abandoned(got: Lease | store.AcquireResult) -> None:
+    """A lease granted to a task cancelled meanwhile: nobody runs under it, release it (by its
+    token) before the cancellation goes on."""
+    if isinstance(got, Lease):
         got.target.finish()
-        asyncio.get_running_loop().run_in_executor(None, lambda: end(got, sender=got.task_name))
+        future = asyncio.get_running_loop().run_in_executor(
+            _store_threads(), lambda: end(got, sender=got.task_name))
+        await _complete(future)
+
+
+def _pass_turn(h: HoldCore) -> None:
+    """Best effort: a waiter cancelled in its BLPOP wakes the next one if the key is free."""
+    try:
+        store.pass_turn(h.client, h.key)
+    except RedisError:
+        pass  # the other waiters fall back to their own BLPOP's end
 
 
 class AsyncHold:
@@ -82,19 +147,37 @@ class AsyncHold:
             raise RuntimeError("hold_async() must be entered from an asyncio task")
         loop = asyncio.get_running_loop()
         h.settings  # noqa: B018 - resolved here: celery.current_app is per thread
-        wait = h.blocking and h.on_conflict == "wait"
+        wait, timeout = h.waiting.wait, h.waiting.timeout
         started = clock.now()
-        deadline = None if h.timeout is None else started + h.timeout
-        while True:
-            target = interrupt.for_asyncio_task(task, loop)
-            got = await _off_loop(h.try_take, target, abandoned=_release_abandoned)
-            if isinstance(got, Lease):
-                self.lease, self._target = got, target
-                return got
-            seconds = h.wait_time(got, deadline) if wait else 0.0
-            if seconds <= 0:
-                raise h.conflict(got, clock.now() - started if wait else 0.0)
-            await _off_loop(h.wait_released, seconds)
+        deadline = None if timeout is None else started + timeout
+        waiter: AsyncWaiter | None = None
+        try:
+            while True:
+                target = interrupt.for_asyncio_task(task, loop)
+                got = await _off_loop(h.try_take, target, abandoned=_release_abandoned)
+                if isinstance(got, Lease):
+                    self.lease, self._target = got, target
+                    return got
+                seconds = h.wait_time(got, deadline) if wait else 0.0
+                if seconds <= 0:
+                    raise h.conflict(got, clock.now() - started if wait else 0.0)
+                if waiter is None:  # BLPOP blocks longer than a store call may
+                    options = h.settings.options
+                    waiter = AsyncWaiter(h.settings.url, options.backend_options,
+                                         WAIT_CHUNK + options.store_timeout)
+                try:
+                    await waiter.wait(h.key, seconds)
+                except RedisError as exc:
+                    raise LeaseStoreUnavailable(h.key, "wait", store.describe(exc)) from None
+                except asyncio.CancelledError:
+                    # A wake-up it took unread is passed on, once its BLPOP's connection is
+                    # closed (else the server could hand that connection the new one too).
+                    await waiter.close()  # (closing twice is nothing)
+                    await _off_loop(_pass_turn, h)
+                    raise
+        finally:
+            if waiter is not None:
+                await waiter.close()
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         lease, target = self.lease, self._target
@@ -118,6 +201,7 @@ class AsyncHold:
             else:  # Python 3.10: only the message tells
                 external = isinstance(exc, asyncio.CancelledError) and \
                     exc.args[:1] != (interrupt.CANCEL_MESSAGE,)
+        # Cancelled meanwhile: the release is still awaited to its end, then CancelledError.
         ending = await _off_loop(lambda: end(lease, sender=lease.task_name))
         if external:
             if isinstance(exc, asyncio.CancelledError):
@@ -135,7 +219,8 @@ class AsyncHold:
 def hold_async(name: str, **options: Any) -> AsyncHold:
     """``async with hold_async(name, ...) as lease:``, the asyncio form of
     :func:`celery_lease.hold` (same arguments: ``ttl``, ``url``, ``app``, ``on_conflict``,
-    ``timeout``, ``blocking``, ``renew_interval``, ``key_prefix``).
+    ``timeout``, ``blocking``, ``renew_interval``, ``key_prefix``; a ``timeout`` or
+    ``blocking=True`` waits, as :mod:`celery_lease.hold_options` says).
 
     A loss cancels the task that entered the block and surfaces there as
     :class:`LeaseLost`; any other cancellation stays a ``CancelledError``.

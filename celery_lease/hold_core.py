@@ -25,20 +25,19 @@ from celery import current_app
 from celery._state import get_current_task
 from redis.exceptions import RedisError
 
-from . import clock, interrupt, lifecycle, store
+from . import clock, hold_options, interrupt, lifecycle, store
 from .config import LeaseSettings, resolve_settings
 from .errors import LeaseConfigError, LeaseConflict, LeaseStoreUnavailable
 from .keys import DEFAULT_PREFIX, hold_key
 from .lease import Lease
 
-__all__ = ["EXPIRY_SLACK", "HOLD_TASK_NAME", "ON_CONFLICT", "WAIT_CHUNK", "HoldCore", "end"]
+__all__ = ["EXPIRY_SLACK", "HOLD_TASK_NAME", "WAIT_CHUNK", "HoldCore", "end"]
 
 logger = logging.getLogger("celery_lease")
 
 #: The task name stored (and the metrics label) for a hold taken outside any Celery task.
 HOLD_TASK_NAME = "celery_lease.hold"
 
-ON_CONFLICT = ("raise", "wait")
 # Longest single BLPOP, float seconds: a waiter re-reads the holder at least this often.
 WAIT_CHUNK = 5.0
 # Past the holder's expiry before trying again, float seconds (the key expires on the server).
@@ -51,32 +50,27 @@ class HoldCore:
 
     Attributes:
         name: the hold name (str).
-        on_conflict, timeout, blocking: as given.
+        waiting: whether it waits for a release, and how long
+            (:class:`celery_lease.hold_options.Waiting`, from ``on_conflict``, ``blocking`` and
+            ``timeout``).
+        on_conflict, timeout: as resolved (``"raise"`` or ``"wait"``; float seconds or None).
         lease: the :class:`~celery_lease.lease.Lease` while the object that uses these steps
             holds it, else ``None``.
     """
 
     def __init__(self, name: str, *, ttl: float | None = None, url: str | None = None,
-                 app: Any = None, on_conflict: str = "raise", timeout: float | None = None,
-                 blocking: bool = True, renew_interval: float | None = None,
+                 app: Any = None, on_conflict: str | None = None, timeout: float | None = None,
+                 blocking: bool | None = None, renew_interval: float | None = None,
                  key_prefix: str | None = None) -> None:
-        if on_conflict not in ON_CONFLICT:
-            raise LeaseConfigError(
-                f"on_conflict={on_conflict!r} (hold {name!r}) is not one of "
-                f"{', '.join(map(repr, ON_CONFLICT))}")
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(
-                timeout, (int, float)) or timeout < 0):
-            raise LeaseConfigError(
-                f"timeout={timeout!r} (hold {name!r}) must be None (wait as long as it takes) "
-                f"or a number of seconds >= 0")
+        self.waiting = hold_options.resolve(name, on_conflict, blocking, timeout)
+        # Kept resolved: a copy (fresh()) re-reads them without a second deprecation warning.
         self._params: dict[str, Any] = dict(
-            ttl=ttl, url=url, app=app, on_conflict=on_conflict, timeout=timeout,
-            blocking=blocking, renew_interval=renew_interval, key_prefix=key_prefix)
+            ttl=ttl, url=url, app=app, on_conflict=self.waiting.on_conflict,
+            timeout=self.waiting.timeout, renew_interval=renew_interval, key_prefix=key_prefix)
         hold_key(DEFAULT_PREFIX, name)  # a bad name fails here, at once
         self.name = name
-        self.on_conflict = on_conflict
-        self.timeout = timeout
-        self.blocking = blocking
+        self.on_conflict = self.waiting.on_conflict
+        self.timeout = self.waiting.timeout
         self.lease: Lease | None = None
 
     @functools.cached_property
@@ -111,8 +105,14 @@ class HoldCore:
         return store.client_for(self.settings.url, WAIT_CHUNK + options.store_timeout,
                                 options.backend_options)
 
-    def try_take(self, target: interrupt.Target) -> Lease | store.AcquireResult:
+    def try_take(self, target: interrupt.Target, claim: lifecycle.Claim | None = None
+                 ) -> Lease | store.AcquireResult:
         """One attempt: the granted lease, or what the holder looks like.
+
+        Args:
+            target: where a loss is delivered.
+            claim: set to the lease at the grant (:class:`celery_lease.lifecycle.Claim`), so
+                an exit that lands before the caller stored the returned lease finds it.
 
         Raises:
             LeaseStoreUnavailable: the store could not be reached.
@@ -120,7 +120,7 @@ class HoldCore:
         holder = _holder()
         try:
             return lifecycle.take(self.settings, self.client, self.key, holder, target,
-                                  sender=holder.task_name)
+                                  sender=holder.task_name, claim=claim)
         except RedisError as exc:
             raise LeaseStoreUnavailable(self.key, "acquire", store.describe(exc)) from None
 
@@ -133,7 +133,8 @@ class HoldCore:
 
     def wait_time(self, found: store.AcquireResult, deadline: float | None) -> float:
         """How long to wait for a release before trying again (float seconds, <= 0: give up)."""
-        # At least 10 ms: a foreign key without a lifetime (remaining 0) is no tight loop.
+        # At least 10 ms: never a tight loop, whatever the remaining time read (a key without a
+        # lifetime, not ours, counts as held for one TTL: store.acquire).
         chunk = min(max(found.remaining + EXPIRY_SLACK, 0.01), WAIT_CHUNK)
         if deadline is None:
             return chunk

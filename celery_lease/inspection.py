@@ -18,8 +18,9 @@ import redis
 from . import store
 from .config import LeaseOptions, resolve_backend, resolve_options
 from .errors import LeaseConfigError
-from .keys import DEFAULT_PREFIX, is_internal
+from .keys import DEFAULT_PREFIX, FENCE_SUFFIX, LAST_RUN_SUFFIX, WAKE_SUFFIX, is_internal
 from .store import records, topology
+from .store.value import OtherType
 from .task import LeasedTask
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "client",
     "leased_tasks",
     "read_lease",
+    "scan_foreign",
     "scan_leases",
     "stores",
 ]
@@ -53,6 +55,8 @@ class LeaseInfo:
         ttl: float seconds left on the server (-1.0 for a key without expiry).
         token: the holder's execution token (str).
         node: the worker's node name (``celery@web1``) when a worker holds it, else ``""``.
+        foreign: empty for a value celery-lease wrote; else why it is not one (str): the key
+            is held by an unknown holder (every other field is empty or 0, ``ttl`` aside).
     """
 
     key: str
@@ -64,16 +68,18 @@ class LeaseInfo:
     ttl: float
     token: str
     node: str = ""
+    foreign: str = ""
 
 
-def _info(key: str, value: bytes | str, pttl: int) -> LeaseInfo:
+def _info(key: str, value: records.Found | str, pttl: int) -> LeaseInfo:
     holder = store.parse_value(value)
     # A worker records its node name (celery@web1), beat and eager calls the host name.
     node = holder.hostname if "@" in holder.hostname else ""
     return LeaseInfo(key=key, task=holder.task_name, task_id=holder.task_id,
                      host=holder.hostname.rpartition("@")[2], pid=holder.pid,
                      fencing_token=holder.fencing_token,
-                     ttl=pttl / 1000 if pttl >= 0 else -1.0, token=holder.token, node=node)
+                     ttl=pttl / 1000 if pttl >= 0 else -1.0, token=holder.token, node=node,
+                     foreign=holder.foreign)
 
 
 def _glob_escape(text: str) -> str:
@@ -98,7 +104,8 @@ def scan_leases(client: redis.Redis, prefix: str, count: int = SCAN_COUNT,
 
     Keys are read in batches with one pipelined round trip per batch. A key that expires
     between the scan and the read is skipped. Internal keys (fencing counters, beat state)
-    are left out.
+    are left out. A key celery-lease did not write (any value, any type) is listed as held by
+    an unknown holder (:attr:`LeaseInfo.foreign`).
 
     Args:
         client: a Redis client.
@@ -110,24 +117,60 @@ def scan_leases(client: redis.Redis, prefix: str, count: int = SCAN_COUNT,
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
+    for key, value, pttl in _scan(client, prefix, count, skipped):
+        if not is_internal(key):
+            yield _info(key, value, pttl)
+
+
+def _scan(client: redis.Redis, prefix: str, count: int, skipped: list[str] | None
+          ) -> Iterator[tuple[str, records.Found, int]]:
+    """``(key, value, pttl)`` of every key under ``prefix`` (any type), read in batches."""
     batch: list[str] = []
 
-    def read(keys: list[str]) -> Iterator[LeaseInfo]:
+    def read(keys: list[str]) -> Iterator[tuple[str, records.Found, int]]:
         for key, (value, pttl) in zip(keys, records.read_many(client, keys), strict=True):
             if value is not None:
-                yield _info(key, value, pttl)
+                yield key, value, pttl
 
-    for raw in topology.scan(client, _glob_escape(prefix) + ":*", count, "STRING",
-                               skipped):
-        key = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-        if is_internal(key):
-            continue
-        batch.append(key)
+    for raw in topology.scan(client, _glob_escape(prefix) + ":*", count, None, skipped):
+        batch.append(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw))
         if len(batch) >= _BATCH:
             yield from read(batch)
             batch = []
     if batch:
         yield from read(batch)
+
+
+#: What each internal key is when celery-lease wrote it: ``(suffix, check, expected)``.
+_INTERNAL = ((FENCE_SUFFIX, lambda v: store.parse_counter(v) is not None, "a fencing counter"),
+             (WAKE_SUFFIX, lambda v: v == OtherType("list"), "a wake list"),
+             (LAST_RUN_SUFFIX, lambda v: v == OtherType("hash"), "a beat last-run hash"))
+
+
+def scan_foreign(client: redis.Redis, prefix: str, count: int = SCAN_COUNT
+                 ) -> Iterator[tuple[str, str]]:
+    """``(key, what was found)`` for every key under ``prefix`` that celery-lease did not
+    write: a lease key whose value is not a lease value, or an internal key (fencing counter,
+    wake list, beat record) of another shape or type. For ``celery lease doctor``: each blocks
+    its lease, or stands where the library writes.
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    for key, value, _ in _scan(client, prefix, count, None):
+        for suffix, ours, what in _INTERNAL:
+            if key.endswith(suffix):
+                if not ours(value):
+                    yield key, f"not {what}: {_kind(value)}"
+                break
+        else:
+            holder = store.parse_value(value)
+            if holder.foreign:
+                yield key, holder.foreign
+
+
+def _kind(value: records.Found) -> str:
+    return f"a Redis {value.kind}" if isinstance(value, OtherType) else "a string of another shape"
 
 
 def leased_tasks(app: Any) -> list[Any]:

@@ -36,7 +36,10 @@ from .errors import LeaseConfigError, LeaseKeyError
 __all__ = [
     "BEAT_TASK_NAME",
     "DEFAULT_PREFIX",
+    "FENCE_SUFFIX",
     "INTERNAL_SUFFIXES",
+    "LAST_RUN_SUFFIX",
+    "WAKE_SUFFIX",
     "KeySpec",
     "beat_leader_key",
     "build_key",
@@ -54,11 +57,11 @@ __all__ = [
 DEFAULT_PREFIX = "lease"
 #: The task name recorded as the holder of a beat leader lease (``celery lease ls`` shows it).
 BEAT_TASK_NAME = "celery.beat"
-_FENCE = ":fence"
-_LAST_RUN = ":last-run"
-_WAKE = ":wake"
+#: The suffixes of the keys written beside a lease: its fencing counter, a beat leader's
+#: last-run record, a hold's wake list.
+FENCE_SUFFIX, LAST_RUN_SUFFIX, WAKE_SUFFIX = ":fence", ":last-run", ":wake"
 #: Suffixes of the keys written beside leases that are not leases themselves.
-INTERNAL_SUFFIXES = (_FENCE, _LAST_RUN, _WAKE)
+INTERNAL_SUFFIXES = (FENCE_SUFFIX, LAST_RUN_SUFFIX, WAKE_SUFFIX)
 #: The task name part of every hold key: ``<prefix>:{hold:<name>}``.
 HOLD_PREFIX = "hold:"
 
@@ -242,7 +245,7 @@ def build_key(
 
 def fence_key(key: str) -> str:
     """The key of the fencing counter that goes with lease ``key`` (same hash tag)."""
-    return key + _FENCE
+    return key + FENCE_SUFFIX
 
 
 def beat_leader_key(prefix: str, app_name: str) -> str:
@@ -252,7 +255,7 @@ def beat_leader_key(prefix: str, app_name: str) -> str:
 
 def last_run_key(leader_key: str) -> str:
     """The hash in which beat leaders record each entry's last send (same hash tag)."""
-    return leader_key + _LAST_RUN
+    return leader_key + LAST_RUN_SUFFIX
 
 
 def is_internal(key: str) -> bool:
@@ -317,7 +320,7 @@ def hold_name(label: str, *values: Any, **named: Any) -> str:
 
 def wake_key(key: str) -> str:
     """The list a hold's release pushes to, to wake holds waiting for ``key`` (same hash tag)."""
-    return key + _WAKE
+    return key + WAKE_SUFFIX
 
 
 def validate_lease_key(spec: Any, parameters: Callable[[], list[str]], where: str) -> None:

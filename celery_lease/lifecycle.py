@@ -7,7 +7,8 @@ asynchronous release), so that the guarantees below hold everywhere.
 API (durations are float seconds, times are :func:`celery_lease.clock.now` seconds)::
 
     holder = HolderInfo(task_name, task_id, hostname)        # who is asking, for the store
-    got = take(settings, client, key, holder, target, sender=...)
+    claim = Claim()                                          # claim.lease: set at the grant
+    got = take(settings, client, key, holder, target, sender=..., claim=claim)
     if isinstance(got, Lease): ...                           # granted, renewed from now on
     else: ...                                                # an AcquireResult: held elsewhere
     ending = end(lease, sender=...)                          # Ending(loss, released, held)
@@ -31,6 +32,14 @@ API (durations are float seconds, times are :func:`celery_lease.clock.now` secon
 On a conflict it returns the :class:`~celery_lease.store.AcquireResult` (holder, time left)
 and does not retry; on a store error it finishes ``target``, releases what the failed attempt
 may have been granted (best effort) and raises the :class:`redis.exceptions.RedisError`.
+
+Exits: any exception, ``BaseException`` included (a soft or hard time limit, ``SystemExit``,
+``KeyboardInterrupt``, gevent's ``Timeout``), at any point of :func:`take` or :func:`end`
+leaves no lease held by nobody: the lease is unregistered from the heartbeat and its token
+released (token-checked, best effort; the token is made before the acquire is sent, so its
+release is safe to send whether or not the grant's reply arrived), then the exception is
+re-raised. A caller closes the gap between :func:`take` returning and its own ``finally``
+with a :class:`Claim`, filled at the grant.
 
 :func:`take` first reads the replies of every release this process wrote without waiting
 (:mod:`celery_lease.store.pending`): an acquire is never sent before them.
@@ -73,7 +82,7 @@ from .interrupt import Target
 from .lease import Lease
 from .store import pending
 
-__all__ = ["Ending", "HolderInfo", "announce_end", "end", "retire", "take"]
+__all__ = ["Claim", "Ending", "HolderInfo", "announce_end", "end", "retire", "take"]
 
 logger = logging.getLogger("celery_lease")
 
@@ -114,9 +123,31 @@ class Ending:
     held: float
 
 
+class Claim:
+    """Where :func:`take` puts the lease the moment the store granted it, before it registers
+    it with the heartbeat: a caller that made the claim before calling :func:`take` finds the
+    lease after any exit (a time limit, ``SystemExit``, ``KeyboardInterrupt``), also one that
+    lands after :func:`take` returned and before the caller stored what it returned.
+
+    Attributes:
+        lease: the granted :class:`~celery_lease.lease.Lease`, or None (not granted, or
+            already ended by :func:`take` itself after an exit interrupted it).
+    """
+
+    __slots__ = ("lease",)
+
+    def __init__(self) -> None:
+        self.lease: Lease | None = None
+
+
 def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderInfo,
-         target: Target, *, sender: Any) -> Lease | store.AcquireResult:
+         target: Target, *, sender: Any, claim: Claim | None = None) -> Lease | store.AcquireResult:
     """Take lease ``key`` and start renewing it (see the module docstring for the steps).
+
+    An exit of any kind (``BaseException`` included) after the acquire was sent leaves no lease
+    held by nobody: the lease is unregistered, its token released (token-checked, best effort:
+    the token is made here, so its release is safe to send whether or not the grant's reply
+    arrived), ``target`` finished, ``claim.lease`` cleared, and the exit re-raised.
 
     Args:
         settings: the resolved settings (TTL, intervals, signal).
@@ -125,6 +156,7 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
         holder: who asks.
         target: where a loss is delivered; finished here when no lease results.
         sender: the ``sender`` of the signals sent.
+        claim: set to the lease as soon as it is granted (see :class:`Claim`).
 
     Returns:
         The granted :class:`~celery_lease.lease.Lease`, or the
@@ -133,47 +165,77 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
     Raises:
         redis.exceptions.RedisError: the store failed (after the one same-token retry).
     """
-    options = settings.options
-    pending.settle_all()  # the replies of this process's earlier releases, first
-    token = os.urandom(16).hex()  # 32 random hex characters (uuid4().hex costs 5 times more)
-    stored_holder = holder.to_json()
-    # The local deadline counts from the first send: if its reply was lost after the script
-    # ran, the lifetime on the server started then, not at the second try.
-    sent_at = clock.now()
+    # No call before the `try`: an asynchronous exception lands only at a call (or a jump
+    # back), so none can land outside it.
+    sent = announced = False
+    lease: Lease | None = None
+    token = ""
     try:
+        options = settings.options
+        token = os.urandom(16).hex()  # 32 random hex characters (uuid4().hex: 5 times more)
+        pending.settle_all()  # the replies of this process's earlier releases, first
+        stored_holder = holder.to_json()
+        # The local deadline counts from the first send: if its reply was lost after the
+        # script ran, the lifetime on the server started then, not at the second try.
+        sent_at = clock.now()
+        sent = True  # from here on the store may grant the token, reply or not
         try:
             found = store.acquire(
                 client, key, token, options.ttl_ms, stored_holder, options.min_replicas)
         except (RedisConnectionError, RedisTimeoutError):
             found = store.acquire(
                 client, key, token, options.ttl_ms, stored_holder, options.min_replicas)
-    except RedisError:
-        target.finish()
-        _abandon(client, key, token)
+        if not found.granted:
+            target.finish()
+            return found
+        lease = Lease(
+            key=key, token=token, fencing_token=found.holder.fencing_token,
+            task_name=holder.task_name, task_id=holder.task_id, options=options,
+            client=client, target=target, sent_at=sent_at)
+        if claim is not None:
+            claim.lease = lease
+        heartbeat(settings.signum).add(lease)
+        logger.debug("lease acquired: key=%s task=%s[%s] token=%s fencing_token=%d ttl=%.3fs",
+                     key, holder.task_name, holder.task_id, token, lease.fencing_token,
+                     options.ttl)
+        if signals.lease_acquired.receivers:  # what Signal.send checks first, before kwargs
+            signals.lease_acquired.send(
+                sender=sender, key=key, token=token, fencing_token=lease.fencing_token,
+                task_id=holder.task_id, ttl=options.ttl, latency=clock.now() - sent_at)
+        announced = True
+        return lease
+    except BaseException:
+        _undo_take(client, key, token, target, lease if sent else None, sent,
+                   sender if announced else None)
+        if claim is not None:
+            claim.lease = None
         raise
-    if not found.granted:
+
+
+def _undo_take(client: redis.Redis, key: str, token: str, target: Target, lease: Lease | None,
+               sent: bool, sender: Any) -> None:
+    """After an exit interrupted :func:`take`: finish ``target``, unregister ``lease`` and
+    release ``token`` if the acquire was ``sent`` (it may have been granted, its reply lost or
+    never read). Best effort: a release that fails leaves the key to its TTL. A lease whose
+    acquisition was announced (``sender`` not None) gets its release announced too."""
+    try:
         target.finish()
-        return found
-    lease = Lease(
-        key=key, token=token, fencing_token=found.holder.fencing_token,
-        task_name=holder.task_name, task_id=holder.task_id, options=options, client=client,
-        target=target, sent_at=sent_at)
-    heartbeat(settings.signum).add(lease)
-    logger.debug("lease acquired: key=%s task=%s[%s] token=%s fencing_token=%d ttl=%.3fs",
-                 key, holder.task_name, holder.task_id, token, lease.fencing_token, options.ttl)
-    if signals.lease_acquired.receivers:  # what Signal.send checks first, before the kwargs
-        signals.lease_acquired.send(
-            sender=sender, key=key, token=token, fencing_token=lease.fencing_token,
-            task_id=holder.task_id, ttl=options.ttl, latency=clock.now() - sent_at)
-    return lease
+    finally:
+        if lease is not None:
+            _release_after_exit(lease, store.release)
+            if sender is not None:
+                announce_end(lease, None, None, sender=sender)
+        elif sent:
+            _abandon(client, key, token)
 
 
 def _abandon(client: redis.Redis, key: str, token: str) -> None:
     """Best effort: release a grant whose reply may have been lost (else it lapses)."""
     try:
         store.release(client, key, token)
-    except RedisError:
-        pass
+    except Exception as exc:
+        logger.warning("release after an interrupted acquire failed (it expires within its "
+                       "TTL): key=%s error=%s", key, store.describe(exc))
 
 
 def retire(lease: Lease) -> LeaseLost | None:
@@ -182,10 +244,11 @@ def retire(lease: Lease) -> LeaseLost | None:
     Returns the loss, if the lease was lost. The caller must then release the lease
     (token-checked, e.g. :func:`celery_lease.store.release`) and call :func:`announce_end`.
     """
-    # Before it is unregistered: a retired lease records no loss.
-    loss = lease.detect_loss()
-    heartbeat().remove(lease)  # unregistered before the release is sent
-    return loss
+    try:
+        # Before it is unregistered: a retired lease records no loss.
+        return lease.detect_loss()
+    finally:  # whatever interrupts the above, nothing renews the lease any more
+        heartbeat().remove(lease)  # unregistered before the release is sent
 
 
 def announce_end(lease: Lease, loss: LeaseLost | None, released: bool | None, *,
@@ -216,7 +279,11 @@ def end(lease: Lease, *, sender: Any, wait: bool = True,
     """End ``lease``: record a missed deadline, stop renewing, release, announce.
 
     Never raises for a store error: a release that fails is logged and the key expires within
-    one TTL on its own.
+    one TTL on its own. An exit (any ``BaseException``: a time limit, ``SystemExit``...) that
+    interrupts it before the release went out still unregisters the lease and sends the
+    release once (best effort), then is re-raised; one that interrupts the release's wait for
+    its reply sends it once more (token-checked: harmless if the first one ran). Only an end
+    that never runs (a killed process) leaves the key to its TTL.
 
     Args:
         lease: a lease returned by :func:`take`.
@@ -228,21 +295,48 @@ def end(lease: Lease, *, sender: Any, wait: bool = True,
             waiter: :func:`celery_lease.store.release_and_wake`); only :func:`store.release`
             can be written without waiting.
     """
-    loss = retire(lease)
-    released: bool | None = None  # unknown until the store answers
-    if lease.pid == os.getpid():  # never in a forked child: the parent's lease is not ours
-        try:
-            # A lost lease is released synchronously: rare, and its signal says what happened.
-            if not wait and release is store.release and loss is None and _write(lease):
-                heartbeat().wake_for_pending()
-                return announce_end(lease, loss, None, sender=sender)
-            released = _send_release(lease, release)
-        except RedisError as exc:
-            logger.warning("lease release failed (it expires within %.3fs): key=%s error=%s",
-                           lease.ttl, lease.key, store.describe(exc))
-        if released is False and loss is None:
-            loss = lease.lost_at_release()
+    sent = False  # True once the release went out (or failed for a store error)
+    try:  # no call before it: see take()
+        loss = retire(lease)
+        released: bool | None = None  # unknown until the store answers
+        if lease.pid == os.getpid():  # never in a forked child: the parent's lease is not ours
+            try:
+                # A lost lease is released synchronously: rare, and its signal says what
+                # happened.
+                if not wait and release is store.release and loss is None and _write(lease):
+                    sent = True
+                    heartbeat().wake_for_pending()
+                    return announce_end(lease, loss, None, sender=sender)
+                released = _send_release(lease, release)
+            except RedisError as exc:
+                logger.warning("lease release failed (it expires within %.3fs): key=%s "
+                               "error=%s", lease.ttl, lease.key, store.describe(exc))
+            sent = True
+            if released is False and loss is None:
+                loss = lease.lost_at_release()
+    except BaseException:
+        if not sent:  # an exit before the release went out: it still goes out, once
+            _release_after_exit(lease, release)
+        raise
     return announce_end(lease, loss, released, sender=sender)
+
+
+def _release_after_exit(lease: Lease, release: Callable[[redis.Redis, str, str], bool]) -> None:
+    """After an exit (any ``BaseException``) interrupted taking or ending ``lease``: make sure
+    nothing renews it, then ``release`` it once (token-checked, so safe whether or not an
+    earlier release went out). Best effort and never raises an ``Exception``: a release that
+    fails leaves the key to its TTL, and the caller re-raises the exit."""
+    try:
+        lease.target.finish()
+    finally:
+        heartbeat().remove(lease)
+        if lease.pid == os.getpid():
+            try:
+                release(lease.client, lease.key, lease.token)
+            except Exception as exc:
+                logger.warning("lease release after an exit failed (it expires within "
+                               "%.3fs): key=%s error=%s", lease.ttl, lease.key,
+                               store.describe(exc))
 
 
 def _write(lease: Lease) -> bool:

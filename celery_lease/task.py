@@ -234,21 +234,32 @@ class LeasedTask(Task):  # type: ignore[misc]
         request = self.request
         if request.called_directly:  # a plain function call takes no lease
             return super().__call__(*args, **kwargs)
-        lease = self._acquire(request, args, kwargs)
-        if not isinstance(lease, Lease):
-            return lease  # eager mode: a skipped duplicate's marker
-        reset = _current.set(lease)
+        # Filled the moment the store grants the lease: an exit that lands anywhere after
+        # that (a soft time limit during the acquire's reply, gevent's Timeout) still ends it.
+        claim = lifecycle.Claim()
         try:
-            return self.run(*args, **kwargs)
-        except LeaseLost as exc:
-            # Store the public class, not the per-execution carrier of the threads pool.
-            raise LeaseLost(*exc.args).with_traceback(exc.__traceback__) from None
-        finally:
+            lease = self._acquire(request, args, kwargs, claim)
+            if not isinstance(lease, Lease):
+                return lease  # eager mode: a skipped duplicate's marker
+            reset = _current.set(lease)
             try:
-                _current.reset(reset)
-                self._end(lease)
+                return self.run(*args, **kwargs)
+            except LeaseLost as exc:
+                # Store the public class, not the per-execution carrier of the threads pool.
+                raise LeaseLost(*exc.args).with_traceback(exc.__traceback__) from None
             finally:
-                eager.run_deferred(lease.token)  # eager successors: after the release
+                _current.reset(reset)
+        finally:
+            granted = claim.lease
+            if granted is not None:
+                try:
+                    self._end(granted)
+                except BaseException:
+                    # An exit that landed as the end began (its call): end it, then go on.
+                    self._end(granted)
+                    raise
+                finally:
+                    eager.run_deferred(granted.token)  # eager successors: after the release
 
     def _end(self, lease: Lease) -> None:
         """Stop loss delivery and release ``lease`` (once: ``on_replace`` may end it early)."""
@@ -262,7 +273,8 @@ class LeasedTask(Task):  # type: ignore[misc]
             self._release(lease)
 
     def _acquire(
-        self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+        claim: lifecycle.Claim | None = None,
     ) -> Lease | dict[str, Any]:
         settings = self.lease_settings()
         options, url, signum = settings
@@ -285,7 +297,8 @@ class LeasedTask(Task):  # type: ignore[misc]
             self.name, task_id, request.hostname or socket.gethostname())
         target = interrupt.for_current_context(signum)
         try:
-            got = lifecycle.take(settings, client, key, holder, target, sender=self)
+            got = lifecycle.take(settings, client, key, holder, target, sender=self,
+                                 claim=claim)
         except RedisError as exc:
             self._store_error(options, key, exc)
         if not isinstance(got, Lease):

@@ -10,8 +10,10 @@ worker before it consumes a single message:
 - each store runs Redis 6.0 or later (else an error is logged: the release's note of who ended
   last would silently not be written, and ``celery lease ls`` would fail; the worker still
   starts, since leases themselves work);
-- each store answers, its user may run the lease scripts on the lease keys, and its
-  ``maxmemory-policy`` is ``noeviction``. Any other policy can
+- each store answers, its ACL user may send every command the configured features send
+  (:func:`celery_lease.acl.problems`: a task lease's, ``WAIT`` with ``lease_min_replicas``,
+  else the start is refused naming the commands; a hold's and beat's, else a warning), and
+  its ``maxmemory-policy`` is ``noeviction``. Any other policy can
   evict a live lease (the holder is told nothing), so the worker logs a loud warning naming the
   setting and the fix, and refuses to start when ``lease_require_noeviction`` is true.
 
@@ -35,12 +37,12 @@ from typing import Any
 from celery import bootsteps
 from redis.exceptions import RedisError
 
-from . import store
+from . import acl, store
 from .config import check_process_settings
-from .doctor import redis_version_problem
+from .doctor import failover_problem, redis_version_problem
 from .errors import LeaseConfigError, LeaseStartRefused
 from .names import check_app_settings
-from .store import topology
+from .store import permissions, topology
 from .store.errors import permanent_error
 from .store.url import safe_url
 from .task import LeasedTask
@@ -61,20 +63,21 @@ def check_app(app: Any) -> list[topology.StoreCheck]:
     """
     check_app_settings(app.conf)
     check_process_settings(app.conf, "app.conf")
-    stores: dict[tuple[str, str], tuple[float, Any, set[str]]] = {}
+    using: dict[tuple[str, str], list[tuple[str, Any]]] = {}  # store -> its tasks' options
     for task in list(app.tasks.values()):
         if isinstance(task, LeasedTask):
             options, url, _ = task.lease_settings()
             key = (url, repr(sorted(options.backend_options.items())))
-            timeout, _, prefixes = stores.get(key, (options.store_timeout, None, set()))
-            stores[key] = (min(timeout, options.store_timeout), options.backend_options,
-                           {*prefixes, options.key_prefix})
+            using.setdefault(key, []).append((task.name, options))
     checks = []
-    for (url, _), (timeout, backend_options, prefixes) in stores.items():
+    for need in acl.needs(app, tasks_only=True):
+        url = need.url
         try:
-            client = store.client_for(url, max(timeout, 1.0), backend_options)
+            client = store.client_for(url, max(need.timeout, 1.0), need.options)
+            _check_permissions(client, need)  # first: a denied INFO is named as such
             check = topology.check_store(client)
-            _probe_permissions(client, prefixes)
+            _warn_failover_exposure(
+                client, url, using.get((url, repr(sorted(need.options.items()))), []))
         except RedisError as exc:
             permanent = permanent_error(exc)
             if permanent:
@@ -110,14 +113,44 @@ def check_app(app: Any) -> list[topology.StoreCheck]:
     return checks
 
 
-def _probe_permissions(client: Any, prefixes: set[str]) -> None:
-    """Run the renewal script on an absent key under each prefix: it writes nothing, and an
-    ACL user without the script commands or the key pattern gets NOPERM here, not at the
-    first acquire."""
-    probes = [(f"{prefix}:{{celery-lease:permission-probe}}", "-", 1) for prefix in prefixes]
-    for reply in store.renew_many(client, probes):
-        if isinstance(reply, RedisError):
-            raise reply
+def _warn_failover_exposure(client: Any, url: str, tasks: list[tuple[str, Any]]) -> None:
+    """Warn for each task whose lease a Sentinel failover could let lapse under its holder
+    (:func:`celery_lease.doctor.failover_problem`)."""
+    down_after = topology.sentinel_down_after(client)
+    if down_after is None:
+        return
+    for name, options in tasks:
+        problem = failover_problem(options, down_after)
+        if problem is not None:
+            logger.warning("lease store %s, task %s: %s. Fix: %s", safe_url(url), name,
+                           *problem)
+
+
+def _check_permissions(client: Any, need: acl.StoreNeeds) -> None:
+    """Refuse the start when the ACL user lacks a command every worker sends; warn for those
+    of a hold or beat (:func:`celery_lease.acl.problems`). A server that cannot say (before
+    Redis 7.0) gets the renewal script run on an absent key under each prefix instead: it
+    writes nothing, and a user without the script commands, ``GET`` or the key pattern gets
+    NOPERM here, not at the first acquire."""
+    found = acl.problems(client, need, skip=acl.COMMAND_LINE)
+    if found is None:
+        probes = [(f"{p}:{permissions.PROBE_KEY}", "-", 1) for p in need.prefixes]
+        for reply in store.renew_many(client, probes):
+            if isinstance(reply, RedisError):
+                raise reply
+        if need.acl_user:
+            logger.warning("lease store %s cannot check the ACL user's permissions without "
+                           "running the commands (Redis 7.0 can): only the renewal script was "
+                           "probed; compare the user's ACL with `celery lease acl`",
+                           safe_url(need.url))
+        return
+    refusals, warnings = found
+    for message in warnings:
+        logger.warning("lease store %s: %s", safe_url(need.url), message)
+    if refusals:
+        raise LeaseConfigError(f"lease store {safe_url(need.url)}: {'; '.join(refusals)} "
+                               f"(refusing to start: no leased task can run until this is "
+                               f"fixed)")
 
 
 class LeaseStoreCheck(bootsteps.StartStopStep):  # type: ignore[misc]

@@ -21,6 +21,8 @@ class TcpProxy:
     directions (like a partition: clients hang until their own timeouts);
     bytes already sent stay queued in the kernel and flow again on ``heal()``.
     ``cut()`` closes all connections and refuses new ones until ``heal()``.
+    ``hold_replies()`` stops only the server-to-client direction: commands reach the server and
+    run, their replies wait (a reply in flight) until ``heal()``.
     Each connection uses two daemon threads; ``close()`` stops them all.
     """
 
@@ -30,6 +32,8 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._forwarding = threading.Event()
         self._forwarding.set()
+        self._replying = threading.Event()  # the server-to-client direction only
+        self._replying.set()
         self._closed = False
         self._conns: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
@@ -75,17 +79,21 @@ class TcpProxy:
                     upstream.close()
                     return
                 self._conns.update((client, upstream))
-            self._spawn(self._pump, client, upstream)
-            self._spawn(self._pump, upstream, client)
+            self._spawn(self._pump, client, upstream, self._forwarding)
+            self._spawn(self._pump, upstream, client, self._replying)
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        """Copy bytes from ``src`` to ``dst`` while forwarding is enabled."""
+    def _pump(self, src: socket.socket, dst: socket.socket, direction: threading.Event) -> None:
+        """Copy bytes from ``src`` to ``dst`` while forwarding (and ``direction``) is enabled."""
+
+        def open_() -> bool:
+            return self._forwarding.is_set() and direction.is_set()
+
         try:
             while not self._closed:
-                if not self._forwarding.wait(_POLL):
+                if not self._forwarding.wait(_POLL) or not direction.wait(_POLL):
                     continue  # blackholed: leave the bytes in the kernel
                 ready, _, _ = select.select([src], [], [], _POLL)
-                if not ready or not self._forwarding.is_set():
+                if not ready or not open_():
                     continue
                 data = src.recv(_CHUNK)
                 if not data:
@@ -118,6 +126,10 @@ class TcpProxy:
         """Stop forwarding bytes in both directions; connections stay open."""
         self._forwarding.clear()
 
+    def hold_replies(self) -> None:
+        """Stop forwarding the server's replies; commands still reach the server and run."""
+        self._replying.clear()
+
     def cut(self) -> None:
         """Close every connection and refuse new ones (ECONNREFUSED)."""
         self._stop_listening()
@@ -128,6 +140,7 @@ class TcpProxy:
         if self._closed:
             raise RuntimeError("proxy is closed")
         self._forwarding.set()
+        self._replying.set()
         if self._listener is None:
             self._listen()
 
@@ -135,6 +148,7 @@ class TcpProxy:
         """Stop listening, close all connections and join the threads."""
         self._closed = True
         self._forwarding.set()
+        self._replying.set()
         self.cut()
         with self._lock:
             threads = list(self._threads)

@@ -389,3 +389,41 @@ def test_a_lease_whose_slot_no_node_serves_fails_its_renewals_alone() -> None:
         fresh = connection.client_for(url, 0.7, {"cluster": True})
         served = next(h.key_of(n) for n in range(3, 100) if fresh.keyslot(h.key_of(n)) != slot)
         assert store.acquire(fresh, served, TOKEN, 5_000, "{}").granted
+
+
+@pytest.mark.parametrize("how", ["FAILOVER", "FAILOVER TAKEOVER"])
+def test_a_holder_never_believes_in_a_lease_its_new_primary_does_not_hold(
+    cluster: ClusterSetup, how: str,
+) -> None:
+    # A replica promoted with CLUSTER FAILOVER (coordinated with its primary) or TAKEOVER
+    # (without it: the old primary learns of it only from the cluster bus).
+    ttl = 6.0
+    client = connection.client_for(seed_url(cluster), 1.0, {"cluster": True})
+    with Holders(lease_backend=seed_url(cluster), lease_backend_options={"cluster": True},
+                 lease_ttl=ttl, lease_renew_interval=ttl / 3, lease_store_timeout=0.4) as h:
+        assert h.start(1).error is None
+        run = h.running(1)
+        assert run is not None
+        slot = client.keyslot(run.key)
+        old = cluster.owner(slot)
+        replica = next(n for n in cluster.replica_nodes()
+                       if n.info("replication").get("master_port") == old.port)
+
+        def on_replica() -> bool:
+            with replica.client() as node:
+                node.execute_command("READONLY")  # a replica answers MOVED otherwise
+                return node.get(run.key) is not None
+
+        wait_for(on_replica, 5, message="the grant never reached the replica")
+        with replica.client() as node:
+            node.execute_command(f"CLUSTER {how}")
+        wait_for(lambda: cluster.owner(slot) is replica, 10, message="no failover")
+        watched_until = time.monotonic() + 1.5 * ttl
+        while time.monotonic() < watched_until:
+            believed = run.lost is None and run.ended is None
+            holder = holder_on_owner(cluster, client, run.key)
+            if believed and run.lost is None and run.ended is None:
+                assert holder is not None and holder.token == run.token, (
+                    f"holder believes, the slot's owner has {holder}; errors: {h.errors[-3:]}")
+            time.sleep(0.05)
+        h.stop()

@@ -34,6 +34,7 @@ from celery_lease.inspection import read_lease, scan_leases
 from celery_lease.keys import hold_key
 from harness.topologies import cluster_setup
 from tests.support.rig import measured
+from tests.support.threads import run_in_threads
 from tests.support.workers import BROKER_URL_ENV, RESULT_BACKEND_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +64,8 @@ def test_conflict_raises_with_the_holder_and_its_time_left(redis_url: str) -> No
 
 def test_blocking_false_answers_at_once_even_when_told_to_wait(redis_url: str) -> None:
     with hold("quick", url=redis_url, ttl=5.0):
-        other = hold("quick", url=redis_url, on_conflict="wait", blocking=False)
+        with pytest.warns(DeprecationWarning, match="pass blocking=False alone"):
+            other = hold("quick", url=redis_url, on_conflict="wait", blocking=False)
         started = time.monotonic()
         assert other.acquire() is False
         assert time.monotonic() - started < 1.0
@@ -231,30 +233,21 @@ def test_many_threads_contending_never_hold_at_once(redis_url: str) -> None:
     fences: list[int] = []
     lock = threading.Lock()
     deadline = time.monotonic() + 2.0
-    failures: list[BaseException] = []
 
     def contend() -> None:
         nonlocal inside, overlaps
-        try:
-            while time.monotonic() < deadline:
-                with hold("contended", url=redis_url, ttl=2.0, on_conflict="wait",
-                          timeout=10.0) as lease:
-                    with lock:
-                        inside += 1
-                        overlaps += inside > 1
-                        fences.append(lease.fencing_token)
-                    time.sleep(0.001)
-                    with lock:
-                        inside -= 1
-        except BaseException as exc:
-            failures.append(exc)
+        while time.monotonic() < deadline:
+            with hold("contended", url=redis_url, ttl=2.0, on_conflict="wait",
+                      timeout=10.0) as lease:
+                with lock:
+                    inside += 1
+                    overlaps += inside > 1
+                    fences.append(lease.fencing_token)
+                time.sleep(0.001)
+                with lock:
+                    inside -= 1
 
-    threads = [threading.Thread(target=contend) for _ in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not failures
+    assert run_in_threads(contend, 16) == []
     assert overlaps == 0
     assert len(fences) > 50
     assert all(a < b for a, b in itertools.pairwise(fences))

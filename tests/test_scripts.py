@@ -476,3 +476,70 @@ def test_last_runs_of_an_absent_record_answers_the_clock_and_no_fields(
 def test_an_include_line_the_loader_cannot_read_is_refused_not_dropped(line: str) -> None:
     with pytest.raises(ValueError, match="not an include line"):
         lua._expand(f"local x = 1\n{line}\nreturn x\n", ())
+
+
+def test_acl_check_answers_the_commands_the_user_may_not_run_and_runs_none(
+        client: redis.Redis, redis_url: str) -> None:
+    specs = ["GET %k", "SET %k 1", "WAIT 0 0", "GET jobs:{t}", "PING", "BLPOP %k 1"]
+    assert run(client, "acl_check-1.lua", [KEY], specs) == []  # the default user: all
+    assert client.exists(KEY) == 0  # asked about, not run
+    name = f"acl-check-{token()[:8]}"
+    client.execute_command("ACL", "SETUSER", name, "reset", "on", ">pw", "~lease:*", "-@all",
+                           "+evalsha", "+eval", "+get", "+blpop")
+    try:
+        with redis.Redis.from_url(redis_url, username=name, password="pw") as limited:
+            assert run(limited, "acl_check-1.lua", [KEY], specs) == [2, 3, 4, 5]
+    finally:
+        client.execute_command("ACL", "DELUSER", name)
+
+
+def test_release_wake_answers_the_refusal_of_its_wake_and_still_releases(
+        client: redis.Redis, redis_url: str) -> None:
+    name = f"no-rpush-{token()[:8]}"
+    client.execute_command("ACL", "SETUSER", name, "reset", "on", ">pw", "~lease:*", "-@all",
+                           "+evalsha", "+eval", "+get", "+set", "+del", "+pexpire")
+    t = token()
+    fence = acquire(client, t, key=HOLD)[1]
+    try:
+        with redis.Redis.from_url(redis_url, username=name, password="pw",
+                                  decode_responses=True) as limited:
+            answer = release_wake(limited, t)
+    finally:
+        client.execute_command("ACL", "DELUSER", name)
+    assert "can't run this command" in answer  # the server's own words, not a silent 1
+    assert client.exists(HOLD, WAKE) == 0
+    assert client.get(fence_key(HOLD)) == f"{fence}:{t}"
+
+
+def pass_turn(client: redis.Redis, lifetime: int = 2000) -> Any:
+    return run(client, "pass_turn-2.lua", [HOLD, WAKE], [lifetime])
+
+
+def test_pass_turn_on_a_free_key_leaves_exactly_one_wake_element_with_its_lifetime(
+        client: redis.Redis) -> None:
+    client.rpush(WAKE, "1", "1")  # stale elements no waiter took
+    assert pass_turn(client, lifetime=1500) == 1
+    assert client.lrange(WAKE, 0, -1) == ["1"]
+    assert 0 < client.pttl(WAKE) <= 1500
+
+
+def test_pass_turn_on_a_held_key_answers_0_and_wakes_no_one(client: redis.Redis) -> None:
+    acquire(client, token(), key=HOLD)
+    value = client.get(HOLD)
+    assert pass_turn(client) == 0
+    assert client.get(HOLD) == value and client.exists(WAKE) == 0
+
+
+def test_pass_turn_answers_the_refusal_of_its_wake_and_leaves_no_list(
+        client: redis.Redis, redis_url: str) -> None:
+    name = f"no-rpush-{token()[:8]}"
+    client.execute_command("ACL", "SETUSER", name, "reset", "on", ">pw", "~lease:*", "-@all",
+                           "+evalsha", "+eval", "+exists", "+del", "+pexpire")
+    try:
+        with redis.Redis.from_url(redis_url, username=name, password="pw",
+                                  decode_responses=True) as limited:
+            answer = pass_turn(limited)
+    finally:
+        client.execute_command("ACL", "DELUSER", name)
+    assert "can't run this command" in answer  # the server's own words, not a silent 1
+    assert client.exists(WAKE) == 0

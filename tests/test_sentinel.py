@@ -34,9 +34,12 @@ def sentinel() -> Iterator[SentinelSetup]:
 
 
 def holders(setup: SentinelSetup, **conf: Any) -> Holders:
-    return Holders(lease_backend=setup.sentinel_url,
-                   lease_backend_options={"master_name": MASTER_NAME},
-                   lease_ttl=TTL, lease_renew_interval=INTERVAL, lease_store_timeout=0.4, **conf)
+    """Holders on the set-up's sentinels; another ``lease_store_timeout`` gives them a client
+    (connections, discovery) of their own, as another worker would have."""
+    return Holders(**{"lease_backend": setup.sentinel_url,
+                      "lease_backend_options": {"master_name": MASTER_NAME},
+                      "lease_ttl": TTL, "lease_renew_interval": INTERVAL,
+                      "lease_store_timeout": 0.4, **conf})
 
 
 def held_on(setup: SentinelSetup, port: int, key: str) -> store.Holder | None:
@@ -47,12 +50,15 @@ def held_on(setup: SentinelSetup, port: int, key: str) -> store.Holder | None:
 
 @pytest.mark.parametrize("how", ["sigkill", "sentinel_failover"])
 def test_a_replicated_lease_is_kept_on_the_new_primary(sentinel: SentinelSetup, how: str) -> None:
-    with holders(sentinel, lease_min_replicas=1) as h:
+    with holders(sentinel) as h:
         outcome = h.start(1)
         assert outcome.error is None, outcome.error
         run = h.running(1)
         assert run is not None
         old = sentinel.primary_port()
+        replica = next(node.port for node in sentinel.data if node.port != old)
+        wait_for(lambda: held_on(sentinel, replica, run.key) is not None, 5,
+                 message="the grant never reached the replica")
         moved_at = time.monotonic()
         if how == "sigkill":
             sentinel.node_on(old).kill()
@@ -159,3 +165,163 @@ def test_a_worker_whose_unreplicated_grant_vanished_gets_lease_lost(
         rig.wait_event(tag, "end")
     finally:
         rig.close()
+
+
+def _believes(run: Any) -> bool:
+    return run.lost is None and run.ended is None
+
+
+@pytest.mark.parametrize("min_replicas", [0, 1])
+def test_a_holder_never_believes_in_a_lease_the_new_primary_lets_lapse(
+    sentinel: SentinelSetup, min_replicas: int,
+) -> None:
+    # SENTINEL FAILOVER promotes the replica at once but leaves the old primary writable for
+    # about ten seconds: renewals sent there over a pooled connection succeed and count for
+    # nothing. A TTL below that lapses on the new primary unless the holder moves there.
+    ttl = 6.0
+    with holders(sentinel, lease_ttl=ttl, lease_renew_interval=ttl / 3,
+                 lease_min_replicas=min_replicas) as h:
+        assert h.start(1).error is None
+        run = h.running(1)
+        assert run is not None
+        old = sentinel.primary_port()
+        time.sleep(1.5)
+        with sentinel.sentinels[0].client() as client:
+            client.execute_command("SENTINEL FAILOVER", MASTER_NAME)
+        new = sentinel.wait_failover(old)
+        # The hazard is real: the old primary still takes writes as a primary.
+        assert sentinel.node_on(old).info("replication").get("role") == "master"
+        watched_until = time.monotonic() + 2 * ttl
+        while time.monotonic() < watched_until:
+            believed = _believes(run)
+            held = held_on(sentinel, new, run.key)
+            if believed and _believes(run):
+                # Whenever the holder believes, the new primary holds its token: nobody else
+                # can be granted the key there.
+                assert held is not None and held.token == run.token, (
+                    f"holder believes in {run.key} but the new primary has {held}; "
+                    f"renewal errors: {h.errors[-3:]}")
+            time.sleep(0.05)
+        if min_replicas == 0:
+            # It moved to the new primary and kept the lease (no replica needed there).
+            assert _believes(run), run.lost
+            assert h.renewals_of(run.key, watched_until - 2 * ttl) >= 2
+        # A rival with its own connections (another worker) cannot run beside a believer.
+        with holders(sentinel, lease_ttl=ttl, lease_store_timeout=0.45) as rival:
+            rival.start(1)
+            if _believes(run):
+                assert rival.running(1) is None
+            rival.stop()
+        h.stop()
+
+
+def test_a_grant_on_an_old_primary_that_stays_writable_never_runs_a_body(
+    sentinel: SentinelSetup,
+) -> None:
+    with holders(sentinel) as stale:
+        assert stale.start(1).error is None  # its pool now has a connection to the primary
+        stale.stop()
+        old = sentinel.primary_port()
+        with sentinel.sentinels[0].client() as client:
+            client.execute_command("SENTINEL FAILOVER", MASTER_NAME)
+        new = sentinel.wait_failover(old)
+        assert sentinel.node_on(old).info("replication").get("role") == "master"
+        with holders(sentinel, lease_store_timeout=0.45) as fresh:  # another worker
+            assert fresh.start(2).error is None
+            holder = fresh.running(2)
+            assert holder is not None
+            assert held_on(sentinel, new, holder.key) is not None
+            stale._stop.clear()
+            outcome = stale.start(2)
+            assert outcome.done.wait(5)
+            # The grant on the old primary was not confirmed by the sentinels: no body ran.
+            assert stale.running(2) is None
+            assert isinstance(outcome.error, LeaseStoreUnavailable), outcome.error
+            assert "PrimaryUnconfirmed" in str(outcome.error), outcome.error
+            assert f"127.0.0.1:{new}" in str(outcome.error)
+            # The client looked for the primary again: the next try meets the real holder.
+            again = stale.start(2)
+            assert again.done.wait(5) and stale.running(2) is None
+            assert again.error is None  # a duplicate of a running execution: skipped
+            assert fresh.running(2) is holder
+            fresh.stop()
+
+
+def test_with_min_replicas_a_renewal_no_replica_acknowledged_does_not_count(
+    sentinel: SentinelSetup,
+) -> None:
+    proxy = sentinel.replication_proxy
+    assert proxy is not None
+    with holders(sentinel, lease_min_replicas=1) as h:
+        assert h.start(1).error is None
+        run = h.running(1)
+        assert run is not None
+        cut_at = time.monotonic()
+        proxy.blackhole()  # the primary accepts renewals that no replica will ever have
+        wait_for(lambda: run.ended is not None, TTL + 3, message="the lease was never lost")
+        assert run.lost is not None and run.lost.cause == "deadline"
+        # Lost at the local deadline of the last acknowledged renewal, not before: renewals
+        # went on being sent (and answered) until then.
+        assert cut_at + TTL - INTERVAL - 0.5 < run.ended < cut_at + TTL + 0.5
+        assert any("NotReplicated" in e for e in h.errors), h.errors[-3:]
+        proxy.heal()
+
+
+def test_a_replica_promoted_by_hand_takes_no_lease_from_the_primary(
+    sentinel: SentinelSetup,
+) -> None:
+    with holders(sentinel) as h:
+        assert h.start(1).error is None
+        run = h.running(1)
+        assert run is not None
+        primary = sentinel.primary_port()
+        replica = next(node for node in sentinel.data if node.port != primary)
+        with replica.client() as client:
+            client.execute_command("REPLICAOF", "NO", "ONE")
+        # Clients find the primary through the sentinels, which still name the old one (and
+        # turn the rogue primary back into a replica): the holder keeps its lease there, and a
+        # rival meets it.
+        watched_until = time.monotonic() + TTL
+        while time.monotonic() < watched_until:
+            assert sentinel.primary_port() == primary
+            held = held_on(sentinel, primary, run.key)
+            assert _believes(run) and held is not None and held.token == run.token
+            time.sleep(0.1)
+        with holders(sentinel, lease_store_timeout=0.45) as rival:
+            rival.start(1)
+            assert rival.running(1) is None
+
+
+@pytest.mark.parametrize(("conf", "exposed"), [
+    ({"lease_ttl": 4.0}, True),  # 4 s <= 1 s down-after + 3 s + 2 x 1.33 s
+    ({"lease_ttl": 4.0, "lease_min_replicas": 1}, False),  # replicas must acknowledge
+    ({"lease_ttl": 8.0, "lease_renew_interval": 0.5}, False),  # 8 s > 1 + 3 + 2 x 0.5
+])
+def test_doctor_and_the_worker_start_check_name_a_ttl_a_partitioned_primary_can_outlast(
+    sentinel: SentinelSetup, caplog: pytest.LogCaptureFixture, conf: dict[str, Any],
+    exposed: bool,
+) -> None:
+    from celery import Celery
+
+    from celery_lease import LeasedTask
+    from celery_lease.doctor import check_failover
+    from celery_lease.worker import check_app
+
+    app = Celery("failover_bound", broker="memory://", set_as_current=False)
+    app.conf.update(lease_backend=sentinel.sentinel_url,
+                    lease_backend_options={"master_name": MASTER_NAME}, **conf)
+
+    @app.task(base=LeasedTask, name="failover_bound.job", shared=False)  # type: ignore[misc]
+    def job() -> None:
+        pass
+
+    options, url, _ = job.lease_settings()
+    (finding,) = check_failover(url, [(job.name, options)], app)
+    assert finding.level == ("warn" if exposed else "ok"), finding
+    if exposed:
+        assert "down-after-milliseconds (1s)" in finding.message
+        assert "lease_min_replicas=1" in finding.fix
+    with caplog.at_level("WARNING", logger="celery_lease"):
+        check_app(app)
+    warned = [r.getMessage() for r in caplog.records if "down-after" in r.getMessage()]
+    assert bool(warned) == exposed, warned

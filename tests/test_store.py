@@ -309,7 +309,7 @@ def test_a_paused_store_times_out_once_not_after_retries(
 def test_holder_json_is_the_compact_ascii_json_of_the_holder(text: str) -> None:
     import json
 
-    expected = json.dumps({"task": text, "id": text[::-1], "host": "hôst", "pid": 42},
+    expected = json.dumps({"v": 1, "task": text, "id": text[::-1], "host": "hôst", "pid": 42},
                           separators=(",", ":"))
     assert store.holder_json(text, text[::-1], "hôst", 42) == expected
     assert store.parse_value(f"{'a' * 32}:7:{expected}").task_name == text

@@ -2,26 +2,32 @@
 
 Nothing above this package builds a Redis command; it calls these functions:
 
-- the protocol (:mod:`.protocol`, :mod:`.renewal`): acquire, renew, release, revoke, and the
-  release that wakes a waiting hold, each one script in ``scripts/*.lua`` (:mod:`.lua`);
+- the protocol (:mod:`.protocol`, :mod:`.renewal`): acquire, renew, release, revoke, the
+  release that wakes a waiting hold and the wake-up a cancelled waiter passes on, each one
+  script in ``scripts/*.lua`` (:mod:`.lua`);
 - what is stored (:mod:`.value`: a lease's value; :mod:`.records`: reading leases back for
   ``celery lease ls``, and beat's last-run record);
 - the client (:mod:`.connection`, :mod:`.url`), its topologies (:mod:`.topology`) and where
   each command goes on them (:mod:`.routing`), the raw connection path of a standalone client
-  (:mod:`.wire`), and releases whose replies are read later (:mod:`.pending`);
-- store errors (:mod:`.errors`).
+  (:mod:`.wire`), releases whose replies are read later (:mod:`.pending`), whether a write
+  landed on the primary the sentinels name (:mod:`.primary`), and the ``redis.asyncio``
+  client a waiting ``hold_async`` blocks on (:mod:`.async_wait`);
+- store errors (:mod:`.errors`);
+- the commands each feature sends, and whether the ACL user may send them
+  (:mod:`.permissions`).
 """
 
 from __future__ import annotations
 
 from .connection import client_for, reset_clients
-from .errors import NotReplicated, describe, permanent_error
+from .errors import NotReplicated, PrimaryUnconfirmed, describe, permanent_error
 from .protocol import (
     FENCE_COUNTER_EXTRA_MS,
     TOKEN_LENGTH,
     WAKE_LIFETIME_MS,
     AcquireResult,
     acquire,
+    pass_turn,
     release,
     release_and_wake,
     released_last,
@@ -29,7 +35,7 @@ from .protocol import (
     wait_for_release,
 )
 from .renewal import RENEW_BATCH, renew_many
-from .value import Holder, holder_json, parse_value
+from .value import Holder, holder_json, parse_counter, parse_value
 
 __all__ = [
     "FENCE_COUNTER_EXTRA_MS",
@@ -39,11 +45,14 @@ __all__ = [
     "AcquireResult",
     "Holder",
     "NotReplicated",
+    "PrimaryUnconfirmed",
     "acquire",
     "client_for",
     "describe",
     "holder_json",
+    "parse_counter",
     "parse_value",
+    "pass_turn",
     "permanent_error",
     "release",
     "release_and_wake",

@@ -73,7 +73,9 @@ def build_client(spec: StoreSpec, timeout: float,
     if spec.kind == "sentinel":
         from redis.sentinel import Sentinel
 
-        skw = {**spec.sentinel_kwargs, **_library_kwargs(timeout, True)}
+        # Half the store timeout per sentinel call: the primary check after each write asks
+        # every sentinel within one store timeout (celery_lease.store.primary).
+        skw = {**spec.sentinel_kwargs, **_library_kwargs(timeout / 2, True)}
         if skw.get("ssl_cert_reqs") is not None or any(k in skw for k in TLS_KEYS):
             skw["ssl"] = True
         credentials = {k: params.pop(k) for k in ("username", "password") if k in params}

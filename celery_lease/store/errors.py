@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import ssl
 
-from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
+from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
 
-__all__ = ["NotReplicated", "describe", "permanent_error"]
+__all__ = ["NotReplicated", "PrimaryUnconfirmed", "describe", "is_wrong_type", "permanent_error"]
 
 
 class NotReplicated(RedisError):
@@ -23,6 +23,29 @@ class NotReplicated(RedisError):
     """
 
 
+class PrimaryUnconfirmed(RedisError):
+    """A write through a Sentinel-managed client that the sentinels did not confirm landed on
+    the primary they name now (:mod:`celery_lease.store.primary`): a failover moved the
+    primary, or too few sentinels answered to know.
+
+    A :class:`redis.exceptions.RedisError`, so it is handled as any store error: a grant is
+    released again and the body does not run (``lease_on_store_error``); a renewal does not
+    count and is tried again until the lease's local deadline.
+
+    Attributes:
+        moved_during_write: True when the client found a new primary while the write was in
+            flight, so that the node it went to is not known (writing again is safe: every
+            lease write is conditional on the token).
+    """
+
+    def __init__(self, message: str, moved_during_write: bool = False) -> None:
+        super().__init__(message)
+        self.moved_during_write = moved_during_write
+
+    def __reduce__(self) -> tuple[type, tuple[str, bool]]:  # picklable with its field
+        return (type(self), (str(self), self.moved_during_write))
+
+
 def describe(error: BaseException) -> str:
     """``"ErrorType: message (on <topology and node>)"`` for logs and errors.
 
@@ -32,6 +55,12 @@ def describe(error: BaseException) -> str:
     text = f"{type(error).__name__}: {error}"
     node = getattr(error, "lease_store_where", None)
     return f"{text} (on {node})" if node else text
+
+
+def is_wrong_type(error: BaseException) -> bool:
+    """True when ``error`` is Redis' ``WRONGTYPE`` reply: the key is of another type than the
+    command reads (a key celery-lease did not write, at a name it uses)."""
+    return isinstance(error, ResponseError) and str(error).startswith("WRONGTYPE")
 
 
 def permanent_error(error: BaseException, setting: str = "lease_backend") -> str | None:
@@ -47,9 +76,12 @@ def permanent_error(error: BaseException, setting: str = "lease_backend") -> str
             "invalid username-password" in lowered or "noauth" in lowered:
         return (f"{text}; the store refused the credentials: fix the user name and password "
                 f"in {setting} (redis://user:password@host:6379/0)")
-    if isinstance(error, NoPermissionError) or "noperm" in lowered:
+    # Redis 7.0 words a command a script may not run as ERR, not NOPERM.
+    if isinstance(error, NoPermissionError) or "noperm" in lowered or \
+            "the user executing the script can't" in lowered:
         return (f"{text}; the ACL user lacks a permission the lease store needs: grant the "
-                f"ACL in docs/deploying.md (section ACL), or use another user in {setting}")
+                f"rule `celery lease acl` prints (docs/deploying.md, section ACL), or use "
+                f"another user in {setting}")
     if "db index" in lowered:
         return f"{text}; the server has no such database: fix the database number in {setting}"
     if "certificate has expired" in lowered or "certificate is not yet valid" in lowered:

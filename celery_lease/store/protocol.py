@@ -18,6 +18,8 @@ docs/deploying.md, Sentinel).
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +27,9 @@ import redis
 from redis.exceptions import MovedError, NoScriptError, RedisError
 
 from ..keys import fence_key, wake_key
-from . import lua, routing
-from .errors import NotReplicated
-from .value import Holder, parse_value
+from . import lua, primary, routing
+from .errors import NotReplicated, is_wrong_type
+from .value import TOKEN_LENGTH, Holder, parse_value
 
 __all__ = [
     "FENCE_COUNTER_EXTRA_MS",
@@ -35,6 +37,7 @@ __all__ = [
     "WAKE_LIFETIME_MS",
     "AcquireResult",
     "acquire",
+    "pass_turn",
     "release",
     "release_and_wake",
     "released_last",
@@ -42,7 +45,8 @@ __all__ = [
     "wait_for_release",
 ]
 
-TOKEN_LENGTH = 32
+logger = logging.getLogger("celery_lease")
+
 # The fencing counter outlives its lease by an hour: across a longer gap the server clock
 # (microseconds) alone keeps fencing tokens increasing, and per-argument keys do not pile up.
 # scripts/includes/note_ended.lua writes the same lifetime for a counter that had lapsed.
@@ -55,6 +59,7 @@ _acquire = lua.load("acquire-2.lua")
 _release = lua.load("release-2.lua")
 _release_wake = lua.load("release_wake-3.lua")
 _revoke = lua.load("revoke-1.lua")
+_pass_turn = lua.load("pass_turn-2.lua")
 
 
 @dataclass(frozen=True)
@@ -88,29 +93,55 @@ def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
     Raises:
         NotReplicated: fewer than ``min_replicas`` replicas acknowledged the grant in time;
             the grant was released again.
+        PrimaryUnconfirmed: a Sentinel-managed client's grant that the sentinels did not
+            confirm landed on the primary they name now (:mod:`celery_lease.store.primary`);
+            the grant was released again.
         redis.exceptions.RedisError: connection problems, timeouts, OOM and other store errors
             (the node noted by :func:`celery_lease.store.routing.note`, for
             :func:`celery_lease.store.errors.describe`).
     """
     keys, argv = (key, fence_key(key)), (token, ttl_ms, holder, ttl_ms + FENCE_COUNTER_EXTRA_MS)
+    confirmed = primary.managed(client)
     try:
-        if min_replicas > 0:
-            granted, value, pttl = _acquire_replicated(client, keys, argv, min_replicas)
-        else:
-            granted, value, pttl = _acquire(client, keys, argv)
+        for attempt in (1, 2):
+            before = primary.written_to(client) if confirmed else None
+            if min_replicas > 0:
+                granted, value, pttl = _acquire_replicated(client, keys, argv, min_replicas)
+            else:
+                granted, value, pttl = _acquire(client, keys, argv)
+            if not (confirmed and granted):
+                break
+            problem = primary.confirm(client, before)
+            if problem is None:
+                break
+            if not (problem.moved_during_write and attempt == 1):
+                _release_unconfirmed(client, keys, token)
+                raise problem
+            # The write found the new primary as it went: again, where it can be confirmed.
     except RedisError as exc:
         raise routing.note(exc, client, key) from None
     if granted and b":" not in value:  # a fresh grant answers with the fencing token alone
         return AcquireResult(True, Holder(token, int(value)), ttl_ms / 1000)
-    return AcquireResult(bool(granted), parse_value(value), max(int(pttl), 0) / 1000)
+    # A key without a lifetime (pttl -1) is no lease of ours (each has one): a value or a
+    # counter another tool wrote. It counts as held for one TTL more, so a retry waits a TTL.
+    return AcquireResult(bool(granted), parse_value(value),
+                         (int(pttl) if int(pttl) >= 0 else ttl_ms) / 1000)
+
+
+def _release_unconfirmed(client: Any, keys: tuple[str, str], token: str) -> None:
+    """Release a grant the sentinels did not confirm, wherever the client writes now (harmless
+    where it is absent); on the old primary it lapses with its TTL. Nobody ran under it."""
+    try:
+        _release(client, keys, (token,))
+    except RedisError:
+        pass
 
 
 def _acquire_replicated(client: Any, keys: tuple[str, str], argv: tuple[Any, ...],
                         min_replicas: int) -> Any:
     """The acquire script and ``WAIT`` in one pipeline on the primary that owns the key."""
     node = routing.owner(client, keys[0])  # WAIT counts the writes of its own connection
-    timeout = node.connection_pool.connection_kwargs.get("socket_timeout") or 1.0
-    wait_ms = max(1, int(timeout * 1000 / 2))
+    wait_ms = routing.wait_ms(node)
 
     def send(script: tuple[Any, ...]) -> list[Any]:
         pipe = node.pipeline(transaction=False)
@@ -139,6 +170,15 @@ def _acquire_replicated(client: Any, keys: tuple[str, str], argv: tuple[Any, ...
     return found
 
 
+def _decide(script: lua.Script, client: redis.Redis, key: str, keys: tuple[str, ...],
+            argv: tuple[Any, ...]) -> bool:
+    """Run a yes/no ``script`` about lease ``key``; a store error names the node it came from."""
+    try:
+        return bool(script(client, keys, argv))
+    except RedisError as exc:
+        raise routing.note(exc, client, key) from None
+
+
 def release(client: redis.Redis, key: str, token: str) -> bool:
     """Delete lease ``key`` if ``token`` still holds it. Returns True when it was deleted, by
     this call or by an earlier release of ``token`` (so a release sent again after a broken
@@ -151,10 +191,7 @@ def release(client: redis.Redis, key: str, token: str) -> bool:
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
-    try:
-        return bool(_release(client, (key, fence_key(key)), (token,)))
-    except RedisError as exc:
-        raise routing.note(exc, client, key) from None
+    return _decide(_release, client, key, (key, fence_key(key)), (token,))
 
 
 def revoke(client: redis.Redis, key: str, token: str) -> bool:
@@ -168,30 +205,58 @@ def revoke(client: redis.Redis, key: str, token: str) -> bool:
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
-    try:
-        return bool(_revoke(client, (key,), (token,)))
-    except RedisError as exc:
-        raise routing.note(exc, client, key) from None
+    return _decide(_revoke, client, key, (key,), (token,))
 
 
 def release_and_wake(client: redis.Redis, key: str, token: str) -> bool:
     """:func:`release`, and wake one hold waiting for ``key`` (:func:`wait_for_release`).
 
     Used by holds only (their keys are never a task's), so a task's release is unchanged.
+    A wake the store refuses (out of memory, or an ACL user without ``RPUSH``) does not undo
+    the release: it is logged as a warning naming the fix, and waiting holds take the key
+    when it expires instead.
 
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
     keys = (key, fence_key(key), wake_key(key))
     try:
-        return bool(_release_wake(client, keys, (token, WAKE_LIFETIME_MS)))
+        reply = _release_wake(client, keys, (token, WAKE_LIFETIME_MS))
     except RedisError as exc:
         raise routing.note(exc, client, key) from None
+    if isinstance(reply, (bytes, str)):  # released, the wake refused: the server's reason
+        text = reply.decode() if isinstance(reply, bytes) else reply
+        fix = ("free memory on the store (maxmemory)" if "OOM" in text else
+               "grant the ACL user +rpush (the rule `celery lease acl` prints, "
+               "docs/deploying.md section ACL)")
+        logger.warning("hold released %s but woke no waiting hold: the store refused the "
+                       "wake (%s); waiters take the key when it expires instead. Fix: %s",
+                       key, text, fix)
+        return True
+    return bool(reply)
+
+
+def pass_turn(client: redis.Redis, key: str) -> bool:
+    """Wake one hold waiting for ``key`` if it is free: what a waiter that stops waiting
+    (cancelled in its ``BLPOP``) does, in case it took a release's wake-up unread. Returns True
+    when the key was free and a waiter was woken; False when it is held, or when the store
+    refused the wake (as :func:`release_and_wake` says; the waiters take the key at the end of
+    their own ``BLPOP``).
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    try:
+        reply = _pass_turn(client, (key, wake_key(key)), (WAKE_LIFETIME_MS,))
+    except RedisError as exc:
+        raise routing.note(exc, client, key) from None
+    return bool(reply == 1)
 
 
 def wait_for_release(client: redis.Redis, key: str, timeout: float) -> bool:
     """Block up to ``timeout`` float seconds (at least 1 ms) for a release of ``key`` by
-    :func:`release_and_wake`. Returns True when woken by one, False on the timeout.
+    :func:`release_and_wake`. Returns True when woken by one, False on the timeout (also after
+    sleeping the timeout when the wake key is of another type than a list: not ours).
 
     ``client`` must time out later than ``timeout`` (a client of its own for waiting).
 
@@ -201,18 +266,29 @@ def wait_for_release(client: redis.Redis, key: str, timeout: float) -> bool:
     try:
         return client.blpop([wake_key(key)], max(timeout, 0.001)) is not None
     except RedisError as exc:
-        raise routing.note(exc, client, key) from None
+        if not is_wrong_type(exc):
+            raise routing.note(exc, client, key) from None
+    # A key of another type at the wake key (another tool's): no wake-up can come, so the
+    # waiter waits its time out and falls back to the holder's expiry, as after a lost one.
+    time.sleep(max(timeout, 0.001))
+    return False
 
 
 def released_last(client: redis.Redis, key: str, token: str) -> bool:
-    """True when ``token`` was the last holder of ``key`` to release it (it ended normally).
+    """True when ``token`` was the last holder of ``key`` to release it (it ended normally);
+    False for a counter celery-lease did not write (any bytes, another type).
 
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
-    value = client.get(fence_key(key))
-    if isinstance(value, bytes):
-        value = value.decode()
-    return isinstance(value, str) and value.partition(":")[2] == token
+    try:
+        value = client.get(fence_key(key))
+    except RedisError as exc:
+        if is_wrong_type(exc):
+            return False  # a counter of another type: not ours, so no release of ours noted
+        raise
+    if isinstance(value, str):
+        value = value.encode()
+    return isinstance(value, bytes) and value.partition(b":")[2] == token.encode()
 
 

@@ -5,6 +5,13 @@ A standalone or Sentinel client renews with ``scripts/renew_many.lua``, up to
 with ``scripts/renew-1.lua`` per lease, grouped by the primary that owns each key's slot
 (:func:`celery_lease.store.routing.send_many`). A renewal sets the lifetime back to the TTL
 (``PEXPIRE``: sets, never adds) only while the token matches, so it is safe to repeat.
+
+A renewal counts only where it is known to survive a failover: with ``min_replicas`` above 0
+each primary's renewals are followed by ``WAIT`` on the same connection, and one that fewer
+replicas acknowledged does not count (a primary cut off from its replicas, or whose replica
+was promoted, goes on accepting writes that the new primary never sees); through a Sentinel
+client, the sentinels must confirm that the renewals landed on the primary they name now
+(:mod:`celery_lease.store.primary`).
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ from collections.abc import Sequence
 import redis
 from redis.exceptions import AskError, MovedError, NoScriptError, RedisError
 
-from . import lua, routing, wire
+from . import lua, primary, routing, wire
+from .errors import NotReplicated
 
 __all__ = ["RENEW_BATCH", "renew_many"]
 
@@ -29,7 +37,7 @@ _BATCH_REPLY = {ord("1"): 1, ord("0"): 0, ord("2"): -1}
 
 
 def renew_many(
-    client: redis.Redis, leases: Sequence[tuple[str, str, int]]
+    client: redis.Redis, leases: Sequence[tuple[str, str, int]], min_replicas: int = 0
 ) -> list[int | RedisError]:
     """Renew many leases in one round trip per primary (a pipeline of conditional renewals).
 
@@ -41,17 +49,38 @@ def renew_many(
 
     Args:
         leases: ``(key, token, ttl_ms)`` triples.
+        min_replicas: int; when above 0, a renewal counts only once that many replicas of its
+            primary acknowledged it (``WAIT`` in the same round trip, at most half the store
+            timeout); one that fewer acknowledged is a :class:`NotReplicated` entry.
 
     Returns:
         One entry per lease: ``1`` renewed, ``0`` key absent, ``-1`` held by another token, or
         the :class:`RedisError` that lease's command got (its node named by
-        :func:`celery_lease.store.errors.describe`).
+        :func:`celery_lease.store.errors.describe`): :class:`NotReplicated`, or
+        :class:`~celery_lease.store.errors.PrimaryUnconfirmed` for every renewal of a
+        Sentinel client that the sentinels did not confirm.
 
     Raises:
         redis.exceptions.RedisError: the round trip itself failed (connection, timeout).
     """
-    if not routing.is_cluster(client):
-        return _renew_batched(client, leases)
+    before = primary.written_to(client)
+    if min_replicas > 0:
+        out = _renew_replicated(client, leases, min_replicas)
+    elif not routing.is_cluster(client):
+        out = _renew_batched(client, leases)
+    else:
+        out = _renew_cluster(client, leases)
+    if before is not None and 1 in out:
+        problem = primary.confirm(client, before)
+        if problem is not None:
+            out = [routing.note(problem, client, key) if reply == 1 else reply
+                   for (key, _, _), reply in zip(leases, out, strict=True)]
+    return out
+
+
+def _renew_cluster(client: redis.Redis, leases: Sequence[tuple[str, str, int]]
+                   ) -> list[int | RedisError]:
+    """:func:`renew_many` on a cluster: ``renew-1.lua`` per lease, one round trip per primary."""
     commands = [_renew.args((key,), (token, ttl_ms)) for key, token, ttl_ms in leases]
     try:
         replies = routing.send_many(client, commands)
@@ -108,4 +137,55 @@ def _renew_batched(client: redis.Redis, leases: Sequence[tuple[str, str, int]]
             continue
         for i, code in zip(chunk, reply, strict=True):
             out[i] = _BATCH_REPLY[code]
+    return out
+
+
+def _renew_replicated(client: redis.Redis, leases: Sequence[tuple[str, str, int]],
+                      min_replicas: int) -> list[int | RedisError]:
+    """:func:`renew_many` with ``WAIT``: per primary, its renewals and then ``WAIT
+    min_replicas`` in one pipeline on one connection (``WAIT`` counts that connection's
+    writes)."""
+    out: list[int | RedisError] = [0] * len(leases)
+    by_node: dict[int, tuple[object, list[int]]] = {}
+    for i, (key, _, _) in enumerate(leases):
+        try:
+            node = routing.owner(client, key)
+        except RedisError as exc:
+            out[i] = routing.note(exc, client, key)
+            continue
+        by_node.setdefault(id(node), (node, []))[1].append(i)
+    for node, indexes in by_node.values():
+        wait_ms = routing.wait_ms(node)
+
+        def send(by_sha: bool, node: object = node, indexes: list[int] = indexes,
+                 wait_ms: int = wait_ms) -> list[object]:
+            pipe = node.pipeline(transaction=False)  # type: ignore[attr-defined]
+            for i in indexes:
+                key, token, ttl_ms = leases[i]
+                pipe.execute_command(*_renew.args((key,), (token, ttl_ms), by_sha=by_sha))
+            pipe.execute_command("WAIT", min_replicas, wait_ms)
+            return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+
+        try:
+            *replies, acked = send(True)
+            if any(isinstance(r, NoScriptError) for r in replies):
+                *replies, acked = send(False)  # EVAL caches the script again
+        except RedisError as exc:
+            if not routing.is_cluster(client):
+                raise routing.note(exc, client, None) from None
+            replies, acked = [exc] * len(indexes), 0  # one unreachable primary: its leases only
+        if routing.is_cluster(client) and any(isinstance(r, (MovedError, AskError))
+                                              for r in replies):
+            client.nodes_manager.initialize()  # type: ignore[attr-defined]  # a slot moved
+        short = isinstance(acked, Exception) or int(acked) < min_replicas  # type: ignore[call-overload]
+        for i, reply in zip(indexes, replies, strict=True):
+            key = leases[i][0]
+            if isinstance(reply, RedisError):
+                out[i] = routing.note(reply, client, key)
+            elif int(reply) == 1 and short:  # type: ignore[call-overload]
+                out[i] = routing.note(NotReplicated(
+                    f"WAIT {min_replicas}: only {acked} replica(s) acknowledged the renewal "
+                    f"within {wait_ms} ms (lease_min_replicas): it does not count"), client, key)
+            else:
+                out[i] = int(reply)  # type: ignore[call-overload]
     return out

@@ -22,7 +22,7 @@ from redis.exceptions import (
     TimeoutError,
 )
 
-__all__ = ["is_cluster", "note", "owner", "send_many", "where"]
+__all__ = ["is_cluster", "note", "owner", "send_many", "wait_ms", "where"]
 
 
 def is_cluster(client: Any) -> bool:
@@ -43,6 +43,14 @@ def owner(client: Any, key: str) -> Any:
         except SlotNotCoveredError as exc:  # not a RedisError
             raise ClusterDownError(f"the slot of {key} is served by no cluster node") from exc
     return client
+
+
+def wait_ms(node: Any) -> int:
+    """The int milliseconds a ``WAIT`` on ``node`` (from :func:`owner`) may wait: half the
+    client's socket timeout (the store timeout), so its reply arrives before the socket
+    gives up."""
+    timeout = node.connection_pool.connection_kwargs.get("socket_timeout") or 1.0
+    return max(1, int(timeout * 1000 / 2))
 
 
 def send_many(client: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from redis.exceptions import ConnectionError, ResponseError, TimeoutError
+from redis.exceptions import ConnectionError, RedisError, ResponseError, TimeoutError
 
 from .. import clock
 from .routing import is_cluster
 
 __all__ = ["StoreCheck", "Topology", "check_store", "describe_topology", "round_trips", "scan",
-           "server_time"]
+           "sentinel_down_after", "server_time"]
 
 
 def _node_clients(client: Any) -> list[Any]:
@@ -222,3 +222,26 @@ def server_time(client: Any) -> tuple[float, float, float]:
     seconds, micros = client.time()
     after = time.time()
     return seconds + micros / 1e6, before, after
+
+
+def sentinel_down_after(client: Any) -> float | None:
+    """How long the sentinels of a Sentinel-managed ``client`` wait before calling a silent
+    primary down (``down-after-milliseconds``, the largest any sentinel that answers has), in
+    float seconds; None for other clients, or when no sentinel answers.
+
+    It is how long a primary cut off from the sentinels, but not from its clients, goes on
+    taking writes before a replica is promoted (for ``celery lease doctor`` and the worker's
+    start check).
+    """
+    pool: Any = getattr(client, "connection_pool", None)  # a cluster client has none
+    manager = getattr(pool, "sentinel_manager", None)
+    if manager is None:
+        return None
+    found: list[float] = []
+    for sentinel in manager.sentinels:
+        try:
+            master = sentinel.sentinel_master(pool.service_name)
+            found.append(int(master["down-after-milliseconds"]) / 1000)
+        except (RedisError, KeyError, TypeError, ValueError):
+            continue
+    return max(found) if found else None

@@ -9,30 +9,26 @@ from __future__ import annotations
 import datetime
 import ssl
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import redis
 import trustme
 
+from celery_lease.store import permissions
 from harness.topologies import MASTER_NAME, _Topology
 from tests.support.redis_server import HOST, RedisServer, free_port, no_retry
 from tests.support.waiting import wait_for
 
 SYSTEM_REDIS = "/usr/bin/redis-server"
 
-#: The smallest ACL the library needs, by use (docs/deploying.md, section ACL, shows the same).
-TASK_COMMANDS = ("evalsha", "eval", "get", "set", "del", "pexpire", "pttl", "time", "info")
-BEAT_COMMANDS = ("hset", "hgetall")
-CLI_COMMANDS = ("scan", "multi", "exec", "ping")
-
-
-def lease_acl(user: str, password: str, prefix: str = "lease") -> list[str]:
-    """``ACL SETUSER`` arguments for a user with exactly the lease store's permissions."""
-    commands = (*TASK_COMMANDS, *BEAT_COMMANDS, *CLI_COMMANDS)
+def lease_acl(user: str, password: str, prefix: str = "lease",
+              features: Sequence[str] = permissions.DEFAULT_FEATURES) -> list[str]:
+    """``ACL SETUSER`` arguments for a user with exactly the permissions of ``features``
+    (:mod:`celery_lease.store.permissions`, the list docs/deploying.md shows) on ``prefix``."""
     return [user, "reset", "on", f">{password}", f"~{prefix}:*", "-@all",
-            *(f"+{c}" for c in commands)]
+            *(f"+{c}" for c in permissions.commands(features))]
 
 
 class SystemRedisServer(RedisServer):
@@ -116,15 +112,22 @@ class TlsRedisServer(SystemRedisServer):
 
 
 class AclRedisServer(SystemRedisServer):
-    """``redis-server`` with a user ``lease`` that has exactly :func:`lease_acl`."""
+    """``redis-server`` with a user ``lease`` that has exactly :func:`lease_acl` of
+    ``features`` (default: the rule docs/deploying.md shows)."""
 
     USER = "lease"
     PASSWORD = "s3cret-lease-pw"
 
+    def __init__(self, features: Sequence[str] = permissions.DEFAULT_FEATURES,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.features = tuple(features)
+
     def start(self) -> AclRedisServer:
         super().start()
         with self.client() as admin:
-            admin.execute_command("ACL", "SETUSER", *lease_acl(self.USER, self.PASSWORD))
+            admin.execute_command("ACL", "SETUSER", *lease_acl(self.USER, self.PASSWORD,
+                                                               features=self.features))
         return self
 
     def lease_url(self, password: str | None = None, db: int = 0) -> str:

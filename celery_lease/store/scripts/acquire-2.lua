@@ -15,11 +15,17 @@ ARGV[2]  the lease's lifetime, int milliseconds (the TTL)
 ARGV[3]  the holder JSON (task, task id, host, pid)
 ARGV[4]  the fencing counter's lifetime, int milliseconds (the TTL plus an hour)
 
+A fencing counter this library did not write (a key of another type, a value that does not
+start with digits, or digits at or above 2^53 - 1, past which Lua numbers stop counting
+exactly) refuses the grant, answered as held by an unknown holder: it is never overwritten.
+
 Returns {granted, answer, pttl}:
   {1, fence, ARGV[2]}  granted now; answer is the fencing token alone (digits)
   {1, value, pttl}     the key holds this token already (a repeat); answer is the whole value
   {0, value, pttl}     held by another token; value is "<token>:<fencing token>:<holder JSON>"
                        and pttl its lifetime left, int milliseconds (-1: none)
+  {0, '', pttl}        a key of another type at KEYS[1], or a counter not ours at KEYS[2]
+                       (pttl: that key's lifetime left)
 ]]
 if redis.replicate_commands then redis.replicate_commands() end
 --@include held.lua
@@ -28,8 +34,20 @@ if cur then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = redis.call('GET', KEYS[2]) or ''
-local fence = (tonumber(string.match(last, '^%d+')) or 0) + 1
+local last = redis.pcall('GET', KEYS[2])
+if type(last) == 'table' and not string.find(last.err or '', 'WRONGTYPE', 1, true) then
+  return last
+end
+local counter = 0
+if last then
+  counter = type(last) == 'string' and tonumber(string.match(last, '^%d+') or '')
+  if not counter or counter >= 9007199254740991 then
+    return {0, '', redis.call('PTTL', KEYS[2])}
+  end
+else
+  last = ''
+end
+local fence = counter + 1
 if now > fence then fence = now end
 fence = string.format('%.0f', fence)
 local value = ARGV[1] .. ':' .. fence .. ':' .. ARGV[3]

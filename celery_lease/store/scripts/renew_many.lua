@@ -2,7 +2,8 @@
 Renew many leases of one TTL in one call (one primary only: a cluster's keys live on several),
 each as renew-1.lua does. One character per lease in the reply, so the client parses one string
 instead of thousands of replies. The client sends at most RENEW_BATCH (1 000) leases per call:
-Redis runs one script at a time, and a call for 1 000 keys takes about a millisecond.
+Redis runs one script at a time, and a call for 1 000 keys takes about a millisecond. A key of
+another type (WRONGTYPE) is held by another: '2'.
 
 KEYS[1..n]    the lease keys
 ARGV[1]       the lifetime, int milliseconds (the TTL)
@@ -15,7 +16,11 @@ Returns a string of n characters, one per lease in the order of KEYS:
 ]]
 local ttl, out = ARGV[1], {}
 for i, key in ipairs(KEYS) do
-  local cur, held = redis.call('GET', key), ARGV[i + 1]  -- held: '<token>:'
+  local cur, held = redis.pcall('GET', key), ARGV[i + 1]  -- held: '<token>:'
+  if type(cur) == 'table' then
+    if not string.find(cur.err or '', 'WRONGTYPE', 1, true) then return cur end
+    cur = ''
+  end
   if cur and string.sub(cur, 1, #held) == held then
     redis.call('PEXPIRE', key, ttl)
     out[i] = '1'

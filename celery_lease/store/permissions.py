@@ -1,0 +1,205 @@
+"""The Redis commands each feature sends, and whether the store's ACL user may send them.
+
+One list for everything that speaks of permissions: the ACL rule in docs/deploying.md
+(``tests/test_deploying_docs.py`` fails when the page differs from :func:`setuser`), the
+rule ``celery lease acl`` prints, the worker's start check and ``celery lease doctor``
+(:func:`denied`), and the ACL users of the tests (``tests/support/secure.py``).
+
+A feature's commands are those it sends itself and, for each script it runs, ``EVALSHA`` and
+``EVAL`` (a server that lost its scripts gets them by ``EVAL``, never ``SCRIPT LOAD``) and
+every ``redis.call('X'`` / ``redis.pcall('X'`` in the script's assembled source (Redis checks
+a script's commands against the user's ACL as it runs them): a command added to a script is
+in the list without anyone writing it down. Keys: every command names keys under a
+``lease_key_prefix`` (``~<prefix>:*``); nothing is published or subscribed, so no channel
+(``&``) is needed (``reset`` leaves none).
+
+Checking without running: :func:`denied` asks the server, in one ``EVAL`` of
+``scripts/acl_check-1.lua``, whether the user may run each command on a key under each prefix
+(``redis.acl_check_cmd``, Redis 7.0 or later); nothing is written. ``ACL DRYRUN`` does the same
+but needs an admin permission no lease user should have. An older server cannot answer that
+question without running the commands, so :func:`denied` returns ``None`` there.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import NoPermissionError, ResponseError
+
+from . import lua, routing
+
+__all__ = ["DEFAULT_FEATURES", "FEATURES", "PROBE_KEY", "Denied", "Feature", "commands",
+           "denied", "script_commands", "setuser"]
+
+_CALL = re.compile(r"redis\.p?call\(\s*['\"]([A-Za-z]+)['\"]")
+
+
+@functools.cache
+def script_commands(name: str) -> tuple[str, ...]:
+    """The commands script ``name`` (``"acquire-2.lua"``) calls, lower case, in the order
+    they first appear in its assembled source (its includes expanded)."""
+    return tuple(dict.fromkeys(c.lower() for c in _CALL.findall(lua.source(name))))
+
+
+@dataclass(frozen=True)
+class Feature:
+    """What one feature sends to the lease store.
+
+    Attributes:
+        name: the feature's name (``"tasks"``, ``"hold"``...), as :data:`FEATURES` keys it.
+        title: what it is, for the documentation and messages.
+        sent: the commands it sends itself, lower case, ``|`` before a subcommand.
+        scripts: the scripts (``scripts/*.lua``) it runs.
+    """
+
+    name: str
+    title: str
+    sent: tuple[str, ...] = ()
+    scripts: tuple[str, ...] = ()
+
+    @property
+    def commands(self) -> tuple[str, ...]:
+        """Every command the feature sends: ``EVALSHA``/``EVAL`` and each script's commands
+        when it runs scripts, then :attr:`sent`; lower case, each once."""
+        inner = [c for name in self.scripts for c in script_commands(name)]
+        scripted = ("evalsha", "eval") if self.scripts else ()
+        return tuple(dict.fromkeys((*scripted, *inner, *self.sent)))
+
+
+#: Every feature, by name, in the order the rule lists them. ``tasks`` underlies the others
+#: (a hold, beat's leader lease and the CLI take, renew, release or read leases), so
+#: :func:`commands` always includes it. ``database`` and ``cluster`` are the store's, not
+#: features one chooses: a database other than 0 is selected on connecting; redis-py's
+#: cluster client reads the slot table and the command table, and follows ``ASK``.
+FEATURES: dict[str, Feature] = {f.name: f for f in (
+    Feature("tasks", "task leases (workers, eager calls): acquire, renew, release; the "
+            "redelivery check reads the fencing counter, the start check reads INFO",
+            ("get", "info"), ("acquire-2.lua", "renew_many.lua", "renew-1.lua",
+                              "release-2.lua")),
+    Feature("hold", "celery_lease.hold and hold_async: the release wakes a waiting hold, "
+            "on_conflict='wait' blocks for it, a cancelled waiter passes the turn on",
+            ("blpop",), ("release_wake-3.lua", "pass_turn-2.lua")),
+    Feature("beat", "LeasedScheduler: the leader lease and the last-run record, stamped "
+            "and read on the store's clock", (), ("record_run-1.lua", "last_runs-1.lua")),
+    Feature("cli", "celery lease ls / show / release: SCAN (never KEYS), value and lifetime "
+            "read in one MULTI, the operator's release", ("scan", "multi", "exec", "pttl"),
+            ("revoke-1.lua",)),
+    Feature("doctor", "celery lease doctor: latency and clock", ("ping", "time", "info")),
+    Feature("min_replicas", "lease_min_replicas above 0: WAIT after each acquire", ("wait",)),
+    Feature("database", "a lease_backend database other than 0", ("select",)),
+    Feature("cluster", "Redis Cluster (redis-py's cluster client)",
+            ("cluster|slots", "command", "asking")),
+)}
+
+#: The features of the rule docs/deploying.md shows: everything a default configuration uses.
+DEFAULT_FEATURES = ("tasks", "hold", "beat", "cli", "doctor")
+
+#: The key every check names, under each prefix: ``<prefix>:{celery-lease:permission-probe}``.
+PROBE_KEY = "{celery-lease:permission-probe}"
+
+# How each command is asked about: its words, %k standing for a key under the prefix; a
+# command not named here (new in a script) is asked about with a key as its first argument.
+_SHAPES = {
+    "evalsha": "EVALSHA " + "0" * 40 + " 1 %k", "eval": "EVAL return 1 %k",
+    "get": "GET %k", "set": "SET %k 1", "del": "DEL %k", "pexpire": "PEXPIRE %k 1",
+    "pttl": "PTTL %k", "time": "TIME", "info": "INFO", "rpush": "RPUSH %k 1",
+    "blpop": "BLPOP %k 1", "hset": "HSET %k f 1", "hgetall": "HGETALL %k", "scan": "SCAN 0",
+    "multi": "MULTI", "exec": "EXEC", "ping": "PING", "wait": "WAIT 0 0", "select": "SELECT 0",
+    "cluster|slots": "CLUSTER SLOTS", "command": "COMMAND", "asking": "ASKING",
+}
+_CHECK = lua.load("acl_check-1.lua")
+
+
+def _shape(command: str) -> str:
+    return _SHAPES.get(command) or f"{command.replace('|', ' ').upper()} %k"
+
+
+def commands(features: Iterable[str]) -> tuple[str, ...]:
+    """Every command of ``features`` (names in :data:`FEATURES`) and of ``tasks``, each once,
+    in the order of :data:`FEATURES`.
+
+    Raises:
+        KeyError: an unknown feature name.
+    """
+    wanted = {"tasks", *features}
+    unknown = wanted - FEATURES.keys()
+    if unknown:
+        raise KeyError(f"unknown feature(s) {sorted(unknown)}; known: {sorted(FEATURES)}")
+    return tuple(dict.fromkeys(c for f in FEATURES.values() if f.name in wanted
+                               for c in f.commands))
+
+
+def setuser(user: str, password: str, features: Iterable[str],
+            patterns: Sequence[str]) -> str:
+    """The ``redis-cli ACL SETUSER`` command giving ``user`` exactly the permissions of
+    ``features`` on the key ``patterns`` (``"lease:*"``): one line per feature, each adding
+    the commands the features before it did not have, ``\\`` at each line's end.
+
+    Raises:
+        KeyError: an unknown feature name.
+    """
+    head = ["redis-cli ACL SETUSER", user, "reset on", f"'>{password}'",
+            *(f"'~{p}'" for p in patterns), "-@all"]
+    wanted, seen, lines = {"tasks", *features}, set[str](), []
+    for feature in FEATURES.values():
+        if feature.name not in wanted:
+            continue
+        new = [c for c in feature.commands if c not in seen]
+        seen.update(new)
+        if new:
+            lines.append("    " + " ".join(f"+{c}" for c in new))
+    return " \\\n".join([" ".join(head), *lines])
+
+
+@dataclass(frozen=True)
+class Denied:
+    """Commands the store's user may not run on ``key``, for one feature.
+
+    Attributes:
+        feature: the :data:`FEATURES` name.
+        commands: the denied commands (lower case, as the rule spells them); empty when the
+            user may not touch ``key`` at all (its key patterns do not cover the prefix).
+        key: the key they were asked about.
+    """
+
+    feature: str
+    commands: tuple[str, ...]
+    key: str
+
+
+def denied(client: Any, features: Iterable[str], prefixes: Iterable[str]
+           ) -> list[Denied] | None:
+    """What the store's user may not run of ``features`` (and ``tasks``) on a key under each
+    of ``prefixes``, asked of the server without running anything (see the module docs).
+
+    Returns:
+        One :class:`Denied` per feature and prefix that lacks a permission (empty: all
+        allowed), or ``None`` when the server cannot be asked (Redis before 7.0, or a server
+        without ``redis.acl_check_cmd``).
+
+    Raises:
+        redis.exceptions.RedisError: store errors other than a refusal (connection, timeout).
+    """
+    wanted = {"tasks", *features}
+    names = commands(wanted)
+    chosen = [f for f in FEATURES.values() if f.name in wanted]
+    found: list[Denied] = []
+    for prefix in sorted(set(prefixes)):
+        key = f"{prefix}:{PROBE_KEY}"
+        try:
+            node = routing.owner(client, key)
+            reply = node.execute_command(*_CHECK.args(
+                (key,), [_shape(c) for c in names], by_sha=False))
+        except NoPermissionError as exc:  # the probe itself: EVAL, or the key, is refused
+            text = str(exc).lower()
+            return [Denied("tasks", () if "key" in text else ("eval",), key)]
+        except ResponseError:
+            return None  # no redis.acl_check_cmd here: nothing can be said
+        refused = {names[int(i) - 1] for i in reply}
+        found += [Denied(f.name, tuple(c for c in f.commands if c in refused), key)
+                  for f in chosen if refused & set(f.commands)]
+    return found

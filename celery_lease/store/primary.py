@@ -1,0 +1,161 @@
+"""Whether a write landed on the node that is the primary now (Sentinel).
+
+Sentinel promotes a replica in a fraction of a second, but leaves the old primary a writable
+primary until it reconfigures it (about ten seconds after a ``SENTINEL FAILOVER``, measured;
+for ever while the old primary is partitioned from the sentinels but not from its clients). A
+client that keeps a pooled connection to the old primary goes on granting and renewing leases
+there, with no error, while the new primary lets the same keys lapse and grants them to
+others. Nothing the old primary answers can tell: it still calls itself a primary.
+
+So a grant or renewal made through a Sentinel-managed client counts only once the sentinels
+confirm, after its reply, that the node it was written to is still the one they name
+(``SENTINEL GET-MASTER-ADDR-BY-NAME``, which names a promoted replica as soon as the
+failover's leader has seen it promoted, before redis-py's own discovery does):
+
+- every sentinel is asked at once (all requests written before any reply is read: one round
+  trip, the whole check bounded by the store timeout, so that a renewal with its check takes
+  at most two store timeouts, less than the renew interval);
+- the write counts when a majority of the sentinels answered and every one that answered
+  names the node written to;
+- otherwise it does not count (:class:`~celery_lease.store.errors.PrimaryUnconfirmed`, a store
+  error: a grant is released and the task's ``lease_on_store_error`` applies; a renewal is
+  tried again until the lease's deadline, when the holder gets ``LeaseLost``), and the client
+  is told to look for the primary again, so the next write goes to the new one.
+
+Standalone and cluster clients have nothing to confirm here (a cluster node that lost its
+slots answers ``MOVED``); :func:`managed` is False for them and costs one attribute read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from .. import clock
+from .errors import PrimaryUnconfirmed
+
+__all__ = ["Address", "confirm", "managed", "written_to"]
+
+Address = tuple[str, int]
+
+
+def managed(client: Any) -> bool:
+    """True for a Sentinel-managed client (the only kind whose writes are confirmed here)."""
+    pool = getattr(client, "connection_pool", None)  # a cluster client has none
+    return getattr(pool, "sentinel_manager", None) is not None
+
+
+def written_to(client: Any) -> Address | None:
+    """The primary a Sentinel-managed ``client`` sends its writes to now, as ``(host, port)``
+    (None: not a Sentinel client, or no connection made yet). Read it just before a write and
+    pass it to :func:`confirm` after the reply."""
+    if not managed(client):
+        return None
+    address = client.connection_pool.master_address
+    return None if address is None else (str(address[0]), int(address[1]))
+
+
+def confirm(client: Any, before: Address | None) -> PrimaryUnconfirmed | None:
+    """None when the write that ``client`` just made, to the primary ``before`` (from
+    :func:`written_to` just before the write), landed on the node the sentinels name as
+    primary now; else the :class:`PrimaryUnconfirmed` error saying why.
+
+    When the sentinels name another node, the client's pool is asked to find the primary
+    again (redis-py drops its idle connections to the old one when it does).
+
+    Never raises a store error: a sentinel that does not answer is counted as such.
+    """
+    if not managed(client):
+        return None
+    pool = client.connection_pool
+    manager = pool.sentinel_manager
+    after = written_to(client)
+    if before is None:  # the write made the pool's first connection
+        before = after
+    if before is None or after != before:
+        # A connection made during the write found another primary: which node the write
+        # went to is not known. Writing again (the same token) lands on the new one.
+        return PrimaryUnconfirmed(
+            "the client moved to another primary during the write (Sentinel failover)",
+            moved_during_write=True)
+    budget = pool.connection_kwargs.get("socket_timeout") or 1.0  # the store timeout
+    named = _ask_all(manager.sentinels, pool.service_name, budget)
+    answered = [address for address in named if address is not None]
+    majority = len(named) // 2 + 1
+    if len(answered) < majority:
+        return PrimaryUnconfirmed(
+            f"only {len(answered)} of {len(named)} sentinels answered: whether "
+            f"{before[0]}:{before[1]} is still the primary cannot be known")
+    others = sorted({f"{h}:{p}" for h, p in answered if (h, p) != before})
+    if not others:
+        return None
+    _rediscover(pool)
+    return PrimaryUnconfirmed(
+        f"written to {before[0]}:{before[1]}, but the sentinels name {', '.join(others)} as "
+        f"primary now (a failover): the write does not count")
+
+
+def _ask_all(sentinels: list[Any], service: str, budget: float) -> list[Address | None]:
+    """Each sentinel's primary for ``service`` (None where it did not answer), asked of all at
+    once: every request is written before any reply is read, and the whole check ends within
+    ``budget`` float seconds (the store timeout), however many sentinels do not answer: no
+    connection is begun after half of it (each takes at most half: see
+    :func:`celery_lease.store.connection.build_client`), and no reply waited for after it."""
+    started = clock.now()
+    asked: list[tuple[Any, Any] | None] = []
+    for sentinel in sentinels:
+        pool = sentinel.connection_pool
+        if clock.now() - started >= budget / 2:
+            asked.append(None)
+            continue
+        try:
+            try:
+                conn = pool.get_connection()
+            except TypeError:  # redis-py 5.0 wants a command name
+                conn = pool.get_connection("SENTINEL")
+        except RedisError:
+            asked.append(None)
+            continue
+        try:
+            conn.send_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", service)
+            asked.append((pool, conn))
+        except RedisError:
+            pool.release(conn)
+            asked.append(None)
+    named: list[Address | None] = []
+    for entry in asked:
+        if entry is None:
+            named.append(None)
+            continue
+        pool, conn = entry
+        reply = None
+        try:
+            if conn.can_read(timeout=max(budget - (clock.now() - started), 0.0)):
+                reply = conn.read_response()
+            else:
+                conn.disconnect()  # its reply, if it ever comes, must not be read as another's
+        except RedisError:
+            conn.disconnect()
+        finally:
+            pool.release(conn)
+        named.append(_address(reply))
+    return named
+
+
+def _address(reply: Any) -> Address | None:
+    if not isinstance(reply, (list, tuple)) or len(reply) != 2:
+        return None  # an error, or a sentinel that does not know the service
+    host, port = reply
+    try:
+        return (host.decode() if isinstance(host, bytes) else str(host), int(port))
+    except (TypeError, ValueError):
+        return None
+
+
+def _rediscover(pool: Any) -> None:
+    """Make the next connection of ``pool`` go to the primary the sentinels name now."""
+    try:
+        pool.get_master_address()  # drops idle connections to the old primary when it moved
+    except RedisError:
+        pool.reset()  # no primary found yet: every connection is made afresh
