@@ -43,7 +43,7 @@ logger = logging.getLogger("celery_lease")
 DEFAULTS: dict[str, Any] = {
     "lease_backend": None,  # Redis URL; falls back to a Redis broker_url
     "lease_backend_options": None,  # dict: TLS, Sentinel, Cluster options (store/url.py)
-    "lease_min_replicas": 0,  # int >= 0: replicas that must acknowledge a grant (WAIT)
+    "lease_min_replicas": 0,  # int >= 0: replicas that must acknowledge a grant or renewal
     "lease_ttl": 30.0,  # float seconds
     "lease_renew_interval": None,  # float seconds; default lease_ttl / 3
     "lease_store_timeout": None,  # float seconds; default min(interval / 2, 2.0)
@@ -94,7 +94,7 @@ class LeaseOptions:
         on_conflict: ``"skip"``, ``"retry"`` or ``"fail"``.
         on_store_error: ``"retry"`` or ``"fail"``.
         backend_options: ``lease_backend_options`` (dict; empty when unset).
-        min_replicas: replicas that must acknowledge a grant (int >= 0).
+        min_replicas: replicas that must acknowledge a grant, and each renewal (int >= 0).
     """
 
     backend: str | None
