@@ -8,7 +8,7 @@ The layers, each importing only from itself and those below it (tests/test_layou
 
     operations    cli, doctor, inspection, flower, metrics, testing, worker (start check)
     entry points  task (+ conflict), hold (+ hold_core, hold_async), beat, lease_tasks, eager
-    the lease     lifecycle, heartbeat, interrupt (delivering LeaseLost), lease
+    the lease     lifecycle, heartbeat, interrupt (delivering LeaseLost; + next_instruction), lease
     settings      config, names
     store/        the Redis side: the protocol and its Lua scripts, the client and its
                   topologies, routing, pending replies, stored values, store errors

@@ -8,9 +8,10 @@ The mechanism is chosen per execution context when the lease is taken, never by 
 - the main thread (prefork children, solo): ``pthread_kill`` with ``lease_signal`` (default
   ``SIGUSR2``; billiard owns ``SIGUSR1``); it interrupts ``sleep``, socket reads and lock waits,
   but not C code that holds the GIL; a signal that arrives at a loop's backward jump is raised
-  one instruction later (see :func:`_raise_after_jump`);
-- any other thread (the threads pool): ``PyThreadState_SetAsyncExc``; it lands at the next
-  bytecode, so it cannot interrupt a blocking call (``sleep``, ``recv``) until that returns;
+  at the next instruction (:mod:`celery_lease.next_instruction`, Python 3.12+);
+- any other thread (the threads pool): the next instruction the thread runs raises it
+  (:mod:`celery_lease.next_instruction`; ``PyThreadState_SetAsyncExc`` before Python 3.12);
+  it cannot interrupt a blocking call (``sleep``, ``recv``) until that returns;
 - an asyncio task (``hold_async``, :func:`for_asyncio_task`): the task is cancelled from its
   loop (``call_soon_threadsafe``); the block's exit turns that cancellation into the loss.
 
@@ -24,15 +25,14 @@ from __future__ import annotations
 
 import _signal
 import ctypes
-import opcode
 import signal
-import sys
 import threading
-from types import CodeType, FrameType
+from types import FrameType
 from typing import Any, Protocol
 
 from kombu.utils.compat import detect_environment
 
+from . import next_instruction
 from .errors import LeaseLost
 
 __all__ = ["AsyncioTarget", "Target", "for_asyncio_task", "for_current_context"]
@@ -71,7 +71,10 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     # Runs on the main thread, which is the task's thread: `running` cannot change under us.
     if target is not None and target.running and target.error is not None:
         _armed = None
-        if frame is not None and _raise_after_jump(frame, target.error):
+        # At a backward jump, raising here would skip the frame's own `try` on 3.13.
+        if frame is not None and next_instruction.at_backward_jump(frame) and (
+                next_instruction.arm(target.thread_id, target.error, frozenset([frame.f_code]),
+                                     frame)):
             return
         raise target.error
     if callable(_previous):
@@ -116,76 +119,8 @@ class _SignalTarget(_OneExecution):
         self.running = False
         if _armed is self:
             _armed = None
-        if _after_jump is not None and _after_jump[2] is self.error:
-            _drop_after_jump()
+        next_instruction.disarm(self.thread_id)
 
-
-# --- a backward jump: raise at the instruction it jumps to -----------------------------------
-# CPython 3.13 runs signal handlers at a loop's backward jump before it jumps, and looks up the
-# `try` of an exception raised there at the jump itself, which the compiler leaves outside the
-# `try` around the loop (python/cpython#130279): raised there, LeaseLost would leave the frame
-# past its own `except`, `finally` and `with` exits. The next instruction, the jump's target,
-# is inside the loop: the handler raises it there instead, from a sys.monitoring (PEP 669)
-# INSTRUCTION callback enabled on that code object only until it fires. Python 3.12, which
-# looks the `try` up at the target, gets the same treatment (the same place, one path);
-# 3.10 and 3.11 have no sys.monitoring and raise right away, which is correct there.
-
-_monitoring: Any = getattr(sys, "monitoring", None)  # Python 3.12+
-_JUMP_BACKWARD = opcode.opmap.get("JUMP_BACKWARD")  # 3.11+; 3.10 has no such instruction
-_TOOL_NAME = "celery_lease"
-_tool: int | None = None
-#: (frame, code, error): the loss to raise at ``frame``'s next instruction.
-_after_jump: tuple[FrameType, CodeType, LeaseLost] | None = None
-
-
-def _claim_tool() -> int | None:
-    """A sys.monitoring tool id for the callback (3 or 4: the others are named for debuggers,
-    coverage, profilers and optimizers); None when both are taken."""
-    global _tool
-    if _tool is None:
-        for tool in (3, 4):
-            if _monitoring.get_tool(tool) is None:
-                _monitoring.use_tool_id(tool, _TOOL_NAME)
-                _monitoring.register_callback(
-                    tool, _monitoring.events.INSTRUCTION, _on_instruction)
-                _tool = tool
-                break
-    return _tool
-
-
-def _raise_after_jump(frame: FrameType, error: LeaseLost) -> bool:
-    """If ``frame`` stands at a backward jump, arrange for ``error`` to be raised at its next
-    instruction and return True; otherwise return False (the caller raises it now)."""
-    global _after_jump
-    code = frame.f_code
-    lasti = frame.f_lasti  # a byte offset into co_code, the bytecode as compiled
-    if (_monitoring is None or not 0 <= lasti < len(code.co_code)
-            or code.co_code[lasti] != _JUMP_BACKWARD):
-        return False
-    tool = _claim_tool()
-    if tool is None:
-        return False
-    _after_jump = (frame, code, error)
-    _monitoring.set_local_events(tool, code, _monitoring.events.INSTRUCTION)
-    return True
-
-
-def _on_instruction(code: CodeType, offset: int) -> None:
-    pending = _after_jump
-    if pending is None:
-        _monitoring.set_local_events(_tool, code, 0)
-        return
-    if sys._getframe(1) is not pending[0]:
-        return  # the same code running in another frame (recursion, another thread)
-    _drop_after_jump()
-    raise pending[2]
-
-
-def _drop_after_jump() -> None:
-    global _after_jump
-    if _after_jump is not None:
-        _monitoring.set_local_events(_tool, _after_jump[1], 0)
-        _after_jump = None
 
 
 # --- another thread: an asynchronous exception -----------------------------------------------
@@ -197,7 +132,7 @@ def _set_async_exc(thread_id: int, exc_type: type[BaseException] | None) -> int:
 
 
 class _ThreadTarget(_OneExecution):
-    mechanism = "async-exception"
+    mechanism = "next-instruction" if next_instruction.AVAILABLE else "async-exception"
 
     def __init__(self) -> None:
         super().__init__()
@@ -205,17 +140,15 @@ class _ThreadTarget(_OneExecution):
         self.sent = False
 
     def deliver(self, error: LeaseLost) -> bool:
-        # CPython instantiates an asynchronous exception from its class with no arguments, so
-        # the details travel in a throwaway subclass whose constructor fills them in.
-        args = error.args
-        carrier = type("LeaseLost", (LeaseLost,), {
-            "__init__": lambda self, *_: LeaseLost.__init__(self, *args),
-            "__module__": LeaseLost.__module__,
-        })
         with self.lock:
             if not self.running:
                 return False
-            if _set_async_exc(self.thread_id, carrier) > 1:  # cannot happen; undo if it does
+            # 3.12+: at the thread's next instruction, wherever it stands (an asynchronous
+            # exception can land at a backward jump, past the frame's own `try`, on 3.13).
+            if next_instruction.arm(
+                    self.thread_id, error, next_instruction.stack_codes(self.thread_id)):
+                return True
+            if _set_async_exc(self.thread_id, _carrier(error)) > 1:  # cannot happen; undo
                 _set_async_exc(self.thread_id, None)
                 return False
             self.sent = True
@@ -224,8 +157,19 @@ class _ThreadTarget(_OneExecution):
     def finish(self) -> None:
         with self.lock:
             self.running = False
+            next_instruction.disarm(self.thread_id)
             if self.sent:  # clear it if it has not fired yet
                 _set_async_exc(self.thread_id, None)
+
+
+def _carrier(error: LeaseLost) -> type[LeaseLost]:
+    """CPython instantiates an asynchronous exception from its class with no arguments, so the
+    details travel in a throwaway subclass whose constructor fills them in."""
+    args = error.args
+    return type("LeaseLost", (LeaseLost,), {
+        "__init__": lambda self, *_: LeaseLost.__init__(self, *args),
+        "__module__": LeaseLost.__module__,
+    })
 
 
 # --- gevent / eventlet: throw into the greenlet ----------------------------------------------
@@ -343,6 +287,6 @@ def for_current_context(signum: int) -> Target:
 
 def reset_after_fork() -> None:
     """Forget the parent's armed target in a forked child."""
-    global _armed, _after_jump
+    global _armed
     _armed = None
-    _after_jump = None
+    next_instruction.reset_after_fork()
