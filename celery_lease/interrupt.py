@@ -122,8 +122,7 @@ class _SignalTarget(_OneExecution):
         next_instruction.disarm(self.thread_id)
 
 
-
-# --- another thread: an asynchronous exception -----------------------------------------------
+# --- another thread: its next instruction (3.12+), or an asynchronous exception --------------
 
 def _set_async_exc(thread_id: int, exc_type: type[BaseException] | None) -> int:
     """Schedule ``exc_type`` in thread ``thread_id`` (``None`` clears a pending one)."""
