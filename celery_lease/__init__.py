@@ -10,7 +10,8 @@ The layers, each importing only from itself and those below it (tests/test_layou
                   acl (the ACL rule an app needs)
     entry points  task (+ conflict), hold (+ hold_core, hold_async, hold_options, hold_shapes),
                   beat, lease_tasks, eager
-    the lease     lifecycle, heartbeat, interrupt (delivering LeaseLost), lease
+    the lease     lifecycle, heartbeat, interrupt (delivering LeaseLost; + next_instruction),
+                  lease
     settings      config, names
     store/        the Redis side: the protocol and its Lua scripts, the client and its
                   topologies, routing, pending replies, stored values, store errors, the

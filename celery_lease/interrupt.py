@@ -7,9 +7,11 @@ The mechanism is chosen per execution context when the lease is taken, never by 
   it cannot reach a greenlet that never yields (a CPU-bound loop starves the heartbeat too);
 - the main thread (prefork children, solo): ``pthread_kill`` with ``lease_signal`` (default
   ``SIGUSR2``; billiard owns ``SIGUSR1``); it interrupts ``sleep``, socket reads and lock waits,
-  but not C code that holds the GIL;
-- any other thread (the threads pool): ``PyThreadState_SetAsyncExc``; it lands at the next
-  bytecode, so it cannot interrupt a blocking call (``sleep``, ``recv``) until that returns;
+  but not C code that holds the GIL; a signal that arrives at a loop's backward jump is raised
+  at the next instruction (:mod:`celery_lease.next_instruction`, Python 3.12+);
+- any other thread (the threads pool): the next instruction the thread runs raises it
+  (:mod:`celery_lease.next_instruction`; ``PyThreadState_SetAsyncExc`` before Python 3.12);
+  it cannot interrupt a blocking call (``sleep``, ``recv``) until that returns;
 - an asyncio task (``hold_async``, :func:`for_asyncio_task`): the task is cancelled from its
   loop (``call_soon_threadsafe``); the block's exit turns that cancellation into the loss.
 
@@ -25,10 +27,12 @@ import _signal
 import ctypes
 import signal
 import threading
+from types import FrameType
 from typing import Any, Protocol
 
 from kombu.utils.compat import detect_environment
 
+from . import next_instruction
 from .errors import LeaseLost
 
 __all__ = ["AsyncioTarget", "Target", "for_asyncio_task", "for_current_context"]
@@ -61,12 +65,17 @@ _armed: _SignalTarget | None = None  # the execution a sent signal is meant for
 _previous: Any = None  # the handler we replaced, chained for stray signals
 
 
-def _on_signal(signum: int, frame: Any) -> None:
+def _on_signal(signum: int, frame: FrameType | None) -> None:
     global _armed
     target = _armed
     # Runs on the main thread, which is the task's thread: `running` cannot change under us.
     if target is not None and target.running and target.error is not None:
         _armed = None
+        # At a backward jump, raising here would skip the frame's own `try` on 3.13.
+        if frame is not None and next_instruction.at_backward_jump(frame) and (
+                next_instruction.arm(target.thread_id, target.error, frozenset([frame.f_code]),
+                                     frame)):
+            return
         raise target.error
     if callable(_previous):
         _previous(signum, frame)
@@ -110,9 +119,10 @@ class _SignalTarget(_OneExecution):
         self.running = False
         if _armed is self:
             _armed = None
+        next_instruction.disarm(self.thread_id)
 
 
-# --- another thread: an asynchronous exception -----------------------------------------------
+# --- another thread: its next instruction (3.12+), or an asynchronous exception --------------
 
 def _set_async_exc(thread_id: int, exc_type: type[BaseException] | None) -> int:
     """Schedule ``exc_type`` in thread ``thread_id`` (``None`` clears a pending one)."""
@@ -121,7 +131,7 @@ def _set_async_exc(thread_id: int, exc_type: type[BaseException] | None) -> int:
 
 
 class _ThreadTarget(_OneExecution):
-    mechanism = "async-exception"
+    mechanism = "next-instruction" if next_instruction.AVAILABLE else "async-exception"
 
     def __init__(self) -> None:
         super().__init__()
@@ -129,17 +139,15 @@ class _ThreadTarget(_OneExecution):
         self.sent = False
 
     def deliver(self, error: LeaseLost) -> bool:
-        # CPython instantiates an asynchronous exception from its class with no arguments, so
-        # the details travel in a throwaway subclass whose constructor fills them in.
-        args = error.args
-        carrier = type("LeaseLost", (LeaseLost,), {
-            "__init__": lambda self, *_: LeaseLost.__init__(self, *args),
-            "__module__": LeaseLost.__module__,
-        })
         with self.lock:
             if not self.running:
                 return False
-            if _set_async_exc(self.thread_id, carrier) > 1:  # cannot happen; undo if it does
+            # 3.12+: at the thread's next instruction, wherever it stands (an asynchronous
+            # exception can land at a backward jump, past the frame's own `try`, on 3.13).
+            if next_instruction.arm(
+                    self.thread_id, error, next_instruction.stack_codes(self.thread_id)):
+                return True
+            if _set_async_exc(self.thread_id, _carrier(error)) > 1:  # cannot happen; undo
                 _set_async_exc(self.thread_id, None)
                 return False
             self.sent = True
@@ -148,8 +156,19 @@ class _ThreadTarget(_OneExecution):
     def finish(self) -> None:
         with self.lock:
             self.running = False
+            next_instruction.disarm(self.thread_id)
             if self.sent:  # clear it if it has not fired yet
                 _set_async_exc(self.thread_id, None)
+
+
+def _carrier(error: LeaseLost) -> type[LeaseLost]:
+    """CPython instantiates an asynchronous exception from its class with no arguments, so the
+    details travel in a throwaway subclass whose constructor fills them in."""
+    args = error.args
+    return type("LeaseLost", (LeaseLost,), {
+        "__init__": lambda self, *_: LeaseLost.__init__(self, *args),
+        "__module__": LeaseLost.__module__,
+    })
 
 
 # --- gevent / eventlet: throw into the greenlet ----------------------------------------------
@@ -269,3 +288,4 @@ def reset_after_fork() -> None:
     """Forget the parent's armed target in a forked child."""
     global _armed
     _armed = None
+    next_instruction.reset_after_fork()

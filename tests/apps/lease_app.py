@@ -130,6 +130,24 @@ def green_cpu(self: Any, tag: str, seconds: float) -> str:
     return tag
 
 
+@app.task(shared=False, bind=True, base=LeasedTask, name="spin", lease_key=("tag",))
+def spin(self: Any, tag: str, seconds: float) -> str:
+    """Count in a pure-Python ``while`` loop that never looks at the lease, inside its own
+    ``try``: the loss lands at the inner loop's backward jump nearly every time."""
+    record("start", tag)
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            count = 0
+            while count < 100_000:
+                count += 1
+    except LeaseLost as exc:
+        record("lost", tag, cause=exc.cause, at=clock.now())
+        raise
+    record("end", tag)
+    return tag
+
+
 @app.task(shared=False, bind=True, base=LeasedTask, name="retry_once", lease_key=("tag",))
 def retry_once(self: Any, tag: str) -> str:
     """Retry itself once with ``countdown=0``."""
