@@ -144,12 +144,12 @@ def child_passes(url: str, n: int, warmup: float, window: float) -> dict[str, An
     recording = threading.Event()
     original = store.renew_many
 
-    def timed(client: Any, leases: Any) -> Any:
+    def timed(client: Any, leases: Any, *args: Any) -> Any:
         # Only the heartbeat talks to Redis once the leases are taken: the requests written
         # during this call are this pass's round trips.
         wall, cpu, sent = time.perf_counter(), time.thread_time(), _sent.value
         try:
-            return original(client, leases)
+            return original(client, leases, *args)
         finally:
             if recording.is_set():
                 calls.append((time.perf_counter() - wall, time.thread_time() - cpu, len(leases),
