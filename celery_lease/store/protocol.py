@@ -95,7 +95,8 @@ def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
             the grant was released again.
         PrimaryUnconfirmed: a Sentinel-managed client's grant that the sentinels did not
             confirm landed on the primary they name now (:mod:`celery_lease.store.primary`);
-            the grant was released again.
+            the token may hold the key: the caller releases it, as
+            :func:`celery_lease.lifecycle.take` does after every failed acquire.
         redis.exceptions.RedisError: connection problems, timeouts, OOM and other store errors
             (the node noted by :func:`celery_lease.store.routing.note`, for
             :func:`celery_lease.store.errors.describe`).
@@ -115,8 +116,7 @@ def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
             if problem is None:
                 break
             if not (problem.moved_during_write and attempt == 1):
-                _release_unconfirmed(client, keys, token)
-                raise problem
+                raise problem  # the caller releases the token (lifecycle.take's _abandon)
             # The write found the new primary as it went: again, where it can be confirmed.
     except RedisError as exc:
         raise routing.note(exc, client, key) from None
@@ -126,15 +126,6 @@ def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
     # counter another tool wrote. It counts as held for one TTL more, so a retry waits a TTL.
     return AcquireResult(bool(granted), parse_value(value),
                          (int(pttl) if int(pttl) >= 0 else ttl_ms) / 1000)
-
-
-def _release_unconfirmed(client: Any, keys: tuple[str, str], token: str) -> None:
-    """Release a grant the sentinels did not confirm, wherever the client writes now (harmless
-    where it is absent); on the old primary it lapses with its TTL. Nobody ran under it."""
-    try:
-        _release(client, keys, (token,))
-    except RedisError:
-        pass
 
 
 def _acquire_replicated(client: Any, keys: tuple[str, str], argv: tuple[Any, ...],
