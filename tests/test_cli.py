@@ -121,7 +121,7 @@ def test_ls_lists_the_leases_real_workers_hold(held: dict[str, Any]) -> None:
 def _cut_of(shown: str, full: str) -> bool:
     """``shown`` is ``full``, or ``full`` shortened in the middle with ``~``."""
     head, cut, tail = shown.partition("~")
-    return shown == full or bool(cut) and full.startswith(head) and full.endswith(tail)
+    return shown == full or (bool(cut) and full.startswith(head) and full.endswith(tail))
 
 
 def test_show_names_the_key_a_call_takes_and_its_holder(held: dict[str, Any]) -> None:
