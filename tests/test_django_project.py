@@ -4,7 +4,9 @@ temporary directory, and the private Redis in place of ``localhost:6379``.
 - ``proj/__init__.py`` makes the project's app Celery's current app, so a ``.delay()`` from
   ``manage.py shell`` is published to ``CELERY_BROKER_URL``.
 - Two real ``celery beat`` processes run ``LeasedScheduler`` wrapping django-celery-beat's
-  ``DatabaseScheduler``: only the leader sends; when it is killed, the other leads and sends.
+  ``DatabaseScheduler``: only the leader sends; when it is killed, the other leads and sends;
+  a schedule change right after the take-over (``DatabaseScheduler`` then re-reads the older
+  times of its database) does not make the new leader send again what the old one just sent.
 
 The broker's queue is read directly (a Redis list of JSON messages), so no worker is needed:
 each message's ``origin`` header names the process that sent it.
@@ -18,6 +20,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -109,6 +112,17 @@ def _beat(project: Path, name: str) -> subprocess.Popen[bytes]:
                                 start_new_session=True)
 
 
+def _logs(project: Path) -> str:
+    return "\n".join(f"--- beat {n}\n{(project / f'beat-{n}.log').read_text()[-2000:]}"
+                     for n in "ab")
+
+
+def _leader(leases: redis.Redis) -> int | None:
+    """The pid of the beat holding the leader lease."""
+    value = leases.get(BEAT_KEY)
+    return store.parse_value(value).pid if value else None
+
+
 def test_two_beats_wrapping_the_database_scheduler_send_from_the_leader_only(
     project: Path, redis_url: str, beats: list[subprocess.Popen[bytes]]
 ) -> None:
@@ -118,12 +132,10 @@ def test_two_beats_wrapping_the_database_scheduler_send_from_the_leader_only(
     leases = redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/1")
 
     def logs() -> str:
-        return "\n".join(f"--- beat {n}\n{(project / f'beat-{n}.log').read_text()[-2000:]}"
-                         for n in "ab")
+        return _logs(project)
 
     def leader() -> int | None:
-        value = leases.get(BEAT_KEY)
-        return store.parse_value(value).pid if value else None
+        return _leader(leases)
 
     first = wait_for(leader, 30, message=logs)
     wait_for(lambda: len(_senders(client)) >= 3, 20, message=logs)
@@ -140,3 +152,42 @@ def test_two_beats_wrapping_the_database_scheduler_send_from_the_leader_only(
     sent = len(_senders(client))
     wait_for(lambda: len(_senders(client)) >= sent + 2, 20, message=logs)
     assert set(_senders(client)[sent:]) == {other}
+
+
+def test_a_schedule_change_after_a_take_over_does_not_resend_what_the_old_leader_sent(
+    project: Path, redis_url: str, beats: list[subprocess.Popen[bytes]]
+) -> None:
+    # DatabaseScheduler writes last_run_at to the database every few minutes, and re-reads
+    # its entries from there when the schedule changes (an edit in Django's admin).
+    period = 6
+    with open(project / "proj" / "settings.py", "a") as settings:
+        settings.write(f'\nCELERY_BEAT_SCHEDULE["sync-account-7"]["schedule"] = {period}.0\n')
+    beats += [_beat(project, "a"), _beat(project, "b")]
+    by_pid = {beat.pid: beat for beat in beats}
+    client = _broker(redis_url)
+    leases = redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/1")
+    seen: list[tuple[int, float]] = []  # (sender, when this test first saw the message)
+
+    def watch() -> int:
+        senders = _senders(client)
+        seen.extend((pid, time.monotonic()) for pid in senders[len(seen):])
+        return len(seen)
+
+    def logs() -> str:
+        return _logs(project)
+
+    wait_for(lambda: watch() >= 2, 3 * period, interval=0.02, message=logs)
+    old = seen[-1][0]
+    by_pid[old].send_signal(signal.SIGKILL)  # right after a send: the database did not see it
+    by_pid[old].wait(10)
+    (new,) = set(by_pid) - {old}
+    wait_for(lambda: _leader(leases) == new, TTL + 10, message=logs)
+    changed = subprocess.run(
+        [sys.executable, "-m", "django", "shell", "-c",
+         "from django_celery_beat.models import PeriodicTasks; PeriodicTasks.update_changed()"],
+        cwd=project, env=_env(project), capture_output=True, text=True, timeout=60)
+    assert changed.returncode == 0, changed.stderr
+    wait_for(lambda: watch() >= 3, 3 * period, interval=0.02, message=logs)
+    assert seen[2][0] == new
+    gap = seen[2][1] - seen[1][1]
+    assert gap > period - 1.5, f"sent again {gap:.2f}s after the old leader's send\n{logs()}"
