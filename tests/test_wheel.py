@@ -109,6 +109,13 @@ def test_every_link_of_the_long_description_works_outside_the_repository(
             assert (ROOT / path).exists(), f"README links to {path}, which does not exist"
 
 
+def test_the_install_instructions_name_the_wheel_that_build_writes(dists: Path) -> None:
+    (wheel,) = dists.glob("celery_lease-*.whl")
+    for page in ("README.md", "docs/install.md"):
+        named = set(re.findall(r"celery_lease-\S+?\.whl", (ROOT / page).read_text()))
+        assert named == {wheel.name}, page
+
+
 def test_a_worker_from_the_installed_wheel_runs_the_quick_start_and_its_unit_test(
     dists: Path, tmp_path: Path, throwaway_redis: RedisFactory
 ) -> None:
