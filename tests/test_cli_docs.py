@@ -21,6 +21,7 @@ from click.testing import CliRunner, Result
 
 from celery_lease import LeasedTask, hold
 from celery_lease.cli import lease
+from tests.support.waiting import wait_for
 from tests.test_cli import celery_lease
 from tests.test_docs_snippets import ALL, LISTING, REPO
 
@@ -126,10 +127,7 @@ def _with_running_sync(s: Store, *args: str) -> Result:
     runner.start()
     try:
         key = task.lease_key_for((7,))
-        for _ in range(500):
-            if s.client.exists(key):
-                break
-            threading.Event().wait(0.01)
+        wait_for(lambda: s.client.exists(key), 10, message=f"nothing took {key}")
         return _run(s.app, *args)
     finally:
         until.set()
