@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import itertools
 import json
 import logging
@@ -338,6 +339,32 @@ def test_leased_scheduler_wraps_the_configured_scheduler_and_only_the_leader_sen
     app.conf.lease_beat_scheduler = "celery_lease.beat:LeasedScheduler"
     with pytest.raises(LeaseConfigError, match="lease_beat_scheduler"):
         LeasedScheduler(app=app, lazy=True)
+
+
+def test_a_send_the_last_run_record_calls_early_is_not_made_and_the_record_is_loaded_again(
+    redis_url: str
+) -> None:
+    # A wrapped scheduler that re-read an older last run from its own storage after a
+    # take-over (django-celery-beat's database) would send what the old leader just sent.
+    app = Celery("early", broker=redis_url)
+    app.conf.update(beat_scheduler="tests.test_beat:RecordingScheduler", lease_beat_ttl=5.0,
+                    beat_schedule={"hourly": {"task": "x.y", "schedule": 3600.0}})
+    scheduler = LeasedScheduler(app=app)
+    try:
+        wait_for(lambda: scheduler.tick() is not None and scheduler.leader is not None
+                 and scheduler.leader.is_leader, 5, interval=0.01)
+        assert scheduler.leader is not None
+        scheduler.leader.record_run("hourly", 3600.0)  # the old leader sent it just now
+        stale = app.now() - datetime.timedelta(hours=2)
+        scheduler.inner.schedule["hourly"].last_run_at = stale
+        assert scheduler.apply_async(scheduler.inner.schedule["hourly"]) is None
+        assert getattr(scheduler.inner, "sent", []) == []
+        assert scheduler.inner.schedule["hourly"].last_run_at > stale  # the record's, again
+        redis.Redis.from_url(redis_url).delete(scheduler.leader.state_key)  # no record: due
+        assert scheduler.apply_async(scheduler.inner.schedule["hourly"]) is not None
+        assert scheduler.inner.sent == ["hourly"]
+    finally:
+        scheduler.close()
 
 
 def test_two_beats_wrapping_redbeat_elect_one_leader_and_fail_over(
