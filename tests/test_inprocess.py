@@ -276,7 +276,7 @@ def test_threads_two_keys_each_renews_and_releases_its_own(redis_url: str) -> No
 
     @app.task(bind=True, base=LeasedTask, lease_ttl=0.6, shared=False)  # type: ignore[misc]
     def job(self: Any, n: int) -> None:
-        running.wait(5)
+        running.wait(30)
         try:
             for _ in range(100):
                 time.sleep(0.02)
@@ -291,7 +291,7 @@ def test_threads_two_keys_each_renews_and_releases_its_own(redis_url: str) -> No
     runners = [threading.Thread(target=run, args=(n,), daemon=True) for n in (1, 2)]
     for t in runners:
         t.start()
-    running.wait(5)
+    running.wait(30)
     client = redis.Redis.from_url(redis_url)
     client.delete(job.lease_key_for((1,)))
     for t in runners:
