@@ -70,13 +70,35 @@ DJANGO_STYLE_PROJECT = {
 }
 
 
-def test_misspelt_namespaced_settings_stop_a_real_worker_in_one_line(tmp_path: Path) -> None:
-    for name, text in DJANGO_STYLE_PROJECT.items():
+def _last_line_of_refused(tmp_path: Path, module: str, files: dict[str, str]) -> str:
+    """The last line a worker of ``module`` (written from ``files`` into ``tmp_path``) prints
+    when it refuses to start."""
+    for name, text in files.items():
         (tmp_path / name).write_text(text)
-    output = _refused(CeleryWorker("djproj", pool="solo", queue="refused", log_dir=tmp_path,
+    output = _refused(CeleryWorker(module, pool="solo", queue="refused", log_dir=tmp_path,
                                    env={"PYTHONPATH": str(tmp_path)}))
-    assert output.strip().splitlines()[-1] == (
+    return output.strip().splitlines()[-1]
+
+
+def test_misspelt_namespaced_settings_stop_a_real_worker_in_one_line(tmp_path: Path) -> None:
+    assert _last_line_of_refused(tmp_path, "djproj", DJANGO_STYLE_PROJECT) == (
         "Error: celery-lease configuration error: 2 unknown settings (app.conf): "
         "CELERY_LEASE_ON_CONFICT (lease_on_confict), did you mean CELERY_LEASE_ON_CONFLICT "
         "(lease_on_conflict)?; CELERY_LEASE_TLL (lease_tll), did you mean CELERY_LEASE_TTL "
         "(lease_ttl)?")
+
+
+def test_lease_options_on_a_task_that_takes_no_lease_stop_a_real_worker_in_one_line(
+    tmp_path: Path,
+) -> None:
+    # base=LeasedTask forgotten: Celery would keep the options as class attributes, unread.
+    module = ("from celery import Celery\n"
+              "import celery_lease\n"
+              "app = Celery('straytasks', broker='redis://127.0.0.1:1/0')\n"
+              "@app.task(lease_key=('account_id',), lease_ttl=10.0)\n"
+              "def sync(account_id): ...\n")
+    assert _last_line_of_refused(tmp_path, "straytasks", {"straytasks.py": module}) == (
+        "Error: celery-lease configuration error: task straytasks.sync has lease option(s) "
+        "lease_key, lease_ttl but takes no lease (they would be ignored and its executions "
+        "could overlap): give it base=LeasedTask (from celery_lease import LeasedTask; "
+        "@app.task(base=LeasedTask, lease_key=...)), or name it in app.conf.lease_tasks")
