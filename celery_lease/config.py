@@ -53,6 +53,7 @@ DEFAULTS: dict[str, Any] = {
     "lease_key_prefix": DEFAULT_PREFIX,
     "lease_on_conflict": "skip",  # skip | retry | fail
     "lease_on_store_error": "retry",  # retry | fail
+    "lease_store_outage_max": 300.0,  # float seconds a "retry" waits out a store outage
     "lease_require_noeviction": False,
     "lease_signal": "SIGUSR2",
 }
@@ -68,6 +69,7 @@ TASK_OPTIONS = (
     "lease_key_prefix",
     "lease_on_conflict",
     "lease_on_store_error",
+    "lease_store_outage_max",
 )
 
 #: Settings read elsewhere (the beat leader lease, celery_lease.beat; lease_tasks,
@@ -98,6 +100,8 @@ class LeaseOptions:
         on_store_error: ``"retry"`` or ``"fail"``.
         backend_options: ``lease_backend_options`` (dict; empty when unset).
         min_replicas: replicas that must acknowledge a grant, and each renewal (int >= 0).
+        store_outage_max: float seconds an execution waits out a store outage, its retries not
+            counted in ``max_retries``, with ``on_store_error="retry"`` (:mod:`.outage`).
     """
 
     backend: str | None
@@ -109,6 +113,7 @@ class LeaseOptions:
     on_store_error: str
     backend_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     min_replicas: int = 0
+    store_outage_max: float = DEFAULTS["lease_store_outage_max"]
 
     @property
     def ttl_ms(self) -> int:
@@ -200,6 +205,11 @@ def resolve_options(
     if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or min_replicas < 0:
         problems.append((f"lease_min_replicas={min_replicas!r}", "must be a whole number of "
                          "replicas >= 0 (0: do not wait for replicas)"))
+    outage_max = pick("lease_store_outage_max")
+    outage_problem = timing.duration_problem(outage_max)
+    if outage_problem is not None:
+        problems.append((f"lease_store_outage_max={outage_max!r}", f"{outage_problem}, e.g. "
+                         f"lease_store_outage_max={DEFAULTS['lease_store_outage_max']}"))
     choices = {"lease_on_conflict": ON_CONFLICT, "lease_on_store_error": ON_STORE_ERROR}
     for name, allowed in choices.items():
         if pick(name) not in allowed:
@@ -217,6 +227,7 @@ def resolve_options(
         on_store_error=pick("lease_on_store_error"),
         backend_options=backend_options,
         min_replicas=min_replicas,
+        store_outage_max=float(outage_max),
     )
 
 
