@@ -148,12 +148,18 @@ def check_unleased(task: Any) -> None:
     if isinstance(task, LeasedTask) or _MARK in vars(task):
         return
     names = sorted(_own_options(task))
-    if names:
-        raise LeaseConfigError(
-            f"task {task.name} has lease option(s) {', '.join(names)} but takes no lease "
-            f"(they would be ignored and its executions could overlap): give it "
-            f"base=LeasedTask (from celery_lease import LeasedTask; @app.task(base=LeasedTask, "
-            f"{names[0]}=...)), or name it in app.conf.{SETTING}")
+    if not names:
+        return
+    misspelt = ""
+    try:  # named now, not after the fix: the first fix must not lead to a second error
+        check_names(names, "task option", f"task {task.name}")
+    except LeaseConfigError as exc:
+        misspelt = f"; and {exc}"
+    raise LeaseConfigError(
+        f"task {task.name} has lease option(s) {', '.join(names)} but takes no lease "
+        f"(they would be ignored and its executions could overlap): give it "
+        f"base=LeasedTask (from celery_lease import LeasedTask; @app.task(base=LeasedTask, "
+        f"{names[0]}=...)), or name it in app.conf.{SETTING}{misspelt}")
 
 
 def _matches(entries: Mapping[str, Any], names: list[str]) -> dict[str, str]:

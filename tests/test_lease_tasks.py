@@ -262,6 +262,11 @@ def test_lease_options_on_a_task_that_takes_no_lease_are_refused_at_finalize_and
         task.apply((7,))
     with pytest.raises(LeaseConfigError, match=fix):
         apply_lease_tasks(app)
+    # A misspelt one is named in the same error, so that adding the base is the last fix.
+    typo = app.task(name="stray.typo", shared=False, lease_tll=10.0)(_plain_job)
+    with pytest.raises(LeaseConfigError, match=r"and unknown task option lease_tll \(task "
+                                               r"stray.typo\); did you mean lease_ttl\?"):
+        typo.apply((7,))
 
 
 def test_a_task_leased_by_the_setting_keeps_its_own_lease_options(redis_url: str) -> None:
