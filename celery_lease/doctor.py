@@ -14,7 +14,7 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import NoPermissionError, RedisError
 
 from . import acl, clock, config, store
 from .config import LeaseOptions, resolve_backend
@@ -108,6 +108,10 @@ def check_store(url: str, timeout: float, app: Any = None) -> list[Finding]:
     try:
         samples = topology.round_trips(redis_client, 20)
         server, before, after = topology.server_time(redis_client)
+    except NoPermissionError:  # a worker's user need not run the doctor's PING and TIME
+        found.append(Finding("info", subject, "latency and clock not measured: the ACL user may "
+                             "not run PING or TIME", "grant the doctor feature (celery lease acl)"))
+        return found
     except RedisError as exc:
         found.append(Finding("fail", subject,
                              f"stopped answering during the latency check: {store.describe(exc)}"))

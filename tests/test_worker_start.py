@@ -21,6 +21,7 @@ from harness.redis_server import free_port
 from harness.waiting import wait_for
 from harness.workers import CeleryWorker
 from tests.support.fixtures import RedisFactory, WorkerFactory
+from tests.support.secure import AclRedisServer
 
 
 def _refused(worker: CeleryWorker) -> str:
@@ -152,3 +153,20 @@ def test_min_replicas_with_no_replica_connected_is_logged_at_start_as_the_doctor
     (finding,) = check_replicas(primary.url(), [(job.name, job.lease_settings().options)], app)
     assert (finding.level, finding.message) == (
         "ok", "1 replica(s) connected: enough for lease_min_replicas=1")
+
+
+def test_a_user_with_only_the_task_commands_starts_without_an_error_from_the_doctors_checks(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The doctor's latency and clock checks send PING and TIME, which a worker never needs.
+    with AclRedisServer(features=("tasks",)) as server:
+        app = Celery("tasks_only", broker="memory://", set_as_current=False)
+        app.conf.lease_backend = server.lease_url()
+
+        @app.task(base=LeasedTask, name="tasks_only.job", shared=False)  # type: ignore[misc]
+        def job() -> None:
+            pass
+
+        with caplog.at_level("ERROR", logger="celery_lease"):
+            assert check_app(app)
+    assert caplog.records == []
