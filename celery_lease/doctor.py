@@ -99,7 +99,8 @@ def check_store(url: str, timeout: float, app: Any = None) -> list[Finding]:
     elif check.eviction_policy == "unknown":
         found.append(Finding("warn", subject,
                              "maxmemory-policy could not be read (CONFIG disabled?)",
-                             "make sure the server runs with maxmemory-policy noeviction"))
+                             "make sure the server runs with maxmemory-policy noeviction",
+                             "eviction"))
     else:
         found.append(Finding("fail", subject,
                              f"maxmemory-policy {check.eviction_policy} may evict a live lease",

@@ -110,9 +110,10 @@ def _run_doctor(app: Any, unreachable: set[str]) -> None:
             continue  # an unreachable store was logged above, with what tasks do meanwhile
         text = f"{finding.subject}: {finding.message}" + (
             f". Fix: {finding.fix}" if finding.fix else "")
-        if finding.refuses_start or (finding.check == "eviction"
-                                     and app.conf.get("lease_require_noeviction")):
+        if finding.refuses_start:
             refusals.append(text)
+        elif finding.check == "eviction" and app.conf.get("lease_require_noeviction"):
+            refusals.append(f"{text} (lease_require_noeviction=True refuses such a store)")
         elif finding.check == "eviction":
             logger.warning("!" * 20 + " lease %s; lease_require_noeviction=True makes the "
                            "worker refuse to start on such a store instead of warning", text)
@@ -120,8 +121,8 @@ def _run_doctor(app: Any, unreachable: set[str]) -> None:
             (logger.error if finding.level == "fail" else logger.warning)(
                 "lease %s (celery lease doctor: %s)", text, finding.level.upper())
     if refusals:
-        raise LeaseConfigError("; ".join(refusals) + " (refusing to start: fix the settings, "
-                               "or run `celery lease doctor` to see every check)")
+        raise LeaseConfigError("; ".join(refusals) + " (refusing to start; `celery lease "
+                               "doctor` shows every check)")
 
 
 def _check_permissions(client: Any, need: acl.StoreNeeds) -> None:
