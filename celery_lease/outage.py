@@ -46,7 +46,8 @@ def _outage_start(headers: Any, now: float) -> float:
         first, last = (float(t) for t in (headers or {})[OUTAGE_HEADER])
     except (KeyError, TypeError, ValueError):
         return now
-    return first if 0.0 <= now - last <= NEW_OUTAGE_GAP and first <= last else now
+    # Either way: another worker's wall clock may run ahead of this one's.
+    return first if abs(now - last) <= NEW_OUTAGE_GAP and first <= last else now
 
 
 def wait_out(task: Any, options: LeaseOptions, error: LeaseStoreUnavailable) -> NoReturn:

@@ -45,6 +45,7 @@ def test_store_errors_of_one_message_far_apart_are_two_outages() -> None:
 
     now = 10_000.0
     assert _outage_start({OUTAGE_HEADER: [9_000.0, now - 20.0]}, now) == 9_000.0
+    assert _outage_start({OUTAGE_HEADER: [9_000.0, now + 5.0]}, now) == 9_000.0  # a clock ahead
     assert _outage_start({OUTAGE_HEADER: [9_000.0, now - NEW_OUTAGE_GAP - 1]}, now) == now
     assert _outage_start({OUTAGE_HEADER: "damaged"}, now) == now
     assert _outage_start({}, now) == now
