@@ -22,7 +22,7 @@ from celery.utils import uuid
 from kombu.serialization import dumps, loads
 from redis.exceptions import RedisError
 
-from . import conflict, eager, interrupt, lifecycle, store
+from . import conflict, eager, interrupt, lifecycle, outage, store
 from .config import (
     TASK_OPTIONS,
     LeaseOptions,
@@ -57,7 +57,9 @@ class LeasedTask(Task):  # type: ignore[misc]
     Task options (each overrides the Celery setting of the same name; durations are float
     seconds): ``lease_ttl``, ``lease_renew_interval``, ``lease_store_timeout``,
     ``lease_key_prefix``, ``lease_on_conflict`` (``"skip"``, ``"retry"``, ``"fail"``),
-    ``lease_on_store_error`` (``"retry"``, ``"fail"``), ``lease_backend``, and ``lease_key``:
+    ``lease_on_store_error`` (``"retry"``, ``"fail"``), ``lease_store_outage_max`` (how long a
+    ``"retry"`` waits out a store outage, :mod:`celery_lease.outage`), ``lease_backend``, and
+    ``lease_key``:
 
     - ``None`` (default): every argument identifies the job;
     - a sequence of parameter names: only those (an empty one: one lease per task name);
@@ -77,6 +79,7 @@ class LeasedTask(Task):  # type: ignore[misc]
     lease_key_prefix: str | None = None
     lease_on_conflict: str | None = None
     lease_on_store_error: str | None = None
+    lease_store_outage_max: float | None = None
     lease_backend: str | None = None
     lease_key: KeySpec = None
 
@@ -320,9 +323,7 @@ class LeasedTask(Task):  # type: ignore[misc]
         error = LeaseStoreUnavailable(key, "acquire", store.describe(exc))
         logger.error("lease store unavailable, task %s[%s] not run (lease_on_store_error=%s): %s",
                      self.name, self.request.id, options.on_store_error, error)
-        if options.on_store_error == "retry" and not self.request.is_eager:
-            raise self.retry(exc=error, countdown=options.renew_interval)
-        raise error
+        outage.wait_out(self, options, error)  # retried without using up max_retries, or raised
 
     @staticmethod
     def _ended(client: Any, key: str, token: str) -> bool:

@@ -84,7 +84,9 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
             "on_conflict='wait' blocks for it, a cancelled waiter passes the turn on",
             ("blpop",), ("release_wake-3.lua", "pass_turn-2.lua")),
     Feature("beat", "LeasedScheduler: the leader lease and the last-run record, stamped "
-            "and read on the store's clock", (), ("record_run-1.lua", "last_runs-1.lua")),
+            "and read on the store's clock; a stopping leader wakes a standby blocked on "
+            "its release", ("blpop",), ("record_run-1.lua", "last_runs-1.lua",
+                                        "release_wake-3.lua")),
     Feature("cli", "celery lease ls / show / release: SCAN (never KEYS), value and lifetime "
             "read in one MULTI, the operator's release", ("scan", "multi", "exec", "pttl"),
             ("revoke-1.lua",)),

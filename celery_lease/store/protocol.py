@@ -202,7 +202,8 @@ def revoke(client: redis.Redis, key: str, token: str) -> bool:
 def release_and_wake(client: redis.Redis, key: str, token: str) -> bool:
     """:func:`release`, and wake one hold waiting for ``key`` (:func:`wait_for_release`).
 
-    Used by holds only (their keys are never a task's), so a task's release is unchanged.
+    Used by holds and by beat's leader lease (their keys are never a task's), so a task's
+    release is unchanged.
     A wake the store refuses (out of memory, or an ACL user without ``RPUSH``) does not undo
     the release: it is logged as a warning naming the fix, and waiting holds take the key
     when it expires instead.
