@@ -50,6 +50,8 @@ DEFAULTS: dict[str, Any] = {
     "lease_key_prefix": DEFAULT_PREFIX,
     "lease_on_conflict": "skip",  # skip | retry | fail
     "lease_on_store_error": "retry",  # retry | fail
+    "lease_dedupe": False,  # bool: at most one waiting copy per key, decided at publish
+    "lease_dedupe_ttl": 300.0,  # float seconds a claim lives (a message's expires instead)
     "lease_require_noeviction": False,
     "lease_signal": "SIGUSR2",
 }
@@ -65,6 +67,8 @@ TASK_OPTIONS = (
     "lease_key_prefix",
     "lease_on_conflict",
     "lease_on_store_error",
+    "lease_dedupe",
+    "lease_dedupe_ttl",
 )
 
 #: Settings read elsewhere (the beat leader lease, celery_lease.beat; lease_tasks,
@@ -95,6 +99,10 @@ class LeaseOptions:
         on_store_error: ``"retry"`` or ``"fail"``.
         backend_options: ``lease_backend_options`` (dict; empty when unset).
         min_replicas: replicas that must acknowledge a grant, and each renewal (int >= 0).
+        dedupe: ``lease_dedupe`` (bool): a publish of a key whose copy is waiting publishes
+            nothing (:mod:`celery_lease.dedupe`).
+        dedupe_ttl: ``lease_dedupe_ttl``, the lifetime of a waiting copy's claim, float
+            seconds (> 0), for a message without ``expires``.
     """
 
     backend: str | None
@@ -106,6 +114,8 @@ class LeaseOptions:
     on_store_error: str
     backend_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     min_replicas: int = 0
+    dedupe: bool = False
+    dedupe_ttl: float = 300.0
 
     @property
     def ttl_ms(self) -> int:
@@ -250,6 +260,10 @@ def resolve_options(
     if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or min_replicas < 0:
         raise LeaseConfigError(f"lease_min_replicas={min_replicas!r} ({where}) must be a whole "
                                f"number of replicas >= 0 (0: do not wait for replicas)")
+    dedupe = pick("lease_dedupe")
+    if not isinstance(dedupe, bool):
+        raise LeaseConfigError(f"lease_dedupe={dedupe!r} ({where}) must be True or False (a "
+                               f"bool: the string 'false' would count as true)")
     return LeaseOptions(
         backend=backend,
         ttl=ttl,
@@ -261,6 +275,8 @@ def resolve_options(
             "lease_on_store_error", pick("lease_on_store_error"), ON_STORE_ERROR, where),
         backend_options=backend_options,
         min_replicas=min_replicas,
+        dedupe=dedupe,
+        dedupe_ttl=_duration("lease_dedupe_ttl", pick("lease_dedupe_ttl"), where),
     )
 
 

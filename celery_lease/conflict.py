@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from celery import states
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Retry
 from celery.result import ResultBase
 
-from . import signals, store
+from . import dedupe, signals, store
 from .config import LeaseOptions
 from .errors import LeaseConflict
 
@@ -189,4 +189,13 @@ def handle(task: Any, request: Any, options: LeaseOptions, key: str,
         sender=task, key=key, task_id=request.id, holder_task_id=holder.task_id,
         holder=holder.where, remaining=found.remaining, policy=policy,
         fencing_token=holder.fencing_token, token=holder.token)
-    return HANDLERS[policy](c)  # type: ignore[no-any-return]
+    try:
+        return HANDLERS[policy](c)  # type: ignore[no-any-return]
+    except Retry:
+        raise  # published again under its task id: a waiting copy keeps its claim
+    except BaseException:
+        key_claimed = (request.headers or {}).get(dedupe.CLAIM_HEADER)
+        if key_claimed and policy in ("skip", "fail", "retry"):  # its message ends here
+            dedupe.forget(task, str(key_claimed), request.id, f"it ended on a conflict "
+                          f"({policy})")
+        raise
