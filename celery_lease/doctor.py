@@ -2,6 +2,7 @@
 each store's ACL user (:func:`check_acl`).
 
 Each check returns :class:`Finding` values; the command (:mod:`celery_lease.cli`) prints them.
+The waiting copies' claims (``lease_dedupe``) are checked by :mod:`celery_lease.doctor_claims`.
 The worker's start check (:mod:`celery_lease.worker`) shares :func:`redis_version_problem` and
 :func:`failover_problem`.
 """
@@ -17,6 +18,7 @@ from redis.exceptions import RedisError
 
 from . import acl, clock, config, store
 from .config import LeaseOptions, resolve_backend
+from .doctor_claims import claim_findings
 from .errors import LeaseConfigError
 from .inspection import app_options, client, leased_tasks, scan_foreign, stores
 from .store import permissions, topology
@@ -27,6 +29,7 @@ __all__ = [
     "Finding",
     "check_acl",
     "check_beat",
+    "check_claims",
     "check_failover",
     "check_store",
     "check_task",
@@ -198,6 +201,15 @@ def check_values(url: str, prefixes: set[str], app: Any = None) -> list[Finding]
     return found
 
 
+def check_claims(url: str, prefixes: set[str], app: Any = None) -> list[Finding]:
+    """The waiting copies' claims (``lease_dedupe``) under ``prefixes`` on the store at
+    ``url``, with their age; one that outlived its lifetime or its message is flagged
+    (:func:`celery_lease.doctor_claims.claim_findings`)."""
+    subject = f"store {safe_url(url)}"
+    return [Finding(level, subject, message, fix)
+            for level, message, fix in claim_findings(url, prefixes, app)]
+
+
 def _visibility_timeout(app: Any) -> float | None:
     broker = str(app.conf.get("broker_url") or "")
     if not broker.startswith(("redis://", "rediss://", "redis+socket://", "unix://", "sqs://")):
@@ -306,6 +318,7 @@ def diagnose(app: Any, url: str | None = None) -> Iterator[Finding]:
         prefixes = {}  # the task and app checks named it
     for store_url, store_prefixes in prefixes.items():
         yield from check_values(store_url, store_prefixes, app)
+        yield from check_claims(store_url, store_prefixes, app)
     yield from check_acl(app, url)
 
 

@@ -4,13 +4,18 @@ result, and the same script on Redis Cluster."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import redis
 from celery.utils import uuid
+from click.testing import CliRunner
 
-from celery_lease import LeaseStoreUnavailable, store
+from celery_lease import LeaseStoreUnavailable, signals, store
+from celery_lease.cli import lease
 from celery_lease.dedupe import claim_lifetime
 from celery_lease.keys import claim_key
 from harness.topologies import cluster_setup
@@ -152,3 +157,52 @@ def test_the_claim_scripts_run_on_redis_cluster_without_crossslot() -> None:
             assert store.acquire(client, key, "a" * 32, 5000, "{}", claimed_by="w1").granted
             assert store.claim(client, key, "w2", 60_000, claimer("w2")).claimed
             assert store.unclaim(client, key, "w2")
+
+
+def test_publishes_are_counted_by_disposition_and_a_fold_is_signalled(
+        client: redis.Redis) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from celery_lease.metrics import LeaseMetrics
+
+    registry = CollectorRegistry()
+    metrics = LeaseMetrics(registry)
+    folds: list[dict[str, Any]] = []
+
+    def on_fold(sender: Any, **kw: Any) -> None:
+        folds.append({"sender": sender, **kw})
+
+    signals.lease_published.connect(metrics.on_published, weak=False)
+    signals.lease_deduplicated.connect(on_fold, weak=False)
+    try:
+        first = sync.delay("m")
+        sync.apply_async(("m",), task_id="asked-for")
+    finally:
+        signals.lease_published.disconnect(metrics.on_published)
+        signals.lease_deduplicated.disconnect(on_fold)
+    count = {d: registry.get_sample_value("celery_lease_publishes_total",
+                                          {"task": "dedupe.sync", "disposition": d})
+             for d in ("published", "deduplicated")}
+    assert count == {"published": 1.0, "deduplicated": 1.0}
+    [fold] = folds
+    assert (fold["sender"], fold["task_id"], fold["requested_task_id"], fold["key"]) == (
+        sync, first.id, "asked-for", sync.lease_key_for(("m",)))
+    assert 0.0 <= fold["age"] < 10.0
+
+
+def test_ls_and_doctor_show_a_waiting_copy_with_its_age_and_doctor_fails_one_past_its_lifetime(
+        client: redis.Redis) -> None:
+    waiting = sync.delay("n")
+    obj = SimpleNamespace(app=dedupe_app.app)
+    listed = CliRunner().invoke(lease, ["ls", "--json"], obj=obj)
+    assert listed.exit_code == 0, listed.output
+    [shown] = [i for i in json.loads(listed.stdout) if i.get("kind") == "waiting"]
+    assert (shown["task"], shown["task_id"], shown["key"]) == (
+        "dedupe.sync", waiting.id, sync.lease_key_for(("n",)))
+    assert 0.0 <= shown["age"] < 10.0 and shown["lifetime"] == 300.0
+    table = CliRunner().invoke(lease, ["ls"], obj=obj).output
+    assert "1 waiting copy" in table and waiting.id in table
+    client.persist(claim_of("n"))  # a claim that can no longer lapse
+    done = CliRunner().invoke(lease, ["doctor"], obj=obj)
+    assert any(line.startswith("FAIL") and waiting.id in line and "no expiry" in line
+               for line in done.output.splitlines()), done.output
