@@ -131,8 +131,11 @@ def send(task: Any, key: str | None, options: dict[str, Any],
             raise error from None
         logger.warning("task %s[%s] published without a waiting-copy claim (the execution "
                        "lease still guards it): %s", task.name, task_id, error)
+        # The script may have run and only its reply been lost: the execution clears a claim
+        # that names it, if there is one.
+        headers[CLAIM_HEADER] = key
         return _published(task, key, {**options, "task_id": task_id}, headers, send,
-                           "unguarded")
+                          "unguarded")
     if decision.foreign:
         logger.warning("task %s[%s] published without a waiting-copy claim: %s holds %s "
                        "(`celery lease doctor` says more)", task.name, task_id,

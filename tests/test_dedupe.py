@@ -109,6 +109,9 @@ def test_a_store_down_at_publish_publishes_unguarded_or_raises_per_lease_on_stor
     result = sync.delay("f")
     assert result.lease_disposition == "unguarded"
     assert client.llen(worker_factory.queue) == 1
+    # The claim may have been written, its reply lost: the execution clears it if it names it.
+    message = json.loads(client.lindex(worker_factory.queue, 0))
+    assert message["headers"]["lease_claimed"] == sync.lease_key_for(("f",))
     dedupe_app.configure(redis_url, worker_factory.queue, lease_backend=down,
                          lease_on_store_error="fail")
     with pytest.raises(LeaseStoreUnavailable) as raised:
