@@ -1,8 +1,9 @@
 """The cost of a publish with and without ``lease_dedupe``: round trips and time per publish.
 
-Two private redis-servers, one the broker, one the lease store, so each server's own count of
-commands (``INFO stats``: ``total_commands_processed``, less the ``INFO`` that reads it) says
-how many round trips a publish makes to it. Variants, each ``apply_async`` of a leased task
+Two private redis-servers, one the broker, one the lease store, so each server's own counts
+(``INFO commandstats``) say what a publish sends it: the broker's commands (each a round trip
+here), the lease store's scripts (``EVALSHA``/``EVAL``: each one round trip) and the commands
+those scripts run inside the server (no round trip). Variants, each ``apply_async`` of a leased task
 whose body never runs (no worker):
 
 - ``plain``: ``lease_dedupe`` off: the broker publish only;
@@ -11,7 +12,10 @@ whose body never runs (no worker):
   published, the waiting copy's result is returned.
 
 Rounds interleave the variants; the figure is the median over rounds of each round's mean
-time per publish (microseconds). Run ``python -m benchmarks.publish [--publishes N]``.
+time per publish (microseconds). The execution side is timed too: an acquire and a release,
+with ``acquire-2.lua`` and with ``acquire-3.lua`` (a message that claimed at publish: the same
+round trip, the claim cleared inside it). Run ``python -m benchmarks.publish
+[--publishes N]``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from celery_lease import LeasedTask
+from celery_lease import LeasedTask, store
 from harness.redis_server import RedisServer
 
 from ._infra import spread
@@ -33,12 +37,22 @@ from ._infra import spread
 Variant = Callable[[int], Any]
 
 
-def _commands(client: redis.Redis) -> int:
-    return int(client.info("stats")["total_commands_processed"])
+def _counts(client: redis.Redis) -> dict[str, int]:
+    """Calls per command so far, ``INFO`` left out (the reading itself)."""
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()
+            if name != "cmdstat_info"}
 
 
-def make_app(broker_url: str, lease_url: str) -> tuple[Celery, Any, Any]:
-    """An app (no result backend) with the same task with and without ``lease_dedupe``."""
+def _per_publish(before: dict[str, int], after: dict[str, int], n: int) -> dict[str, float]:
+    calls = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    scripts = calls.get("evalsha", 0) + calls.get("eval", 0)
+    return {"round_trips": scripts / n if scripts else sum(calls.values()) / n,
+            "commands_inside_scripts": (sum(calls.values()) - scripts) / n if scripts else 0.0}
+
+
+def make_tasks(broker_url: str, lease_url: str) -> tuple[Any, Any]:
+    """The same task without and with ``lease_dedupe``, in an app without a result backend."""
     app = Celery("bench_publish", broker=broker_url, set_as_current=False)
     app.conf.update(lease_backend=lease_url, task_default_queue="bench-publish")
 
@@ -51,13 +65,13 @@ def make_app(broker_url: str, lease_url: str) -> tuple[Celery, Any, Any]:
     def dedupe(n: int) -> None:
         """Never runs: no worker."""
 
-    return app, plain, dedupe
+    return plain, dedupe
 
 
 def measure(publishes: int = 2000, rounds: int = 5) -> dict[str, Any]:
     """Round trips to each server and microseconds per publish, for every variant."""
     with RedisServer() as broker, RedisServer() as lease_store:
-        app, plain, dedupe = make_app(broker.url(), lease_store.url())
+        plain, dedupe = make_tasks(broker.url(), lease_store.url())
         counters = {"broker": broker.client(), "lease store": lease_store.client()}
         variants: dict[str, Variant] = {
             "plain": lambda i: plain.delay(i),
@@ -68,23 +82,41 @@ def measure(publishes: int = 2000, rounds: int = 5) -> dict[str, Any]:
             for i in range(-50, 0):
                 variant(i)
         times: dict[str, list[float]] = {name: [] for name in variants}
-        trips: dict[str, dict[str, float]] = {}
+        trips: dict[str, dict[str, dict[str, float]]] = {}
         for round_ in range(rounds):
             for name, variant in variants.items():
                 base = (round_ + 1) * 1_000_000
-                before = {k: _commands(c) for k, c in counters.items()}
+                before = {k: _counts(c) for k, c in counters.items()}
                 started = time.perf_counter()
                 for i in range(publishes):
                     variant(base + i)
                 elapsed = time.perf_counter() - started
-                after = {k: _commands(c) for k, c in counters.items()}
+                after = {k: _counts(c) for k, c in counters.items()}
                 times[name].append(elapsed / publishes * 1e6)
-                trips[name] = {k: (after[k] - before[k] - 1) / publishes for k in counters}
+                trips[name] = {k: _per_publish(before[k], after[k], publishes)
+                               for k in counters}
                 broker.client().flushall()  # the queue, not the counting
         for client in counters.values():
             client.close()
-        return {name: {"us_per_publish": spread(times[name]),
-                       "round_trips_per_publish": trips[name]} for name in variants}
+        return {name: {"us_per_publish": spread(times[name]), **trips[name]} for name in variants}
+
+
+def measure_acquire(cycles: int = 2000, rounds: int = 5) -> dict[str, Any]:
+    """Microseconds per acquire + release, unclaimed and claimed (the claim cleared in it)."""
+    with RedisServer() as server:
+        client = store.client_for(server.url(), 2.0)
+        holder = store.holder_json("bench.dedupe", "task-id", "host", 1)
+        times: dict[str, list[float]] = {"acquire-2": [], "acquire-3": []}
+        for round_ in range(rounds + 1):  # the first round warms up
+            for name, claimed_by in (("acquire-2", None), ("acquire-3", "task-id")):
+                started = time.perf_counter()
+                for i in range(cycles):
+                    key, token = f"lease:{{bench:{i}}}", f"{i:032x}"
+                    store.acquire(client, key, token, 30_000, holder, 0, claimed_by)
+                    store.release(client, key, token)
+                if round_:
+                    times[name].append((time.perf_counter() - started) / cycles * 1e6)
+        return {name: {"us_per_acquire_and_release": spread(t)} for name, t in times.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--publishes", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
-    print(json.dumps(measure(args.publishes, args.rounds), indent=2))
+    print(json.dumps({**measure(args.publishes, args.rounds),
+                      **measure_acquire(args.publishes, args.rounds)}, indent=2))
     return 0
 
 
