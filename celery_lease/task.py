@@ -33,7 +33,7 @@ from .config import (
 )
 from .conflict import REDELIVERY_HEADER, SKIPPED_MARKER, SUCCESSOR_HEADER, is_skipped
 from .dedupe import CLAIM_HEADER
-from .errors import LeaseKeyError, LeaseLost, LeaseStoreUnavailable
+from .errors import LeaseConfigError, LeaseKeyError, LeaseLost, LeaseStoreUnavailable
 from .keys import KeySpec, build_key, validate_lease_key
 from .lease import Lease, _current
 from .names import check_task_names
@@ -204,6 +204,8 @@ class LeasedTask(Task):  # type: ignore[misc]
         Raises:
             LeaseStoreUnavailable: ``lease_dedupe``, the store could not be asked and
                 ``lease_on_store_error`` is ``"fail"``.
+            LeaseConfigError: ``lease_dedupe`` and this process has no lease store
+                configured (``lease_backend``, or a Redis ``broker_url``).
         """
         holding = _current.get()
         key: str | None = None
@@ -250,6 +252,8 @@ class LeasedTask(Task):  # type: ignore[misc]
             sent_args, sent_kwargs = loads(  # type: ignore[no-untyped-call]
                 data, content_type, encoding)
             return self.lease_key_for(sent_args, sent_kwargs)
+        except LeaseConfigError:
+            raise  # no store configured (a publisher of a task with lease_dedupe needs one)
         except Exception:
             return None
 

@@ -14,7 +14,7 @@ import redis
 from celery.utils import uuid
 from click.testing import CliRunner
 
-from celery_lease import LeaseStoreUnavailable, signals, store
+from celery_lease import LeaseConfigError, LeaseStoreUnavailable, signals, store
 from celery_lease.cli import lease
 from celery_lease.dedupe import claim_lifetime
 from celery_lease.keys import claim_key
@@ -209,3 +209,11 @@ def test_ls_and_doctor_show_a_waiting_copy_with_its_age_and_doctor_fails_one_pas
     done = CliRunner().invoke(lease, ["doctor"], obj=obj)
     assert any(line.startswith("FAIL") and waiting.id in line and "no expiry" in line
                for line in done.output.splitlines()), done.output
+
+
+def test_a_publisher_without_a_lease_store_is_refused_at_delay_naming_lease_backend(
+        client: redis.Redis, redis_url: str, worker_factory: WorkerFactory) -> None:
+    dedupe_app.configure(redis_url, worker_factory.queue, lease_backend=None,
+                         broker_url="amqp://guest:guest@127.0.0.1:5672//")
+    with pytest.raises(LeaseConfigError, match="lease_backend"):
+        sync.delay("o")
