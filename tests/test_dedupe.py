@@ -14,13 +14,13 @@ import redis
 from celery.utils import uuid
 from click.testing import CliRunner
 
-from celery_lease import LeaseConfigError, LeaseStoreUnavailable, signals, store
+from celery_lease import LeaseConfigError, LeaseStoreUnavailable, is_skipped, signals, store
 from celery_lease.cli import lease
 from celery_lease.dedupe import claim_lifetime
 from celery_lease.keys import claim_key
 from harness.topologies import cluster_setup
 from tests.apps import dedupe_app
-from tests.apps.dedupe_app import open_gate, requeue, runs, sync
+from tests.apps.dedupe_app import open_gate, requeue, runs, skipping, sync
 from tests.support.fixtures import WorkerFactory
 from tests.support.redis_server import free_port
 from tests.support.waiting import wait_for
@@ -217,3 +217,28 @@ def test_a_publisher_without_a_lease_store_is_refused_at_delay_naming_lease_back
                          broker_url="amqp://guest:guest@127.0.0.1:5672//")
     with pytest.raises(LeaseConfigError, match="lease_backend"):
         sync.delay("o")
+
+
+def test_a_waiting_copy_skipped_on_a_conflict_removes_its_claim(
+        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    worker_factory(APP, pool="threads", concurrency=2)  # the waiting copy starts at once
+    first = skipping.delay("s")
+    wait_for(lambda: started("s"), 30, message="the first run did not start")
+    waiting = skipping.delay("s", 1)
+    assert waiting.lease_disposition == "published"
+    assert is_skipped(waiting.get(timeout=30))
+    assert client.exists(claim_key(skipping.lease_key_for(("s",)))) == 0
+    assert skipping.delay("s", 2).lease_disposition == "published"
+    open_gate("s")
+    first.get(timeout=30)
+
+
+def test_a_publish_that_fails_removes_its_claim_before_the_error_reaches_the_caller(
+        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    deleted = int(client.info("commandstats").get("cmdstat_del", {}).get("calls", 0))
+    with pytest.raises(TypeError):  # the message cannot be encoded: the broker refuses it
+        sync.apply_async(("q",), headers={"unsendable": object()})
+    assert client.exists(claim_of("q")) == 0
+    assert client.info("commandstats")["cmdstat_del"]["calls"] == deleted + 1  # claimed, removed
+    assert client.llen(worker_factory.queue) == 0
+    assert sync.delay("q").lease_disposition == "published"

@@ -75,6 +75,12 @@ def sync(self: Any, tag: str, n: int = 0) -> str:
     return f"run {self.request.id} (n={n})"
 
 
+@app.task(shared=False, bind=True, base=LeasedTask, name="dedupe.skipping", lease_key=("tag",))
+def skipping(self: Any, tag: str, n: int = 0) -> str:
+    """As :func:`sync`, with the default ``lease_on_conflict="skip"``."""
+    return sync.run(tag, n)  # type: ignore[no-any-return]
+
+
 @app.task(shared=False, bind=True, base=LeasedTask, name="dedupe.requeue", lease_key=("tag",))
 def requeue(self: Any, tag: str, step: int) -> int:
     """Step 0 publishes step 1 for its own key (a self-requeue), then waits for the gate."""
