@@ -40,7 +40,9 @@ from celery.signals import task_revoked
 from celery.utils import uuid
 from celery.utils.time import maybe_make_aware
 from dateutil.parser import isoparse
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import signals, store
 from .errors import LeaseStoreUnavailable
@@ -94,68 +96,69 @@ def _seconds_until(when: Any) -> float:
     return float(when)
 
 
-def send(task: Any, key: str | None, options: dict[str, Any],
-            send: Callable[..., Any], take_over: bool = False) -> Any:
-    """Publish a message of ``task`` (``send(**options)``) unless a copy of lease ``key`` is
+def send(task: Any, key: str | None, options: dict[str, Any], publish: Callable[..., Any],
+         take_over: bool = False) -> Any:
+    """Publish a message of ``task`` (``publish(**options)``) unless a copy of lease ``key`` is
     waiting; return its result, with ``lease_disposition`` set.
 
     Args:
         key: the lease key of the call, or None when its arguments give none (published: the
             execution fails with the real error).
         options: the ``apply_async`` options (``task_id`` taken from them, or made here).
-        send: publishes the message: Celery's own ``apply_async`` with the call's arguments.
+        publish: publishes the message: Celery's own ``apply_async`` with the call's
+            arguments.
         take_over: claim the slot whoever holds it (the holder's self-requeue, a message
             published again under its own task id).
 
     Raises:
         LeaseStoreUnavailable: the store could not be asked and ``lease_on_store_error`` is
             ``"fail"``.
-        Exception: whatever ``send`` raises (the claim is removed first).
+        Exception: whatever ``publish`` raises (the claim is removed first).
     """
     headers = {k: v for k, v in (options.get("headers") or {}).items() if k != CLAIM_HEADER}
     if key is None or (not take_over and any(options.get(name) for name in _CANVAS)):
-        return _published(task, key or "", options, headers, send, "published")
+        return _published(task, key or "", options, headers, publish, "published")
     settings = task.lease_settings()
     requested = options.pop("task_id", None)
     task_id = requested or uuid()
     lifetime = claim_lifetime(options, getattr(task, "expires", None), settings.options.dedupe_ttl)
     claimer = store.holder_json(task.name, task_id, socket.gethostname(), os.getpid())
+    headers[CLAIM_HEADER] = key  # the execution clears a claim naming it, if one is there
     try:
         client = store.client_for(settings.url, settings.options.store_timeout,
                                   settings.options.backend_options)
         decision = store.claim(client, key, task_id, max(1, round(lifetime * 1000)), claimer,
                                take_over)
     except RedisError as exc:
+        # A lost reply (a broken connection, a timeout) may hide a claim that was written.
+        ambiguous = isinstance(exc, (RedisConnectionError, RedisTimeoutError))
         error = LeaseStoreUnavailable(key, "publish", store.describe(exc))
         if settings.options.on_store_error == "fail":
+            if ambiguous:
+                forget(task, key, task_id, "its publish was refused")
             raise error from None
         logger.warning("task %s[%s] published without a waiting-copy claim (the execution "
                        "lease still guards it): %s", task.name, task_id, error)
-        # The script may have run and only its reply been lost: the execution clears a claim
-        # that names it, if there is one.
-        headers[CLAIM_HEADER] = key
-        return _published(task, key, {**options, "task_id": task_id}, headers, send,
-                          "unguarded")
-    if decision.foreign:
-        logger.warning("task %s[%s] published without a waiting-copy claim: %s holds %s "
-                       "(`celery lease doctor` says more)", task.name, task_id,
-                       claim_key(key), decision.foreign)
-        return _published(task, key, {**options, "task_id": task_id}, headers, send,
-                          "unguarded")
-    if not decision.claimed:
-        return _deduplicated(task, key, requested, decision)
-    headers[CLAIM_HEADER] = key
+        disposition = "unguarded"
+    else:
+        if not (decision.claimed or decision.foreign):
+            return _deduplicated(task, key, requested, decision)
+        disposition = "published" if decision.claimed else "unguarded"
+        if decision.foreign:
+            logger.warning("task %s[%s] published without a waiting-copy claim: %s holds %s "
+                           "(`celery lease doctor` says more)", task.name, task_id,
+                           claim_key(key), decision.foreign)
     try:
-        return _published(task, key, {**options, "task_id": task_id}, headers, send,
-                          "published")
+        return _published(task, key, {**options, "task_id": task_id}, headers, publish,
+                          disposition)
     except BaseException:
         forget(task, key, task_id, "its publish failed")
         raise
 
 
 def _published(task: Any, key: str, options: dict[str, Any], headers: dict[str, Any],
-               send: Callable[..., Any], disposition: str) -> Any:
-    result = mark(send(**{**options, "headers": headers}), disposition)
+               publish: Callable[..., Any], disposition: str) -> Any:
+    result = mark(publish(**{**options, "headers": headers}), disposition)
     _announce(task, key, result.id, disposition)
     return result
 
