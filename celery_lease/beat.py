@@ -18,22 +18,16 @@ Celery's ``PersistentScheduler``) and only the process holding the leader lease 
   stamped with the store's clock (``TIME``), never its own. A beat that takes over reads how
   long ago each entry ran, on that clock, onto its own timeline, so whatever the hosts' wall
   clocks say it neither repeats runs the previous leader sent nor skips one that fell due
-  during the hand-over (sent once, as Celery does after any restart). The record lives
-  :data:`LAST_RUN_PERIODS` times the longest period, refreshed at every send.
+  during the hand-over (sent once, as Celery does after any restart). Before each send the
+  record is read again: a wrapped scheduler that re-read older times from its own storage
+  (django-celery-beat's database after a schedule change) does not send an entry again. The
+  record lives :data:`LAST_RUN_PERIODS` times the longest period, refreshed at every send.
 
 A check-then-send can still race with a pause that hits between the check and the send; the
 window is one ``apply_async`` call. Tasks that must never overlap should also be
 :class:`~celery_lease.LeasedTask` tasks: the task lease is the guard, the beat lease keeps the
-schedule from firing twice.
-
-Settings (Celery settings, durations in float seconds):
-
-- ``lease_beat_scheduler``: the wrapped scheduler class or ``"module:Class"`` name.
-- ``lease_beat_ttl``: the leader lease TTL (default ``lease_ttl``, 30.0).
-- ``lease_beat_renew_interval``: default ``lease_beat_ttl / 3``.
-- ``lease_beat_key``: default ``"<lease_key_prefix>:{celery.beat:<app main name>}"``; an app
-  without a name (``Celery()``) must set it (:func:`beat_lease_key`).
-- ``lease_backend`` (else a Redis ``broker_url``): where the lease lives.
+schedule from firing twice. Settings (``lease_beat_scheduler``, ``lease_beat_ttl``,
+``lease_beat_renew_interval``, ``lease_beat_key``): docs/reference/settings.md.
 """
 
 from __future__ import annotations
@@ -65,6 +59,8 @@ _DEFAULT_INNER = "celery.beat:PersistentScheduler"
 #: The last-run record outlives the last send by this many of the longest period (at least
 #: as many ``lease_beat_ttl``): enough for any hand-over, and no record left forever.
 LAST_RUN_PERIODS = 10
+#: Float seconds: a send this close to the due time of the last recorded one is its own.
+RESEND_SLACK = 1.0
 _SELF_NAMES = ("celery_lease.beat:LeasedScheduler", "celery_lease.beat.LeasedScheduler")
 
 
@@ -92,16 +88,6 @@ def beat_lease_key(app: Any) -> str:
             f"the same for every beat of this app, or name the app: Celery('proj')")
     prefix = app.conf.get("lease_key_prefix") or DEFAULTS["lease_key_prefix"]
     return beat_leader_key(prefix, main)
-
-
-def beat_options(app: Any) -> LeaseOptions:
-    """The leader lease's validated settings (``lease_beat_ttl``, ``lease_beat_renew_interval``).
-
-    Raises:
-        LeaseConfigError: an invalid value (naming the ``lease_beat_*`` setting at fault), or
-            no Redis URL is configured.
-    """
-    return config.beat_options(app.conf)
 
 
 class _NoInterrupt:
@@ -371,9 +357,22 @@ class LeasedScheduler:
             logger.warning("beat: not sending %s (%s): this beat no longer holds the leader "
                            "lease", entry.name, entry.task)
             return None
+        if self._sent_lately(leader, entry):
+            logger.warning("beat: not sending %s: by its last-run record not due yet", entry.name)
+            self._take_over(leader)  # the wrapped scheduler's times are older: load them again
+            return None
         result = self._send(entry, producer=producer, advance=advance, **kwargs)
         leader.record_run(entry.name, self._period(entry))
         return result
+
+    def _sent_lately(self, leader: BeatLeader, entry: Any) -> bool:
+        """Whether the store's last-run record says ``entry`` is due in over RESEND_SLACK s."""
+        age = leader.last_run_ages().get(entry.name)
+        try:
+            due, wait = entry.schedule.is_due(self.app.now() - _dt.timedelta(seconds=age or 0))
+        except Exception:  # a third-party schedule that cannot say: sent, as before
+            return False
+        return age is not None and not due and float(wait) > RESEND_SLACK
 
     def _period(self, entry: Any) -> float:
         """Float seconds from now to ``entry``'s next run, by its schedule's own ``is_due``

@@ -14,8 +14,9 @@ app's settings and its registered :class:`~celery_lease.LeasedTask` tasks; ``--u
 ``--prefix`` override them. Listing uses ``SCAN`` (never ``KEYS``), in batches, so it is safe
 on a large production Redis.
 
-Exit codes: 0 success; 1 a check failed, a release was refused or declined, or nothing was
-found; 2 bad usage or configuration.
+Exit codes (docs/operations.md, tests/test_cli_exit_codes.py): 0 success; 1 a check failed, a
+release was refused or declined, the lease was not found (``show`` of a free key, ``release`` of
+a missing one), or a cluster node did not answer ``ls``; 2 bad usage or configuration.
 """
 
 from __future__ import annotations
@@ -79,17 +80,22 @@ def _shorten(text: str, width: int) -> str:
     return text[:head] + "~" + text[len(text) - (width - 1 - head):]
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int | None = None
-           ) -> str:
-    """Left-aligned columns; with ``width``, the widest columns are shortened in the middle
-    (never below :data:`_MIN_COLUMN`) until each line fits."""
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int | None = None,
+           shrink_first: Sequence[str] = ()) -> str:
+    """Left-aligned columns; with ``width``, columns are shortened in the middle (never below
+    :data:`_MIN_COLUMN`) until each line fits: those named in ``shrink_first`` in that order,
+    then the widest."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
               for i, h in enumerate(headers)]
+    floor = [max(_MIN_COLUMN, len(h)) for h in headers]
+    order = [headers.index(h) for h in shrink_first]
     while width is not None and sum(widths) + 2 * (len(widths) - 1) > width:
-        widest = max(range(len(widths)), key=lambda i: widths[i])
-        if widths[widest] <= max(_MIN_COLUMN, len(headers[widest])):
-            break
-        widths[widest] -= 1
+        column = next((i for i in order if widths[i] > floor[i]), None)
+        if column is None:
+            column = max(range(len(widths)), key=lambda i: widths[i])
+            if widths[column] <= floor[column]:
+                break
+        widths[column] -= 1
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
     for row in rows:
         lines.append("  ".join(_shorten(c, w).ljust(w)
@@ -153,7 +159,7 @@ def lease(ctx: click.Context, /, **kwargs: Any) -> None:
 @click.option("--task", "task_name", default=None, help="Only leases held by this task name.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per lease, in a list.")
 @click.option("--wide", is_flag=True,
-              help="Every column in full (fencing token, key), whatever the terminal width.")
+              help="Every column in full, and the fencing token, whatever the terminal width.")
 @click.option("--url", default=None, help=_URL_HELP)
 @click.option("--prefix", "prefixes", multiple=True,
               help="Key prefix to scan (repeatable; default: every configured prefix).")
@@ -162,10 +168,10 @@ def lease(ctx: click.Context, /, **kwargs: Any) -> None:
 @_config_guard
 def ls(ctx: click.Context, task_name: str | None, as_json: bool, wide: bool, url: str | None,
        prefixes: tuple[str, ...], **kwargs: Any) -> None:
-    """List held leases: task, task id, holder host and pid, time left (--wide: fencing token
-    and key as well; --json: everything), then the waiting copies of tasks with lease_dedupe
-    (published, not started) with their age (in --json, objects with "kind": "waiting").
-    Exits 2 when --task names no registered task."""
+    """List held leases: task, task id, holder host and pid, time left and key (--wide: the
+    fencing token as well, nothing shortened; --json: everything), then the waiting copies of
+    tasks with lease_dedupe (published, not started) with their age (in --json, objects with
+    "kind": "waiting"). Exits 2 when --task names no registered task."""
     app = _app(ctx)
     if task_name is not None and task_name != BEAT_TASK_NAME and task_name not in app.tasks:
         _fail(f"no task named {task_name!r} is registered in app {app.main!r}", 2)
@@ -207,10 +213,12 @@ def _print_leases(found: list[LeaseInfo], wide: bool) -> None:
         click.echo(_table(("TASK", "TASK ID", "HOST", "PID", "FENCING TOKEN", "TIME LEFT",
                            "KEY"), rows))
     else:
-        rows = [(task[id(i)], i.task_id or "?", i.host or "?", str(i.pid), _human(i.ttl))
+        # The key is what tells two holds apart (both `celery_lease.hold MainThread`).
+        rows = [(task[id(i)], i.task_id or "?", i.host or "?", str(i.pid), _human(i.ttl), i.key)
                 for i in found]
-        click.echo(_table(("TASK", "TASK ID", "HOST", "PID", "TIME LEFT"), rows,
-                          width=shutil.get_terminal_size().columns))
+        click.echo(_table(("TASK", "TASK ID", "HOST", "PID", "TIME LEFT", "KEY"), rows,
+                          width=shutil.get_terminal_size().columns,
+                          shrink_first=("TASK ID", "KEY")))
     click.echo(f"{len(found)} lease(s)")
     for info in found:
         if info.foreign:
@@ -219,10 +227,13 @@ def _print_leases(found: list[LeaseInfo], wide: bool) -> None:
 
 
 def _print_waiting(waiting: list[ClaimInfo], wide: bool) -> None:
-    rows = [(c.task or "?", c.task_id, _human(c.age), _human(c.ttl), *((c.key,) if wide else ()))
-            for c in waiting]
-    click.echo(_table(("WAITING TASK", "TASK ID", "AGE", "TIME LEFT", *(("KEY",) if wide else ())),
-                      rows, None if wide else shutil.get_terminal_size().columns))
+    rows = [(c.task or "?", c.task_id, _human(c.age), _human(c.ttl), c.key) for c in waiting]
+    headers = ("WAITING TASK", "TASK ID", "AGE", "TIME LEFT", "KEY")
+    if wide:
+        click.echo(_table(headers, rows))
+    else:
+        click.echo(_table(headers, rows, width=shutil.get_terminal_size().columns,
+                          shrink_first=("TASK ID", "KEY")))
     click.echo(f"{len(waiting)} waiting cop{'y' if len(waiting) == 1 else 'ies'} (lease_dedupe: "
                f"published, not started; later publishes of the key return their result)")
 
@@ -245,7 +256,8 @@ def _parse_arg(text: str) -> Any:
 @_config_guard
 def show(ctx: click.Context, task_name: str, args: tuple[str, ...], kwargs_json: str | None,
          as_json: bool, **kwargs: Any) -> None:
-    """Show the lease key a call would take, and who holds it now.
+    """Show the lease key a call would take, and who holds it now. Exits 1 when nobody
+    holds it (after printing the key).
 
     Each ARG is parsed as JSON when it can be (7, "7", [1,2], null), else taken as a string.
     """
@@ -267,9 +279,11 @@ def show(ctx: click.Context, task_name: str, args: tuple[str, ...], kwargs_json:
     info = read_lease(store.client_for(url, inspection.CLI_TIMEOUT, options.backend_options), key)
     if as_json:
         click.echo(json.dumps({"key": key, "holder": asdict(info) if info else None}, indent=2))
-        return
-    click.echo(f"key:    {key}")
-    click.echo(f"holder: {_describe(info) if info else 'none (free)'}")
+    else:
+        click.echo(f"key:    {key}")
+        click.echo(f"holder: {_describe(info) if info else 'none (free)'}")
+    if info is None:
+        ctx.exit(1)  # not found, as `release` of a missing key
 
 
 @lease.command(name="release", cls=CeleryCommand)

@@ -249,13 +249,14 @@ def check_task(app: Any, task: Any, options: LeaseOptions, vt: float | None) -> 
                 f"{options.ttl:g}s in an ETA message, which the broker redelivers after "
                 f"visibility_timeout={vt:g}s", f"broker_transport_options={{"
                 f"'visibility_timeout': {max(vt, options.ttl * 4):g}}} or a shorter lease_ttl"))
-        limit_text = "no hard time limit" if hard is None else f"time_limit={hard}s"
+        limit_text = ("no time_limit" if hard is None else
+                      f"time_limit={float(hard):g}s, not below visibility_timeout")
         if acks_late and (hard is None or float(hard) >= vt):
             found.append(Finding(
-                "warn", subject, f"acks_late with {limit_text} >= visibility_timeout={vt:g}s: "
-                f"a long run is redelivered while it runs (the lease refuses the copy, but it "
-                f"takes a slot)", "set time_limit below visibility_timeout, or raise "
-                "visibility_timeout in broker_transport_options"))
+                "warn", subject, f"acks_late is on with {limit_text}: a run longer than "
+                f"visibility_timeout={vt:g}s is delivered again while it still runs (the lease "
+                f"refuses the copy, but it takes a slot)", "set time_limit below "
+                "visibility_timeout, or raise visibility_timeout in broker_transport_options"))
     return found
 
 

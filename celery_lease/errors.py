@@ -219,7 +219,10 @@ class LeaseLost(SoftTimeLimitExceeded):  # type: ignore[misc]
         return float(self.args[3])
 
     def __str__(self) -> str:
+        # `late` measures from the last moment the lease was known held, not a slowness.
+        since = ("after its last confirmed renewal" if self.cause == LostCause.REFUSED
+                 else "after its local deadline")
         return (
             f"lease {self.key!r} lost ({self.cause}, fencing token {self.fencing_token}, "
-            f"detected {self.late:.3f}s late)"
+            f"found {self.late:.3f}s {since})"
         )

@@ -17,8 +17,8 @@ but Flower only displays the fields listed in ``celery.events.state.Task._fields
 - the task detail page and ``/api/task/info/<id>`` and ``/api/tasks`` show every ``lease_*``
   field, durations rounded to the millisecond;
 - a task that failed with one of this library's errors shows the error's sentence
-  (``LeaseLost: lease 'lease:{...}' lost (refused, fencing token 7, detected 0.012s late)``)
-  instead of Celery's ``repr`` of its arguments;
+  (``LeaseLost: lease 'lease:{...}' lost (refused, fencing token 7, found 0.012s after its
+  last confirmed renewal)``) instead of Celery's ``repr`` of its arguments;
 - the tasks list gets a ``lease`` column (add ``lease`` to Flower's ``tasks_columns``) with
   a few words: ``skipped (lease held)`` or ``lost (refused)``; the key, holder and token
   are on the task page.
@@ -80,8 +80,9 @@ def describe_exception(text: str | None) -> str | None:
     """Celery's ``repr`` of a celery-lease error turned into its sentence; others unchanged.
 
     ``"LeaseLost('lease:{a}', 'refused', 7, 0.0123)"`` becomes ``"LeaseLost: lease
-    'lease:{a}' lost (refused, fencing token 7, detected 0.012s late)"``. Text that is not
-    such a ``repr`` (another exception, a truncated ``repr``) is returned as it is.
+    'lease:{a}' lost (refused, fencing token 7, found 0.012s after its last confirmed
+    renewal)"``. Text that is not such a ``repr`` (another exception, a truncated ``repr``) is
+    returned as it is.
     """
     match = _REPR.match(text or "")
     if match is None or match["name"] not in _ERRORS:

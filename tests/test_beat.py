@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import itertools
 import json
 import logging
@@ -305,12 +306,18 @@ class RecordingScheduler(Scheduler):  # type: ignore[misc]
         return SimpleNamespace(id=f"recorded-{len(self.sent)}")
 
 
+def _recording_app(name: str, redis_url: str, ttl: float, every: float) -> Celery:
+    """An app whose beat wraps a :class:`RecordingScheduler` with one entry, ``every``."""
+    app = Celery(name, broker=redis_url)
+    app.conf.update(beat_scheduler="tests.test_beat:RecordingScheduler", lease_beat_ttl=ttl,
+                    beat_schedule={"every": {"task": "x.y", "schedule": every}})
+    return app
+
+
 def test_leased_scheduler_wraps_the_configured_scheduler_and_only_the_leader_sends(
     redis_url: str
 ) -> None:
-    app = Celery("wrapped", broker=redis_url)
-    app.conf.update(beat_scheduler="tests.test_beat:RecordingScheduler", lease_beat_ttl=1.0,
-                    beat_schedule={"every": {"task": "x.y", "schedule": 0.05}})
+    app = _recording_app("wrapped", redis_url, ttl=1.0, every=0.05)
     lazy = LeasedScheduler(app=app, lazy=True)
     assert isinstance(lazy.inner, RecordingScheduler)
     assert lazy.leader is None  # celery beat's banner instance takes part in no election
@@ -338,6 +345,30 @@ def test_leased_scheduler_wraps_the_configured_scheduler_and_only_the_leader_sen
     app.conf.lease_beat_scheduler = "celery_lease.beat:LeasedScheduler"
     with pytest.raises(LeaseConfigError, match="lease_beat_scheduler"):
         LeasedScheduler(app=app, lazy=True)
+
+
+def test_a_send_the_last_run_record_calls_early_is_not_made_and_the_record_is_loaded_again(
+    redis_url: str
+) -> None:
+    # A wrapped scheduler that re-read an older last run from its own storage after a
+    # take-over (django-celery-beat's database) would send what the old leader just sent.
+    app = _recording_app("early", redis_url, ttl=5.0, every=3600.0)
+    scheduler = LeasedScheduler(app=app)
+    try:
+        wait_for(lambda: scheduler.tick() is not None and scheduler.leader is not None
+                 and scheduler.leader.is_leader, 5, interval=0.01)
+        assert scheduler.leader is not None
+        scheduler.leader.record_run("every", 3600.0)  # the old leader sent it just now
+        stale = app.now() - datetime.timedelta(hours=2)
+        scheduler.inner.schedule["every"].last_run_at = stale
+        assert scheduler.apply_async(scheduler.inner.schedule["every"]) is None
+        assert getattr(scheduler.inner, "sent", []) == []
+        assert scheduler.inner.schedule["every"].last_run_at > stale  # the record's, again
+        redis.Redis.from_url(redis_url).delete(scheduler.leader.state_key)  # no record: due
+        assert scheduler.apply_async(scheduler.inner.schedule["every"]) is not None
+        assert scheduler.inner.sent == ["every"]
+    finally:
+        scheduler.close()
 
 
 def test_two_beats_wrapping_redbeat_elect_one_leader_and_fail_over(

@@ -34,7 +34,8 @@ print(json.dumps({
 
 def run_project(tmp_path: Path, settings_extra: str = "") -> subprocess.CompletedProcess[str]:
     files = titled_blocks("howto/django.md")
-    assert set(files) == {"proj/celery.py", "proj/settings.py", "accounts/tasks.py"}
+    assert set(files) == {"proj/__init__.py", "proj/celery.py", "proj/settings.py",
+                          "accounts/tasks.py"}
     files["proj/celery.py"] = files["proj/celery.py"].replace(
         '"django.conf:settings"', '"proj.settings"')
     files["proj/settings.py"] += settings_extra

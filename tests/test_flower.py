@@ -144,7 +144,8 @@ def test_flower_shows_a_skipped_duplicate_and_a_lost_lease(flower_setup: dict[st
     assert lost["fencing_token"] == held.fencing_token
     # The error as a sentence, not Celery's repr of its arguments.
     assert re.fullmatch(re.escape(f"LeaseLost: lease {key!r} lost (refused, fencing token "
-                                  f"{held.fencing_token}, detected ") + r"\d+\.\d{3}s late\)",
+                                  f"{held.fencing_token}, found ") +
+                        r"\d+\.\d{3}s after its last confirmed renewal\)",
                         lost["exception"]), lost["exception"]
     assert lost["lease"] == "lost (refused)"
 

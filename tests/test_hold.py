@@ -251,7 +251,7 @@ def test_many_threads_contending_never_hold_at_once(redis_url: str) -> None:
     assert overlaps == 0
     assert len(fences) > 50
     assert all(a < b for a, b in itertools.pairwise(fences))
-    measured("hold handoffs in 2 s, 16 threads", "threads", float(len(fences)))
+    measured("hold handoffs in 2 s, 16 threads", "threads", float(len(fences)), unit="")
 
 
 def test_hold_async_loss_surfaces_as_lease_lost_and_external_cancel_stays(

@@ -134,6 +134,16 @@ def test_every_error_pickles_and_survives_json_serialization() -> None:
         "lease:{k}", "refused", 7, 0.25)
 
 
+def test_a_lost_lease_says_what_its_seconds_count_from() -> None:
+    # An operator's release is found at the next renewal: no deadline was missed.
+    assert str(LeaseLost("lease:{k}", "refused", 7, 3.3374)) == (
+        "lease 'lease:{k}' lost (refused, fencing token 7, found 3.337s after its last "
+        "confirmed renewal)")
+    for cause in ("deadline", "store_error"):
+        assert str(LeaseLost("lease:{k}", cause, 7, 0.012)).endswith(
+            "found 0.012s after its local deadline)")
+
+
 def test_no_command_names_the_key_after_release(redis_url: str) -> None:
     """Watch with MONITOR: after a lease's release, no command names its key."""
     app = make_app(redis_url)
@@ -266,7 +276,7 @@ def test_threads_two_keys_each_renews_and_releases_its_own(redis_url: str) -> No
 
     @app.task(bind=True, base=LeasedTask, lease_ttl=0.6, shared=False)  # type: ignore[misc]
     def job(self: Any, n: int) -> None:
-        running.wait(5)
+        running.wait(30)
         try:
             for _ in range(100):
                 time.sleep(0.02)
@@ -281,7 +291,7 @@ def test_threads_two_keys_each_renews_and_releases_its_own(redis_url: str) -> No
     runners = [threading.Thread(target=run, args=(n,), daemon=True) for n in (1, 2)]
     for t in runners:
         t.start()
-    running.wait(5)
+    running.wait(30)
     client = redis.Redis.from_url(redis_url)
     client.delete(job.lease_key_for((1,)))
     for t in runners:

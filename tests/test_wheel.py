@@ -4,7 +4,9 @@ Builds the sdist and the wheel with ``python -m build``, installs the wheel into
 virtualenv (no system or repository packages; pip's cache keeps it quick), and starts a real
 ``celery worker`` from that virtualenv running the README's quick start against a private
 Redis: the worker must start (the base dependencies include kombu's Redis transport), run the
-leased task, and skip a duplicate that starts while it runs.
+leased task, and skip a duplicate that starts while it runs; the README's unit test runs with
+the plugin of the installed ``testing`` extra; and the README, which is the long description,
+links only to addresses that work outside the repository.
 """
 
 from __future__ import annotations
@@ -25,43 +27,40 @@ from tests.support.fixtures import RedisFactory
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# The quick start leaves two names to the reader; these stand in for them.
-PREAMBLE = '''\
-import json
-import os
-import time
+# The test's stand-in for the API client is slow, so that the duplicate starts while the
+# first run holds the lease (the task looks `fetch_pages` up when it runs).
+SLOW_FETCH = '''
+
+_fetch_pages = fetch_pages
 
 
 def fetch_pages(account_id, since):
-    time.sleep(2.0)  # long enough for the duplicate to start while this run holds the lease
-    return ["page-1", "page-2"]
+    import time
 
-
-class _Ledger:
-    def write(self, account_id, page, fencing_token):
-        with open(os.environ["LEDGER"], "a") as out:
-            out.write(json.dumps([account_id, page, fencing_token]) + "\\n")
-
-
-ledger = _Ledger()
+    time.sleep(2.0)
+    return _fetch_pages(account_id, since)
 '''
 
 CLIENT = '''\
 import json
 import celery_lease
-from quickstart import sync_account
+from proj import sync_account
 from celery_lease import is_skipped
 
 results = [r.get(timeout=60) for r in [sync_account.delay(42), sync_account.delay(42)]]
-print(json.dumps({"skipped": [is_skipped(r) for r in results],
+print(json.dumps({"results": results, "skipped": [is_skipped(r) for r in results],
                   "installed_at": celery_lease.__file__}))
 '''
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+REPOSITORY = "https://github.com/celery-lease/celery-lease"  # [project.urls] Source
 
 
-def readme_quick_start() -> str:
+def readme_block(title: str) -> str:
+    """The README's code block titled ``title`` (the quick start's files)."""
     text = (ROOT / "README.md").read_text()
-    section = text.split("## Quick start", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)  # type: ignore[union-attr]
+    found = re.search(rf'```python title="{re.escape(title)}"\n(.*?)```', text, re.S)
+    assert found, f"README.md has no block titled {title}"
+    return found.group(1)
 
 
 @pytest.fixture(scope="module")
@@ -90,29 +89,63 @@ def test_the_sdist_and_the_wheel_carry_the_license_and_the_sdist_no_test_suite(
     assert re.search(r"Requires-Dist: celery\[redis\]>=5\.3", metadata)
 
 
-def test_a_worker_from_the_installed_wheel_runs_the_quick_start(
+def test_every_link_of_the_long_description_works_outside_the_repository(
+    dists: Path,
+) -> None:
+    # The README is the package's long description: on the index a relative link is broken,
+    # so each link is absolute, and one into this repository names a file that exists.
+    (wheel,) = dists.glob("celery_lease-*.whl")
+    with zipfile.ZipFile(wheel) as whl:
+        metadata = whl.read(next(n for n in whl.namelist()
+                                 if n.endswith(".dist-info/METADATA"))).decode()
+    description = metadata.split("\n\n", 1)[1]
+    assert "## Quick start" in description
+    links = LINK.findall(description)
+    assert len(links) >= 10
+    for link in links:
+        assert link.startswith(("https://", "#")), f"relative link in the README: {link}"
+        if link.startswith(REPOSITORY + "/"):
+            path = re.sub(r"^/(blob|tree)/main/", "", link[len(REPOSITORY):]).split("#")[0]
+            assert (ROOT / path).exists(), f"README links to {path}, which does not exist"
+
+
+def test_the_install_instructions_name_the_wheel_that_build_writes(dists: Path) -> None:
+    (wheel,) = dists.glob("celery_lease-*.whl")
+    for page in ("README.md", "docs/install.md"):
+        named = set(re.findall(r"celery_lease-\S+?\.whl", (ROOT / page).read_text()))
+        assert named == {wheel.name}, page
+
+
+def test_a_worker_from_the_installed_wheel_runs_the_quick_start_and_its_unit_test(
     dists: Path, tmp_path: Path, throwaway_redis: RedisFactory
 ) -> None:
     (wheel,) = dists.glob("celery_lease-*.whl")
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)  # no system site packages, nothing from the repository
     python = env_dir / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "-q", str(wheel)],
+    subprocess.run([str(python), "-m", "pip", "install", "-q", f"{wheel}[testing]"],
                    check=True, capture_output=True, timeout=300)
 
     server = throwaway_redis()
     app_dir = tmp_path / "app"
     app_dir.mkdir()
     url = server.url(0).rsplit("/", 1)[0]  # redis://127.0.0.1:<port>
-    (app_dir / "quickstart.py").write_text(
-        PREAMBLE + readme_quick_start().replace("redis://localhost:6379", url))
+    quick_start = readme_block("proj.py").replace("redis://localhost:6379", url)
+    (app_dir / "proj.py").write_text(quick_start)
+    (app_dir / "test_proj.py").write_text(readme_block("test_proj.py"))
     (app_dir / "client.py").write_text(CLIENT)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(PATH=f"{env_dir / 'bin'}{os.pathsep}{env['PATH']}",
-               LEDGER=str(tmp_path / "ledger.jsonl"))
+    env.update(PATH=f"{env_dir / 'bin'}{os.pathsep}{env['PATH']}")
 
+    # The README's unit test, as written, with the installed plugin (an embedded Redis).
+    unit = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "test_proj.py"], cwd=app_dir, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert unit.returncode == 0 and "1 passed" in unit.stdout, unit.stdout + unit.stderr
+
+    (app_dir / "proj.py").write_text(quick_start + SLOW_FETCH)
     worker = subprocess.Popen(
-        [str(env_dir / "bin" / "celery"), "-A", "quickstart", "worker", "--concurrency", "2",
+        [str(env_dir / "bin" / "celery"), "-A", "proj", "worker", "--concurrency", "2",
          "--loglevel", "INFO", "--without-gossip", "--without-mingle", "-n", "wheel@%h"],
         cwd=app_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -125,7 +158,5 @@ def test_a_worker_from_the_installed_wheel_runs_the_quick_start(
     report = json.loads(client.stdout)
     assert str(env_dir) in report["installed_at"]
     assert sorted(report["skipped"]) == [False, True], log
-    rows = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
-    assert [row[:2] for row in rows] == [[42, "page-1"], [42, "page-2"]]
-    assert rows[0][2] == rows[1][2] > 0  # one execution, one fencing token
+    assert 3 in report["results"]  # the run that held the lease copied the three pages
     assert "ModuleNotFoundError" not in log

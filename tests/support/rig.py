@@ -27,7 +27,7 @@ MODE = {"threads": "chunks"}
 CONCURRENCY = {"prefork": 2, "solo": 1, "threads": 4, "gevent": 4, "eventlet": 4}
 
 #: Figures the fault tests measured, printed at the end of the session (see conftest).
-MEASURED: list[tuple[str, str, float]] = []
+MEASURED: list[tuple[str, str, float, str]] = []  # (what, pool, value, unit)
 
 
 class Rig:
@@ -108,7 +108,8 @@ def resume_process(pid: int) -> None:
     os.kill(pid, signal.SIGCONT)
 
 
-def measured(name: str, pool: str, seconds: float) -> None:
-    """Keep a figure for the end-of-session summary."""
-    MEASURED.append((name, pool, seconds))
+def measured(name: str, pool: str, value: float, unit: str = "s") -> None:
+    """Keep a figure for the end-of-session summary: ``value`` in ``unit`` (``"s"``: float
+    seconds; ``""``: a count)."""
+    MEASURED.append((name, pool, value, unit))
 
