@@ -203,7 +203,7 @@ def test_ls_and_doctor_show_a_waiting_copy_with_its_age_and_doctor_fails_one_pas
     assert (shown["task"], shown["task_id"], shown["key"]) == (
         "dedupe.sync", waiting.id, sync.lease_key_for(("n",)))
     assert 0.0 <= shown["age"] < 10.0 and shown["lifetime"] == 300.0
-    table = CliRunner().invoke(lease, ["ls"], obj=obj).output
+    table = CliRunner().invoke(lease, ["ls", "--wide"], obj=obj).output
     assert "1 waiting copy" in table and waiting.id in table
     client.persist(claim_of("n"))  # a claim that can no longer lapse
     done = CliRunner().invoke(lease, ["doctor"], obj=obj)
