@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 import redis
+from celery.beat import ScheduleEntry, Scheduler
+from celery.schedules import schedule
 from celery.utils import uuid
 from click.testing import CliRunner
 
@@ -242,3 +244,16 @@ def test_a_publish_that_fails_removes_its_claim_before_the_error_reaches_the_cal
     assert client.info("commandstats")["cmdstat_del"]["calls"] == deleted + 1  # claimed, removed
     assert client.llen(worker_factory.queue) == 0
     assert sync.delay("q").lease_disposition == "published"
+
+
+def test_beats_sends_of_a_waiting_key_are_folded_and_a_send_task_publisher_is_not(
+        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    scheduler = Scheduler(dedupe_app.app, lazy=True)
+    entry = ScheduleEntry("sync-b", "dedupe.sync", schedule(60.0), args=("bt",),
+                          app=dedupe_app.app)
+    sent = [scheduler.apply_async(entry, advance=False) for _ in range(3)]
+    assert [r.lease_disposition for r in sent] == ["published"] + ["deduplicated"] * 2
+    assert {r.id for r in sent} == {sent[0].id}
+    # By name only: nothing to decide with, so it is published (and caught at execution).
+    dedupe_app.app.send_task("dedupe.sync", ("bt",))
+    assert client.llen(worker_factory.queue) == 2
