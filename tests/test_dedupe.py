@@ -257,3 +257,19 @@ def test_beats_sends_of_a_waiting_key_are_folded_and_a_send_task_publisher_is_no
     # By name only: nothing to decide with, so it is published (and caught at execution).
     dedupe_app.app.send_task("dedupe.sync", ("bt",))
     assert client.llen(worker_factory.queue) == 2
+
+
+def test_a_waiting_copy_retried_on_a_conflict_keeps_its_claim_and_later_publishes_fold_onto_it(
+        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    worker_factory(APP, pool="threads", concurrency=2)  # the waiting copy starts at once
+    first = sync.delay("r")
+    wait_for(lambda: started("r"), 30, message="the first run did not start")
+    waiting = sync.delay("r", 1)
+    wait_for(lambda: waiting.state == "RETRY", 30, message="the waiting copy was not retried")
+    folded = sync.delay("r", 2)
+    assert (folded.id, folded.lease_disposition) == (waiting.id, "deduplicated")
+    open_gate("r")
+    assert first.get(timeout=30) == f"run {first.id} (n=0)"
+    assert folded.get(timeout=30) == f"run {waiting.id} (n=1)"
+    assert [(r["what"], r["id"]) for r in runs("r")] == [
+        ("start", first.id), ("end", first.id), ("start", waiting.id), ("end", waiting.id)]
