@@ -54,6 +54,8 @@ DEFAULTS: dict[str, Any] = {
     "lease_on_conflict": "skip",  # skip | retry | fail
     "lease_on_store_error": "retry",  # retry | fail
     "lease_store_outage_max": 300.0,  # float seconds a "retry" waits out a store outage
+    "lease_dedupe": False,  # bool: at most one waiting copy per key, decided at publish
+    "lease_dedupe_ttl": 300.0,  # float seconds a claim lives (a message's expires instead)
     "lease_require_noeviction": False,
     "lease_signal": "SIGUSR2",
 }
@@ -70,6 +72,8 @@ TASK_OPTIONS = (
     "lease_on_conflict",
     "lease_on_store_error",
     "lease_store_outage_max",
+    "lease_dedupe",
+    "lease_dedupe_ttl",
 )
 
 #: Settings read elsewhere (the beat leader lease, celery_lease.beat; lease_tasks,
@@ -102,6 +106,10 @@ class LeaseOptions:
         min_replicas: replicas that must acknowledge a grant, and each renewal (int >= 0).
         store_outage_max: float seconds an execution waits out a store outage, its retries not
             counted in ``max_retries``, with ``on_store_error="retry"`` (:mod:`.outage`).
+        dedupe: ``lease_dedupe`` (bool): a publish of a key whose copy is waiting publishes
+            nothing (:mod:`celery_lease.dedupe`).
+        dedupe_ttl: ``lease_dedupe_ttl``, the lifetime of a waiting copy's claim, float
+            seconds (> 0), for a message without ``expires``.
     """
 
     backend: str | None
@@ -114,6 +122,8 @@ class LeaseOptions:
     backend_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     min_replicas: int = 0
     store_outage_max: float = DEFAULTS["lease_store_outage_max"]
+    dedupe: bool = False
+    dedupe_ttl: float = 300.0
 
     @property
     def ttl_ms(self) -> int:
@@ -215,6 +225,14 @@ def resolve_options(
         if pick(name) not in allowed:
             problems.append((f"{name}={pick(name)!r}",
                              f"is not one of {', '.join(map(repr, allowed))}"))
+    dedupe, dedupe_ttl = pick("lease_dedupe"), pick("lease_dedupe_ttl")
+    if not isinstance(dedupe, bool):
+        problems.append((f"lease_dedupe={dedupe!r}", "must be True or False (a bool: the string "
+                         "'false' would count as true)"))
+    dedupe_problem = timing.duration_problem(dedupe_ttl)
+    if dedupe_problem is not None:
+        problems.append((f"lease_dedupe_ttl={dedupe_ttl!r}", f"{dedupe_problem}, e.g. "
+                         f"lease_dedupe_ttl={DEFAULTS['lease_dedupe_ttl']}"))
     if problems:
         raise LeaseConfigError(_refusal(where, problems))
     return LeaseOptions(
@@ -228,6 +246,8 @@ def resolve_options(
         backend_options=backend_options,
         min_replicas=min_replicas,
         store_outage_max=float(outage_max),
+        dedupe=dedupe,
+        dedupe_ttl=float(dedupe_ttl),
     )
 
 

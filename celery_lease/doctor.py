@@ -1,7 +1,9 @@
 """The checks of ``celery lease doctor``: each task's lease settings, beat, each store, and
 each store's ACL user (:func:`check_acl`).
 
-Each check returns :class:`Finding` values; the command (:mod:`celery_lease.cli`) prints them.
+Each check returns :class:`~celery_lease.finding.Finding` values; the command
+(:mod:`celery_lease.cli`) prints them.
+The waiting copies' claims (``lease_dedupe``) are checked by :mod:`celery_lease.doctor_claims`.
 The worker's start check (:mod:`celery_lease.worker`) runs the same list,
 ``diagnose(app, at_start=True)``, and logs what it finds (or refuses to start, for a
 :attr:`Finding.refuses_start` one).
@@ -11,21 +13,23 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Collection, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from redis.exceptions import NoPermissionError, RedisError
 
 from . import acl, clock, config, store
 from .config import LeaseOptions, resolve_backend
+from .doctor_claims import check_claims
 from .errors import LeaseConfigError
+from .finding import Finding
 from .inspection import app_options, client, leased_tasks, scan_foreign, stores
 from .store import permissions, topology
 from .store.url import safe_url
 
-__all__ = ["MIN_REDIS", "Finding", "check_acl", "check_beat", "check_failover", "check_replicas",
-           "check_store", "check_task", "check_values", "diagnose", "failover_problem",
-           "redis_version_problem"]
+__all__ = ["MIN_REDIS", "Finding", "check_acl", "check_beat", "check_claims", "check_failover",
+           "check_replicas", "check_store", "check_task", "check_values", "diagnose",
+           "failover_problem", "redis_version_problem"]
 
 #: The oldest Redis the library works with: the release keeps its note beside the fencing
 #: counter with ``SET ... KEEPTTL`` (6.0).
@@ -42,29 +46,6 @@ def redis_version_problem(version: str) -> str | None:
         return None
     return (f"Redis {version} is too old: celery-lease needs Redis "
             f"{MIN_REDIS[0]}.{MIN_REDIS[1]} or later (SET ... KEEPTTL in the release)")
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One result of a check.
-
-    Attributes:
-        level: ``"ok"``, ``"warn"``, ``"fail"`` or ``"info"``.
-        subject: what was checked (``"store redis://..."``, ``"task proj.sync"``, ``"beat"``).
-        message: what was found.
-        fix: what to do about it (empty when nothing).
-        check: which check found it, where a worker treats it apart (``"unreachable"``,
-            ``"eviction"``); else empty.
-        refuses_start: the settings alone make it fail, whatever the store's state: a worker
-            refuses to start on it (a ``"fail"`` that the store's state explains is logged).
-    """
-
-    level: str
-    subject: str
-    message: str
-    fix: str = ""
-    check: str = ""
-    refuses_start: bool = False
 
 
 def check_store(url: str, timeout: float, app: Any = None) -> list[Finding]:
@@ -320,6 +301,7 @@ def diagnose(app: Any, url: str | None = None, *, at_start: bool = False,
         prefixes = {}  # the task and app checks named it
     for store_url, store_prefixes in prefixes.items():
         yield from check_values(store_url, store_prefixes, app)
+        yield from check_claims(store_url, store_prefixes, app)
     yield from check_acl(app, url)
 
 

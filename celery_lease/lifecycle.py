@@ -141,7 +141,8 @@ class Claim:
 
 
 def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderInfo,
-         target: Target, *, sender: Any, claim: Claim | None = None) -> Lease | store.AcquireResult:
+         target: Target, *, sender: Any, claim: Claim | None = None,
+         claimed: bool = False) -> Lease | store.AcquireResult:
     """Take lease ``key`` and start renewing it (see the module docstring for the steps).
 
     An exit of any kind (``BaseException`` included) after the acquire was sent leaves no lease
@@ -157,6 +158,8 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
         target: where a loss is delivered; finished here when no lease results.
         sender: the ``sender`` of the signals sent.
         claim: set to the lease as soon as it is granted (see :class:`Claim`).
+        claimed: the execution's message claimed the key's waiting slot at publish
+            (``lease_dedupe``): the grant clears that claim, in the same script.
 
     Returns:
         The granted :class:`~celery_lease.lease.Lease`, or the
@@ -179,12 +182,13 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
         # script ran, the lifetime on the server started then, not at the second try.
         sent_at = clock.now()
         sent = True  # from here on the store may grant the token, reply or not
+        claimed_by = holder.task_id if claimed else None
         try:
-            found = store.acquire(
-                client, key, token, options.ttl_ms, stored_holder, options.min_replicas)
+            found = store.acquire(client, key, token, options.ttl_ms, stored_holder,
+                                  options.min_replicas, claimed_by)
         except (RedisConnectionError, RedisTimeoutError):
-            found = store.acquire(
-                client, key, token, options.ttl_ms, stored_holder, options.min_replicas)
+            found = store.acquire(client, key, token, options.ttl_ms, stored_holder,
+                                  options.min_replicas, claimed_by)
         if not found.granted:
             target.finish()
             return found

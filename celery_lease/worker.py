@@ -64,7 +64,7 @@ def check_app(app: Any) -> list[topology.StoreCheck]:
         LeaseConfigError: a setting is invalid or unknown, no Redis URL is known, a store error
             that waiting cannot fix, ``lease_require_noeviction`` is set while the eviction
             policy is unsafe or the store cannot be reached, or a doctor finding that the
-            settings alone make fail (:attr:`celery_lease.doctor.Finding.refuses_start`).
+            settings alone make fail (:attr:`celery_lease.finding.Finding.refuses_start`).
     """
     check_app_settings(app.conf)
     check_process_settings(app.conf, "app.conf")

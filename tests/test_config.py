@@ -423,3 +423,24 @@ def test_every_invalid_value_is_reported_in_one_error() -> None:
     for named in ("lease_ttl='30' must be a number of seconds", "lease_key_prefix='a{b'",
                   "lease_min_replicas=-1", "lease_on_conflict='queue' is not one of"):
         assert named in message
+
+
+@pytest.mark.parametrize(("option", "value", "says"), [
+    ("lease_dedupe", "true", "must be True or False"),
+    ("lease_dedupe", 1, "must be True or False"),
+    ("lease_dedupe_ttl", 0, "above zero"),
+    ("lease_dedupe_ttl", "300", "number of seconds"),
+])
+def test_lease_dedupe_and_its_ttl_are_checked_at_registration(option: str, value: object,
+                                                              says: str) -> None:
+    with pytest.raises(LeaseConfigError, match=f"{option}=.*{says}"):
+        register(make_app(), **{option: value})
+    with pytest.raises(LeaseConfigError, match=option):
+        register(make_app(**{option: value}))
+
+
+def test_lease_dedupe_defaults_off_with_a_five_minute_claim_lifetime() -> None:
+    options = register(make_app()).lease_settings().options
+    assert (options.dedupe, options.dedupe_ttl) == (False, 300.0)
+    options = register(make_app(lease_dedupe=True), lease_dedupe_ttl=12.5).lease_settings().options
+    assert (options.dedupe, options.dedupe_ttl) == (True, 12.5)

@@ -92,6 +92,9 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
             ("revoke-1.lua",)),
     Feature("doctor", "celery lease doctor: latency and clock", ("ping", "time", "info")),
     Feature("min_replicas", "lease_min_replicas above 0: WAIT after each acquire", ("wait",)),
+    Feature("dedupe", "lease_dedupe: the waiting copy's claim, decided at publish, cleared by "
+            "the acquire that grants it, removed when its message will not run", (),
+            ("claim-2.lua", "acquire-3.lua", "unclaim-1.lua")),
     Feature("database", "a lease_backend database other than 0", ("select",)),
     Feature("cluster", "Redis Cluster (redis-py's cluster client)",
             ("cluster|slots", "command", "asking")),
