@@ -26,6 +26,7 @@ from .keys import (
     WAKE_SUFFIX,
     is_internal,
 )
+from .lease_tasks import leased_runner
 from .store import records, topology
 from .store.value import OtherType
 from .task import LeasedTask
@@ -231,9 +232,16 @@ def _kind(value: records.Found) -> str:
 
 
 def leased_tasks(app: Any) -> list[Any]:
-    """The registered :class:`~celery_lease.LeasedTask` tasks of ``app``, by name."""
-    return sorted((t for t in app.tasks.values() if isinstance(t, LeasedTask)),
-                  key=lambda t: str(t.name))
+    """The registered tasks of ``app`` that take a lease, by name: each
+    :class:`~celery_lease.LeasedTask`, and for a task the ``lease_tasks`` setting leases, the
+    ``LeasedTask`` instance that runs its executions
+    (:func:`~celery_lease.lease_tasks.leased_runner`)."""
+    found = []
+    for task in app.tasks.values():
+        runner = task if isinstance(task, LeasedTask) else leased_runner(task)
+        if runner is not None:
+            found.append(runner)
+    return sorted(found, key=lambda t: str(t.name))
 
 
 def app_options(app: Any) -> LeaseOptions:

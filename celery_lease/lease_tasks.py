@@ -72,6 +72,7 @@ logger = logging.getLogger("celery_lease")
 SETTING = "lease_tasks"
 _OPTIONS = (*TASK_OPTIONS, "lease_key")
 _MARK = "_lease_tasks_leased"  # instance attribute: the private class applied to this task
+_SHADOW = "_lease_tasks_runner"  # instance attribute: the instance of it that runs the task
 # Two threads running a task's first apply() at once must not wrap its run twice (the inner
 # lease would meet the outer one and be skipped).
 _patching = threading.Lock()
@@ -219,6 +220,7 @@ def _lease(app: Any, task: Any, pattern: str, options: Mapping[str, Any]) -> Non
     task.apply_async = shadow.apply_async
     task.lease = _LeaseView()
     setattr(task, _MARK, shadow_cls)
+    setattr(task, _SHADOW, shadow)
 
 
 def apply_lease_tasks(app: Any, *, strict: bool = True) -> list[str]:
@@ -262,6 +264,14 @@ def leased_class(task: Any) -> type[LeasedTask] | None:
     """The private ``Leased[<name>]`` class that runs ``task``'s executions when the setting
     leases it (its lease settings are that class's: ``forget_lease_settings()``), else None."""
     found: type[LeasedTask] | None = vars(task).get(_MARK)
+    return found
+
+
+def leased_runner(task: Any) -> LeasedTask | None:
+    """The :class:`~celery_lease.LeasedTask` instance that runs ``task``'s executions when the
+    setting leases it (its settings are the ones the lease takes: what ``celery lease doctor``
+    and the worker's start check judge), else None."""
+    found: LeasedTask | None = vars(task).get(_SHADOW)
     return found
 
 

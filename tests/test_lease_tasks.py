@@ -280,3 +280,17 @@ def test_a_task_leased_by_the_setting_keeps_its_own_lease_options(redis_url: str
     twice = app.task(name="own.twice", shared=False, lease_ttl=7.0)(_plain_job)
     with pytest.raises(LeaseConfigError, match="lease_ttl set both on the task and in the entry"):
         twice.apply((7,))
+
+
+def test_the_doctor_judges_a_task_leased_by_the_setting_by_its_own_lease_options(
+        redis_url: str) -> None:
+    from celery_lease.doctor import diagnose
+
+    app = _client_app(redis_url, {"thirdparty.close_day": {
+        "lease_key": ["day"], "lease_on_conflict": "retry", "lease_ttl": 7200.0}})
+    app.conf.broker_transport_options = {"visibility_timeout": 3600}
+    app.finalize()
+    findings = list(diagnose(app, at_start=True))
+    (refusal,) = [f for f in findings if f.subject == "task thirdparty.close_day"
+                  and f.level == "fail"]
+    assert "lease_ttl=7200s" in refusal.message and refusal.refuses_start
