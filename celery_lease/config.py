@@ -25,6 +25,7 @@ from .store import url as backend_url
 __all__ = [
     "BEAT_WHERE",
     "DEFAULTS",
+    "HANDOFF_POLICIES",
     "MIN_STORE_TIMEOUT",
     "MIN_TTL",
     "TASK_OPTIONS",
@@ -48,7 +49,9 @@ DEFAULTS: dict[str, Any] = {
     "lease_renew_interval": None,  # float seconds; default lease_ttl / 3
     "lease_store_timeout": None,  # float seconds; default min(interval / 2, 2.0)
     "lease_key_prefix": DEFAULT_PREFIX,
-    "lease_on_conflict": "skip",  # skip | retry | fail
+    "lease_on_conflict": "skip",  # skip | retry | fail | coalesce | queue
+    "lease_queue_max": 100,  # int >= 1: waiters in one key's line (lease_on_conflict="queue")
+    "lease_queue_timeout": None,  # float seconds a waiter may wait (queue); None: no limit
     "lease_on_store_error": "retry",  # retry | fail
     "lease_require_noeviction": False,
     "lease_signal": "SIGUSR2",
@@ -65,6 +68,8 @@ TASK_OPTIONS = (
     "lease_key_prefix",
     "lease_on_conflict",
     "lease_on_store_error",
+    "lease_queue_max",
+    "lease_queue_timeout",
 )
 
 #: Settings read elsewhere (the beat leader lease, celery_lease.beat; lease_tasks,
@@ -72,7 +77,9 @@ TASK_OPTIONS = (
 OTHER_NAMES = ("lease_key", "lease_tasks", "lease_beat_scheduler", "lease_beat_ttl",
                "lease_beat_renew_interval", "lease_beat_key")
 
-ON_CONFLICT = ("skip", "retry", "fail")
+ON_CONFLICT = ("skip", "retry", "fail", "coalesce", "queue")
+#: The policies whose release hands the key over to a waiting run (celery_lease.handoff).
+HANDOFF_POLICIES = ("coalesce", "queue")
 ON_STORE_ERROR = ("retry", "fail")
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://", "sentinel://")
 _FALLBACK = "lease_backend (unset, so broker_url)"
@@ -91,10 +98,12 @@ class LeaseOptions:
         renew_interval: float seconds between renewals (<= ttl / 2).
         store_timeout: timeout of each store call, float seconds (< renew_interval).
         key_prefix: prefix of every lease key (no ``{`` or ``}``).
-        on_conflict: ``"skip"``, ``"retry"`` or ``"fail"``.
+        on_conflict: ``"skip"``, ``"retry"``, ``"fail"``, ``"coalesce"`` or ``"queue"``.
         on_store_error: ``"retry"`` or ``"fail"``.
         backend_options: ``lease_backend_options`` (dict; empty when unset).
         min_replicas: replicas that must acknowledge a grant, and each renewal (int >= 0).
+        queue_max: the most runs one key's line holds (``lease_queue_max``, int >= 1).
+        queue_timeout: float seconds a parked run may wait (``lease_queue_timeout``), or None.
     """
 
     backend: str | None
@@ -106,6 +115,12 @@ class LeaseOptions:
     on_store_error: str
     backend_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     min_replicas: int = 0
+    queue_max: int = 100
+    queue_timeout: float | None = None
+
+    @property
+    def hands_over(self) -> bool:  # True when the release hands the key over
+        return self.on_conflict in HANDOFF_POLICIES
 
     @property
     def ttl_ms(self) -> int:
@@ -250,6 +265,13 @@ def resolve_options(
     if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or min_replicas < 0:
         raise LeaseConfigError(f"lease_min_replicas={min_replicas!r} ({where}) must be a whole "
                                f"number of replicas >= 0 (0: do not wait for replicas)")
+    queue_max = pick("lease_queue_max")
+    if isinstance(queue_max, bool) or not isinstance(queue_max, int) or queue_max < 1:
+        raise LeaseConfigError(f"lease_queue_max={queue_max!r} ({where}) must be a whole number "
+                               f"of waiting runs >= 1, e.g. lease_queue_max=100")
+    queue_timeout = pick("lease_queue_timeout")
+    if queue_timeout is not None:
+        queue_timeout = _duration("lease_queue_timeout", queue_timeout, where)
     return LeaseOptions(
         backend=backend,
         ttl=ttl,
@@ -261,6 +283,8 @@ def resolve_options(
             "lease_on_store_error", pick("lease_on_store_error"), ON_STORE_ERROR, where),
         backend_options=backend_options,
         min_replicas=min_replicas,
+        queue_max=queue_max,
+        queue_timeout=queue_timeout,
     )
 
 

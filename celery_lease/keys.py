@@ -15,7 +15,12 @@ This module owns every key the library writes:
   ``<counter>;<token>``, for a repeat of that release only);
 - the beat leader's record of last runs, ``<leader key>:last-run`` (:func:`last_run_key`);
 - a hold's key, ``<prefix>:{hold:<name>}`` (:func:`hold_key`), and the short-lived list its
-  release pushes to wake a waiting hold, ``<hold key>:wake`` (:func:`wake_key`).
+  release pushes to wake a waiting hold, ``<hold key>:wake`` (:func:`wake_key`);
+- for tasks that hand the key over (``lease_on_conflict`` ``"coalesce"`` or ``"queue"``): the
+  key's line of waiting runs, ``<lease key>:line`` (:func:`line_key`), the reservation a
+  release hands the key over with, ``<lease key>:reserved`` (:func:`reservation_key`), and the
+  crash sweep's index of keys to look at, ``<prefix>:{celery-lease:handoff}:index``
+  (:func:`handoff_index_key`, a hash tag of its own).
 
 :data:`INTERNAL_SUFFIXES` lists the suffixes of the keys that are not leases, for tools that
 scan a prefix (``celery lease ls``).
@@ -37,18 +42,24 @@ __all__ = [
     "BEAT_TASK_NAME",
     "DEFAULT_PREFIX",
     "FENCE_SUFFIX",
+    "INDEX_SUFFIX",
     "INTERNAL_SUFFIXES",
     "LAST_RUN_SUFFIX",
+    "LINE_SUFFIX",
+    "RESERVED_SUFFIX",
     "WAKE_SUFFIX",
     "KeySpec",
     "beat_leader_key",
     "build_key",
     "encode_value",
     "fence_key",
+    "handoff_index_key",
     "hold_key",
     "hold_name",
     "is_internal",
     "last_run_key",
+    "line_key",
+    "reservation_key",
     "validate_lease_key",
     "wake_key",
 ]
@@ -60,8 +71,11 @@ BEAT_TASK_NAME = "celery.beat"
 #: The suffixes of the keys written beside a lease: its fencing counter, a beat leader's
 #: last-run record, a hold's wake list.
 FENCE_SUFFIX, LAST_RUN_SUFFIX, WAKE_SUFFIX = ":fence", ":last-run", ":wake"
+#: The suffixes of a key's line of waiting runs, its hand-over reservation, and the sweep index.
+LINE_SUFFIX, RESERVED_SUFFIX, INDEX_SUFFIX = ":line", ":reserved", ":index"
 #: Suffixes of the keys written beside leases that are not leases themselves.
-INTERNAL_SUFFIXES = (FENCE_SUFFIX, LAST_RUN_SUFFIX, WAKE_SUFFIX)
+INTERNAL_SUFFIXES = (FENCE_SUFFIX, LAST_RUN_SUFFIX, WAKE_SUFFIX, LINE_SUFFIX, RESERVED_SUFFIX,
+                     INDEX_SUFFIX)
 #: The task name part of every hold key: ``<prefix>:{hold:<name>}``.
 HOLD_PREFIX = "hold:"
 
@@ -321,6 +335,25 @@ def hold_name(label: str, *values: Any, **named: Any) -> str:
 def wake_key(key: str) -> str:
     """The list a hold's release pushes to, to wake holds waiting for ``key`` (same hash tag)."""
     return key + WAKE_SUFFIX
+
+
+def line_key(key: str) -> str:
+    """The list of runs waiting for lease ``key`` (coalesce, queue; same hash tag)."""
+    return key + LINE_SUFFIX
+
+
+def reservation_key(key: str) -> str:
+    """The hash a hand-over release reserves lease ``key`` with (same hash tag)."""
+    return key + RESERVED_SUFFIX
+
+
+def handoff_index_key(prefix: str) -> str:
+    """The crash sweep's sorted set of lease keys under ``prefix`` that may have runs waiting.
+
+    Its own hash tag: on Redis Cluster it lives on one node, the leases on all of them; it is
+    only a hint of where to look (each look decides on the lease's own node).
+    """
+    return f"{prefix}:{{celery-lease:handoff}}{INDEX_SUFFIX}"
 
 
 def validate_lease_key(spec: Any, parameters: Callable[[], list[str]], where: str) -> None:

@@ -141,7 +141,8 @@ class Claim:
 
 
 def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderInfo,
-         target: Target, *, sender: Any, claim: Claim | None = None) -> Lease | store.AcquireResult:
+         target: Target, *, sender: Any, claim: Claim | None = None,
+         handed_over: bool = False) -> Lease | store.AcquireResult:
     """Take lease ``key`` and start renewing it (see the module docstring for the steps).
 
     An exit of any kind (``BaseException`` included) after the acquire was sent leaves no lease
@@ -157,6 +158,8 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
         target: where a loss is delivered; finished here when no lease results.
         sender: the ``sender`` of the signals sent.
         claim: set to the lease as soon as it is granted (see :class:`Claim`).
+        handed_over: the execution is a run a hand-over release published (its copy that
+            already ran is refused: :func:`celery_lease.store.acquire`).
 
     Returns:
         The granted :class:`~celery_lease.lease.Lease`, or the
@@ -181,10 +184,12 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
         sent = True  # from here on the store may grant the token, reply or not
         try:
             found = store.acquire(
-                client, key, token, options.ttl_ms, stored_holder, options.min_replicas)
+                client, key, token, options.ttl_ms, stored_holder, options.min_replicas,
+                holder.task_id, handed_over)
         except (RedisConnectionError, RedisTimeoutError):
             found = store.acquire(
-                client, key, token, options.ttl_ms, stored_holder, options.min_replicas)
+                client, key, token, options.ttl_ms, stored_holder, options.min_replicas,
+                holder.task_id, handed_over)
         if not found.granted:
             target.finish()
             return found

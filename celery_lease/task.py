@@ -8,21 +8,23 @@ loss is raised inside the body as :class:`~celery_lease.errors.LeaseLost`.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import itertools
 import logging
 import os
 import socket
 from collections.abc import Mapping
 from typing import Any, ClassVar, NoReturn
 
-from celery import Task
+from celery import Task, states
 from celery.exceptions import Ignore
-from celery.result import allow_join_result
+from celery.result import EagerResult, allow_join_result
 from celery.utils import uuid
 from kombu.serialization import dumps, loads
 from redis.exceptions import RedisError
 
-from . import conflict, eager, interrupt, lifecycle, store
+from . import clock, conflict, eager, handoff, interrupt, lifecycle, store
 from .config import (
     TASK_OPTIONS,
     LeaseOptions,
@@ -33,6 +35,7 @@ from .config import (
 )
 from .conflict import REDELIVERY_HEADER, SKIPPED_MARKER, SUCCESSOR_HEADER, is_skipped
 from .errors import LeaseKeyError, LeaseLost, LeaseStoreUnavailable
+from .handoff import HANDOFF_HEADER
 from .keys import KeySpec, build_key, validate_lease_key
 from .lease import Lease, _current
 from .names import check_task_names
@@ -56,7 +59,8 @@ class LeasedTask(Task):  # type: ignore[misc]
 
     Task options (each overrides the Celery setting of the same name; durations are float
     seconds): ``lease_ttl``, ``lease_renew_interval``, ``lease_store_timeout``,
-    ``lease_key_prefix``, ``lease_on_conflict`` (``"skip"``, ``"retry"``, ``"fail"``),
+    ``lease_key_prefix``, ``lease_on_conflict`` (``"skip"``, ``"retry"``, ``"fail"``,
+    ``"coalesce"``, ``"queue"``), ``lease_queue_max`` (int), ``lease_queue_timeout``,
     ``lease_on_store_error`` (``"retry"``, ``"fail"``), ``lease_backend``, and ``lease_key``:
 
     - ``None`` (default): every argument identifies the job;
@@ -77,6 +81,8 @@ class LeasedTask(Task):  # type: ignore[misc]
     lease_key_prefix: str | None = None
     lease_on_conflict: str | None = None
     lease_on_store_error: str | None = None
+    lease_queue_max: int | None = None
+    lease_queue_timeout: float | None = None
     lease_backend: str | None = None
     lease_key: KeySpec = None
 
@@ -295,26 +301,58 @@ class LeasedTask(Task):  # type: ignore[misc]
         task_id = request.id or ""
         holder = lifecycle.HolderInfo(
             self.name, task_id, request.hostname or socket.gethostname())
-        target = interrupt.for_current_context(signum)
-        try:
-            got = lifecycle.take(settings, client, key, holder, target, sender=self,
-                                 claim=claim)
-        except RedisError as exc:
-            self._store_error(options, key, exc)
-        if not isinstance(got, Lease):
-            return conflict.handle(self, request, options, key, got)
-        return got
+        handed_over = HANDOFF_HEADER in (request.headers or {})
+        first_conflict = None
+        for attempt in itertools.count():
+            target = interrupt.for_current_context(signum)
+            try:
+                got = lifecycle.take(settings, client, key, holder, target, sender=self,
+                                     claim=claim, handed_over=handed_over)
+            except RedisError as exc:
+                self._store_error(options, key, exc)
+            if isinstance(got, Lease):
+                return got
+            first_conflict = clock.now() if first_conflict is None else first_conflict
+            outcome = conflict.handle(self, request, options, key, got, client, attempt,
+                                      clock.now() - first_conflict)
+            if outcome is not conflict.AGAIN:
+                return outcome  # type: ignore[no-any-return]
+        raise AssertionError("unreachable")
 
     def _release(self, lease: Lease) -> None:
         # Runs before Celery stores the result and acknowledges the message: the release is on
         # the socket (or done, with wait) by then.
-        ending = lifecycle.end(lease, sender=self, wait=self._lease_release_wait)
+        options = lease.options
+        if options.hands_over:
+            release = handoff.Releaser(options)
+            ending = lifecycle.end(lease, sender=self, release=release)
+            self._publish_handoff(lease, release.result)
+        else:
+            ending = lifecycle.end(lease, sender=self, wait=self._lease_release_wait)
         error = ending.loss
         if error is not None:
             self._event("task-lease-lost", lease_key=lease.key, lease_cause=error.cause,
                         fencing_token=lease.fencing_token, lease_late=error.late,
                         lease_holder=f"{self.request.hostname or socket.gethostname()}:"
                                      f"{lease.pid}")
+
+    def _publish_handoff(self, lease: Lease, got: Any) -> None:
+        """Publish the run the release handed the key to (after the release: it sees every
+        change made before its trigger). An eager call runs it after its own end, as a
+        worker would, not nested in this one."""
+        if got is None or (got.handed is None and not got.expired):
+            return
+        publish = functools.partial(handoff.publish_handoff, self.app, got, lease.key,
+                                    lease.options, by="release")
+        if self.request.is_eager and self.app.conf.task_always_eager and got.handed:
+            task_id = got.handed.task_id
+
+            def run() -> Any:
+                return publish() or EagerResult(task_id, None, states.PENDING)
+
+            eager.defer(lease.token, task_id, self.name, run)
+        else:
+            publish()
 
     def _store_error(self, options: LeaseOptions, key: str, exc: RedisError) -> NoReturn:
         error = LeaseStoreUnavailable(key, "acquire", store.describe(exc))

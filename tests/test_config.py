@@ -102,8 +102,8 @@ def test_task_option_overrides_app_setting() -> None:
 
 
 def test_unknown_on_conflict_fails_at_registration() -> None:
-    with pytest.raises(LeaseConfigError, match=r"lease_on_conflict='queue'.*'skip'"):
-        register(make_app(), lease_on_conflict="queue")
+    with pytest.raises(LeaseConfigError, match=r"lease_on_conflict='wait'.*'skip'"):
+        register(make_app(), lease_on_conflict="wait")
 
 
 def test_lease_key_naming_a_missing_parameter_fails_at_registration() -> None:

@@ -17,11 +17,12 @@ LAYERS = {
     **dict.fromkeys(["keys", "errors", "signals", "clock"], 0),
     "store": 1,
     **dict.fromkeys(["config", "names"], 2),
-    **dict.fromkeys(["lifecycle", "heartbeat", "interrupt", "next_instruction", "lease"], 3),
+    **dict.fromkeys(["lifecycle", "heartbeat", "interrupt", "next_instruction", "lease",
+                     "handoff"], 3),
     **dict.fromkeys(["task", "conflict", "hold", "hold_core", "hold_async", "hold_options",
                      "hold_shapes", "beat", "lease_tasks", "eager"], 4),
     **dict.fromkeys(["cli", "doctor", "inspection", "flower", "metrics", "testing", "worker",
-                     "acl"], 5),
+                     "acl", "sweep"], 5),
 }
 MAX_LINES = 400
 #: redis-py client methods that send a command, those no other object here has a method of

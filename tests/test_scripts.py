@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 import redis
 
-from celery_lease.keys import beat_leader_key, fence_key, hold_key, last_run_key, wake_key
+from celery_lease.keys import (
+    beat_leader_key,
+    fence_key,
+    hold_key,
+    last_run_key,
+    reservation_key,
+    wake_key,
+)
 from celery_lease.store import FENCE_COUNTER_EXTRA_MS, holder_json, lua
 
 SCRIPTS = lua.names()
@@ -183,8 +190,8 @@ def run(client: redis.Redis, name: str, keys: Sequence[str], argv: Sequence[Any]
 
 
 def acquire(client: redis.Redis, tok: str, key: str = KEY, ttl: int = TTL) -> Any:
-    return run(client, "acquire-2.lua", [key, fence_key(key)],
-               [tok, ttl, HOLDER, ttl + FENCE_COUNTER_EXTRA_MS])
+    return run(client, "acquire-3.lua", [key, fence_key(key), reservation_key(key)],
+               [tok, ttl, HOLDER, ttl + FENCE_COUNTER_EXTRA_MS, "task-1", "0"])
 
 
 def release(client: redis.Redis, tok: str, key: str = KEY) -> Any:
