@@ -65,12 +65,15 @@ def is_coalesced(result: Any) -> bool:
     return isinstance(result, Mapping) and result.get(COALESCED_MARKER) is True
 
 
-def follow(result: Any, timeout: float | None = None) -> Any:
-    """The result of the run that covers ``result``, following coalesced markers.
+def follow(result: Any, timeout: float | None = None, *, app: Any = None) -> Any:
+    """The result of the run that covers ``result``, following coalesced markers (a covering
+    run that was itself coalesced, after a crash, names the next one). Needs a result backend.
 
     Args:
         result: an ``AsyncResult`` (waited for), or a value one returned.
         timeout: float seconds in all, or None to wait as long as it takes.
+        app: the Celery app whose result backend to read (default: ``result``'s, else the
+            current app).
 
     Returns:
         The first result along the way that is not a coalesced marker.
@@ -80,7 +83,7 @@ def follow(result: Any, timeout: float | None = None) -> Any:
         Exception: what the covering run raised (as ``AsyncResult.get()`` does).
     """
     deadline = None if timeout is None else clock.now() + timeout
-    app = getattr(result, "app", None)
+    app = app or getattr(result, "app", None)
 
     def left() -> float | None:
         return None if deadline is None else max(deadline - clock.now(), 0.0)
@@ -158,7 +161,9 @@ def publish(app: Any, waiting: stored.Waiting, key: str, *, by: str) -> Any:
     again by the sweep once its reservation is past due)."""
     try:
         body = json.loads(waiting.message)  # type: ignore[no-untyped-call]
-        options = dict(body["options"])
+        # The element's task id: a pending run keeps its first id while later duplicates
+        # replace its message (which carries the id that duplicate would have taken).
+        options = {**body["options"], "task_id": waiting.task_id}
         sig = app.signature(body["task"], args=body["args"], kwargs=body["kwargs"], **options)
         published = sig.apply_async()
     except Exception as exc:

@@ -110,6 +110,7 @@ class LeasedTask(Task):  # type: ignore[misc]
         validate_lease_key(cls._lease_key_spec(), lambda: list(sig.parameters), where)
         # By name: the worker module imports this one, not the other way round.
         app.steps["worker"].add("celery_lease.worker:LeaseStoreCheck")
+        app.steps["worker"].add("celery_lease.sweep:HandoffSweep")  # idle unless one hands over
 
     @classmethod
     def _lease_key_spec(cls) -> KeySpec:

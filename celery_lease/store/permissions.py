@@ -78,15 +78,20 @@ class Feature:
 FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("tasks", "task leases (workers, eager calls): acquire, renew, release; the "
             "redelivery check reads the fencing counter, the start check reads INFO",
-            ("get", "info"), ("acquire-2.lua", "renew_many.lua", "renew-1.lua",
+            ("get", "info"), ("acquire-3.lua", "renew_many.lua", "renew-1.lua",
                               "release-2.lua")),
+    Feature("handoff", "lease_on_conflict 'coalesce' or 'queue': park a duplicate, the release "
+            "that hands the key over, the crash sweep's index", (),
+            ("park-3.lua", "release_handoff-4.lua", "watch-1.lua", "sweep_due-1.lua",
+             "unwatch-1.lua")),
     Feature("hold", "celery_lease.hold and hold_async: the release wakes a waiting hold, "
             "on_conflict='wait' blocks for it, a cancelled waiter passes the turn on",
             ("blpop",), ("release_wake-3.lua", "pass_turn-2.lua")),
     Feature("beat", "LeasedScheduler: the leader lease and the last-run record, stamped "
             "and read on the store's clock", (), ("record_run-1.lua", "last_runs-1.lua")),
     Feature("cli", "celery lease ls / show / release: SCAN (never KEYS), value and lifetime "
-            "read in one MULTI, the operator's release", ("scan", "multi", "exec", "pttl"),
+            "read in one MULTI, the operator's release, the lines of waiting runs",
+            ("scan", "multi", "exec", "pttl", "lrange", "hget"),
             ("revoke-1.lua",)),
     Feature("doctor", "celery lease doctor: latency and clock", ("ping", "time", "info")),
     Feature("min_replicas", "lease_min_replicas above 0: WAIT after each acquire", ("wait",)),
@@ -107,7 +112,11 @@ _SHAPES = {
     "evalsha": "EVALSHA " + "0" * 40 + " 1 %k", "eval": "EVAL return 1 %k",
     "get": "GET %k", "set": "SET %k 1", "del": "DEL %k", "pexpire": "PEXPIRE %k 1",
     "pttl": "PTTL %k", "time": "TIME", "info": "INFO", "rpush": "RPUSH %k 1",
-    "blpop": "BLPOP %k 1", "hset": "HSET %k f 1", "hgetall": "HGETALL %k", "scan": "SCAN 0",
+    "blpop": "BLPOP %k 1", "hset": "HSET %k f 1", "hmget": "HMGET %k f", "hdel": "HDEL %k f",
+    "lindex": "LINDEX %k 0", "lset": "LSET %k 0 1", "lpop": "LPOP %k", "llen": "LLEN %k",
+    "zadd": "ZADD %k 1 m", "zrangebyscore": "ZRANGEBYSCORE %k 0 1", "zscore": "ZSCORE %k m",
+    "zrem": "ZREM %k m", "exists": "EXISTS %k", "lrange": "LRANGE %k 0 -1",
+    "hgetall": "HGETALL %k", "scan": "SCAN 0",
     "multi": "MULTI", "exec": "EXEC", "ping": "PING", "wait": "WAIT 0 0", "select": "SELECT 0",
     "cluster|slots": "CLUSTER SLOTS", "command": "COMMAND", "asking": "ASKING",
 }

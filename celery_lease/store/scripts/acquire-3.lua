@@ -68,5 +68,6 @@ redis.call('SET', KEYS[2], ended and (fence .. ';' .. ended) or fence, 'PX', ARG
 if reserved_for == ARGV[5] then  -- the reserved run starts: the reservation ends, noted
   redis.call('HDEL', KEYS[3], 'id', 'due', 'el')
   redis.pcall('HSET', KEYS[3], 'ran', ARGV[5])
+  redis.call('PEXPIRE', KEYS[3], ARGV[4])  -- the note lives as long as the counter
 end
 return {1, fence, tonumber(ARGV[2])}
