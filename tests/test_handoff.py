@@ -44,6 +44,13 @@ def _never_two_running(tag: str) -> None:
         assert end <= start, f"two ran at once: {runs(tag)}"
 
 
+def _handover_gaps(tag: str) -> list[float]:
+    """Seconds from each run's end to the next run's start (store clock): the hand-over."""
+    marks = [r for r in runs(tag) if r["what"] in ("start", "end")]
+    return [round(b["t"] - a["t"], 4) for a, b in itertools.pairwise(marks)
+            if a["what"] == "end" and b["what"] == "start"]
+
+
 def _waiting_state(url: str) -> list[bytes]:
     client = redis.Redis.from_url(url)
     try:
@@ -57,7 +64,7 @@ def _waiting_state(url: str) -> list[bytes]:
 def test_coalesce_runs_one_pending_run_after_the_holder_with_the_latest_arguments(
         app: Any, redis_url: str, worker_factory: WorkerFactory) -> None:
     worker_factory(APP, pool="threads", concurrency=4)
-    holder = coalesced.delay("c", 0, 1.5)
+    holder = coalesced.delay("c", 0, 3.0)
     wait_for(lambda: _started("c"), 20, message="the holder never started")
     duplicates = [coalesced.delay("c", n) for n in range(1, 6)]
     markers = [d.get(timeout=20) for d in duplicates]
@@ -70,6 +77,7 @@ def test_coalesce_runs_one_pending_run_after_the_holder_with_the_latest_argument
     _never_two_running("c")
     accepted = [r["t"] for r in runs("c") if r["what"] == "accepted"]
     assert len(accepted) == 5 and max(accepted) < _started("c")[1]["t"]
+    print(f"coalesce: end of the holder to the pending run's start: {_handover_gaps('c')}s")
     wait_for(lambda: _waiting_state(redis_url) == [], 10, message="pending state left behind")
 
 
@@ -88,6 +96,7 @@ def test_queue_runs_every_duplicate_in_arrival_order_under_its_own_task_id(
     assert [r["n"] for r in starts] == [0, 1, 2, 3, 4]
     assert [r["id"] for r in starts[1:]] == [w.id for w in waiters]
     _never_two_running("q")
+    print(f"queue: end of each run to the next waiter's start: {_handover_gaps('q')}s")
     wait_for(lambda: _waiting_state(redis_url) == [], 10, message="a line was left behind")
 
 
