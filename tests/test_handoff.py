@@ -5,8 +5,10 @@ waiting runs are published by the sweep of a live worker."""
 from __future__ import annotations
 
 import itertools
+import json
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +16,8 @@ import pytest
 import redis
 from celery.result import AsyncResult
 
-from celery_lease import LeaseConflict, follow, is_coalesced
+from celery_lease import LeaseConflict, follow, is_coalesced, store
+from celery_lease.store import handoff as stored
 from tests.apps import handoff_app
 from tests.apps.handoff_app import coalesced, queued, runs
 from tests.support.fixtures import WorkerFactory
@@ -156,3 +159,23 @@ def test_a_coalesced_marker_names_the_pending_run_and_follow_returns_its_result(
     assert follow(marker, timeout=20, app=app) == 7
     with pytest.raises(TypeError, match="takes the task's result"):
         is_coalesced(AsyncResult(marker["into"], app=app))
+
+
+def test_a_hand_over_whose_publish_was_lost_is_published_by_the_sweep_once_past_due(
+        app: Any, redis_url: str, worker_factory: WorkerFactory) -> None:
+    # The releasing worker died between its release (which reserved the key) and its publish.
+    worker_factory(APP, pool="threads", concurrency=2, env={"LEASE_TTL": "2.0"})
+    client = store.client_for(redis_url, 2.0)
+    key, token = queued.lease_key_for(("lost", 1)), uuid.uuid4().hex
+    assert store.acquire(client, key, token, 2000, "{}").granted
+    message = json.dumps({"task": "ho.queued", "args": ["lost", 1], "kwargs": {},
+                          "options": {"queue": app.conf.task_default_queue}})
+    stored.watch(client, "lease", key, 2000)
+    assert stored.park(client, key, "queue", "lost-run", message, 10, 60_000).outcome == "parked"
+    handed = stored.release_handing_over(client, key, token, 2000, 60_000, 0).handed
+    released_at = time.time()
+    assert handed is not None and handed.task_id == "lost-run"  # ...and never published
+    assert AsyncResult("lost-run", app=app).get(timeout=30) == 1
+    delay = _started("lost")[0]["t"] - released_at
+    print(f"a lost publish: the reserved run started {delay:.2f}s after the release")
+    assert [r["id"] for r in _started("lost")] == ["lost-run"]
