@@ -17,7 +17,6 @@ from celery_lease.store import handoff as stored
 from celery_lease.sweep import sweep_once
 from harness.topologies import ClusterSetup, cluster_setup
 
-
 MESSAGE = '{"task": "t", "args": [], "kwargs": {}, "options": {}}'
 
 
