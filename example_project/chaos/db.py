@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import sql
 
-from .history import Execution, Job, Write
+from .history import Execution, Job, Parked, Write
 
 __all__ = ["DEFAULT_ADMIN_DSN", "Recorder", "create_database", "drop_database", "load",
            "unfinished"]
@@ -46,6 +46,9 @@ CREATE TABLE executions (token TEXT PRIMARY KEY, key TEXT NOT NULL, job TEXT NOT
 CREATE TABLE jobs (job TEXT PRIMARY KEY, key TEXT NOT NULL, path TEXT NOT NULL,
                    task_id TEXT NOT NULL, submitted_at DOUBLE PRECISION NOT NULL,
                    parent TEXT);
+CREATE TABLE parked (id BIGSERIAL PRIMARY KEY, task_id TEXT NOT NULL, key TEXT NOT NULL,
+                     kind TEXT NOT NULL, covering TEXT NOT NULL,
+                     park_lower DOUBLE PRECISION, park_upper DOUBLE PRECISION);
 """
 
 # One statement: the guard, and the attempt recorded with the guard's answer.
@@ -174,6 +177,14 @@ class Recorder:
             " VALUES (%s, %s, %s, %s, %s, %s)",
             (job.job, job.key, job.path, job.task_id, job.submitted_at, parent)))
 
+    def duplicate_parked(self, parked: Parked) -> None:
+        """Record a duplicate a worker parked in its key's line."""
+        self._run(lambda conn: conn.execute(
+            "INSERT INTO parked (task_id, key, kind, covering, park_lower, park_upper)"
+            " VALUES (%s, %s, %s, %s, %s, %s)",
+            (parked.task_id, parked.key, parked.kind, parked.into, parked.lower,
+             parked.upper)))
+
     def close(self) -> None:
         """Close the idle connections."""
         with self._lock:
@@ -190,8 +201,8 @@ def unfinished(dsn: str) -> list[str]:
             " WHERE e.job = j.job AND e.outcome = 'ok')")]
 
 
-def load(dsn: str) -> tuple[list[Write], list[Execution], list[Job]]:
-    """Read the writes, executions and jobs recorded in the database of ``dsn``."""
+def load(dsn: str) -> tuple[list[Write], list[Execution], list[Job], list[Parked]]:
+    """Read the writes, executions, jobs and parked duplicates recorded in ``dsn``."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         writes = [Write(*row) for row in conn.execute(
             "SELECT id, key, job, token, fence, worker, pid, accepted, started_at, done_at"
@@ -202,4 +213,7 @@ def load(dsn: str) -> tuple[list[Write], list[Execution], list[Job]]:
             " FROM executions")]
         jobs = [Job(*row) for row in conn.execute(
             "SELECT job, key, path, task_id, submitted_at FROM jobs ORDER BY submitted_at")]
-    return writes, runs, jobs
+        parked = [Parked(*row) for row in conn.execute(
+            "SELECT task_id, key, kind, covering, park_lower, park_upper FROM parked"
+            " ORDER BY id")]
+    return writes, runs, jobs, parked

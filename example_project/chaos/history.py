@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Execution", "Fault", "History", "Job", "WorkerSample", "Write"]
+__all__ = ["Execution", "Fault", "History", "Job", "Parked", "WorkerSample", "Write"]
 
 
 @dataclass
@@ -74,9 +74,11 @@ class Job:
     job requeues itself), ``requeued`` (the job it sent), ``duplicate``, ``after_erase`` (sent
     by the nemesis after it erased the lease), ``beat`` (sent by beat's leader, recorded by
     the beat process before it published the message), ``probe``;
-    ``resolution`` is ``ran``, ``skipped``, ``failed_lease`` (a lease error is its result) or
-    ``unresolved``; ``detail`` says more (the result state, the error); ``holder`` names the
-    holder a skip reported.
+    ``coalesce`` and ``queue`` (sent to the jobs whose ``lease_on_conflict`` is that);
+    ``resolution`` is ``ran``, ``skipped``, ``coalesced`` (its marker names the run covering
+    it: ``covered_by``, the end of the markers' chain), ``failed_lease`` (a lease error is its
+    result) or ``unresolved``; ``detail`` says more (the result state, the error); ``holder``
+    names the holder a skip reported.
     """
 
     job: str
@@ -87,6 +89,25 @@ class Job:
     resolution: str = "unresolved"
     detail: str = ""
     holder: str | None = None
+    covered_by: str | None = None
+
+
+@dataclass
+class Parked:
+    """A duplicate a worker parked in its key's line (``coalesce`` or ``queue``).
+
+    ``lower`` is noted before the execution asked for the lease (so before the park),
+    ``upper`` once the park was done (the ``lease_coalesced``/``lease_queued`` signal): the
+    park happened between them. ``into`` is the task id of the run that covers it (its own
+    for ``queue``).
+    """
+
+    task_id: str
+    key: str
+    kind: str
+    into: str
+    lower: float
+    upper: float
 
 
 @dataclass
@@ -141,6 +162,7 @@ class History:
     writes: list[Write] = field(default_factory=list)
     executions: list[Execution] = field(default_factory=list)
     jobs: list[Job] = field(default_factory=list)
+    parked: list[Parked] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     workers: list[WorkerSample] = field(default_factory=list)
     leftover_leases: list[dict[str, Any]] = field(default_factory=list)
@@ -154,7 +176,7 @@ class History:
     def from_dict(cls, data: dict[str, Any]) -> History:
         """Rebuild a history saved with :meth:`to_dict`."""
         lists = {"writes": Write, "executions": Execution, "jobs": Job, "faults": Fault,
-                 "workers": WorkerSample}
+                 "workers": WorkerSample, "parked": Parked}
         fields = {k: v for k, v in data.items() if k not in lists}
         built = {name: [kind(**row) for row in data.get(name, [])]
                  for name, kind in lists.items()}
