@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from celery import states
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Retry
 from celery.result import ResultBase
 from redis.exceptions import RedisError
 
@@ -130,13 +130,41 @@ def _successor(c: Conflict) -> NoReturn:
     raise Ignore()
 
 
-def _retry(c: Conflict) -> NoReturn:
+def _retry(c: Conflict) -> Any:
+    # "Run when the holder is done": the copy waits in the key's line as a queued one does
+    # (state RETRY meanwhile), and the holder's release hands it the key; a holder that dies
+    # hands over through the sweep, once its lease expires. Waiting uses up no retry. Only a
+    # full line (or a store that refuses the park) falls back to Celery's retry at the
+    # holder's remaining lifetime, which counts against max_retries.
     countdown = max(c.found.remaining, 0.05)
     if c.request.is_eager:
-        # Eager mode runs a retry at once, ignoring its countdown: wait here the time a
-        # worker's retry would wait, or every retry would meet the same holder.
-        time.sleep(countdown)
-    raise c.task.retry(exc=c.error, countdown=countdown)
+        return _wait_eagerly(c)
+    try:
+        parked = _park(c)
+    except LeaseConflict:  # the message cannot be kept in Redis: Celery's retry keeps it
+        raise c.task.retry(exc=c.error, countdown=countdown) from None
+    if parked is None:
+        return AGAIN
+    if parked.outcome == "full":
+        raise c.task.retry(exc=c.error, countdown=countdown)
+    signals.lease_queued.send(sender=c.task, key=c.key, task_id=c.request.id,
+                              position=parked.length, holder_task_id=c.found.holder.task_id)
+    logger.info("retry: task %s[%s] waits for lease %s (held by task %s) in its line, "
+                "position %d; it runs once the holder releases (no retry used up)",
+                c.task.name, c.request.id, c.key, c.found.holder.task_id or "?", parked.length)
+    raise Retry(f"waiting for the holder of {c.key} (position {parked.length})", c.error)
+
+
+def _wait_eagerly(c: Conflict) -> Any:
+    """An eager call waits in its own thread and takes the key again (a worker's duplicate
+    waits in the line, without a thread); past ``lease_queue_timeout`` it fails."""
+    options, holder = c.options, c.found.holder
+    if options.queue_timeout is not None and c.waited > options.queue_timeout:
+        raise LeaseConflict(c.key, holder.task_id, holder.where, c.found.remaining,
+                            f"waited {c.waited:.1f}s, past lease_queue_timeout="
+                            f"{options.queue_timeout}: not run")
+    time.sleep(min(_EAGER_POLL[0] * 1.5 ** c.attempt, _EAGER_POLL[1], c.found.remaining))
+    return AGAIN
 
 
 def _fail(c: Conflict) -> NoReturn:
@@ -218,14 +246,7 @@ def _coalesce(c: Conflict) -> Any:
 def _queue(c: Conflict) -> Any:
     task, request, key, options, holder = c.task, c.request, c.key, c.options, c.found.holder
     if request.is_eager:
-        # Eager mode waits in its own thread, taking the key again until it is granted (a
-        # worker's duplicate waits in the line, without a thread).
-        if options.queue_timeout is not None and c.waited > options.queue_timeout:
-            raise LeaseConflict(key, holder.task_id, holder.where, c.found.remaining,
-                                f"waited {c.waited:.1f}s, past lease_queue_timeout="
-                                f"{options.queue_timeout}: not run")
-        time.sleep(min(_EAGER_POLL[0] * 1.5 ** c.attempt, _EAGER_POLL[1], c.found.remaining))
-        return AGAIN
+        return _wait_eagerly(c)
     parked = _park(c)
     if parked is None:
         return AGAIN
@@ -274,7 +295,8 @@ def handle(task: Any, request: Any, options: LeaseOptions, key: str,
     Raises:
         celery.exceptions.Ignore: the execution ends without a result of its own (a stored
             skip marker, or a copy sent to run later).
-        celery.exceptions.Retry: ``lease_on_conflict="retry"``.
+        celery.exceptions.Retry: ``lease_on_conflict="retry"`` (the copy waits in the key's
+            line; with a full line, Celery's retry at the holder's remaining lifetime).
         LeaseConflict: ``lease_on_conflict="fail"``, or a skip or coalesce inside a chain,
             or a successor or redelivery in eager mode, or a full line or a wait past
             ``lease_queue_timeout`` (queue).

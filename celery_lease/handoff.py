@@ -116,14 +116,15 @@ def message_of(task: Any, request: Any, task_id: str, key: str) -> str:
 
 def park(task: Any, request: Any, options: LeaseOptions, client: redis.Redis, key: str,
          remaining: float) -> stored.Parked:
-    """Park ``request`` in ``key``'s line (its policy: coalesce or queue) and note the key for
-    the crash sweep, first (a note without a line is harmless, a line without one is not).
+    """Park ``request`` in ``key``'s line (its policy: coalesce; queue, and retry, which waits
+    in the line as queue does) and note the key for the crash sweep, first (a note without a
+    line is harmless, a line without one is not).
 
     Raises:
         redis.exceptions.RedisError: on store errors.
         TypeError: the message cannot be serialized.
     """
-    mode = options.on_conflict
+    mode = "coalesce" if options.on_conflict == "coalesce" else "queue"
     task_id = uuid() if mode == "coalesce" else request.id
     message = message_of(task, request, task_id, key)
     stored.watch(client, options.key_prefix, key,

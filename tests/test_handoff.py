@@ -19,7 +19,7 @@ from celery.result import AsyncResult
 from celery_lease import LeaseConflict, follow, is_coalesced, store
 from celery_lease.store import handoff as stored
 from tests.apps import handoff_app
-from tests.apps.handoff_app import coalesced, queued, runs
+from tests.apps.handoff_app import coalesced, queued, retried, runs
 from tests.support.fixtures import WorkerFactory
 from tests.support.waiting import wait_for
 
@@ -179,3 +179,27 @@ def test_a_hand_over_whose_publish_was_lost_is_published_by_the_sweep_once_past_
     delay = _started("lost")[0]["t"] - released_at
     print(f"a lost publish: the reserved run started {delay:.2f}s after the release")
     assert [r["id"] for r in _started("lost")] == ["lost-run"]
+
+
+def test_retry_runs_the_duplicate_at_the_holders_release_not_its_lifetime_and_uses_no_retry(
+        app: Any, worker_factory: WorkerFactory) -> None:
+    # lease_ttl=60: Celery's retry at the holder's remaining lifetime would wait a minute.
+    worker_factory(APP, pool="threads", concurrency=2, env={"LEASE_TTL": "60.0"})
+    holder = retried.delay("r", 0, 1.0)
+    wait_for(lambda: _started("r"), 20, message="the holder never started")
+    duplicate = retried.delay("r", 1)
+    wait_for(lambda: duplicate.state == "RETRY", 20, message=lambda: duplicate.state)
+    assert holder.get(timeout=20) == 0
+    assert duplicate.get(timeout=30) == 1  # max_retries=0, and it was not exhausted
+    gap = _handover_gaps("r")
+    assert len(gap) == 1 and gap[0] < 30.0  # long before the holder's lifetime (60 s)
+    print(f"retry: end of the holder to the retried copy's start: {gap}s (lease_ttl=60)")
+
+
+def test_retry_waits_for_a_holder_longer_than_four_ttls_without_failing(
+        app: Any, worker_factory: WorkerFactory) -> None:
+    worker_factory(APP, pool="threads", concurrency=2, env={"LEASE_TTL": "0.6"})
+    retried.delay("long", 0, 3.0)  # five TTLs, renewed
+    wait_for(lambda: _started("long"), 20, message="the holder never started")
+    assert retried.delay("long", 1).get(timeout=30) == 1
+    assert [r["n"] for r in _started("long")] == [0, 1]

@@ -37,7 +37,7 @@ app.conf.update(task_default_queue=os.environ.get(QUEUE_ENV, "celery"), lease_ba
 def configure(url: str, **conf: Any) -> None:
     """Point the app at ``url`` (broker, results, leases) before its first leased call."""
     app.conf.update(broker_url=url, result_backend=url, lease_backend=url, **conf)
-    for task in (coalesced, queued):
+    for task in (coalesced, queued, retried):
         task.forget_lease_settings()
 
 
@@ -83,6 +83,14 @@ def coalesced(self: Any, tag: str, n: int, seconds: float = 0.0) -> int:
           lease_on_conflict="queue")
 def queued(self: Any, tag: str, n: int, seconds: float = 0.0) -> int:
     """Runs for ``seconds`` and returns ``n``; duplicates wait in the key's line."""
+    return _body(self, tag, n, seconds)
+
+
+@app.task(shared=False, bind=True, base=LeasedTask, name="ho.retried", lease_key=("tag",),
+          lease_on_conflict="retry", max_retries=0)
+def retried(self: Any, tag: str, n: int, seconds: float = 0.0) -> int:
+    """Runs for ``seconds`` and returns ``n``; a duplicate retries once the holder is done
+    (``max_retries=0``: waiting for the holder must use up none)."""
     return _body(self, tag, n, seconds)
 
 
