@@ -40,7 +40,7 @@ _CALL = re.compile(r"redis\.p?call\(\s*['\"]([A-Za-z]+)['\"]")
 
 @functools.cache
 def script_commands(name: str) -> tuple[str, ...]:
-    """The commands script ``name`` (``"acquire-2.lua"``) calls, lower case, in the order
+    """The commands script ``name`` (``"release-2.lua"``) calls, lower case, in the order
     they first appear in its assembled source (its includes expanded)."""
     return tuple(dict.fromkeys(c.lower() for c in _CALL.findall(lua.source(name))))
 
