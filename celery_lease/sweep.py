@@ -101,8 +101,13 @@ class Sweep:
         self.thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Start the thread if a task of the app hands over; else do nothing."""
-        targets = _targets(self.app)
+        """Start the thread if a task of the app hands over; else do nothing (also when the
+        settings are invalid: the start check refuses the worker for that, not this)."""
+        try:
+            targets = _targets(self.app)
+        except Exception as exc:
+            logger.warning("lease hand-over sweep not started: %s", exc)
+            return
         if not targets:
             return
         interval = min(o.renew_interval for tasks in targets.values() for o in tasks.values())
