@@ -212,8 +212,10 @@ def _park(c: Conflict) -> store.handoff.Parked | None:
                             f"run later (its message is not JSON: {exc})") from None
     except RedisError as exc:
         c.task._store_error(c.options, c.key, exc)
-    if parked.outcome == "free" and c.attempt < 100:
-        return None
+    if parked.outcome == "free":
+        if c.attempt < 100:
+            return None
+        raise c.error  # freed and taken again a hundred times over: give up, loudly
     return parked
 
 
@@ -222,10 +224,8 @@ def _coalesce(c: Conflict) -> Any:
     parked = _park(c)
     if parked is None:
         return AGAIN
-    joined = parked.task_id != request.id
     signals.lease_coalesced.send(sender=task, key=key, task_id=request.id, into=parked.task_id,
-                                 joined=parked.length > 0 and joined,
-                                 holder_task_id=holder.task_id)
+                                 joined=parked.joined, holder_task_id=holder.task_id)
     task._event("task-lease-coalesced", lease_key=key, lease_into=parked.task_id,
                 lease_holder=holder.where, lease_holder_task_id=holder.task_id,
                 lease_remaining=c.found.remaining)

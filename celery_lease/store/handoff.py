@@ -70,11 +70,13 @@ class Parked:
         outcome: ``"parked"``, ``"free"`` (the key was free: nothing written) or ``"full"``.
         task_id: the task id of the run that covers the duplicate (parked), else ''.
         length: the line's length after the park (or when found full), int.
+        joined: coalesce: a pending run existed, whose message this one replaced.
     """
 
     outcome: str
     task_id: str
     length: int
+    joined: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ def park(client: redis.Redis, key: str, mode: str, task_id: str, message: str, m
     code = int(reply[0])
     if code == 1:
         covering = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
-        return Parked("parked", covering, int(reply[2]))
+        return Parked("parked", covering, int(reply[2]), covering != task_id)
     return Parked("free" if code == 0 else "full", "", int(reply[1]))
 
 
