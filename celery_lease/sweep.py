@@ -76,6 +76,8 @@ def sweep_once(app: Any, client: Any, prefix: str, tasks: dict[str, LeaseOptions
         got = stored.recover(client, key, options.ttl_ms, handoff.lifetime_ms(options),
                              round((options.queue_timeout or 0.0) * 1000))
         margin = round(options.renew_interval * 500)
+        logger.debug("lease sweep looked at %s: wait %s ms, handed %s", key, got.wait_ms,
+                     got.handed and got.handed.task_id)
         if got.wait_ms is not None:
             stored.watch(client, prefix, key, got.wait_ms + margin)
             continue

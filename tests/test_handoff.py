@@ -203,3 +203,14 @@ def test_retry_waits_for_a_holder_longer_than_four_ttls_without_failing(
     wait_for(lambda: _started("long"), 20, message="the holder never started")
     assert retried.delay("long", 1).get(timeout=30) == 1
     assert [r["n"] for r in _started("long")] == [0, 1]
+
+
+def test_a_pending_run_whose_holder_lost_its_lease_is_handed_over_by_the_sweep(
+        app: Any, redis_url: str, worker_factory: WorkerFactory) -> None:
+    worker_factory(APP, pool="threads", concurrency=2, env={"LEASE_TTL": "2.0"})
+    coalesced.delay("gone", 0, 1.5)
+    wait_for(lambda: _started("gone"), 20, message="the holder never started")
+    marker = coalesced.delay("gone", 1).get(timeout=20)
+    redis.Redis.from_url(redis_url).delete(coalesced.lease_key_for(("gone", 0)))  # erased
+    assert follow(marker, timeout=30, app=app) == 1
+    assert [r["n"] for r in _started("gone")] == [0, 1]

@@ -222,9 +222,11 @@ def liveness(history: History) -> list[Violation]:
 
 def wiped_after(history: History, job: Job) -> bool:
     """True when a parked ``job`` (coalesce, queue) may have been lost with the store's data:
-    the store restarted empty after it was submitted."""
+    a restart of the store with an empty dataset ended after the job was submitted (the wipe
+    happens somewhere inside the fault's window, so one that began just before the job was
+    parked may still have wiped it)."""
     return job.path in ("coalesce", "queue") and any(
-        f.kind == "restart_empty" and f.started_at >= job.submitted_at for f in history.faults)
+        f.kind == "restart_empty" and f.ended_at >= job.submitted_at for f in history.faults)
 
 
 def handover(history: History) -> list[Violation]:
