@@ -20,8 +20,8 @@ its send), so a violation is never an artefact of timing, and each comes with it
    coalesced job's covering run ran, and did not start before the trigger was parked), FIFO
    (a waiter parked surely before another started surely before it) and no lost waiter
    (property 4's unresolved jobs). Never two running is properties 2 and 3, which hold for
-   these keys too. A store that restarted empty loses what waited in it: jobs parked before
-   such a fault and not run are excused, and counted.
+   these keys too. A store that restarted empty loses what waited in it: jobs submitted
+   before such a fault ended and not run are excused, and counted.
 """
 
 from __future__ import annotations
