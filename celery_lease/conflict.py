@@ -197,7 +197,7 @@ def _skip(c: Conflict) -> dict[str, Any]:
 
 
 def _handed_over(c: Conflict) -> NoReturn:
-    logger.info("task %s[%s] not run: a copy of this handed-over run started already",
+    logger.info("task %s[%s] not run: a copy of this handed-over run already ran",
                 c.task.name, c.request.id)
     raise Ignore()
 

@@ -142,15 +142,16 @@ class Releaser:
             answered one (a repeat hands nothing over), or None.
     """
 
-    def __init__(self, options: LeaseOptions) -> None:
+    def __init__(self, options: LeaseOptions, ran: str = "") -> None:
         self.options = options
+        self.ran = ran  # the task id of a handed-over run, noted at its release
         self.result: stored.HandOff | None = None
 
     def __call__(self, client: redis.Redis, key: str, token: str) -> bool:
         options = self.options
         timeout = round((options.queue_timeout or 0.0) * 1000)
         got = stored.release_handing_over(client, key, token, options.ttl_ms,
-                                          lifetime_ms(options), timeout)
+                                          lifetime_ms(options), timeout, self.ran)
         if self.result is None or self.result.handed is None:
             self.result = got
         return got.released

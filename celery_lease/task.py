@@ -325,7 +325,8 @@ class LeasedTask(Task):  # type: ignore[misc]
         # the socket (or done, with wait) by then.
         options = lease.options
         if options.hands_over:
-            release = handoff.Releaser(options)
+            handed = HANDOFF_HEADER in (self.request.headers or {})
+            release = handoff.Releaser(options, lease.task_id if handed else "")
             ending = lifecycle.end(lease, sender=self, release=release)
             self._publish_handoff(lease, release.result)
         else:

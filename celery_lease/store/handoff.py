@@ -138,7 +138,7 @@ def _handoff(reply: list[Any]) -> HandOff:
 
 
 def release_handing_over(client: redis.Redis, key: str, token: str, reserve_ms: int,
-                         lifetime_ms: int, timeout_ms: int) -> HandOff:
+                         lifetime_ms: int, timeout_ms: int, ran: str = "") -> HandOff:
     """Release ``key`` if ``token`` holds it, and hand it over to the next waiting run (the
     reservation holds the key for ``reserve_ms`` int milliseconds). Safe to repeat: a repeat
     answers ``released=True`` and hands nothing over again.
@@ -146,12 +146,14 @@ def release_handing_over(client: redis.Redis, key: str, token: str, reserve_ms: 
     Args:
         lifetime_ms: the lifetime of the line and the reservation, int milliseconds.
         timeout_ms: the wait timeout, int milliseconds (0: none).
+        ran: the releasing execution's task id when it is a handed-over run (noted, so that
+            a second copy of it is refused), else ''.
 
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
     reply = _run(_release, client, key, (key, fence_key(key), line_key(key), reservation_key(key)),
-                 (token, reserve_ms, lifetime_ms, timeout_ms))
+                 (token, reserve_ms, lifetime_ms, timeout_ms, ran))
     if not isinstance(reply, list):
         return HandOff(bool(reply))
     return _handoff(reply)
@@ -170,7 +172,7 @@ def recover(client: redis.Redis, key: str, reserve_ms: int, lifetime_ms: int,
         redis.exceptions.RedisError: on store errors.
     """
     reply = _run(_release, client, key, (key, fence_key(key), line_key(key), reservation_key(key)),
-                 ("", reserve_ms, lifetime_ms, timeout_ms))
+                 ("", reserve_ms, lifetime_ms, timeout_ms, ""))
     code = int(reply[0])
     if code == 0:
         return HandOff(True, wait_ms=int(reply[1]))

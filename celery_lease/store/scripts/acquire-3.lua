@@ -32,7 +32,7 @@ Returns {granted, answer, pttl}:
   {0, '', pttl}        a key of another type at KEYS[1], or a counter not ours at KEYS[2]
                        (pttl: that key's lifetime left)
   {0, 'reserved:<id>', ms}  free, but reserved for task id <id> for ms more milliseconds
-  {0, 'ran:<id>', 0}   a handed-over run whose reservation its task id already took (a copy
+  {0, 'ran:<id>', 0}   a handed-over run whose task id already ran to its release (a copy
                        published twice): not to run again
 ]]
 if redis.replicate_commands then redis.replicate_commands() end
@@ -65,9 +65,7 @@ redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2])
 -- for a repeat of that release sent after its reply was lost (see released_before.lua).
 local ended = string.match(last, '^%d+:(.+)$')
 redis.call('SET', KEYS[2], ended and (fence .. ';' .. ended) or fence, 'PX', ARGV[4])
-if reserved_for == ARGV[5] then  -- the reserved run starts: the reservation ends, noted
+if reserved_for == ARGV[5] then  -- the reserved run starts: its reservation ends
   redis.call('HDEL', KEYS[3], 'id', 'due', 'el')
-  redis.pcall('HSET', KEYS[3], 'ran', ARGV[5])
-  redis.call('PEXPIRE', KEYS[3], ARGV[4])  -- the note lives as long as the counter
 end
 return {1, fence, tonumber(ARGV[2])}

@@ -25,6 +25,8 @@ ARGV[1]  the holder's token; empty for the crash sweep's look
 ARGV[2]  how long the reservation holds the key, int milliseconds
 ARGV[3]  the lifetime of the line and the reservation, int milliseconds
 ARGV[4]  the wait timeout of a line element, int milliseconds (0: none)
+ARGV[5]  the releasing holder's task id when it is a handed-over run, noted as having run to
+         its release (a second copy of it is then refused: acquire-3.lua); else ''
 
 Returns:
   {1, element, now, expired...}  released now (or, for the sweep, free): element is the run
@@ -56,6 +58,10 @@ if ARGV[1] == '' then
 elseif mine then
   redis.call('DEL', KEYS[1])
   --@include note_ended.lua
+  if ARGV[5] ~= '' then
+    redis.pcall('HSET', KEYS[4], 'ran', ARGV[5])
+    redis.pcall('PEXPIRE', KEYS[4], ARGV[3])
+  end
 else
   --@include released_before.lua
 end
