@@ -33,9 +33,8 @@ lease_acquired = Signal(name="lease_acquired")
 #: the worker node name, or the host name outside a worker), ``remaining`` (float seconds),
 #: ``policy`` ("skip", "retry", "fail", "coalesce", "queue", "redelivered", "successor",
 #: "handed_over" (a second copy of a handed-over run that already ran to its release), or
-#: "standby": a beat
-#: that found another beat leading; sent once per leader, with ``sender="celery.beat"`` and
-#: ``task_id`` the standby beat's node name).
+#: "standby": a beat that found another beat leading; sent once per leader, with
+#: ``sender="celery.beat"`` and ``task_id`` the standby beat's node name).
 lease_conflict = Signal(name="lease_conflict")
 
 #: A duplicate was coalesced into its key's pending run (``lease_on_conflict="coalesce"``),
