@@ -78,8 +78,7 @@ OTHER_NAMES = ("lease_key", "lease_tasks", "lease_beat_scheduler", "lease_beat_t
                "lease_beat_renew_interval", "lease_beat_key")
 
 ON_CONFLICT = ("skip", "retry", "fail", "coalesce", "queue")
-#: The policies whose release hands the key over to a waiting run (celery_lease.handoff);
-#: "retry" parks its copy in the key's line too, so the release wakes it.
+#: The policies whose release hands the key over to a waiting run (retry waits in line too).
 HANDOFF_POLICIES = ("coalesce", "queue", "retry")
 ON_STORE_ERROR = ("retry", "fail")
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://", "sentinel://")

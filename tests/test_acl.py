@@ -134,7 +134,7 @@ def test_a_rule_without_wait_refuses_a_worker_with_min_replicas_naming_it(
         check_app(app_for(url, lease_min_replicas=1))
 
 
-@pytest.mark.parametrize("command", ["blpop", "rpush", "hgetall"])
+@pytest.mark.parametrize("command", ["blpop", "rpush", "hset"])
 def test_a_rule_missing_a_hold_or_beat_command_warns_at_start_naming_it(
         server: AclRedisServer, command: str, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, "celery_lease"):

@@ -69,7 +69,10 @@ def test_coalesce_runs_one_pending_run_after_the_holder_with_the_latest_argument
     worker_factory(APP, pool="threads", concurrency=4)
     holder = coalesced.delay("c", 0, 3.0)
     wait_for(lambda: _started("c"), 20, message="the holder never started")
-    duplicates = [coalesced.delay("c", n) for n in range(1, 6)]
+    duplicates = []
+    for n in range(1, 6):  # one at a time: the arrival order (what "latest" means) is known
+        duplicates.append(coalesced.delay("c", n))
+        wait_for(lambda n=n: len([r for r in runs("c") if r["what"] == "accepted"]) == n, 20)
     markers = [d.get(timeout=20) for d in duplicates]
     assert all(is_coalesced(m) for m in markers)
     assert len({m["into"] for m in markers}) == 1  # one pending run covers them all

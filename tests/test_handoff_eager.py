@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import redis
+from celery._state import _set_task_join_will_block
 from prometheus_client import CollectorRegistry
 
 from celery_lease import inspection, is_coalesced, signals
@@ -25,6 +26,9 @@ def eager(redis_url: str) -> Iterator[None]:
     handoff_app.configure(redis_url, task_always_eager=True, task_eager_propagates=True)
     yield
     handoff_app.app.conf.update(task_always_eager=False, task_eager_propagates=False)
+    # Two eager calls in two threads race on Celery's process-wide "join would block" flag
+    # (Task.apply_async's denied_join_result saves and restores it): leave it as found.
+    _set_task_join_will_block(False)
 
 
 def _hold(task: Any, tag: str, seconds: float) -> threading.Thread:
