@@ -93,3 +93,16 @@ def test_flower_summarises_a_coalesced_and_a_queued_duplicate() -> None:
                               lease_remaining=1.0)) == "queued (#2)"
     assert lease_summary(task(lease_key="k", lease_position=2, state="SUCCESS",
                               lease_remaining=1.0)) == "waited in line (#2)"
+
+
+def test_ls_shows_a_waiting_column_only_when_runs_wait(capsys: pytest.CaptureFixture[str]) -> None:
+    from celery_lease import cli
+
+    held = inspection.LeaseInfo("lease:{a}", "t.job", "id-1", "web1", 7, 1, 12.0, "t" * 32)
+    cli._print_leases([held], wide=False)
+    assert "WAITING" not in capsys.readouterr().out
+    free = inspection.LeaseInfo("lease:{b}", "t.job", "", inspection.FREE_HOST, 0, 0, 0.0, "",
+                                waiting=2, reserved_for="r1")
+    cli._print_leases([held, free], wide=True)
+    out = capsys.readouterr().out
+    assert "WAITING" in out and "2 (handed to r1)" in out and "(free)" in out
