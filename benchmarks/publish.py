@@ -13,8 +13,8 @@ whose body never runs (no worker):
 
 Rounds interleave the variants; the figure is the median over rounds of each round's mean
 time per publish (microseconds). The execution side is timed too: an acquire and a release,
-with ``acquire-2.lua`` and with ``acquire-3.lua`` (a message that claimed at publish: the same
-round trip, the claim cleared inside it). Run ``python -m benchmarks.publish
+without a claim and with one (a message that claimed at publish: the same round trip, the
+claim cleared inside it). Run ``python -m benchmarks.publish
 [--publishes N]``.
 """
 
@@ -106,13 +106,13 @@ def measure_acquire(cycles: int = 2000, rounds: int = 5) -> dict[str, Any]:
     with RedisServer() as server:
         client = store.client_for(server.url(), 2.0)
         holder = store.holder_json("bench.dedupe", "task-id", "host", 1)
-        times: dict[str, list[float]] = {"acquire-2": [], "acquire-3": []}
+        times: dict[str, list[float]] = {"unclaimed": [], "claimed": []}
         for round_ in range(rounds + 1):  # the first round warms up
-            for name, claimed_by in (("acquire-2", None), ("acquire-3", "task-id")):
+            for name, claimed in (("unclaimed", False), ("claimed", True)):
                 started = time.perf_counter()
                 for i in range(cycles):
                     key, token = f"lease:{{bench:{i}}}", f"{i:032x}"
-                    store.acquire(client, key, token, 30_000, holder, 0, claimed_by)
+                    store.acquire(client, key, token, 30_000, holder, 0, "task-id", claimed=claimed)
                     store.release(client, key, token)
                 if round_:
                     times[name].append((time.perf_counter() - started) / cycles * 1e6)

@@ -7,11 +7,11 @@ execution ends, and raises :class:`LeaseLost` inside the body the moment it is l
 The layers, each importing only from itself and those below it (tests/test_layout.py)::
 
     operations    cli, doctor, inspection, flower, metrics, testing, worker (start check),
-                  acl (the ACL rule an app needs)
+                  acl (the ACL rule an app needs), sweep (hand-overs a dead holder left)
     entry points  task (+ conflict), hold (+ hold_core, hold_async, hold_options, hold_shapes),
                   beat, lease_tasks, eager
     the lease     lifecycle, heartbeat, interrupt (delivering LeaseLost; + next_instruction),
-                  lease
+                  lease, handoff (coalesce and queue: parking, handing the key over)
     settings      config, names
     store/        the Redis side: the protocol and its Lua scripts, the client and its
                   topologies, routing, pending replies, stored values, store errors, the
@@ -31,6 +31,7 @@ from .errors import (
     LeaseStoreUnavailable,
     LostCause,
 )
+from .handoff import follow, is_coalesced
 from .hold import Hold, hold
 from .hold_async import AsyncHold, hold_async
 from .keys import hold_name
@@ -53,9 +54,11 @@ __all__ = [
     "LostCause",
     "apply_lease_tasks",
     "current_lease",
+    "follow",
     "hold",
     "hold_async",
     "hold_name",
+    "is_coalesced",
     "is_skipped",
 ]
 

@@ -168,10 +168,11 @@ def lease(ctx: click.Context, /, **kwargs: Any) -> None:
 @_config_guard
 def ls(ctx: click.Context, task_name: str | None, as_json: bool, wide: bool, url: str | None,
        prefixes: tuple[str, ...], **kwargs: Any) -> None:
-    """List held leases: task, task id, holder host and pid, time left and key (--wide: the
-    fencing token as well, nothing shortened; --json: everything), then the waiting copies of
-    tasks with lease_dedupe (published, not started) with their age (in --json, objects with
-    "kind": "waiting"). Exits 2 when --task names no registered task."""
+    """List held leases: task, task id, holder host and pid, time left, key and the runs waiting
+    for a key (coalesce, queue: WAITING) (--wide: the fencing token as well, nothing shortened;
+    --json: everything), then the waiting copies of tasks with lease_dedupe (published, not
+    started) with their age (in --json, objects with "kind": "waiting"). Exits 2 when --task
+    names no registered task."""
     app = _app(ctx)
     if task_name is not None and task_name != BEAT_TASK_NAME and task_name not in app.tasks:
         _fail(f"no task named {task_name!r} is registered in app {app.main!r}", 2)
@@ -204,19 +205,28 @@ def ls(ctx: click.Context, task_name: str | None, as_json: bool, wide: bool, url
         ctx.exit(1)
 
 
+def _waiting(info: LeaseInfo) -> str:
+    """The WAITING column: the line's length, and the run the key is reserved for."""
+    reserved = f" (handed to {info.reserved_for})" if info.reserved_for else ""
+    return f"{info.waiting}{reserved}"
+
+
 def _print_leases(found: list[LeaseInfo], wide: bool) -> None:
     rows: list[tuple[str, ...]]
     task = {id(i): "(unknown holder)" if i.foreign else i.task or "?" for i in found}
+    lines = any(i.waiting or i.reserved_for for i in found)  # a column only when it says more
+    extra = (lambda i: (_waiting(i),)) if lines else (lambda i: ())
+    head: tuple[str, ...] = ("WAITING",) if lines else ()
     if wide:
         rows = [(task[id(i)], i.task_id or "?", i.host or "?", str(i.pid),
-                 str(i.fencing_token), _human(i.ttl), i.key) for i in found]
+                 str(i.fencing_token), _human(i.ttl), *extra(i), i.key) for i in found]
         click.echo(_table(("TASK", "TASK ID", "HOST", "PID", "FENCING TOKEN", "TIME LEFT",
-                           "KEY"), rows))
+                           *head, "KEY"), rows))
     else:
         # The key is what tells two holds apart (both `celery_lease.hold MainThread`).
-        rows = [(task[id(i)], i.task_id or "?", i.host or "?", str(i.pid), _human(i.ttl), i.key)
-                for i in found]
-        click.echo(_table(("TASK", "TASK ID", "HOST", "PID", "TIME LEFT", "KEY"), rows,
+        rows = [(task[id(i)], i.task_id or "?", i.host or "?", str(i.pid), _human(i.ttl),
+                 *extra(i), i.key) for i in found]
+        click.echo(_table(("TASK", "TASK ID", "HOST", "PID", "TIME LEFT", *head, "KEY"), rows,
                           width=shutil.get_terminal_size().columns,
                           shrink_first=("TASK ID", "KEY")))
     click.echo(f"{len(found)} lease(s)")

@@ -28,6 +28,7 @@ from .timing import MIN_STORE_TIMEOUT, MIN_TTL
 __all__ = [
     "BEAT_WHERE",
     "DEFAULTS",
+    "HANDOFF_POLICIES",
     "MIN_STORE_TIMEOUT",
     "MIN_TTL",
     "TASK_OPTIONS",
@@ -51,7 +52,9 @@ DEFAULTS: dict[str, Any] = {
     "lease_renew_interval": None,  # float seconds; default lease_ttl / 3
     "lease_store_timeout": None,  # float seconds; default min(interval / 2, 2.0)
     "lease_key_prefix": DEFAULT_PREFIX,
-    "lease_on_conflict": "skip",  # skip | retry | fail
+    "lease_on_conflict": "skip",  # skip | retry | fail | coalesce | queue
+    "lease_queue_max": 100,  # int >= 1: waiters in one key's line (lease_on_conflict="queue")
+    "lease_queue_timeout": None,  # float seconds a waiter may wait (queue); None: no limit
     "lease_on_store_error": "retry",  # retry | fail
     "lease_store_outage_max": 300.0,  # float seconds a "retry" waits out a store outage
     "lease_dedupe": False,  # bool: at most one waiting copy per key, decided at publish
@@ -74,6 +77,8 @@ TASK_OPTIONS = (
     "lease_store_outage_max",
     "lease_dedupe",
     "lease_dedupe_ttl",
+    "lease_queue_max",
+    "lease_queue_timeout",
 )
 
 #: Settings read elsewhere (the beat leader lease, celery_lease.beat; lease_tasks,
@@ -81,7 +86,9 @@ TASK_OPTIONS = (
 OTHER_NAMES = ("lease_key", "lease_tasks", "lease_beat_scheduler", "lease_beat_ttl",
                "lease_beat_renew_interval", "lease_beat_key")
 
-ON_CONFLICT = ("skip", "retry", "fail")
+ON_CONFLICT = ("skip", "retry", "fail", "coalesce", "queue")
+#: The policies whose release hands the key over to a waiting run (retry waits in line too).
+HANDOFF_POLICIES = ("coalesce", "queue", "retry")
 ON_STORE_ERROR = ("retry", "fail")
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://", "sentinel://")
 _FALLBACK = "lease_backend (unset, so broker_url)"
@@ -100,7 +107,7 @@ class LeaseOptions:
         renew_interval: float seconds between renewals (<= ttl / 2).
         store_timeout: timeout of each store call, float seconds (< renew_interval).
         key_prefix: prefix of every lease key (no ``{`` or ``}``).
-        on_conflict: ``"skip"``, ``"retry"`` or ``"fail"``.
+        on_conflict: ``"skip"``, ``"retry"``, ``"fail"``, ``"coalesce"`` or ``"queue"``.
         on_store_error: ``"retry"`` or ``"fail"``.
         backend_options: ``lease_backend_options`` (dict; empty when unset).
         min_replicas: replicas that must acknowledge a grant, and each renewal (int >= 0).
@@ -110,6 +117,8 @@ class LeaseOptions:
             nothing (:mod:`celery_lease.dedupe`).
         dedupe_ttl: ``lease_dedupe_ttl``, the lifetime of a waiting copy's claim, float
             seconds (> 0), for a message without ``expires``.
+        queue_max: the most runs one key's line holds (``lease_queue_max``, int >= 1).
+        queue_timeout: float seconds a parked run may wait (``lease_queue_timeout``), or None.
     """
 
     backend: str | None
@@ -124,6 +133,12 @@ class LeaseOptions:
     store_outage_max: float = DEFAULTS["lease_store_outage_max"]
     dedupe: bool = False
     dedupe_ttl: float = 300.0
+    queue_max: int = 100
+    queue_timeout: float | None = None
+
+    @property
+    def hands_over(self) -> bool:  # True when the release hands the key over
+        return self.on_conflict in HANDOFF_POLICIES
 
     @property
     def ttl_ms(self) -> int:
@@ -233,6 +248,14 @@ def resolve_options(
     if dedupe_problem is not None:
         problems.append((f"lease_dedupe_ttl={dedupe_ttl!r}", f"{dedupe_problem}, e.g. "
                          f"lease_dedupe_ttl={DEFAULTS['lease_dedupe_ttl']}"))
+    queue_max, queue_timeout = pick("lease_queue_max"), pick("lease_queue_timeout")
+    if isinstance(queue_max, bool) or not isinstance(queue_max, int) or queue_max < 1:
+        problems.append((f"lease_queue_max={queue_max!r}", "must be a whole number of waiting "
+                         "runs >= 1, e.g. lease_queue_max=100"))
+    queue_problem = None if queue_timeout is None else timing.duration_problem(queue_timeout)
+    if queue_problem is not None:
+        problems.append((f"lease_queue_timeout={queue_timeout!r}", f"{queue_problem}, or None "
+                         f"(no wait timeout)"))
     if problems:
         raise LeaseConfigError(_refusal(where, problems))
     return LeaseOptions(
@@ -248,6 +271,8 @@ def resolve_options(
         store_outage_max=float(outage_max),
         dedupe=dedupe,
         dedupe_ttl=float(dedupe_ttl),
+        queue_max=queue_max,
+        queue_timeout=None if queue_timeout is None else float(queue_timeout),
     )
 
 

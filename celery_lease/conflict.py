@@ -4,7 +4,9 @@
 ignore it: a message the holder published for its own key, a redelivery of the holder's own
 message, a skip inside a chain), logs it, sends :data:`~celery_lease.signals.lease_conflict`
 and calls the policy's handler from :data:`HANDLERS`. A handler raises what ends the
-execution (``Ignore``, ``Retry``, ``LeaseConflict``) or returns the result of an eager call.
+execution (``Ignore``, ``Retry``, ``LeaseConflict``), returns the result of an eager call,
+or returns :data:`AGAIN`: take the key again (it was free by the time the duplicate was to be
+parked; or an eager ``queue`` call waiting its turn).
 """
 
 from __future__ import annotations
@@ -19,13 +21,18 @@ from celery import states
 from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, Retry
 from celery.result import ResultBase
+from redis.exceptions import RedisError
 
-from . import dedupe, signals, store
+from . import dedupe, handoff, signals, store
 from .config import LeaseOptions
 from .errors import LeaseConflict
 
-__all__ = ["HANDLERS", "REDELIVERY_HEADER", "SKIPPED_MARKER", "SUCCESSOR_HEADER", "Conflict",
-           "handle", "is_skipped"]
+__all__ = ["AGAIN", "HANDLERS", "REDELIVERY_HEADER", "SKIPPED_MARKER", "SUCCESSOR_HEADER",
+           "Conflict", "handle", "is_skipped"]
+
+#: What a handler returns for "take the key again now" (see the module docstring).
+AGAIN: Any = object()
+_EAGER_POLL = (0.02, 0.5)  # float seconds: an eager queued call's first and longest poll
 
 logger = logging.getLogger("celery_lease")
 
@@ -67,6 +74,9 @@ class Conflict:
         key: the lease key (str).
         found: what the acquire found (the holder, its time left).
         error: the :class:`LeaseConflict` that describes it.
+        client: the store's client (for the policies that park the duplicate).
+        attempt: how many times this execution found the key held before (int, 0 first).
+        waited: float seconds since it first found the key held.
     """
 
     task: Any
@@ -75,17 +85,23 @@ class Conflict:
     key: str
     found: store.AcquireResult
     error: LeaseConflict
+    client: Any = None
+    attempt: int = 0
+    waited: float = 0.0
 
 
 def _policy(c: Conflict) -> str:
     holder, request = c.found.holder, c.request
+    if holder.hostname == store.RAN_HOLDER:
+        return "handed_over"  # a second copy of a handed-over run that started already
     if holder.token and (request.headers or {}).get(SUCCESSOR_HEADER) == holder.token:
         return "successor"  # published by the holder itself (a retry): run once it ends
     if holder.task_id and holder.task_id == request.id:
         return "redelivered"  # same message again while it runs: not ours, not stored
-    if c.options.on_conflict == "skip" and (request.chain or request.callbacks):
-        # A skipped link would leave the rest of its chain waiting forever (Ignore sends
-        # nothing on): fail it instead, so the chain's result raises LeaseConflict.
+    if c.options.on_conflict in ("skip", "coalesce") and (request.chain or request.callbacks):
+        # A skipped (or coalesced) link would leave the rest of its chain waiting forever
+        # (Ignore sends nothing on): fail it instead, so the chain's result raises
+        # LeaseConflict.
         return "fail"
     return c.options.on_conflict
 
@@ -115,13 +131,41 @@ def _successor(c: Conflict) -> NoReturn:
     raise Ignore()
 
 
-def _retry(c: Conflict) -> NoReturn:
+def _retry(c: Conflict) -> Any:
+    # "Run when the holder is done": the copy waits in the key's line as a queued one does
+    # (state RETRY meanwhile), and the holder's release hands it the key; a holder that dies
+    # hands over through the sweep, once its lease expires. Waiting uses up no retry. Only a
+    # full line (or a store that refuses the park) falls back to Celery's retry at the
+    # holder's remaining lifetime, which counts against max_retries.
     countdown = max(c.found.remaining, 0.05)
     if c.request.is_eager:
-        # Eager mode runs a retry at once, ignoring its countdown: wait here the time a
-        # worker's retry would wait, or every retry would meet the same holder.
-        time.sleep(countdown)
-    raise c.task.retry(exc=c.error, countdown=countdown)
+        return _wait_eagerly(c)
+    try:
+        parked = _park(c)
+    except LeaseConflict:  # the message cannot be kept in Redis: Celery's retry keeps it
+        raise c.task.retry(exc=c.error, countdown=countdown) from None
+    if parked is None:
+        return AGAIN
+    if parked.outcome == "full":
+        raise c.task.retry(exc=c.error, countdown=countdown)
+    signals.lease_queued.send(sender=c.task, key=c.key, task_id=c.request.id,
+                              position=parked.length, holder_task_id=c.found.holder.task_id)
+    logger.info("retry: task %s[%s] waits for lease %s (held by task %s) in its line, "
+                "position %d; it runs once the holder releases (no retry used up)",
+                c.task.name, c.request.id, c.key, c.found.holder.task_id or "?", parked.length)
+    raise Retry(f"waiting for the holder of {c.key} (position {parked.length})", c.error)
+
+
+def _wait_eagerly(c: Conflict) -> Any:
+    """An eager call waits in its own thread and takes the key again (a worker's duplicate
+    waits in the line, without a thread); past ``lease_queue_timeout`` it fails."""
+    options, holder = c.options, c.found.holder
+    if options.queue_timeout is not None and c.waited > options.queue_timeout:
+        raise LeaseConflict(c.key, holder.task_id, holder.where, c.found.remaining,
+                            f"waited {c.waited:.1f}s, past lease_queue_timeout="
+                            f"{options.queue_timeout}: not run")
+    time.sleep(min(_EAGER_POLL[0] * 1.5 ** c.attempt, _EAGER_POLL[1], c.found.remaining))
+    return AGAIN
 
 
 def _fail(c: Conflict) -> NoReturn:
@@ -161,37 +205,120 @@ def _skip(c: Conflict) -> dict[str, Any]:
     raise Ignore()
 
 
+def _handed_over(c: Conflict) -> NoReturn:
+    logger.info("task %s[%s] not run: a copy of this handed-over run already ran",
+                c.task.name, c.request.id)
+    raise Ignore()
+
+
+def _park(c: Conflict) -> store.handoff.Parked | None:
+    """Park the duplicate; None when the key was free by then (take it again)."""
+    try:
+        parked = handoff.park(c.task, c.request, c.options, c.client, c.key, c.found.remaining)
+    except TypeError as exc:
+        raise LeaseConflict(c.key, c.found.holder.task_id, c.found.holder.where,
+                            c.found.remaining, f"held, and this duplicate cannot be kept to "
+                            f"run later (its message is not JSON: {exc})") from None
+    except RedisError as exc:
+        c.task._store_error(c.options, c.key, exc)
+    if parked.outcome == "free":
+        if c.attempt < 100:
+            return None
+        raise c.error  # freed and taken again a hundred times over: give up, loudly
+    return parked
+
+
+def _coalesce(c: Conflict) -> Any:
+    task, request, key, holder = c.task, c.request, c.key, c.found.holder
+    parked = _park(c)
+    if parked is None:
+        return AGAIN
+    signals.lease_coalesced.send(sender=task, key=key, task_id=request.id, into=parked.task_id,
+                                 joined=parked.joined, holder_task_id=holder.task_id)
+    task._event("task-lease-coalesced", lease_key=key, lease_into=parked.task_id,
+                lease_holder=holder.where, lease_holder_task_id=holder.task_id,
+                lease_remaining=c.found.remaining)
+    marker = {handoff.COALESCED_MARKER: True, "into": parked.task_id, "key": key,
+              "holder_task_id": holder.task_id}
+    if request.is_eager:
+        return marker
+    try:
+        task.backend.mark_as_done(request.id, marker, request=request, state=states.SUCCESS)
+    except Exception:
+        logger.exception("could not store the coalesced marker of %s", request.id)
+    logger.info("coalesced: task %s[%s] not run now: lease %s held by task %s; its trigger "
+                "runs in the pending run %s, after the holder's release", task.name,
+                request.id, key, holder.task_id or "?", parked.task_id)
+    raise Ignore()  # as for a skip: the marker stays the state Flower shows
+
+
+def _queue(c: Conflict) -> Any:
+    task, request, key, options, holder = c.task, c.request, c.key, c.options, c.found.holder
+    if request.is_eager:
+        return _wait_eagerly(c)
+    parked = _park(c)
+    if parked is None:
+        return AGAIN
+    if parked.outcome == "full":
+        raise LeaseConflict(key, holder.task_id, holder.where, c.found.remaining,
+                            f"held, and {parked.length} runs already wait in its line "
+                            f"(lease_queue_max={options.queue_max}): not run")
+    signals.lease_queued.send(sender=task, key=key, task_id=request.id, position=parked.length,
+                              holder_task_id=holder.task_id)
+    task._event("task-lease-queued", lease_key=key, lease_position=parked.length,
+                lease_holder=holder.where, lease_holder_task_id=holder.task_id,
+                lease_remaining=c.found.remaining)
+    logger.info("queued: task %s[%s] waits for lease %s (held by task %s), position %d in "
+                "its line; it runs under its own task id once handed the key", task.name,
+                request.id, key, holder.task_id or "?", parked.length)
+    raise Ignore()  # acknowledged: the message is kept in the line, not on a worker
+
+
 #: Policy name -> its handler. The task's ``lease_on_conflict`` names one of ``skip``,
-#: ``retry`` and ``fail``; ``successor`` and ``redelivered`` are chosen by :func:`handle`.
+#: ``retry``, ``fail``, ``coalesce`` and ``queue``; ``successor``, ``redelivered`` and
+#: ``handed_over`` are chosen by :func:`handle`.
 HANDLERS: dict[str, Callable[[Conflict], Any]] = {
     "skip": _skip,
     "retry": _retry,
     "fail": _fail,
+    "coalesce": _coalesce,
+    "queue": _queue,
+    "handed_over": _handed_over,
     "successor": _successor,
     "redelivered": _redelivered,
 }
 
 
 def handle(task: Any, request: Any, options: LeaseOptions, key: str,
-           found: store.AcquireResult) -> dict[str, Any]:
+           found: store.AcquireResult, client: Any = None, attempt: int = 0,
+           waited: float = 0.0) -> Any:
     """Deal with an execution of ``task`` that found ``key`` held (``found``).
 
+    Args:
+        client: the store's client (coalesce and queue park the duplicate with it).
+        attempt, waited: see :class:`Conflict`.
+
     Returns:
-        The marker result of a skipped eager call.
+        The marker result of a skipped or coalesced eager call, or :data:`AGAIN`.
 
     Raises:
         celery.exceptions.Ignore: the execution ends without a result of its own (a stored
             skip marker, or a copy sent to run later).
-        celery.exceptions.Retry: ``lease_on_conflict="retry"``.
-        LeaseConflict: ``lease_on_conflict="fail"``, or a skip inside a chain, or a
-            successor or redelivery in eager mode.
+        celery.exceptions.Retry: ``lease_on_conflict="retry"`` (the copy waits in the key's
+            line; with a full line, Celery's retry at the holder's remaining lifetime).
+        LeaseConflict: ``lease_on_conflict="fail"``, or a skip or coalesce inside a chain,
+            or a successor or redelivery in eager mode, or a full line or a wait past
+            ``lease_queue_timeout`` (queue).
+        LeaseStoreUnavailable: the duplicate could not be parked (store error, with
+            ``lease_on_store_error="fail"``; ``"retry"`` raises ``Retry``).
     """
     holder = found.holder
     c = Conflict(task, request, options, key, found,
-                 LeaseConflict(key, holder.task_id, holder.where, found.remaining))
+                 LeaseConflict(key, holder.task_id, holder.where, found.remaining),
+                 client, attempt, waited)
     policy = _policy(c)
     # A skip says what happened in its own line, once the marker is stored.
-    logger.log(logging.DEBUG if policy == "skip" else logging.INFO,
+    logger.log(logging.DEBUG if policy in ("skip", "coalesce", "queue") else logging.INFO,
                "lease conflict (%s): task %s[%s] not run: %s (fencing_token=%d)",
                policy, task.name, request.id, c.error, holder.fencing_token)
     signals.lease_conflict.send(
@@ -199,12 +326,14 @@ def handle(task: Any, request: Any, options: LeaseOptions, key: str,
         holder=holder.where, remaining=found.remaining, policy=policy,
         fencing_token=holder.fencing_token, token=holder.token)
     try:
-        return HANDLERS[policy](c)  # type: ignore[no-any-return]
+        return HANDLERS[policy](c)
     except Retry:
         raise  # published again under its task id: a waiting copy keeps its claim
     except BaseException:
         key_claimed = (request.headers or {}).get(dedupe.CLAIM_HEADER)
-        if key_claimed and policy in ("skip", "fail", "retry"):  # its message ends here
+        # Its message ends here: a skip, a failure, or a coalesce (the pending run, not this
+        # task id, serves the trigger). A queued copy runs later under its own id: it keeps it.
+        if key_claimed and policy in ("skip", "fail", "retry", "coalesce"):
             dedupe.forget(task, str(key_claimed), request.id, f"it ended on a conflict "
                           f"({policy})")
         raise

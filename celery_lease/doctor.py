@@ -216,8 +216,10 @@ def check_task(app: Any, task: Any, options: LeaseOptions, vt: float | None) -> 
         acks_late = bool(task.acks_late if task.acks_late is not None
                          else app.conf.get("task_acks_late"))
         if options.on_conflict == "retry" and options.ttl >= vt:
+            # The copy waits in the key's line; only a full line falls back to an ETA message.
             found.append(Finding(
-                "fail", subject, f"lease_on_conflict='retry' waits up to lease_ttl="
+                "warn", subject, f"lease_on_conflict='retry' with a full line "
+                f"(lease_queue_max={options.queue_max}) waits up to lease_ttl="
                 f"{options.ttl:g}s in an ETA message, which the broker redelivers after "
                 f"visibility_timeout={vt:g}s", f"broker_transport_options={{"
                 f"'visibility_timeout': {max(vt, options.ttl * 4):g}}} or a shorter lease_ttl",

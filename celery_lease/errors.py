@@ -146,12 +146,22 @@ class LeaseConflict(LeaseError):
         holder_task_id: the Celery task id of the holder (str, may be empty if unknown).
         holder: ``"hostname:pid"`` of the holder (str).
         remaining: the holder's remaining lifetime on the server, float seconds.
+        reason: what happened instead of the usual "held by" sentence (str; empty for it):
+            a full line (``lease_queue_max``) or a wait past ``lease_queue_timeout``.
     """
 
     def __init__(
-        self, key: str = "", holder_task_id: str = "", holder: str = "", remaining: float = 0.0
+        self, key: str = "", holder_task_id: str = "", holder: str = "", remaining: float = 0.0,
+        reason: str = "",
     ) -> None:
-        super().__init__(key, holder_task_id, holder, float(remaining))
+        if reason:
+            super().__init__(key, holder_task_id, holder, float(remaining), reason)
+        else:
+            super().__init__(key, holder_task_id, holder, float(remaining))
+
+    @property
+    def reason(self) -> str:
+        return str(self.args[4]) if len(self.args) > 4 else ""
 
     @property
     def key(self) -> str:
@@ -170,6 +180,8 @@ class LeaseConflict(LeaseError):
         return float(self.args[3])
 
     def __str__(self) -> str:
+        if self.reason:
+            return f"lease {self.key!r}: {self.reason}"
         return (
             f"lease {self.key!r} is held by task {self.holder_task_id} on {self.holder} "
             f"for {self.remaining:.3f}s more"

@@ -1,16 +1,24 @@
 """Show lease outcomes in Flower: call :func:`install` from ``flowerconfig.py``.
 
-Leased tasks send two task events (see :class:`~celery_lease.LeasedTask`):
+Leased tasks send these task events (see :class:`~celery_lease.LeasedTask`):
 
 - ``task-lease-skipped`` (a refused duplicate): fields ``lease_key``, ``lease_holder``
   (``"node:pid"`` of the execution that holds the key), ``lease_holder_task_id``,
   ``lease_remaining`` (float seconds) and ``lease_cause``;
+- ``task-lease-coalesced`` (a duplicate coalesced into its key's pending run,
+  ``lease_on_conflict="coalesce"``): ``lease_key``, ``lease_into`` (the pending run's task id),
+  ``lease_holder``, ``lease_holder_task_id``, ``lease_remaining``;
+- ``task-lease-queued`` (a duplicate parked in its key's line, ``lease_on_conflict="queue"``;
+  its own run later sends the usual events under the same task id): ``lease_key``,
+  ``lease_position`` (1: the head), ``lease_holder``, ``lease_holder_task_id``,
+  ``lease_remaining``;
 - ``task-lease-lost`` (the running execution lost its lease): ``lease_key``, ``lease_cause``
   (``refused``, ``deadline`` or ``store_error``), ``lease_holder`` (this execution),
   ``fencing_token`` and ``lease_late`` (float seconds).
 
-Renewals send no event. Celery's event state turns both events into the task's state
-(``LEASE-SKIPPED``, ``LEASE-LOST``; a later ``task-failed`` still wins) and keeps the fields,
+Renewals send no event. Celery's event state turns each event into the task's state
+(``LEASE-SKIPPED``, ``LEASE-COALESCED``, ``LEASE-QUEUED``, ``LEASE-LOST``; a later
+``task-started``, ``task-succeeded`` or ``task-failed`` still wins) and keeps the fields,
 but Flower only displays the fields listed in ``celery.events.state.Task._fields``. With
 :func:`install`:
 
@@ -20,8 +28,8 @@ but Flower only displays the fields listed in ``celery.events.state.Task._fields
   (``LeaseLost: lease 'lease:{...}' lost (refused, fencing token 7, found 0.012s after its
   last confirmed renewal)``) instead of Celery's ``repr`` of its arguments;
 - the tasks list gets a ``lease`` column (add ``lease`` to Flower's ``tasks_columns``) with
-  a few words: ``skipped (lease held)`` or ``lost (refused)``; the key, holder and token
-  are on the task page.
+  a few words: ``skipped (lease held)``, ``coalesced (pending run)``, ``queued (#2)`` or
+  ``lost (refused)``; the key, holder and token are on the task page.
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ LEASE_FIELDS = (
     "lease_key",
     "lease_holder",
     "lease_holder_task_id",
+    "lease_into",
+    "lease_position",
     "lease_cause",
     "lease_remaining",
     "lease_late",
@@ -63,7 +73,8 @@ _REPR = re.compile(r"^(?P<name>\w+)\((?P<args>.*)\)$", re.DOTALL)
 def lease_summary(task: Any) -> str | None:
     """A few words on the lease outcome of a ``celery.events.state.Task``, or ``None``.
 
-    ``"skipped (lease held)"`` for a refused duplicate, ``"lost (<cause>)"`` for an execution
+    ``"skipped (lease held)"`` for a refused duplicate, ``"coalesced (pending run)"`` and
+    ``"queued (#<position>)"`` for a parked one, ``"lost (<cause>)"`` for an execution
     that lost its lease. Kept this short (no key, holder or token: they are long unbreakable
     words, and the task page shows them) so the column never pushes the others off the
     tasks list.
@@ -71,6 +82,11 @@ def lease_summary(task: Any) -> str | None:
     fields = task.__dict__
     if not fields.get("lease_key"):
         return None
+    if fields.get("lease_into"):
+        return "coalesced (pending run)"
+    if fields.get("lease_position"):  # parked, then run under the same task id
+        waiting = fields.get("state") == "LEASE-QUEUED"
+        return f"{'queued' if waiting else 'waited in line'} (#{fields['lease_position']})"
     if fields.get("state") == "LEASE-SKIPPED" or "lease_remaining" in fields:
         return "skipped (lease held)"
     return f"lost ({fields.get('lease_cause') or '?'})"

@@ -9,8 +9,9 @@ Functions here return data (:class:`LeaseInfo`); the ``celery lease`` command
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import redis
@@ -23,16 +24,19 @@ from .keys import (
     DEFAULT_PREFIX,
     FENCE_SUFFIX,
     LAST_RUN_SUFFIX,
+    LINE_SUFFIX,
+    RESERVED_SUFFIX,
     WAKE_SUFFIX,
     is_internal,
 )
 from .lease_tasks import leased_runner
-from .store import records, topology
+from .store import handoff, records, topology
 from .store.value import OtherType
 from .task import LeasedTask
 
 __all__ = [
     "CLI_TIMEOUT",
+    "FREE_HOST",
     "ClaimInfo",
     "LeaseInfo",
     "app_options",
@@ -45,6 +49,8 @@ __all__ = [
     "stores",
 ]
 
+#: The host a listed key shows when no execution holds it but runs wait for it.
+FREE_HOST = "(free)"
 CLI_TIMEOUT = 5.0  # float seconds for each store call made from outside a worker
 SCAN_COUNT = 1000  # keys per SCAN step (a hint to Redis, not a limit)
 _BATCH = 500  # keys per GET/PTTL pipeline
@@ -67,6 +73,11 @@ class LeaseInfo:
         node: the worker's node name (``celery@web1``) when a worker holds it, else ``""``.
         foreign: empty for a value celery-lease wrote; else why it is not one (str): the key
             is held by an unknown holder (every other field is empty or 0, ``ttl`` aside).
+        waiting: runs waiting in the key's line (``coalesce``: its pending run; ``queue``:
+            the line's length), int.
+        reserved_for: the task id a release handed the key to, not started yet (str; empty
+            for none). A key with a line or a reservation but no holder is listed with
+            ``task`` empty and ``ttl`` 0.0.
     """
 
     key: str
@@ -79,6 +90,8 @@ class LeaseInfo:
     token: str
     node: str = ""
     foreign: str = ""
+    waiting: int = 0
+    reserved_for: str = ""
 
 
 def _info(key: str, value: records.Found | str, pttl: int) -> LeaseInfo:
@@ -114,8 +127,10 @@ def scan_leases(client: redis.Redis, prefix: str, count: int = SCAN_COUNT,
 
     Keys are read in batches with one pipelined round trip per batch. A key that expires
     between the scan and the read is skipped. Internal keys (fencing counters, beat state)
-    are left out. A key celery-lease did not write (any value, any type) is listed as held by
-    an unknown holder (:attr:`LeaseInfo.foreign`).
+    are left out; a key's line of waiting runs and its reservation are counted in its entry
+    (:attr:`LeaseInfo.waiting`, :attr:`LeaseInfo.reserved_for`), listed also when no
+    execution holds the key (host ``(free)``). A key celery-lease did not write (any value,
+    any type) is listed as held by an unknown holder (:attr:`LeaseInfo.foreign`).
 
     Args:
         client: a Redis client.
@@ -127,9 +142,30 @@ def scan_leases(client: redis.Redis, prefix: str, count: int = SCAN_COUNT,
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
+    handing: set[str] = set()  # lease keys with a line or a reservation beside them
+    held: dict[str, LeaseInfo] = {}
     for key, value, pttl in _scan(client, prefix, count, skipped):
-        if not is_internal(key):
-            yield _info(key, value, pttl)
+        if key.endswith((LINE_SUFFIX, RESERVED_SUFFIX)):
+            handing.add(key.rpartition(":")[0])
+        elif not is_internal(key):
+            held[key] = _info(key, value, pttl)
+    for key in sorted(handing):
+        line, handed = handoff.read_line(client, key)
+        first = handed or (line[0] if line else None)
+        info = held.get(key) or LeaseInfo(key, _task_of(first), "", FREE_HOST, 0, 0, 0.0, "")
+        held[key] = replace(info, waiting=len(line),
+                            reserved_for=handed.task_id if handed is not None else "")
+    for info in held.values():
+        if info.host != FREE_HOST or info.waiting or info.reserved_for:
+            yield info
+
+
+def _task_of(waiting: handoff.Waiting | None) -> str:
+    """The task name in a waiting run's message ('' when unreadable)."""
+    try:
+        return str(json.loads(waiting.message)["task"]) if waiting is not None else ""
+    except (ValueError, KeyError, TypeError):
+        return ""
 
 
 def _scan(client: redis.Redis, prefix: str, count: int, skipped: list[str] | None

@@ -18,6 +18,11 @@ This module owns every key the library writes:
   release pushes to wake a waiting hold, ``<hold key>:wake`` (:func:`wake_key`);
 - the claim of a waiting copy (``lease_dedupe``), ``<lease key>:waiting`` (:func:`claim_key`):
   which published message of the key has not started yet.
+- for tasks that hand the key over (``lease_on_conflict`` ``"coalesce"`` or ``"queue"``): the
+  key's line of waiting runs, ``<lease key>:line`` (:func:`line_key`), the reservation a
+  release hands the key over with, ``<lease key>:reserved`` (:func:`reservation_key`), and the
+  crash sweep's index of keys to look at, ``<prefix>:{celery-lease:handoff}:index``
+  (:func:`handoff_index_key`, a hash tag of its own).
 
 :data:`INTERNAL_SUFFIXES` lists the suffixes of the keys that are not leases, for tools that
 scan a prefix (``celery lease ls``).
@@ -40,8 +45,11 @@ __all__ = [
     "CLAIM_SUFFIX",
     "DEFAULT_PREFIX",
     "FENCE_SUFFIX",
+    "INDEX_SUFFIX",
     "INTERNAL_SUFFIXES",
     "LAST_RUN_SUFFIX",
+    "LINE_SUFFIX",
+    "RESERVED_SUFFIX",
     "WAKE_SUFFIX",
     "KeySpec",
     "beat_leader_key",
@@ -49,10 +57,13 @@ __all__ = [
     "claim_key",
     "encode_value",
     "fence_key",
+    "handoff_index_key",
     "hold_key",
     "hold_name",
     "is_internal",
     "last_run_key",
+    "line_key",
+    "reservation_key",
     "validate_lease_key",
     "wake_key",
 ]
@@ -65,8 +76,11 @@ BEAT_TASK_NAME = "celery.beat"
 #: last-run record, a hold's wake list, the claim of a task's waiting copy.
 FENCE_SUFFIX, LAST_RUN_SUFFIX, WAKE_SUFFIX = ":fence", ":last-run", ":wake"
 CLAIM_SUFFIX = ":waiting"
+#: The suffixes of a key's line of waiting runs, its hand-over reservation, and the sweep index.
+LINE_SUFFIX, RESERVED_SUFFIX, INDEX_SUFFIX = ":line", ":reserved", ":index"
 #: Suffixes of the keys written beside leases that are not leases themselves.
-INTERNAL_SUFFIXES = (FENCE_SUFFIX, LAST_RUN_SUFFIX, WAKE_SUFFIX, CLAIM_SUFFIX)
+INTERNAL_SUFFIXES = (FENCE_SUFFIX, LAST_RUN_SUFFIX, WAKE_SUFFIX, CLAIM_SUFFIX, LINE_SUFFIX,
+                     RESERVED_SUFFIX, INDEX_SUFFIX)
 #: The task name part of every hold key: ``<prefix>:{hold:<name>}``.
 HOLD_PREFIX = "hold:"
 
@@ -331,6 +345,25 @@ def hold_name(label: str, *values: Any, **named: Any) -> str:
 def wake_key(key: str) -> str:
     """The list a hold's release pushes to, to wake holds waiting for ``key`` (same hash tag)."""
     return key + WAKE_SUFFIX
+
+
+def line_key(key: str) -> str:
+    """The list of runs waiting for lease ``key`` (coalesce, queue; same hash tag)."""
+    return key + LINE_SUFFIX
+
+
+def reservation_key(key: str) -> str:
+    """The hash a hand-over release reserves lease ``key`` with (same hash tag)."""
+    return key + RESERVED_SUFFIX
+
+
+def handoff_index_key(prefix: str) -> str:
+    """The crash sweep's sorted set of lease keys under ``prefix`` that may have runs waiting.
+
+    Its own hash tag: on Redis Cluster it lives on one node, the leases on all of them; it is
+    only a hint of where to look (each look decides on the lease's own node).
+    """
+    return f"{prefix}:{{celery-lease:handoff}}{INDEX_SUFFIX}"
 
 
 def validate_lease_key(spec: Any, parameters: Callable[[], list[str]], where: str) -> None:

@@ -82,7 +82,7 @@ from .interrupt import Target
 from .lease import Lease
 from .store import pending
 
-__all__ = ["Claim", "Ending", "HolderInfo", "announce_end", "end", "retire", "take"]
+__all__ = ["Claim", "Ending", "HolderInfo", "announce_end", "end", "ended", "retire", "take"]
 
 logger = logging.getLogger("celery_lease")
 
@@ -142,7 +142,7 @@ class Claim:
 
 def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderInfo,
          target: Target, *, sender: Any, claim: Claim | None = None,
-         claimed: bool = False) -> Lease | store.AcquireResult:
+         claimed: bool = False, handed_over: bool = False) -> Lease | store.AcquireResult:
     """Take lease ``key`` and start renewing it (see the module docstring for the steps).
 
     An exit of any kind (``BaseException`` included) after the acquire was sent leaves no lease
@@ -160,6 +160,8 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
         claim: set to the lease as soon as it is granted (see :class:`Claim`).
         claimed: the execution's message claimed the key's waiting slot at publish
             (``lease_dedupe``): the grant clears that claim, in the same script.
+        handed_over: the execution is a run a hand-over release published (its copy that
+            already ran is refused: :func:`celery_lease.store.acquire`).
 
     Returns:
         The granted :class:`~celery_lease.lease.Lease`, or the
@@ -182,13 +184,14 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
         # script ran, the lifetime on the server started then, not at the second try.
         sent_at = clock.now()
         sent = True  # from here on the store may grant the token, reply or not
-        claimed_by = holder.task_id if claimed else None
         try:
-            found = store.acquire(client, key, token, options.ttl_ms, stored_holder,
-                                  options.min_replicas, claimed_by)
+            found = store.acquire(
+                client, key, token, options.ttl_ms, stored_holder, options.min_replicas,
+                holder.task_id, handed_over, claimed)
         except (RedisConnectionError, RedisTimeoutError):
-            found = store.acquire(client, key, token, options.ttl_ms, stored_holder,
-                                  options.min_replicas, claimed_by)
+            found = store.acquire(
+                client, key, token, options.ttl_ms, stored_holder, options.min_replicas,
+                holder.task_id, handed_over, claimed)
         if not found.granted:
             target.finish()
             return found
@@ -374,3 +377,13 @@ def _note_reply(lease: Lease, released: bool | None) -> None:
     heartbeat): a release that found the key no longer this execution's is a loss."""
     if released is False:
         lease.lost_at_release()
+
+
+def ended(client: redis.Redis, key: str, token: str) -> bool:
+    """Whether the execution holding ``token`` released lease ``key``: a redelivered copy of
+    it then does not run again. False when the store cannot tell (at least once beats never).
+    """
+    try:
+        return store.released_last(client, key, token)
+    except RedisError:
+        return False

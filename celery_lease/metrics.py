@@ -14,6 +14,14 @@ Metrics (``task`` is the task name; ``celery.beat`` for a beat leader lease):
 - ``celery_lease_publishes_total`` (counter, ``task``, ``disposition``): publishes of tasks
   with ``lease_dedupe``: ``published``, ``deduplicated``, ``unguarded`` (counted where they
   are published: a web process, beat, a worker).
+- ``celery_lease_coalesced_total`` (counter, ``task``): duplicates coalesced into a pending
+  run (``lease_on_conflict="coalesce"``).
+- ``celery_lease_queued_total`` (counter, ``task``): duplicates parked in a key's line
+  (``lease_on_conflict="queue"``).
+- ``celery_lease_line_length`` (histogram, ``task``): the line's length when a duplicate
+  was parked (1: it is the head; a pending run counts 1).
+- ``celery_lease_handed_over_total`` (counter, ``task``, ``by``): runs published when the key
+  was handed to them, ``by`` the holder's ``release`` or the crash ``sweep``.
 - ``celery_lease_lost_total`` (counter, ``task``, ``cause``): ``refused``, ``deadline``,
   ``store_error``.
 - ``celery_lease_renewal_failures_total`` (counter, ``task``).
@@ -48,6 +56,7 @@ __all__ = ["LeaseMetrics", "install", "metrics", "reap_dead_processes"]
 logger = logging.getLogger("celery_lease")
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+LINE_BUCKETS = (1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000)
 MARGIN_BUCKETS = (0.0, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 
 _instance: LeaseMetrics | None = None
@@ -71,8 +80,8 @@ class LeaseMetrics:
     """The lease metrics, registered in ``registry`` (default: prometheus' global registry).
 
     Attributes are the prometheus-client metric objects (``held``, ``acquired``,
-    ``conflicts``, ``publishes``, ``lost``, ``renewal_failures``, ``renewal_latency``,
-    ``renewal_margin``).
+    ``conflicts``, ``publishes``, ``coalesced``, ``queued``, ``line_length``, ``handed_over``,
+    ``lost``, ``renewal_failures``, ``renewal_latency``, ``renewal_margin``).
     """
 
     def __init__(self, registry: Any = None, namespace: str = "celery_lease") -> None:
@@ -90,6 +99,15 @@ class LeaseMetrics:
             "publishes", "Publishes of tasks with lease_dedupe, by what was done",
             ["task", "disposition"], **kw)
         self.lost = prom.Counter("lost", "Leases lost while held", ["task", "cause"], **kw)
+        self.coalesced = prom.Counter(
+            "coalesced", "Duplicates coalesced into a pending run", ["task"], **kw)
+        self.queued = prom.Counter("queued", "Duplicates parked in a key's line", ["task"], **kw)
+        self.line_length = prom.Histogram(
+            "line_length", "A key's line length when a duplicate was parked", ["task"],
+            buckets=LINE_BUCKETS, **kw)
+        self.handed_over = prom.Counter(
+            "handed_over", "Runs published when the key was handed to them", ["task", "by"],
+            **kw)
         self.renewal_failures = prom.Counter(
             "renewal_failures", "Renewal round trips that failed (timeout, connection)",
             ["task"], **kw)
@@ -116,6 +134,19 @@ class LeaseMetrics:
     def on_published(self, sender: Any = None, disposition: str = "", **kw: Any) -> None:
         self.publishes.labels(_task_name(sender), disposition or "unknown").inc()
 
+    def on_coalesced(self, sender: Any = None, **kw: Any) -> None:
+        task = _task_name(sender)
+        self.coalesced.labels(task).inc()
+        self.line_length.labels(task).observe(1)
+
+    def on_queued(self, sender: Any = None, position: int = 0, **kw: Any) -> None:
+        task = _task_name(sender)
+        self.queued.labels(task).inc()
+        self.line_length.labels(task).observe(position)
+
+    def on_handed_over(self, sender: Any = None, by: str = "", **kw: Any) -> None:
+        self.handed_over.labels(_task_name(sender), by or "unknown").inc()
+
     def on_lost(self, sender: Any = None, cause: str = "", **kw: Any) -> None:
         self.lost.labels(_task_name(sender), cause or "unknown").inc()
 
@@ -135,6 +166,9 @@ class LeaseMetrics:
         signals.lease_conflict.connect(self.on_conflict, weak=False)
         signals.lease_published.connect(self.on_published, weak=False)
         signals.lease_lost.connect(self.on_lost, weak=False)
+        signals.lease_coalesced.connect(self.on_coalesced, weak=False)
+        signals.lease_queued.connect(self.on_queued, weak=False)
+        signals.lease_handed_over.connect(self.on_handed_over, weak=False)
         signals.lease_renewal_failed.connect(self.on_renewal_failed, weak=False)
         signals.lease_renewed.connect(self.on_renewed, weak=False)
 

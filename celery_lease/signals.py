@@ -15,10 +15,13 @@ from celery.utils.dispatch import Signal
 
 __all__ = [
     "lease_acquired",
+    "lease_coalesced",
     "lease_conflict",
     "lease_deduplicated",
+    "lease_handed_over",
     "lease_lost",
     "lease_published",
+    "lease_queued",
     "lease_released",
     "lease_renewal_failed",
     "lease_renewed",
@@ -30,10 +33,27 @@ lease_acquired = Signal(name="lease_acquired")
 
 #: Another execution holds the key. Extra: ``holder_task_id`` (str), ``holder`` ("node:pid":
 #: the worker node name, or the host name outside a worker), ``remaining`` (float seconds),
-#: ``policy`` ("skip", "retry", "fail", "redelivered", "successor", or "standby": a beat
-#: that found another beat leading; sent once per leader, with ``sender="celery.beat"`` and
-#: ``task_id`` the standby beat's node name).
+#: ``policy`` ("skip", "retry", "fail", "coalesce", "queue", "redelivered", "successor",
+#: "handed_over" (a second copy of a handed-over run that already ran to its release), or
+#: "standby": a beat that found another beat leading; sent once per leader, with
+#: ``sender="celery.beat"`` and ``task_id`` the standby beat's node name).
 lease_conflict = Signal(name="lease_conflict")
+
+#: A duplicate was coalesced into its key's pending run (``lease_on_conflict="coalesce"``),
+#: sent after :data:`lease_conflict`. Extra: ``into`` (str: the pending run's task id),
+#: ``joined`` (bool: True when a pending run existed, whose arguments this one replaced),
+#: ``holder_task_id`` (str).
+lease_coalesced = Signal(name="lease_coalesced")
+
+#: A duplicate was parked in its key's line (``lease_on_conflict="queue"``), sent after
+#: :data:`lease_conflict`. Extra: ``position`` (int: 1 for the head of the line),
+#: ``holder_task_id`` (str).
+lease_queued = Signal(name="lease_queued")
+
+#: A run waiting for a key was published once the key was handed to it (by a release, or by
+#: the crash sweep). ``sender`` is the task name (str). Extra: ``by`` (``"release"`` or
+#: ``"sweep"``). ``task_id`` is the handed run's.
+lease_handed_over = Signal(name="lease_handed_over")
 
 #: A renewal was confirmed by the store (sent from the heartbeat thread, once per lease per
 #: renewal). Extra: ``latency`` (float seconds of the round trip), ``margin`` (float seconds

@@ -9,6 +9,7 @@ loss is raised inside the body as :class:`~celery_lease.errors.LeaseLost`.
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
 import os
 import socket
@@ -22,7 +23,7 @@ from celery.utils import uuid
 from kombu.serialization import dumps, loads
 from redis.exceptions import RedisError
 
-from . import conflict, dedupe, eager, interrupt, lifecycle, outage, store
+from . import clock, conflict, dedupe, eager, handoff, interrupt, lifecycle, outage, store
 from .config import (
     TASK_OPTIONS,
     LeaseOptions,
@@ -34,6 +35,7 @@ from .config import (
 from .conflict import REDELIVERY_HEADER, SKIPPED_MARKER, SUCCESSOR_HEADER, is_skipped
 from .dedupe import CLAIM_HEADER
 from .errors import LeaseConfigError, LeaseKeyError, LeaseLost, LeaseStoreUnavailable
+from .handoff import HANDOFF_HEADER
 from .keys import KeySpec, build_key, validate_lease_key
 from .lease import Lease, _current
 from .names import check_task_names
@@ -55,13 +57,10 @@ def _run_signature(task_cls: type) -> inspect.Signature:
 class LeasedTask(Task):  # type: ignore[misc]
     """Base class for tasks whose executions must not overlap: ``@app.task(base=LeasedTask)``.
 
-    Task options (each overrides the Celery setting of the same name; durations are float
-    seconds): ``lease_ttl``, ``lease_renew_interval``, ``lease_store_timeout``,
-    ``lease_key_prefix``, ``lease_on_conflict`` (``"skip"``, ``"retry"``, ``"fail"``),
-    ``lease_on_store_error`` (``"retry"``, ``"fail"``), ``lease_store_outage_max`` (how long a
-    ``"retry"`` waits out a store outage, :mod:`celery_lease.outage`), ``lease_backend``,
-    ``lease_dedupe`` (bool: at most one waiting copy per key, decided at publish,
-    :mod:`celery_lease.dedupe`), ``lease_dedupe_ttl``, and ``lease_key``:
+    Task options: every ``lease_*`` setting a task may override (docs/reference/settings.md;
+    durations are float seconds), e.g. ``lease_ttl``, ``lease_on_conflict`` (``"skip"``,
+    ``"retry"``, ``"fail"``, ``"coalesce"``, ``"queue"``), ``lease_dedupe`` (bool, decided at
+    publish: :mod:`celery_lease.dedupe`), and ``lease_key``:
 
     - ``None`` (default): every argument identifies the job;
     - a sequence of parameter names: only those (an empty one: one lease per task name);
@@ -84,6 +83,8 @@ class LeasedTask(Task):  # type: ignore[misc]
     lease_on_conflict: str | None = None
     lease_on_store_error: str | None = None
     lease_store_outage_max: float | None = None
+    lease_queue_max: int | None = None
+    lease_queue_timeout: float | None = None
     lease_backend: str | None = None
     lease_dedupe: bool | None = None
     lease_dedupe_ttl: float | None = None
@@ -113,6 +114,7 @@ class LeasedTask(Task):  # type: ignore[misc]
         validate_lease_key(cls._lease_key_spec(), lambda: list(sig.parameters), where)
         # By name: the worker module imports this one, not the other way round.
         app.steps["worker"].add("celery_lease.worker:LeaseStoreCheck")
+        app.steps["worker"].add("celery_lease.sweep:HandoffSweep")  # idle unless one hands over
 
     @classmethod
     def _lease_key_spec(cls) -> KeySpec:
@@ -225,7 +227,7 @@ class LeasedTask(Task):  # type: ignore[misc]
                         holding.token, task_id, self.name,
                         lambda: super(LeasedTask, self).apply_async(
                             args, kwargs, task_id=task_id, **options)), "published")
-        if self.app.conf.task_always_eager or not self._dedupes():
+        if self.app.conf.task_always_eager or not dedupe.enabled(self):
             return dedupe.mark(super().apply_async(args, kwargs, **options), "published")
         if REDELIVERY_HEADER in (options.get("headers") or {}):
             key = None  # a check copy of a running message, never a waiting copy
@@ -237,11 +239,6 @@ class LeasedTask(Task):  # type: ignore[misc]
             self, key, options,
             lambda **sent: super(LeasedTask, self).apply_async(args, kwargs, **sent),
             take_over)
-
-    def _dedupes(self) -> bool:
-        """Whether this task has ``lease_dedupe`` (validated at registration)."""
-        value = type(self).lease_dedupe
-        return (self.app.conf.get("lease_dedupe") if value is None else value) is True
 
     def _sent_key(self, args: Any, kwargs: Any, options: Mapping[str, Any]) -> str | None:
         """The key the worker will compute for a call, from the arguments as the serializer
@@ -336,28 +333,45 @@ class LeasedTask(Task):  # type: ignore[misc]
         except RedisError as exc:
             self._store_error(options, key, exc)
         earlier = (request.headers or {}).get(REDELIVERY_HEADER)
-        if earlier and self._ended(client, key, str(earlier)):
+        if earlier and lifecycle.ended(client, key, str(earlier)):
             logger.info("task %s[%s] already finished in an earlier delivery: not run again",
                         self.name, request.id)
             raise Ignore()
         task_id = request.id or ""
         holder = lifecycle.HolderInfo(
             self.name, task_id, request.hostname or socket.gethostname())
-        target = interrupt.for_current_context(signum)
-        claimed = CLAIM_HEADER in (request.headers or {})  # its publish claimed the key
-        try:
-            got = lifecycle.take(settings, client, key, holder, target, sender=self,
-                                 claim=claim, claimed=claimed)
-        except RedisError as exc:
-            self._store_error(options, key, exc)
-        if not isinstance(got, Lease):
-            return conflict.handle(self, request, options, key, got)
-        return got
+        headers = request.headers or {}
+        handed_over = HANDOFF_HEADER in headers
+        claimed = CLAIM_HEADER in headers  # its publish claimed the key's waiting slot
+        first_conflict = None
+        for attempt in itertools.count():
+            target = interrupt.for_current_context(signum)
+            try:
+                got = lifecycle.take(settings, client, key, holder, target, sender=self,
+                                     claim=claim, claimed=claimed,
+                                     handed_over=handed_over)
+            except RedisError as exc:
+                self._store_error(options, key, exc)
+            if isinstance(got, Lease):
+                return got
+            first_conflict = clock.now() if first_conflict is None else first_conflict
+            outcome = conflict.handle(self, request, options, key, got, client, attempt,
+                                      clock.now() - first_conflict)
+            if outcome is not conflict.AGAIN:
+                return outcome  # type: ignore[no-any-return]
+        raise AssertionError("unreachable")
 
     def _release(self, lease: Lease) -> None:
         # Runs before Celery stores the result and acknowledges the message: the release is on
         # the socket (or done, with wait) by then.
-        ending = lifecycle.end(lease, sender=self, wait=self._lease_release_wait)
+        options = lease.options
+        if options.hands_over:
+            handed = HANDOFF_HEADER in (self.request.headers or {})
+            release = handoff.Releaser(options, lease.task_id if handed else "")
+            ending = lifecycle.end(lease, sender=self, release=release)
+            handoff.publish_released(self, lease, release.result)
+        else:
+            ending = lifecycle.end(lease, sender=self, wait=self._lease_release_wait)
         error = ending.loss
         if error is not None:
             self._event("task-lease-lost", lease_key=lease.key, lease_cause=error.cause,
@@ -370,14 +384,6 @@ class LeasedTask(Task):  # type: ignore[misc]
         logger.error("lease store unavailable, task %s[%s] not run (lease_on_store_error=%s): %s",
                      self.name, self.request.id, options.on_store_error, error)
         outage.wait_out(self, options, error)  # retried without using up max_retries, or raised
-
-    @staticmethod
-    def _ended(client: Any, key: str, token: str) -> bool:
-        """Whether the execution holding ``token`` released the lease (False if unknown)."""
-        try:
-            return store.released_last(client, key, token)
-        except RedisError:  # cannot tell: run (at least once beats never)
-            return False
 
     def _event(self, type_: str, **fields: Any) -> None:
         """Send a task event (Flower shows ``task-lease-*`` as the task's state); never raises."""

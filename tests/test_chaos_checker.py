@@ -17,6 +17,7 @@ from example_project.chaos.history import (
     Fault,
     History,
     Job,
+    Parked,
     WorkerSample,
     Write,
 )
@@ -235,3 +236,48 @@ def test_a_claim_left_past_its_lifetime_or_without_one_is_found() -> None:
     assert rules(history) == []
     history.leftover_claims = [{**claim, "age": 12.0, "ttl": 0.5}, {**claim, "ttl": -1.0}]
     assert rules(history) == [(6, "claim-outlived")] * 2
+
+
+def handover() -> History:
+    """Clean, plus a coalesced trigger covered by a later run and two queued waiters in order."""
+    history = clean()
+    pending = run("cp", FENCE + 20, T0 + 6, T0 + 6.5, key="c1", task_id="pending-1")
+    first = run("q1", FENCE + 30, T0 + 7, T0 + 7.5, key="q1", task_id="task-q1")
+    second = run("q2", FENCE + 31, T0 + 8, T0 + 8.5, key="q1", task_id="task-q2")
+    history.executions += [pending, first, second]
+    history.jobs += [
+        Job("job-c", "c1", "coalesce", "task-c", T0 + 5, "coalesced", covered_by="pending-1"),
+        Job("job-q1", "q1", "queue", "task-q1", T0 + 5, "ran"),
+        Job("job-q2", "q1", "queue", "task-q2", T0 + 5.2, "ran")]
+    history.parked += [Parked("task-c", "c1", "coalesce", "pending-1", T0 + 5.1, T0 + 5.2),
+                       Parked("task-q1", "q1", "queue", "task-q1", T0 + 5.1, T0 + 5.2),
+                       Parked("task-q2", "q1", "queue", "task-q2", T0 + 5.3, T0 + 5.4)]
+    return history
+
+
+def test_a_clean_hand_over_history_passes() -> None:
+    assert rules(handover()) == []
+
+
+def test_a_coalesced_trigger_whose_covering_run_never_ran_is_a_lost_trigger() -> None:
+    history = handover()
+    history.executions = [e for e in history.executions if e.task_id != "pending-1"]
+    assert rules(history) == [(7, "lost-trigger")]
+    history.faults.append(Fault("restart_empty", "lease redis", T0 + 4.8, T0 + 4.95))
+    assert rules(history) == [(7, "lost-trigger")]  # emptied before it was submitted
+    history.faults.append(Fault("restart_empty", "lease redis", T0 + 4.9, T0 + 5.05))
+    assert rules(history) == []  # the store may have been emptied after it was parked
+
+
+def test_a_covering_run_that_started_before_the_trigger_was_parked_is_found() -> None:
+    history = handover()
+    history.parked[0] = Parked("task-c", "c1", "coalesce", "pending-1", T0 + 6.2, T0 + 6.3)
+    assert rules(history) == [(7, "run-before-trigger")]
+
+
+def test_a_waiter_parked_later_that_started_first_is_out_of_order() -> None:
+    history = handover()
+    for e in history.executions:
+        if e.task_id == "task-q2":  # ran first, with the lower token, and ended before q1
+            e.grant_lower, e.grant_upper, e.body_end, e.fence = T0 + 6.7, T0 + 6.8, T0 + 6.9, 0
+    assert rules(history) == [(7, "out-of-order")]

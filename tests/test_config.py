@@ -104,8 +104,8 @@ def test_task_option_overrides_app_setting() -> None:
 
 
 def test_unknown_on_conflict_fails_at_registration() -> None:
-    with pytest.raises(LeaseConfigError, match=r"lease_on_conflict='queue'.*'skip'"):
-        register(make_app(), lease_on_conflict="queue")
+    with pytest.raises(LeaseConfigError, match=r"lease_on_conflict='wait'.*'skip'"):
+        register(make_app(), lease_on_conflict="wait")
 
 
 def test_lease_key_naming_a_missing_parameter_fails_at_registration() -> None:
@@ -415,13 +415,13 @@ def test_the_reported_chain_gets_one_fix_that_works() -> None:
 
 def test_every_invalid_value_is_reported_in_one_error() -> None:
     with pytest.raises(LeaseConfigError) as info:
-        register(make_app(), lease_ttl="30", lease_on_conflict="queue", lease_key_prefix="a{b",
+        register(make_app(), lease_ttl="30", lease_on_conflict="later", lease_key_prefix="a{b",
                  lease_min_replicas=-1)
     message = str(info.value)
     assert message.startswith("4 invalid lease settings (task ")
     assert "\n" not in message
     for named in ("lease_ttl='30' must be a number of seconds", "lease_key_prefix='a{b'",
-                  "lease_min_replicas=-1", "lease_on_conflict='queue' is not one of"):
+                  "lease_min_replicas=-1", "lease_on_conflict='later' is not one of"):
         assert named in message
 
 

@@ -104,14 +104,14 @@ def test_a_self_requeue_a_thousand_deep_needs_no_deep_stack(redis_url: str, eage
     assert _lease_keys(redis_url) == []
 
 
-def test_a_conflict_retried_in_eager_mode_waits_for_the_holder_like_a_worker_retry(
+def test_a_conflict_retried_in_eager_mode_waits_for_the_holder_and_uses_no_retry(
     redis_url: str, eager: None,
 ) -> None:
-    """Eager retries ignore their countdown: without waiting, every retry would meet the same
-    holder and the call would fail with MaxRetriesExceededError within microseconds."""
+    """The call waits in its thread until the holder is gone (a worker's copy waits in the
+    key's line), then runs: no retry is used up, as on a worker."""
     key = waiting.lease_key_for(("held-elsewhere",))
     client = store.client_for(redis_url, 1.0)
     assert store.acquire(client, key, "f" * 32, 600, store.holder_json(
         "succ.retry", "other-id", "elsewhere", 1)).granted
-    assert waiting.apply(("held-elsewhere",)).get() == 1  # the first retry ran it
-    assert _steps("held-elsewhere") == [("start", 1), ("end", 1)]
+    assert waiting.apply(("held-elsewhere",)).get() == 0  # request.retries: none used up
+    assert _steps("held-elsewhere") == [("start", 0), ("end", 0)]

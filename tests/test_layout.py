@@ -18,11 +18,11 @@ LAYERS = {
     "store": 1,
     **dict.fromkeys(["config", "names", "timing"], 2),
     **dict.fromkeys(["lifecycle", "heartbeat", "interrupt", "next_instruction", "lease"], 3),
-    **dict.fromkeys(["task", "conflict", "dedupe", "hold", "hold_core", "hold_async",
+    **dict.fromkeys(["task", "conflict", "dedupe", "handoff", "hold", "hold_core", "hold_async",
                      "hold_options", "hold_shapes", "beat", "beat_leader", "lease_tasks", "eager",
                      "outage"], 4),
     **dict.fromkeys(["cli", "doctor", "doctor_claims", "finding", "inspection", "flower",
-                     "metrics", "testing", "worker", "acl"], 5),
+                     "metrics", "testing", "worker", "acl", "sweep"], 5),
 }
 MAX_LINES = 400
 #: redis-py client methods that send a command, those no other object here has a method of

@@ -19,6 +19,7 @@ from celery_lease.keys import (
     fence_key,
     hold_key,
     last_run_key,
+    reservation_key,
     wake_key,
 )
 from celery_lease.store import FENCE_COUNTER_EXTRA_MS, holder_json, lua
@@ -190,8 +191,8 @@ def run(client: redis.Redis, name: str, keys: Sequence[str], argv: Sequence[Any]
 
 
 def acquire(client: redis.Redis, tok: str, key: str = KEY, ttl: int = TTL) -> Any:
-    return run(client, "acquire-2.lua", [key, fence_key(key)],
-               [tok, ttl, HOLDER, ttl + FENCE_COUNTER_EXTRA_MS])
+    return run(client, "acquire-4.lua", [key, fence_key(key), reservation_key(key)],
+               [tok, ttl, HOLDER, ttl + FENCE_COUNTER_EXTRA_MS, "task-1", "0"])
 
 
 def release(client: redis.Redis, tok: str, key: str = KEY) -> Any:
@@ -452,9 +453,9 @@ def claim(client: redis.Redis, task_id: str, lifetime: int = 60_000,
 
 
 def acquire_claimed(client: redis.Redis, tok: str, task_id: str) -> Any:
-    return run(client, "acquire-3.lua", [KEY, FENCE, CLAIM],
+    return run(client, "acquire-4.lua", [KEY, FENCE, reservation_key(KEY), CLAIM],
                [tok, TTL, holder_json("t.job", task_id, "host", 42),
-                TTL + FENCE_COUNTER_EXTRA_MS, task_id])
+                TTL + FENCE_COUNTER_EXTRA_MS, task_id, "0"])
 
 
 def test_claim_of_a_free_slot_stamps_the_servers_clock_the_lifetime_and_the_claimer(

@@ -13,6 +13,8 @@ Nothing above this package builds a Redis command; it calls these functions:
   (:mod:`.wire`), releases whose replies are read later (:mod:`.pending`), whether a write
   landed on the primary the sentinels name (:mod:`.primary`), and the ``redis.asyncio``
   client a waiting ``hold_async`` blocks on (:mod:`.async_wait`);
+- handing a key over to the next run (``coalesce``, ``queue``: :mod:`.handoff`): parking a
+  duplicate, the release that reserves the key for the next run, the crash sweep's look;
 - store errors (:mod:`.errors`);
 - the commands each feature sends, and whether the ACL user may send them
   (:mod:`.permissions`).
@@ -20,11 +22,14 @@ Nothing above this package builds a Redis command; it calls these functions:
 
 from __future__ import annotations
 
+from . import handoff
 from .claims import Claim, Decision, claim, parse_claim, unclaim
 from .connection import client_for, reset_clients
 from .errors import NotReplicated, PrimaryUnconfirmed, describe, permanent_error
 from .protocol import (
     FENCE_COUNTER_EXTRA_MS,
+    RAN_HOLDER,
+    RESERVED_HOLDER,
     TOKEN_LENGTH,
     WAKE_LIFETIME_MS,
     AcquireResult,
@@ -41,7 +46,9 @@ from .value import Holder, holder_json, parse_counter, parse_value
 
 __all__ = [
     "FENCE_COUNTER_EXTRA_MS",
+    "RAN_HOLDER",
     "RENEW_BATCH",
+    "RESERVED_HOLDER",
     "TOKEN_LENGTH",
     "WAKE_LIFETIME_MS",
     "AcquireResult",
@@ -54,6 +61,7 @@ __all__ = [
     "claim",
     "client_for",
     "describe",
+    "handoff",
     "holder_json",
     "parse_claim",
     "parse_counter",

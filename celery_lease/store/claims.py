@@ -10,7 +10,7 @@ JSON). It names the copy of the key that was published and has not started yet:
 - :func:`claim` (``claim-2.lua``) decides a publish: claim the slot for the message about to be
   published, or answer the task id of the copy already waiting (nothing is published then);
 - the execution's acquire clears it when the lease is granted to the task id it names
-  (``acquire-3.lua``: :func:`celery_lease.store.acquire` with ``claimed_by``), in the same
+  (``acquire-4.lua``: :func:`celery_lease.store.acquire` with ``claimed=True``), in the same
   script;
 - :func:`unclaim` (``unclaim-1.lua``) removes it when its message will not run (its publish
   failed, it was revoked or expired, it ended on a conflict); otherwise it lapses at its

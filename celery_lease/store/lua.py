@@ -1,15 +1,15 @@
 """The Lua scripts of the protocol: one file each, loaded once, sent by SHA.
 
 Each script is a file in ``scripts/`` (package data), named after what it does and the number
-of keys it takes (``acquire-2.lua``: two keys; a name without a number takes any number). Each
+of keys it takes (``release-2.lua``: two keys; a name without a number takes any number). Each
 opens with a header in a Lua block comment: what it does, one line per ``KEYS[i]`` and
 ``ARGV[i]``, and what it returns; ``tests/test_scripts.py`` holds every script to its header.
 
 A fragment several scripts share (the token check, for one) is a file in ``scripts/includes/``,
 pulled in by a line that reads ``--@include <file name>`` (indented or not). That line is
 replaced by the fragment's body, indented as the line was; nothing else is expanded. A script
-that extends another names it one folder up (``--@include ../acquire-2.lua``): it runs that
-script's body unchanged, as a function of its own (``acquire-3.lua``). Headers
+that extends another may name it one folder up (``--@include ../other-2.lua``): it runs that
+script's body unchanged, as a function of its own. Headers
 are dropped from what is sent to Redis (the release is sent as ``EVAL`` with its source on
 every execution).
 """
@@ -69,7 +69,7 @@ def names() -> list[str]:
 
 @functools.cache
 def source(name: str) -> str:
-    """The source sent to Redis for script ``name`` (``"acquire-2.lua"``): its body with each
+    """The source sent to Redis for script ``name`` (``"release-2.lua"``): its body with each
     ``--@include`` line replaced by the fragment's body, headers left out.
 
     Raises:
@@ -80,7 +80,7 @@ def source(name: str) -> str:
 
 
 def parts(path: str) -> tuple[str, str]:
-    """``(header, body)`` of ``scripts/<path>`` (``"acquire-2.lua"``, ``"includes/held.lua"``)
+    """``(header, body)`` of ``scripts/<path>`` (``"release-2.lua"``, ``"includes/held.lua"``)
     as written: the header without its ``--[[``/``]]`` lines, the body with its ``--@include``
     lines (what ``tests/test_scripts.py`` holds to the header).
 
@@ -139,7 +139,7 @@ class Script:
 
 @functools.cache
 def load(name: str) -> Script:
-    """The :class:`Script` of ``scripts/<name>`` (``"acquire-2.lua"``), read once per process.
+    """The :class:`Script` of ``scripts/<name>`` (``"release-2.lua"``), read once per process.
 
     Raises:
         ValueError, FileNotFoundError: as :func:`source`.

@@ -40,7 +40,7 @@ _CALL = re.compile(r"redis\.p?call\(\s*['\"]([A-Za-z]+)['\"]")
 
 @functools.cache
 def script_commands(name: str) -> tuple[str, ...]:
-    """The commands script ``name`` (``"acquire-2.lua"``) calls, lower case, in the order
+    """The commands script ``name`` (``"release-2.lua"``) calls, lower case, in the order
     they first appear in its assembled source (its includes expanded)."""
     return tuple(dict.fromkeys(c.lower() for c in _CALL.findall(lua.source(name))))
 
@@ -78,8 +78,12 @@ class Feature:
 FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("tasks", "task leases (workers, eager calls): acquire, renew, release; the "
             "redelivery check reads the fencing counter, the start check reads INFO",
-            ("get", "info"), ("acquire-2.lua", "renew_many.lua", "renew-1.lua",
+            ("get", "info"), ("acquire-4.lua", "renew_many.lua", "renew-1.lua",
                               "release-2.lua")),
+    Feature("handoff", "lease_on_conflict 'coalesce' or 'queue': park a duplicate, the release "
+            "that hands the key over, the crash sweep's index", (),
+            ("park-3.lua", "release_handoff-4.lua", "watch-1.lua", "sweep_due-1.lua",
+             "unwatch-1.lua")),
     Feature("hold", "celery_lease.hold and hold_async: the release wakes a waiting hold, "
             "on_conflict='wait' blocks for it, a cancelled waiter passes the turn on",
             ("blpop",), ("release_wake-3.lua", "pass_turn-2.lua")),
@@ -88,13 +92,14 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
             "its release", ("blpop",), ("record_run-1.lua", "last_runs-1.lua",
                                         "release_wake-3.lua")),
     Feature("cli", "celery lease ls / show / release: SCAN (never KEYS), value and lifetime "
-            "read in one MULTI, the operator's release", ("scan", "multi", "exec", "pttl"),
+            "read in one MULTI, the operator's release, the lines of waiting runs",
+            ("scan", "multi", "exec", "pttl", "lrange", "hget"),
             ("revoke-1.lua",)),
     Feature("doctor", "celery lease doctor: latency and clock", ("ping", "time", "info")),
     Feature("min_replicas", "lease_min_replicas above 0: WAIT after each acquire", ("wait",)),
     Feature("dedupe", "lease_dedupe: the waiting copy's claim, decided at publish, cleared by "
             "the acquire that grants it, removed when its message will not run", (),
-            ("claim-2.lua", "acquire-3.lua", "unclaim-1.lua")),
+            ("claim-2.lua", "acquire-4.lua", "unclaim-1.lua")),
     Feature("database", "a lease_backend database other than 0", ("select",)),
     Feature("cluster", "Redis Cluster (redis-py's cluster client)",
             ("cluster|slots", "command", "asking")),
@@ -112,7 +117,11 @@ _SHAPES = {
     "evalsha": "EVALSHA " + "0" * 40 + " 1 %k", "eval": "EVAL return 1 %k",
     "get": "GET %k", "set": "SET %k 1", "del": "DEL %k", "pexpire": "PEXPIRE %k 1",
     "pttl": "PTTL %k", "time": "TIME", "info": "INFO", "rpush": "RPUSH %k 1",
-    "blpop": "BLPOP %k 1", "hset": "HSET %k f 1", "hgetall": "HGETALL %k", "scan": "SCAN 0",
+    "blpop": "BLPOP %k 1", "hset": "HSET %k f 1", "hmget": "HMGET %k f", "hdel": "HDEL %k f",
+    "lindex": "LINDEX %k 0", "lset": "LSET %k 0 1", "lpop": "LPOP %k", "llen": "LLEN %k",
+    "zadd": "ZADD %k 1 m", "zrangebyscore": "ZRANGEBYSCORE %k 0 1", "zscore": "ZSCORE %k m",
+    "zrem": "ZREM %k m", "exists": "EXISTS %k", "lrange": "LRANGE %k 0 -1",
+    "hgetall": "HGETALL %k", "scan": "SCAN 0",
     "multi": "MULTI", "exec": "EXEC", "ping": "PING", "wait": "WAIT 0 0", "select": "SELECT 0",
     "cluster|slots": "CLUSTER SLOTS", "command": "COMMAND", "asking": "ASKING",
 }

@@ -26,13 +26,15 @@ from typing import Any
 import redis
 from redis.exceptions import MovedError, NoScriptError, RedisError
 
-from ..keys import claim_key, fence_key, wake_key
+from ..keys import claim_key, fence_key, reservation_key, wake_key
 from . import lua, primary, routing
 from .errors import NotReplicated, is_wrong_type
 from .value import TOKEN_LENGTH, Holder, parse_value
 
 __all__ = [
     "FENCE_COUNTER_EXTRA_MS",
+    "RAN_HOLDER",
+    "RESERVED_HOLDER",
     "TOKEN_LENGTH",
     "WAKE_LIFETIME_MS",
     "AcquireResult",
@@ -55,8 +57,12 @@ FENCE_COUNTER_EXTRA_MS = 3600 * 1000
 # between its refused acquire and its BLPOP; a stale one costs a later waiter one acquire.
 WAKE_LIFETIME_MS = 2000
 
-_acquire = lua.load("acquire-2.lua")
-_acquire_claimed = lua.load("acquire-3.lua")
+#: The host a refused acquire names for a key reserved for a handed-over run.
+RESERVED_HOLDER = "(reserved)"
+#: The host a refused acquire names when a handed-over run's copy already ran.
+RAN_HOLDER = "(already ran)"
+
+_acquire = lua.load("acquire-4.lua")
 _release = lua.load("release-2.lua")
 _release_wake = lua.load("release_wake-3.lua")
 _revoke = lua.load("revoke-1.lua")
@@ -79,20 +85,29 @@ class AcquireResult:
 
 
 def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
-            min_replicas: int = 0, claimed_by: str | None = None) -> AcquireResult:
+            min_replicas: int = 0, task_id: str = "", handed_over: bool = False,
+            claimed: bool = False) -> AcquireResult:
     """Take lease ``key`` for ``token`` with lifetime ``ttl_ms`` (int milliseconds).
 
     One round trip (two when the server lost its script cache). Safe to repeat with the same
     token after an ambiguous failure: the repeat is granted with the same fencing token.
 
+    A free key that a hand-over release reserved for another task id (``coalesce``,
+    ``queue``: :mod:`celery_lease.store.handoff`) is refused as held by that task id (host
+    ``(reserved)``); the reserved ``task_id`` takes it and ends the reservation.
+
     Args:
+        task_id: the task id of the execution taking the lease ('' for none).
+        handed_over: True for a run published by a hand-over (header ``lease_handoff``): once
+            its task id took its reservation, another copy of it is refused as
+            :data:`RAN_HOLDER` (a double publish runs once).
         min_replicas: int; when above 0, ``WAIT min_replicas`` goes in the same round trip
             (a pipeline on the key's primary) and a grant counts only once that many replicas
             acknowledged it. ``WAIT`` waits at most half the client's socket timeout (the store
             timeout), so its reply arrives before the socket gives up.
-        claimed_by: the execution's task id when its message claimed the key's waiting slot
-            at publish (``lease_dedupe``): a grant also clears that claim, in the same script
-            (``acquire-3.lua``; :mod:`celery_lease.store.claims`).
+        claimed: the execution's message claimed the key's waiting slot at publish
+            (``lease_dedupe``): a grant also clears that claim when it names ``task_id``, in
+            the same script (``acquire-4.lua``; :mod:`celery_lease.store.claims`).
 
     Raises:
         NotReplicated: fewer than ``min_replicas`` replicas acknowledged the grant in time;
@@ -105,20 +120,19 @@ def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
             (the node noted by :func:`celery_lease.store.routing.note`, for
             :func:`celery_lease.store.errors.describe`).
     """
-    keys: tuple[str, ...] = (key, fence_key(key))
-    argv: tuple[Any, ...] = (token, ttl_ms, holder, ttl_ms + FENCE_COUNTER_EXTRA_MS)
-    script = _acquire
-    if claimed_by is not None:
-        keys, argv, script = (*keys, claim_key(key)), (*argv, claimed_by), _acquire_claimed
+    keys: tuple[str, ...] = (key, fence_key(key), reservation_key(key))
+    if claimed:
+        keys = (*keys, claim_key(key))
+    argv = (token, ttl_ms, holder, ttl_ms + FENCE_COUNTER_EXTRA_MS, task_id,
+            "1" if handed_over else "0")
     confirmed = primary.managed(client)
     try:
         for attempt in (1, 2):
             before = primary.written_to(client) if confirmed else None
             if min_replicas > 0:
-                granted, value, pttl = _acquire_replicated(
-                    client, script, keys, argv, min_replicas)
+                granted, value, pttl = _acquire_replicated(client, keys, argv, min_replicas)
             else:
-                granted, value, pttl = script(client, keys, argv)
+                granted, value, pttl = _acquire(client, keys, argv)
             if not (confirmed and granted):
                 break
             problem = primary.confirm(client, before)
@@ -131,14 +145,18 @@ def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
         raise routing.note(exc, client, key) from None
     if granted and b":" not in value:  # a fresh grant answers with the fencing token alone
         return AcquireResult(True, Holder(token, int(value)), ttl_ms / 1000)
+    if not granted and value.startswith((b"reserved:", b"ran:")):
+        kind, _, reserved_for = value.decode("utf-8", "replace").partition(":")
+        host = RESERVED_HOLDER if kind == "reserved" else RAN_HOLDER
+        return AcquireResult(False, Holder("", 0, "", reserved_for, host), int(pttl) / 1000)
     # A key without a lifetime (pttl -1) is no lease of ours (each has one): a value or a
     # counter another tool wrote. It counts as held for one TTL more, so a retry waits a TTL.
     return AcquireResult(bool(granted), parse_value(value),
                          (int(pttl) if int(pttl) >= 0 else ttl_ms) / 1000)
 
 
-def _acquire_replicated(client: Any, script: lua.Script, keys: tuple[str, ...],
-                        argv: tuple[Any, ...], min_replicas: int) -> Any:
+def _acquire_replicated(client: Any, keys: tuple[str, ...], argv: tuple[Any, ...],
+                        min_replicas: int) -> Any:
     """The acquire script and ``WAIT`` in one pipeline on the primary that owns the key."""
     node = routing.owner(client, keys[0])  # WAIT counts the writes of its own connection
     wait_ms = routing.wait_ms(node)
@@ -149,12 +167,12 @@ def _acquire_replicated(client: Any, script: lua.Script, keys: tuple[str, ...],
         pipe.execute_command("WAIT", min_replicas, wait_ms)
         return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
 
-    found, acked = send(script.args(keys, argv))
+    found, acked = send(_acquire.args(keys, argv))
     if isinstance(found, NoScriptError):
-        found, acked = send(script.args(keys, argv, by_sha=False))
+        found, acked = send(_acquire.args(keys, argv, by_sha=False))
     if isinstance(found, MovedError) and routing.is_cluster(client):
         client.nodes_manager.initialize()  # the slot moved (a resharding): ask its new owner
-        return _acquire_replicated(client, script, keys, argv, min_replicas)
+        return _acquire_replicated(client, keys, argv, min_replicas)
     if isinstance(found, Exception):
         raise found
     granted = found[0]

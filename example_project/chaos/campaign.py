@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 import redis
 
+from celery_lease import is_coalesced
 from celery_lease.inspection import scan_claims
 from celery_lease.keys import is_internal
 
@@ -187,8 +188,10 @@ class _Producer(threading.Thread):
         next_at = time.monotonic()
         while not self.halt.is_set():
             key = f"k{self.rng.randrange(self.settings.keys)}"
-            path = self.rng.choices(["delay", "send_task", "retry", "requeue", "dedupe"],
-                                    weights=[4, 3, 2, 1, 3])[0]
+            path = self.rng.choices(["delay", "send_task", "retry", "requeue", "dedupe",
+                                     "coalesce", "queue"], weights=[4, 3, 2, 1, 3, 2, 2])[0]
+            if path in ("coalesce", "queue"):  # their own keys: their own leases
+                key = path[0] + key[1:]
             try:
                 # 2 to 8 writes 0.3 s apart: some jobs end before their first renewal (at
                 # TTL/3), others renew once or more.
@@ -204,7 +207,8 @@ class _Producer(threading.Thread):
                                 mode=path if path in ("retry", "requeue") else "plain",
                                 by_name=path == "send_task")
                 if self.rng.random() < self.settings.duplicates:
-                    self.submit(key, "duplicate")
+                    # A hand-over job's duplicate is one of its own (the same lease).
+                    self.submit(key, path if path in ("coalesce", "queue") else "duplicate")
             except Exception as exc:  # the broker is never faulted: worth reporting
                 self.errors.append(repr(exc))
             next_at += period
@@ -229,6 +233,14 @@ def _resolve(app: Any, job: Job, ran: set[str], jobs_by_task: dict[str, Job]) ->
     if isinstance(value, dict) and value.get("lease_skipped"):
         job.resolution, job.holder = "skipped", str(value.get("holder") or "")
         job.detail = f"skipped, held by task {value.get('holder_task_id')}"
+    elif is_coalesced(value):
+        covering = value
+        for _ in range(20):  # a pending run coalesced in turn (after a crash) names the next
+            job.covered_by = str(covering["into"])
+            covering = app.AsyncResult(job.covered_by).result
+            if not is_coalesced(covering):
+                break
+        job.resolution, job.detail = "coalesced", f"covered by {job.covered_by}"
     elif job.job in ran:
         job.resolution, job.detail = "ran", state
     elif state == "FAILURE" and type(value).__name__ in LEASE_ERRORS:
@@ -351,12 +363,20 @@ def _forget(broker_url: str, queue: str, task_ids: list[str]) -> None:
         client.close()
 
 
+def _waiting(client: redis.Redis, worker_app: Any) -> list[str]:
+    """The keys with runs still waiting for a hand-over (a line, a reservation not taken)."""
+    found = [_text(k) for k in client.scan_iter(match=f"{worker_app.LEASE_PREFIX}*:line")]
+    return found + [_text(k) for k in
+                    client.scan_iter(match=f"{worker_app.LEASE_PREFIX}*:reserved")
+                    if client.hget(k, "id")]
+
+
 def _drain(dsn: str, store: Any, worker_app: Any, settings: Settings) -> None:
     """Wait until every job has ended and no lease is held (or ``settings.drain`` passes)."""
     leases = store.client()
 
     def idle() -> bool:
-        if _lease_keys(leases, worker_app.LEASE_PREFIX):
+        if _lease_keys(leases, worker_app.LEASE_PREFIX) or _waiting(leases, worker_app):
             return False
         return all(worker_app.app.AsyncResult(task_id).ready()
                    for task_id in db.unfinished(dsn))
@@ -372,7 +392,7 @@ def _drain(dsn: str, store: Any, worker_app: Any, settings: Settings) -> None:
 def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: Any,
             sampler: _Sampler, started: float,
             nemesis_end: float) -> History:
-    writes, runs, jobs = db.load(dsn)
+    writes, runs, jobs, parked = db.load(dsn)
     ran = {r.job for r in runs if r.outcome == "ok"}
     jobs_by_task = {job.task_id: job for job in jobs}
     for job in jobs:
@@ -403,5 +423,5 @@ def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: 
             round(time.time() - sampler.first_seen.get(pid, time.time()), 1)))
     return History(ttl=settings.ttl, started_at=started, nemesis_end=nemesis_end,
                    finished_at=time.time(), writes=writes, executions=runs, jobs=jobs,
-                   workers=samples, leftover_leases=leftover, keys_without_ttl=no_ttl,
-                   leftover_claims=claims)
+                   parked=parked, workers=samples, leftover_leases=leftover,
+                   keys_without_ttl=no_ttl, leftover_claims=claims)

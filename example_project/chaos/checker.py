@@ -22,6 +22,12 @@ its send), so a violation is never an artefact of timing, and each comes with it
    after the publish was sent, never of one that had started before; no claim was left
    without a lifetime or past it (a claim is written before its message can run, so it then
    outlives its message by no more than its lifetime).
+7. Hand-over (``lease_on_conflict`` ``coalesce`` and ``queue``): no lost trigger (every
+   coalesced job's covering run ran, and did not start before the trigger was parked), FIFO
+   (a waiter parked surely before another started surely before it) and no lost waiter
+   (property 4's unresolved jobs). Never two running is properties 2 and 3, which hold for
+   these keys too. A store that restarted empty loses what waited in it: jobs submitted
+   before such a fault ended and not run are excused, and counted.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .history import Execution, History, Write
+from .history import Execution, History, Job, Write
 
 __all__ = ["LEASE_ERRORS", "Violation", "check", "summarize"]
 
@@ -72,6 +78,7 @@ def check(history: History) -> list[Violation]:
         *liveness(history),
         *leaks(history),
         *dedupe(history),
+        *handover(history),
     ]
 
 
@@ -184,7 +191,7 @@ def liveness(history: History) -> list[Violation]:
     """Property 4: every job resolved, probes progressed, no lease left, no worker stuck."""
     found: list[Violation] = []
     for job in history.jobs:
-        if job.resolution == "unresolved":
+        if job.resolution == "unresolved" and not wiped_after(history, job):
             found.append(Violation(
                 4, "job-unresolved", f"{job.key}: job {job.job} ({job.path}, task "
                 f"{job.task_id}) neither ran nor was skipped nor failed with a lease error: "
@@ -217,6 +224,52 @@ def liveness(history: History) -> list[Violation]:
             found.append(Violation(
                 4, "worker-stuck", f"worker {worker.name} ({worker.pool}) did not answer a "
                 f"ping at the end", None, asdict(worker)))
+    return found
+
+
+def wiped_after(history: History, job: Job) -> bool:
+    """True when a parked ``job`` (coalesce, queue) may have been lost with the store's data:
+    a restart of the store with an empty dataset ended after the job was submitted (the wipe
+    happens somewhere inside the fault's window, so one that began just before the job was
+    parked may still have wiped it)."""
+    return job.path in ("coalesce", "queue") and any(
+        f.kind == "restart_empty" and f.ended_at >= job.submitted_at for f in history.faults)
+
+
+def handover(history: History) -> list[Violation]:
+    """Property 6: no lost trigger (coalesce), FIFO per key (queue)."""
+    found: list[Violation] = []
+    by_task: dict[str, list[Execution]] = defaultdict(list)
+    for run in history.executions:
+        by_task[run.task_id].append(run)
+    parked_at = {}
+    for p in history.parked:  # a redelivered copy parks again: its first park counts
+        parked_at.setdefault(p.task_id, p)
+    for job in history.jobs:
+        if job.resolution != "coalesced" or job.covered_by is None:
+            continue
+        runs, park = by_task.get(job.covered_by, []), parked_at.get(job.task_id)
+        if not runs:
+            if not wiped_after(history, job):
+                found.append(Violation(
+                    7, "lost-trigger", f"{job.key}: job {job.job} was coalesced into "
+                    f"{job.covered_by}, which never ran", job.key, asdict(job)))
+        elif park is not None and max(r.grant_upper for r in runs) < park.lower:
+            found.append(Violation(
+                7, "run-before-trigger", f"{job.key}: job {job.job}'s covering run "
+                f"{job.covered_by} started before the job was parked", job.key, asdict(job)))
+    first_run = {task_id: min(runs, key=lambda r: r.grant_lower)
+                 for task_id, runs in by_task.items()}
+    queued = [p for p in parked_at.values() if p.kind == "queue" and p.task_id in first_run]
+    for key, waiters in _by_key(queued).items():
+        for a in waiters:
+            for b in waiters:
+                ra, rb = first_run[a.task_id], first_run[b.task_id]
+                if a.upper < b.lower and rb.grant_upper < ra.grant_lower:
+                    found.append(Violation(
+                        7, "out-of-order", f"{key}: {b.task_id} was parked after {a.task_id} "
+                        f"but started before it", key,
+                        {"first": asdict(a), "second": asdict(b)}))
     return found
 
 
@@ -316,6 +369,10 @@ def summarize(history: History, violations: list[Violation]) -> dict[str, Any]:
         "executions": len(history.executions),
         "executions_by_outcome": dict(Counter(str(e.outcome) for e in history.executions)),
         "skips": sum(1 for j in history.jobs if j.resolution == "skipped"),
+        "coalesced": sum(1 for j in history.jobs if j.resolution == "coalesced"),
+        "parked_by_kind": dict(Counter(p.kind for p in history.parked)),
+        "lost_with_an_emptied_store": sum(1 for j in history.jobs if j.resolution ==
+                                          "unresolved" and wiped_after(history, j)),
         "losses_by_cause": dict(lost),
         "losses_told_by_refusal_or_release": told_later,
         "writes_accepted": sum(1 for w in history.writes if w.accepted),

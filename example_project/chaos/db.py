@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import sql
 
-from .history import Execution, Job, Write
+from .history import Execution, Job, Parked, Write
 
 __all__ = ["DEFAULT_ADMIN_DSN", "Recorder", "create_database", "drop_database", "load",
            "unfinished"]
@@ -47,6 +47,9 @@ CREATE TABLE jobs (job TEXT PRIMARY KEY, key TEXT NOT NULL, path TEXT NOT NULL,
                    task_id TEXT NOT NULL, submitted_at DOUBLE PRECISION NOT NULL,
                    parent TEXT, disposition TEXT, folded_onto TEXT,
                    decided_lower DOUBLE PRECISION, decided_upper DOUBLE PRECISION);
+CREATE TABLE parked (id BIGSERIAL PRIMARY KEY, task_id TEXT NOT NULL, key TEXT NOT NULL,
+                     kind TEXT NOT NULL, covering TEXT NOT NULL,
+                     park_lower DOUBLE PRECISION, park_upper DOUBLE PRECISION);
 """
 
 # One statement: the guard, and the attempt recorded with the guard's answer.
@@ -189,6 +192,14 @@ class Recorder:
         """Forget a job whose send raised: its sender was told, so it promised nothing."""
         self._run(lambda conn: conn.execute("DELETE FROM jobs WHERE job = %s", (job,)))
 
+    def duplicate_parked(self, parked: Parked) -> None:
+        """Record a duplicate a worker parked in its key's line."""
+        self._run(lambda conn: conn.execute(
+            "INSERT INTO parked (task_id, key, kind, covering, park_lower, park_upper)"
+            " VALUES (%s, %s, %s, %s, %s, %s)",
+            (parked.task_id, parked.key, parked.kind, parked.into, parked.lower,
+             parked.upper)))
+
     def close(self) -> None:
         """Close the idle connections."""
         with self._lock:
@@ -206,8 +217,8 @@ def unfinished(dsn: str) -> list[str]:
             " FROM executions e WHERE e.job = j.job AND e.outcome = 'ok')")]
 
 
-def load(dsn: str) -> tuple[list[Write], list[Execution], list[Job]]:
-    """Read the writes, executions and jobs recorded in the database of ``dsn``."""
+def load(dsn: str) -> tuple[list[Write], list[Execution], list[Job], list[Parked]]:
+    """Read the writes, executions, jobs and parked duplicates recorded in ``dsn``."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         writes = [Write(*row) for row in conn.execute(
             "SELECT id, key, job, token, fence, worker, pid, accepted, started_at, done_at"
@@ -221,4 +232,7 @@ def load(dsn: str) -> tuple[list[Write], list[Execution], list[Job]]:
                 for row in conn.execute(
             "SELECT job, key, path, task_id, submitted_at, disposition, folded_onto,"
             " decided_lower, decided_upper FROM jobs ORDER BY submitted_at")]
-    return writes, runs, jobs
+        parked = [Parked(*row) for row in conn.execute(
+            "SELECT task_id, key, kind, covering, park_lower, park_upper FROM parked"
+            " ORDER BY id")]
+    return writes, runs, jobs, parked

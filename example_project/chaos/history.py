@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Execution", "Fault", "History", "Job", "WorkerSample", "Write"]
+__all__ = ["Execution", "Fault", "History", "Job", "Parked", "WorkerSample", "Write"]
 
 
 @dataclass
@@ -74,10 +74,12 @@ class Job:
     job requeues itself), ``requeued`` (the job it sent), ``duplicate``, ``after_erase`` (sent
     by the nemesis after it erased the lease), ``beat`` (sent by beat's leader, recorded by
     the beat process before it published the message), ``probe``, ``dedupe`` (the job with
-    ``lease_dedupe``, sent by ``apply_async``, often several at once);
-    ``resolution`` is ``ran``, ``skipped``, ``failed_lease`` (a lease error is its result) or
-    ``unresolved``; ``detail`` says more (the result state, the error); ``holder`` names the
-    holder a skip reported. A ``dedupe`` job also has its publish's ``disposition``
+    ``lease_dedupe``, sent by ``apply_async``, often several at once); ``coalesce`` and
+    ``queue`` (sent to the jobs whose ``lease_on_conflict`` is that);
+    ``resolution`` is ``ran``, ``skipped``, ``coalesced`` (its marker names the run covering
+    it: ``covered_by``, the end of the markers' chain), ``failed_lease`` (a lease error is its
+    result) or ``unresolved``; ``detail`` says more (the result state, the error); ``holder``
+    names the holder a skip reported. A ``dedupe`` job also has its publish's ``disposition``
     (``published``, ``deduplicated``, ``unguarded``), ``folded_onto`` (the waiting copy's task
     id when deduplicated: the job then resolves as that copy does) and ``decided_lower`` /
     ``decided_upper``, which bracket the publish's decision in the store.
@@ -95,6 +97,25 @@ class Job:
     folded_onto: str | None = None
     decided_lower: float | None = None
     decided_upper: float | None = None
+    covered_by: str | None = None
+
+
+@dataclass
+class Parked:
+    """A duplicate a worker parked in its key's line (``coalesce`` or ``queue``).
+
+    ``lower`` is noted before the execution asked for the lease (so before the park),
+    ``upper`` once the park was done (the ``lease_coalesced``/``lease_queued`` signal): the
+    park happened between them. ``into`` is the task id of the run that covers it (its own
+    for ``queue``).
+    """
+
+    task_id: str
+    key: str
+    kind: str
+    into: str
+    lower: float
+    upper: float
 
 
 @dataclass
@@ -151,6 +172,7 @@ class History:
     writes: list[Write] = field(default_factory=list)
     executions: list[Execution] = field(default_factory=list)
     jobs: list[Job] = field(default_factory=list)
+    parked: list[Parked] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     workers: list[WorkerSample] = field(default_factory=list)
     leftover_leases: list[dict[str, Any]] = field(default_factory=list)
@@ -165,7 +187,7 @@ class History:
     def from_dict(cls, data: dict[str, Any]) -> History:
         """Rebuild a history saved with :meth:`to_dict`."""
         lists = {"writes": Write, "executions": Execution, "jobs": Job, "faults": Fault,
-                 "workers": WorkerSample}
+                 "workers": WorkerSample, "parked": Parked}
         fields = {k: v for k, v in data.items() if k not in lists}
         built = {name: [kind(**row) for row in data.get(name, [])]
                  for name, kind in lists.items()}

@@ -32,7 +32,7 @@ from celery_lease import Lease, LeasedTask, LeaseLost
 from celery_lease import signals as lease_signals
 
 from .db import Recorder
-from .history import Execution, Job
+from .history import Execution, Job, Parked
 
 #: Name of the job task (the producer sends it by name too).
 JOB_TASK = "example_project.chaos.worker_app.chaos_job"
@@ -40,6 +40,10 @@ JOB_TASK = "example_project.chaos.worker_app.chaos_job"
 DEDUPE_TASK = "example_project.chaos.worker_app.chaos_dedupe_job"
 #: ``lease_dedupe_ttl`` of the dedupe job, float seconds: a waiting copy's claim lapses then.
 DEDUPE_TTL = 10.0
+#: The same job with ``lease_on_conflict`` ``"coalesce"`` and ``"queue"`` (submission paths
+#: of those names): a duplicate is parked in its key's line and handed the key later.
+HANDOFF_TASKS = {"coalesce": "example_project.chaos.worker_app.chaos_coalesce",
+                 "queue": "example_project.chaos.worker_app.chaos_queue"}
 #: Prefix of every lease key of a campaign (the leak check scans it).
 LEASE_PREFIX = "chaos-lease"
 #: Visibility timeout of a Redis broker (float seconds): a dead worker's message comes back
@@ -118,6 +122,21 @@ def _record_beat_send(sender: str = "", body: Any = None, headers: Any = None, *
     _beat_sent.add(kwargs["job"])
 
 
+def _record_park(sender: Any = None, key: str = "", task_id: str = "", into: str = "",
+                 **_: Any) -> None:
+    """Record a parked duplicate (coalesce: ``into`` is its pending run; queue: itself)."""
+    kind = "coalesce" if into else "queue"
+    request = getattr(sender, "request", None)
+    job_key = (getattr(request, "kwargs", None) or {}).get("key", key)
+    recorder().duplicate_parked(Parked(
+        task_id=task_id, key=job_key, kind=kind, into=into or task_id,
+        lower=_before_acquire.pop(task_id, 0.0), upper=time.time()))
+
+
+lease_signals.lease_coalesced.connect(_record_park, weak=False)
+lease_signals.lease_queued.connect(_record_park, weak=False)
+
+
 @lease_signals.lease_lost.connect  # type: ignore[untyped-decorator]
 def _on_lost(sender: Any = None, token: str = "", **_: Any) -> None:
     _lost_at.setdefault(token, time.time())
@@ -127,7 +146,7 @@ def _on_lost(sender: Any = None, token: str = "", **_: Any) -> None:
 def _on_released(sender: Any = None, token: str = "", released: bool | None = None,
                  **_: Any) -> None:
     _lost_at.pop(token, None)
-    if getattr(sender, "name", None) in (JOB_TASK, DEDUPE_TASK):
+    if getattr(sender, "name", None) in (JOB_TASK, DEDUPE_TASK, *HANDOFF_TASKS.values()):
         # None (the release's reply is read later, off the execution's path) says nothing:
         # recorded as None, never as False ("the store no longer had the token").
         recorder().execution_released(token, released)
@@ -172,6 +191,8 @@ def submit(key: str, path: str, writes: int = 3, step: float = 0.3, mode: str = 
             result = chaos_dedupe_job.apply_async(kwargs=kwargs, task_id=job.task_id)
             recorder().job_published(job.job, result.lease_disposition, result.id, lower,
                                      time.time())
+        elif path in HANDOFF_TASKS:
+            app.tasks[HANDOFF_TASKS[path]].apply_async(kwargs=kwargs, task_id=job.task_id)
         else:
             chaos_job.apply_async(kwargs=kwargs, task_id=job.task_id)
     except BaseException:
@@ -210,6 +231,22 @@ def chaos_job(self: LeasedTask, key: str, job: str, writes: int = 3, step: float
 def chaos_dedupe_job(self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3,
                      mode: str = "plain") -> dict[str, Any]:
     """The job with ``lease_dedupe`` (:func:`run_job`); a requeue sends a dedupe job."""
+    return run_job(self, key, job, writes, step, mode)
+
+
+@app.task(base=ChaosJob, bind=True, lease_key=("key",), name=HANDOFF_TASKS["coalesce"],  # type: ignore[untyped-decorator]
+          lease_on_conflict="coalesce")
+def chaos_coalesce(self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3,
+                   mode: str = "plain") -> dict[str, Any]:
+    """The job, its duplicates coalesced into one pending run per key."""
+    return run_job(self, key, job, writes, step, mode)
+
+
+@app.task(base=ChaosJob, bind=True, lease_key=("key",), name=HANDOFF_TASKS["queue"],  # type: ignore[untyped-decorator]
+          lease_on_conflict="queue")
+def chaos_queue(self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3,
+                mode: str = "plain") -> dict[str, Any]:
+    """The job, its duplicates waiting in line per key."""
     return run_job(self, key, job, writes, step, mode)
 
 

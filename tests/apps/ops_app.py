@@ -118,7 +118,7 @@ if os.environ.get("RECORD_SIGNALS") == "1":
         return receive
 
     for _name in ("lease_acquired", "lease_conflict", "lease_renewal_failed", "lease_lost",
-                  "lease_released", "lease_renewed"):
+                  "lease_released", "lease_renewed", "lease_coalesced", "lease_queued"):
         getattr(signals, _name).connect(_recorder(_name), weak=False)
 
 if os.environ.get("METRICS_PORT"):

@@ -4,13 +4,13 @@ the lease: that copy runs now, so the next publish is queued again (at most one 
 waiting). A claim naming another task id (a copy published after this one) is left, and so is a
 key this library did not write.
 
-KEYS[3]  the claim key (<lease key>:waiting, same hash tag)
+KEYS[4]  the claim key (<lease key>:waiting, same hash tag)
 ARGV[5]  the granted execution's task id
 ]]
-local claim = redis.pcall('GET', KEYS[3])
+local claim = redis.pcall('GET', KEYS[4])
 if type(claim) == 'string' then
   local ok, claimer = pcall(cjson.decode, string.match(claim, '^%d+:%d+:(.*)$') or '')
   if ok and type(claimer) == 'table' and claimer.id == ARGV[5] then
-    redis.call('DEL', KEYS[3])
+    redis.call('DEL', KEYS[4])
   end
 end

@@ -5,15 +5,24 @@ value and is granted again with the same fencing token: no phantom lease. The fe
 max(previous + 1, server time in microseconds): strictly increasing per key across every grant,
 even when the counter was evicted or the server restarted empty. The checks come before the
 writes, and SET, the only write refused under maxmemory, is the first write: a refused grant
-leaves nothing behind, and no key without a lifetime.
+leaves nothing behind, and no key without a lifetime. A free key reserved for another task id
+(a run handed the key by release_handoff-4.lua, includes/reserved.lua) counts as held; the
+reserved task id takes it and ends the reservation. An execution whose message claimed the key's
+waiting slot at publish (lease_dedupe) passes the claim key: a grant clears the claim when it
+names this task id (includes/clear_claim.lua), in the same script, so execution makes no round
+trip more; a refused grant keeps it (the copy goes on waiting).
 
 KEYS[1]  the lease key
 KEYS[2]  the fencing counter key (same hash tag)
+KEYS[3]  the reservation hash key (same hash tag)
+KEYS[4]  optional: the claim key (<lease key>:waiting, same hash tag), for a claimed message
 
 ARGV[1]  the token of the execution taking the lease (32 hex characters)
 ARGV[2]  the lease's lifetime, int milliseconds (the TTL)
 ARGV[3]  the holder JSON (task, task id, host, pid)
 ARGV[4]  the fencing counter's lifetime, int milliseconds (the TTL plus an hour)
+ARGV[5]  the task id of the execution taking the lease ('' for none)
+ARGV[6]  '1' when the execution is a handed-over run (header lease_handoff), else '0'
 
 A fencing counter this library did not write (a key of another type, a value that does not
 start with digits, or digits at or above 2^53 - 1, past which Lua numbers stop counting
@@ -26,6 +35,9 @@ Returns {granted, answer, pttl}:
                        and pttl its lifetime left, int milliseconds (-1: none)
   {0, '', pttl}        a key of another type at KEYS[1], or a counter not ours at KEYS[2]
                        (pttl: that key's lifetime left)
+  {0, 'reserved:<id>', ms}  free, but reserved for task id <id> for ms more milliseconds
+  {0, 'ran:<id>', 0}   a handed-over run whose task id already ran to its release (a copy
+                       published twice): not to run again
 ]]
 if redis.replicate_commands then redis.replicate_commands() end
 --@include held.lua
@@ -34,6 +46,7 @@ if cur then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+--@include reserved.lua
 local last = redis.pcall('GET', KEYS[2])
 if type(last) == 'table' and not string.find(last.err or '', 'WRONGTYPE', 1, true) then
   return last
@@ -56,4 +69,10 @@ redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2])
 -- for a repeat of that release sent after its reply was lost (see released_before.lua).
 local ended = string.match(last, '^%d+:(.+)$')
 redis.call('SET', KEYS[2], ended and (fence .. ';' .. ended) or fence, 'PX', ARGV[4])
+if reserved_for == ARGV[5] then  -- the reserved run starts: its reservation ends
+  redis.call('HDEL', KEYS[3], 'id', 'due', 'el')
+end
+if KEYS[4] then
+  --@include clear_claim.lua
+end
 return {1, fence, tonumber(ARGV[2])}

@@ -1,0 +1,228 @@
+"""Handing a lease key over to the next run: the store side of ``coalesce`` and ``queue``.
+
+A duplicate that finds its key held is *parked* (:func:`park`) in the key's line,
+``<key>:line`` (:func:`celery_lease.keys.line_key`): ``coalesce`` keeps one element, the
+pending run, whose message each later duplicate replaces; ``queue`` appends, up to a bound.
+The holder's token-checked release (:func:`release_handing_over`, ``release_handoff-4.lua``)
+reserves the key, in the same script, for the next element's task id (``<key>:reserved``,
+honoured by ``acquire-4.lua``) and answers that element for the releasing worker to publish.
+
+Crashes are picked up by the sweep (:func:`recover`): keys with a line are noted in a sorted
+set per prefix (:func:`watch`, :func:`take_due`, :func:`forget`), scored with the store's
+clock; a look hands over only while no holder has the key and no reservation is due, so it
+never races a live holder. Every piece of state has a lifetime (the line and the reservation:
+``lifetime_ms``, set again at every park and every look; the index: :data:`INDEX_LIFETIME_MS`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from redis.exceptions import RedisError
+
+from ..keys import fence_key, handoff_index_key, line_key, reservation_key
+from . import lua, routing
+
+__all__ = ["INDEX_LIFETIME_MS", "HandOff", "Parked", "Waiting", "forget", "park",
+           "read_line", "recover", "release_handing_over", "take_due", "watch"]
+
+#: The sweep index's lifetime, int milliseconds: raised to this at every note (a day).
+INDEX_LIFETIME_MS = 24 * 3600 * 1000
+
+_park = lua.load("park-3.lua")
+_release = lua.load("release_handoff-4.lua")
+_watch = lua.load("watch-1.lua")
+_due = lua.load("sweep_due-1.lua")
+_unwatch = lua.load("unwatch-1.lua")
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """One element of a key's line: a run waiting for the key.
+
+    Attributes:
+        task_id: the task id it runs under (str).
+        accepted_ms: when it was parked (its latest arguments, for a pending run), int
+            milliseconds of the store's clock.
+        message: the message to publish, as :mod:`celery_lease.handoff` serialized it (str).
+    """
+
+    task_id: str
+    accepted_ms: int
+    message: str
+
+    @classmethod
+    def parse(cls, raw: Any) -> Waiting:
+        """The element stored as ``<task id>\\n<ms>\\n<message>`` (bytes or str)."""
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        task_id, _, rest = text.partition("\n")
+        stamp, _, message = rest.partition("\n")
+        return cls(task_id, int(stamp) if stamp.isdigit() else 0, message)
+
+
+@dataclass(frozen=True)
+class Parked:
+    """What :func:`park` did.
+
+    Attributes:
+        outcome: ``"parked"``, ``"free"`` (the key was free: nothing written) or ``"full"``.
+        task_id: the task id of the run that covers the duplicate (parked), else ''.
+        length: the line's length after the park (or when found full), int.
+        joined: coalesce: a pending run existed, whose message this one replaced.
+    """
+
+    outcome: str
+    task_id: str
+    length: int
+    joined: bool = False
+
+
+@dataclass(frozen=True)
+class HandOff:
+    """What a hand-over answered (:func:`release_handing_over`, :func:`recover`).
+
+    Attributes:
+        released: the release deleted the key (now or by an earlier release of the token);
+            for :func:`recover`, always True.
+        handed: the run handed the key (to publish), or None.
+        expired: elements taken out for waiting past the wait timeout, oldest first.
+        wait_ms: :func:`recover` only: the key is held or reserved for this many int
+            milliseconds more (look again then); None otherwise.
+        now_ms: the store's clock at the hand-over, int milliseconds (0 when none).
+    """
+
+    released: bool
+    handed: Waiting | None = None
+    expired: tuple[Waiting, ...] = ()
+    wait_ms: int | None = None
+    now_ms: int = 0
+
+
+def _run(script: lua.Script, client: redis.Redis, key: str, keys: tuple[str, ...],
+         argv: tuple[Any, ...]) -> Any:
+    try:
+        return script(client, keys, argv)
+    except RedisError as exc:
+        raise routing.note(exc, client, key) from None
+
+
+def park(client: redis.Redis, key: str, mode: str, task_id: str, message: str, max_length: int,
+         lifetime_ms: int) -> Parked:
+    """Park a duplicate of ``key`` (``mode`` ``"coalesce"`` or ``"queue"``) in its line.
+
+    Args:
+        task_id: coalesce: a fresh task id for a new pending run (a later duplicate joins the
+            existing one); queue: the duplicate's own task id.
+        message: the message to publish when the key is handed over.
+        max_length: queue: the most elements the line holds (``lease_queue_max``).
+        lifetime_ms: the line's lifetime, int milliseconds.
+
+    Raises:
+        redis.exceptions.RedisError: on store errors (a line key of another type included).
+    """
+    reply = _run(_park, client, key, (key, line_key(key), reservation_key(key)),
+                 (mode, task_id, message, max_length, lifetime_ms))
+    code = int(reply[0])
+    if code == 1:
+        covering = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+        return Parked("parked", covering, int(reply[2]), covering != task_id)
+    return Parked("free" if code == 0 else "full", "", int(reply[1]))
+
+
+def _handoff(reply: list[Any]) -> HandOff:
+    handed = Waiting.parse(reply[1]) if reply[1] else None
+    return HandOff(True, handed, tuple(Waiting.parse(r) for r in reply[3:]), None,
+                   int(reply[2]))
+
+
+def release_handing_over(client: redis.Redis, key: str, token: str, reserve_ms: int,
+                         lifetime_ms: int, timeout_ms: int, ran: str = "") -> HandOff:
+    """Release ``key`` if ``token`` holds it, and hand it over to the next waiting run (the
+    reservation holds the key for ``reserve_ms`` int milliseconds). Safe to repeat: a repeat
+    answers ``released=True`` and hands nothing over again.
+
+    Args:
+        lifetime_ms: the lifetime of the line and the reservation, int milliseconds.
+        timeout_ms: the wait timeout, int milliseconds (0: none).
+        ran: the releasing execution's task id when it is a handed-over run (noted, so that
+            a second copy of it is refused), else ''.
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    reply = _run(_release, client, key, (key, fence_key(key), line_key(key), reservation_key(key)),
+                 (token, reserve_ms, lifetime_ms, timeout_ms, ran))
+    if not isinstance(reply, list):
+        return HandOff(bool(reply))
+    return _handoff(reply)
+
+
+def recover(client: redis.Redis, key: str, reserve_ms: int, lifetime_ms: int,
+            timeout_ms: int) -> HandOff:
+    """The crash sweep's look at ``key``: hand it over only if nobody holds it and no
+    reservation is due (``release_handoff-4.lua`` without a token).
+
+    Returns:
+        ``wait_ms`` set: held or reserved, look again then; ``handed`` set: publish it;
+        neither: nothing waits.
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    reply = _run(_release, client, key, (key, fence_key(key), line_key(key), reservation_key(key)),
+                 ("", reserve_ms, lifetime_ms, timeout_ms, ""))
+    code = int(reply[0])
+    if code == 0:
+        return HandOff(True, wait_ms=int(reply[1]))
+    return _handoff(reply)
+
+
+def read_line(client: redis.Redis, key: str) -> tuple[list[Waiting], Waiting | None]:
+    """The elements waiting in ``key``'s line, and the run it is reserved for (not started),
+    for ``celery lease ls``. Keys of another type read as empty.
+
+    Raises:
+        redis.exceptions.RedisError: on store errors other than a key of another type.
+    """
+    pipe = client.pipeline(transaction=False)
+    pipe.lrange(line_key(key), 0, -1)
+    pipe.hget(reservation_key(key), "el")
+    line, reserved = pipe.execute(raise_on_error=False)
+    elements = [Waiting.parse(x) for x in line] if isinstance(line, list) else []
+    handed = Waiting.parse(reserved) if isinstance(reserved, (bytes, str)) else None
+    return elements, handed
+
+
+def watch(client: redis.Redis, prefix: str, key: str, delay_ms: int) -> None:
+    """Note ``key`` for the sweep to look at in ``delay_ms`` int milliseconds (store clock).
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    index = handoff_index_key(prefix)
+    _run(_watch, client, index, (index,), (key, max(int(delay_ms), 0), INDEX_LIFETIME_MS))
+
+
+def take_due(client: redis.Redis, prefix: str, limit: int, ahead_ms: int) -> list[tuple[str, int]]:
+    """The keys under ``prefix`` due for a look, each scored ``ahead_ms`` int milliseconds
+    ahead meanwhile; ``(key, score)`` pairs.
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    index = handoff_index_key(prefix)
+    flat = _run(_due, client, index, (index,), (limit, ahead_ms))
+    pairs = zip(flat[::2], flat[1::2], strict=True)
+    return [(k.decode() if isinstance(k, bytes) else str(k), int(s)) for k, s in pairs]
+
+
+def forget(client: redis.Redis, prefix: str, key: str, score: int) -> bool:
+    """Drop ``key`` from the sweep's index unless noted again since it was taken at ``score``.
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    index = handoff_index_key(prefix)
+    return bool(_run(_unwatch, client, index, (index,), (key, score)))

@@ -1,0 +1,94 @@
+--[[
+Hand a lease key over to the next run waiting for it (lease_on_conflict "coalesce" or "queue"),
+in one step with what frees the key:
+- after the holder's release (ARGV[1] its token): delete the key as release-2.lua does;
+- for the crash sweep (ARGV[1] empty): only while no holder has the key and no reservation is
+  due, so a live holder is never raced (its own release hands over); while it is held, the
+  line's and the reservation's lifetimes are set again, so what waits for a long holder does
+  not lapse while workers look.
+Then reserve the key for the next run and answer its element, which the caller publishes: a
+reservation not yet taken is handed over again (its run published again, same task id);
+otherwise the head of the line is. While the reservation is due every other task id finds the
+key held (acquire-4.lua), so no third execution starts in between. Line elements older than
+the wait timeout are taken out on the way and answered, for their callers to fail. The
+reservation is written before the element leaves the line (LINDEX, HSET, then LPOP): one the
+store refuses (OOM, a key of another type) leaves the line as it was, for a later look. A
+separate script, so the default policies' release costs nothing more. A repeated release (its
+first reply lost) answers as release-2.lua does and hands nothing over again.
+
+KEYS[1]  the lease key
+KEYS[2]  the fencing counter key (same hash tag)
+KEYS[3]  the line key: a list of elements "<task id>\n<ms accepted>\n<message>" (same hash tag)
+KEYS[4]  the reservation hash key: id, due (ms of the store's clock), el (same hash tag)
+
+ARGV[1]  the holder's token; empty for the crash sweep's look
+ARGV[2]  how long the reservation holds the key, int milliseconds
+ARGV[3]  the lifetime of the line and the reservation, int milliseconds
+ARGV[4]  the wait timeout of a line element, int milliseconds (0: none)
+ARGV[5]  the releasing holder's task id when it is a handed-over run, noted as having run to
+         its release (a second copy of it is then refused: acquire-4.lua); else ''
+
+Returns:
+  {1, element, now, expired...}  released now (or, for the sweep, free): element is the run
+                                 handed the key ('' for none), now the store's clock (int
+                                 ms), expired the line elements past their wait timeout
+  {0, ms}  the sweep's look: held, or reserved and due, for ms more milliseconds
+  1        released by an earlier release of ARGV[1] (a repeat)
+  0        ARGV[1] did not hold the key
+]]
+if redis.replicate_commands then redis.replicate_commands() end
+--@include held.lua
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if ARGV[1] == '' then
+  local reservation = redis.pcall('HMGET', KEYS[4], 'id', 'due')
+  if reservation.err then reservation = {} end
+  local wait = false
+  if cur then
+    local pttl = redis.call('PTTL', KEYS[1])
+    wait = pttl > 0 and pttl or tonumber(ARGV[2])
+  elseif reservation[1] and tonumber(reservation[2] or '0') > now_ms then
+    wait = tonumber(reservation[2]) - now_ms
+  end
+  if wait then
+    redis.pcall('PEXPIRE', KEYS[3], ARGV[3])
+    redis.pcall('PEXPIRE', KEYS[4], ARGV[3])
+    return {0, wait}
+  end
+elseif mine then
+  redis.call('DEL', KEYS[1])
+  --@include note_ended.lua
+  if ARGV[5] ~= '' then
+    redis.pcall('HSET', KEYS[4], 'ran', ARGV[5])
+    redis.pcall('PEXPIRE', KEYS[4], ARGV[3])
+  end
+else
+  --@include released_before.lua
+end
+local handed, expired = false, {}
+local kept = redis.pcall('HMGET', KEYS[4], 'id', 'el')
+if not kept.err and kept[1] and kept[2] then
+  handed = kept[2]
+end
+local timeout = tonumber(ARGV[4])
+while not handed do
+  local el = redis.pcall('LINDEX', KEYS[3], 0)
+  if type(el) ~= 'string' then break end  -- empty (false), or a key of another type
+  local at = tonumber(string.match(el, '^[^\n]*\n(%d+)\n') or '0')
+  if timeout > 0 and now_ms - at > timeout then
+    expired[#expired + 1] = el
+    redis.call('LPOP', KEYS[3])
+  else
+    local id = string.match(el, '^([^\n]*)\n') or ''
+    local wrote = redis.pcall('HSET', KEYS[4], 'id', id, 'el', el)
+    if type(wrote) == 'table' then break end
+    handed = el
+    redis.call('LPOP', KEYS[3])
+  end
+end
+if handed then
+  redis.call('HSET', KEYS[4], 'due', string.format('%.0f', now_ms + tonumber(ARGV[2])))
+  redis.call('PEXPIRE', KEYS[4], ARGV[3])
+  redis.pcall('PEXPIRE', KEYS[3], ARGV[3])
+end
+return {1, handed or '', now_ms, unpack(expired)}

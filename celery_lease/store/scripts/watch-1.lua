@@ -1,0 +1,25 @@
+--[[
+Note a lease key for the crash sweep to look at (release_handoff-4.lua, with no token) at a time of the store's clock:
+a sorted set of lease keys scored by int milliseconds of TIME. Written before a duplicate is
+parked, and again after each look, so a key with a line is always noted. Only a hint: every
+decision is that script's, on the lease key's own node, so a note on another node of a Redis
+Cluster (the set has a hash tag of its own) can be late or early, never wrong. The set's
+lifetime is raised to ARGV[3] when it has less left.
+
+KEYS[1]  the sweep's sorted set (<prefix>:{celery-lease:handoff}:index)
+
+ARGV[1]  the lease key to look at
+ARGV[2]  in how long to look, int milliseconds
+ARGV[3]  the set's lifetime, int milliseconds
+
+Returns:
+  the score written (int milliseconds of the store's clock)
+]]
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local at = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], string.format('%.0f', at), ARGV[1])
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+end
+return at

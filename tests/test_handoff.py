@@ -1,0 +1,219 @@
+"""``lease_on_conflict="coalesce"`` and ``"queue"`` on real workers: duplicates are parked in
+Redis and acknowledged, the holder's release hands the key to the next run, a dead holder's
+waiting runs are published by the sweep of a live worker."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery.result import AsyncResult
+
+from celery_lease import LeaseConflict, follow, is_coalesced, store
+from celery_lease.store import handoff as stored
+from tests.apps import handoff_app
+from tests.apps.handoff_app import coalesced, queued, retried, runs
+from tests.support.fixtures import WorkerFactory
+from tests.support.waiting import wait_for
+
+APP = "tests.apps.handoff_app"
+
+
+@pytest.fixture
+def app(redis_url: str, worker_factory: WorkerFactory) -> Iterator[Any]:
+    handoff_app.configure(redis_url, task_default_queue=worker_factory.queue)
+    yield handoff_app.app
+
+
+def _started(tag: str) -> list[dict[str, Any]]:
+    return [r for r in runs(tag) if r["what"] == "start"]
+
+
+def _never_two_running(tag: str) -> None:
+    """Every run ended before the next one started (by the store's clock)."""
+    spans: dict[str, list[float]] = {}
+    for r in runs(tag):
+        if r["what"] in ("start", "end"):
+            spans.setdefault(f"{r['id']}:{r['n']}", []).append(r["t"])
+    ordered = sorted(spans.values())
+    for (_, end), (start, _) in itertools.pairwise(ordered):
+        assert end <= start, f"two ran at once: {runs(tag)}"
+
+
+def _handover_gaps(tag: str) -> list[float]:
+    """Seconds from each run's end to the next run's start (store clock): the hand-over."""
+    marks = [r for r in runs(tag) if r["what"] in ("start", "end")]
+    return [round(b["t"] - a["t"], 4) for a, b in itertools.pairwise(marks)
+            if a["what"] == "end" and b["what"] == "start"]
+
+
+def _waiting_state(url: str) -> list[bytes]:
+    client = redis.Redis.from_url(url)
+    try:
+        lines = list(client.scan_iter("lease:*:line"))
+        pending = [k for k in client.scan_iter("lease:*:reserved") if client.hget(k, "id")]
+        return lines + pending
+    finally:
+        client.close()
+
+
+def test_coalesce_runs_one_pending_run_after_the_holder_with_the_latest_arguments(
+        app: Any, redis_url: str, worker_factory: WorkerFactory) -> None:
+    worker_factory(APP, pool="threads", concurrency=4)
+    holder = coalesced.delay("c", 0, 3.0)
+    wait_for(lambda: _started("c"), 20, message="the holder never started")
+    duplicates = []
+    for n in range(1, 6):  # one at a time: the arrival order (what "latest" means) is known
+        duplicates.append(coalesced.delay("c", n))
+        wait_for(lambda n=n: len([r for r in runs("c") if r["what"] == "accepted"]) == n, 20)
+    markers = [d.get(timeout=20) for d in duplicates]
+    assert all(is_coalesced(m) for m in markers)
+    assert len({m["into"] for m in markers}) == 1  # one pending run covers them all
+    assert holder.get(timeout=20) == 0
+    assert [follow(d, timeout=20) for d in duplicates] == [5] * 5  # the latest arguments won
+    wait_for(lambda: len([r for r in runs("c") if r["what"] == "end"]) == 2, 20)
+    assert [r["n"] for r in _started("c")] == [0, 5]  # never one per duplicate
+    _never_two_running("c")
+    accepted = [r["t"] for r in runs("c") if r["what"] == "accepted"]
+    assert len(accepted) == 5 and max(accepted) < _started("c")[1]["t"]
+    print(f"coalesce: end of the holder to the pending run's start: {_handover_gaps('c')}s")
+    wait_for(lambda: _waiting_state(redis_url) == [], 10, message="pending state left behind")
+
+
+def test_queue_runs_every_duplicate_in_arrival_order_under_its_own_task_id(
+        app: Any, redis_url: str, worker_factory: WorkerFactory) -> None:
+    worker_factory(APP, pool="threads", concurrency=4)
+    holder = queued.delay("q", 0, 1.0)
+    wait_for(lambda: _started("q"), 20, message="the holder never started")
+    waiters = []
+    for n in range(1, 5):  # one at a time, so the arrival order is the sending order
+        waiters.append(queued.delay("q", n, 0.1))
+        wait_for(lambda n=n: len([r for r in runs("q") if r["what"] == "accepted"]) == n, 20)
+    assert holder.get(timeout=20) == 0
+    assert [w.get(timeout=30) for w in waiters] == [1, 2, 3, 4]  # the real results
+    starts = _started("q")
+    assert [r["n"] for r in starts] == [0, 1, 2, 3, 4]
+    assert [r["id"] for r in starts[1:]] == [w.id for w in waiters]
+    _never_two_running("q")
+    print(f"queue: end of each run to the next waiter's start: {_handover_gaps('q')}s")
+    wait_for(lambda: _waiting_state(redis_url) == [], 10, message="a line was left behind")
+
+
+def test_a_duplicate_past_lease_queue_max_fails_with_lease_conflict(
+        app: Any, worker_factory: WorkerFactory) -> None:
+    worker_factory(APP, pool="threads", concurrency=2, env={"LEASE_QUEUE_MAX": "1"})
+    queued.delay("full", 0, 2.0)
+    wait_for(lambda: _started("full"), 20, message="the holder never started")
+    first = queued.delay("full", 1)
+    wait_for(lambda: any(r["what"] == "accepted" for r in runs("full")), 20)
+    with pytest.raises(LeaseConflict, match=r"1 runs already wait in its line"):
+        queued.delay("full", 2).get(timeout=20)
+    assert first.get(timeout=20) == 1
+
+
+def test_a_waiter_older_than_lease_queue_timeout_fails_saying_how_long_it_waited(
+        app: Any, worker_factory: WorkerFactory) -> None:
+    worker_factory(APP, pool="threads", concurrency=2, env={"LEASE_QUEUE_TIMEOUT": "0.5"})
+    queued.delay("late", 0, 2.0)
+    wait_for(lambda: _started("late"), 20, message="the holder never started")
+    waiter = queued.delay("late", 1)
+    with pytest.raises(LeaseConflict, match=r"waited \d+\.\ds in the line"):
+        waiter.get(timeout=20)
+    assert [r["n"] for r in _started("late")] == [0]
+
+
+@pytest.mark.parametrize("policy", ["coalesce", "queue"])
+def test_a_killed_holders_waiting_run_is_published_by_a_live_worker_after_its_ttl(
+        policy: str, app: Any, redis_url: str, worker_factory: WorkerFactory) -> None:
+    task = coalesced if policy == "coalesce" else queued
+    doomed = worker_factory(APP, pool="solo", env={"LEASE_TTL": "2.0"})
+    task.delay("crash", 0, 60.0)
+    wait_for(lambda: _started("crash"), 20, message="the holder never started")
+    worker_factory(APP, pool="threads", concurrency=2, env={"LEASE_TTL": "2.0"})
+    waiter = task.delay("crash", 1)
+    wait_for(lambda: any(r["what"] == "accepted" for r in runs("crash")), 20)
+    doomed.send_signal(signal.SIGKILL, group=True)
+    killed_at = time.time()
+    if policy == "coalesce":
+        assert follow(waiter, timeout=30) == 1
+    else:
+        assert waiter.get(timeout=30) == 1
+    delay = _started("crash")[-1]["t"] - killed_at
+    assert [r["n"] for r in _started("crash")] == [0, 1]
+    print(f"{policy}: the waiting run started {delay:.2f}s after its holder was killed")
+    wait_for(lambda: _waiting_state(redis_url) == [], 10, message="pending state left behind")
+
+
+def test_a_coalesced_marker_names_the_pending_run_and_follow_returns_its_result(
+        app: Any, worker_factory: WorkerFactory) -> None:
+    worker_factory(APP, pool="threads", concurrency=2)
+    coalesced.delay("m", 0, 1.0)
+    wait_for(lambda: _started("m"), 20, message="the holder never started")
+    marker = coalesced.delay("m", 7).get(timeout=20)
+    assert marker["key"].endswith("}") and AsyncResult(marker["into"], app=app).get(
+        timeout=20) == 7
+    assert follow(marker, timeout=20, app=app) == 7
+    with pytest.raises(TypeError, match="takes the task's result"):
+        is_coalesced(AsyncResult(marker["into"], app=app))
+
+
+def test_a_hand_over_whose_publish_was_lost_is_published_by_the_sweep_once_past_due(
+        app: Any, redis_url: str, worker_factory: WorkerFactory) -> None:
+    # The releasing worker died between its release (which reserved the key) and its publish.
+    worker_factory(APP, pool="threads", concurrency=2, env={"LEASE_TTL": "2.0"})
+    client = store.client_for(redis_url, 2.0)
+    key, token = queued.lease_key_for(("lost", 1)), uuid.uuid4().hex
+    assert store.acquire(client, key, token, 2000, "{}").granted
+    message = json.dumps({"task": "ho.queued", "args": ["lost", 1], "kwargs": {},
+                          "options": {"queue": app.conf.task_default_queue}})
+    stored.watch(client, "lease", key, 2000)
+    assert stored.park(client, key, "queue", "lost-run", message, 10, 60_000).outcome == "parked"
+    handed = stored.release_handing_over(client, key, token, 2000, 60_000, 0).handed
+    released_at = time.time()
+    assert handed is not None and handed.task_id == "lost-run"  # ...and never published
+    assert AsyncResult("lost-run", app=app).get(timeout=30) == 1
+    delay = _started("lost")[0]["t"] - released_at
+    print(f"a lost publish: the reserved run started {delay:.2f}s after the release")
+    assert [r["id"] for r in _started("lost")] == ["lost-run"]
+
+
+def test_retry_runs_the_duplicate_at_the_holders_release_not_its_lifetime_and_uses_no_retry(
+        app: Any, worker_factory: WorkerFactory) -> None:
+    # lease_ttl=60: Celery's retry at the holder's remaining lifetime would wait a minute.
+    worker_factory(APP, pool="threads", concurrency=2, env={"LEASE_TTL": "60.0"})
+    holder = retried.delay("r", 0, 1.0)
+    wait_for(lambda: _started("r"), 20, message="the holder never started")
+    duplicate = retried.delay("r", 1)
+    wait_for(lambda: duplicate.state == "RETRY", 20, message=lambda: duplicate.state)
+    assert holder.get(timeout=20) == 0
+    assert duplicate.get(timeout=30) == 1  # max_retries=0, and it was not exhausted
+    gap = _handover_gaps("r")
+    assert len(gap) == 1 and gap[0] < 30.0  # long before the holder's lifetime (60 s)
+    print(f"retry: end of the holder to the retried copy's start: {gap}s (lease_ttl=60)")
+
+
+def test_retry_waits_for_a_holder_longer_than_four_ttls_without_failing(
+        app: Any, worker_factory: WorkerFactory) -> None:
+    worker_factory(APP, pool="threads", concurrency=2, env={"LEASE_TTL": "0.6"})
+    retried.delay("long", 0, 3.0)  # five TTLs, renewed
+    wait_for(lambda: _started("long"), 20, message="the holder never started")
+    assert retried.delay("long", 1).get(timeout=30) == 1
+    assert [r["n"] for r in _started("long")] == [0, 1]
+
+
+def test_a_pending_run_whose_holder_lost_its_lease_is_handed_over_by_the_sweep(
+        app: Any, redis_url: str, worker_factory: WorkerFactory) -> None:
+    worker_factory(APP, pool="threads", concurrency=2, env={"LEASE_TTL": "2.0"})
+    coalesced.delay("gone", 0, 1.5)
+    wait_for(lambda: _started("gone"), 20, message="the holder never started")
+    marker = coalesced.delay("gone", 1).get(timeout=20)
+    redis.Redis.from_url(redis_url).delete(coalesced.lease_key_for(("gone", 0)))  # erased
+    assert follow(marker, timeout=30, app=app) == 1
+    assert [r["n"] for r in _started("gone")] == [0, 1]
