@@ -61,10 +61,19 @@ def test_quick_run_produces_every_figure(tmp_path: Path) -> None:
     assert results["stall"]["ttls"]  # 5
     for ttl in results["stall"]["ttls"].values():
         assert _number(ttl["stall_s"]["max"])
+    for work in results["e2e"]["workloads"].values():  # 7: every peer, both workloads
+        for variant in ("plain", "leased", "leased_sync", "singleton", "once"):
+            v = work["variants"][variant]
+            assert _number(v["time_ratio_to_plain"]["median"])
+            assert _number(v["cpu_ratio_to_plain"]["median"])
+            assert v["bodies"]["median"] >= 1
+        # Back-to-back calls of one key in one solo worker never overlap: none is skipped.
+        assert work["variants"]["leased"]["every_call_ran"] is True
+        assert work["variants"]["leased_sync"]["every_call_ran"] is True
     assert results["targets"] and all("met" in t for t in results["targets"])
 
     table = (out / "results.md").read_text()
-    for heading in ("### 1.", "### 2.", "### 3.", "### 4.", "### 5.", "### Targets"):
+    for heading in ("### 1.", "### 2.", "### 3.", "### 4.", "### 5.", "### 7.", "### Targets"):
         assert heading in table
     for plot in PLOTS:
         assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", plot
