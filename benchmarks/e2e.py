@@ -88,8 +88,12 @@ def run_batch(app: Celery, records: redis.Redis, worker: Worker, redis_pid: int 
                 # copy already queued (celery-singleton).
                 published += sent is not None and sent.id == task_id
         app.tasks["bench.e2e_report"].apply_async((run,), queue=QUEUE, producer=producer)
-    # BLPOP blocks in the kernel: the publisher's CPU while it waits stays near zero.
-    found = records.blpop([f"e2e:{run}:done"], 60 + work["keys"] * work["copies"] / 20)
+    # BLPOP blocks in the kernel: the publisher's CPU while it waits stays near zero. One
+    # second at a time: the records client times out after five.
+    deadline = started + 60 + work["keys"] * work["copies"] / 20
+    found = None
+    while found is None and time.perf_counter() < deadline:
+        found = records.blpop([f"e2e:{run}:done"], 1)
     seconds = time.perf_counter() - started
     if found is None:
         raise RuntimeError(f"e2e {variant}: no report from the worker\n{worker.log_tail()}")
