@@ -136,13 +136,42 @@ def _encode(value: Any, out: list[bytes]) -> None:
         raise _Unencodable(value)
 
 
+# Per-call work done once per signature and per parameter name instead (bounded: cleared when
+# full; signatures are per task class, names per parameter).
+_CACHE_LIMIT = 1024
+_positional: dict[int, tuple[inspect.Signature, tuple[str, ...] | None]] = {}
+_name_tags: dict[str, bytes] = {}
+
+
+def _positional_names(signature: inspect.Signature) -> tuple[str, ...] | None:
+    """The parameter names when each is a plain positional-or-keyword one, else None."""
+    found = _positional.get(id(signature))
+    if found is None or found[0] is not signature:  # kept in the value: an id is not reused
+        params = signature.parameters
+        names = tuple(params) if all(
+            p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params.values()
+        ) else None
+        if len(_positional) >= _CACHE_LIMIT:
+            _positional.clear()
+        found = _positional[id(signature)] = (signature, names)
+    return found[1]
+
+
+def _name_tag(name: str) -> bytes:
+    tag = _name_tags.get(name)
+    if tag is None:
+        if len(_name_tags) >= _CACHE_LIMIT:
+            _name_tags.clear()
+        tag = _name_tags[name] = _tagged(b"p", name.encode())
+    return tag
+
+
 def _bind(signature: inspect.Signature, args: Sequence[Any], kwargs: Mapping[str, Any],
           task_name: str) -> dict[str, Any]:
-    params = signature.parameters
-    if not kwargs and len(args) == len(params) and all(
-        p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params.values()
-    ):  # the common case, without Signature.bind's general machinery
-        return dict(zip(params, args, strict=True))
+    names = _positional_names(signature)
+    if not kwargs and names is not None and len(args) == len(names):
+        # The common case, without Signature.bind's general machinery.
+        return dict(zip(names, args, strict=True))
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as exc:
@@ -157,7 +186,7 @@ def _digest(pairs: Iterable[tuple[str, Any]], task_name: str) -> str:
     out: list[bytes] = []
     for name, value in pairs:
         try:
-            out.append(_tagged(b"p", name.encode()))
+            out.append(_name_tag(name))
             _encode(value, out)
         except RecursionError:
             raise LeaseKeyError(
