@@ -77,3 +77,19 @@ def test_quick_run_produces_every_figure(tmp_path: Path) -> None:
         assert heading in table
     for plot in PLOTS:
         assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", plot
+
+
+def test_instruction_figures_are_what_each_library_adds_to_a_plain_task() -> None:
+    from benchmarks import instructions
+
+    per_op = {f"worker/{v}": 1000 for v in instructions.WORKER_VARIANTS}
+    per_op.update({"worker/leased": 1300, "worker/singleton": 1100, "worker/once": 1150})
+    per_op.update({f"publisher/{v}": 5000 for v in instructions.PUBLISHER_VARIANTS})
+    per_op.update({"publisher/singleton": 5250, "publisher/once": 5050})
+    per_op.update({f"step/{name}": 10 for name in instructions.STEPS})
+    got = instructions.derived(per_op)
+    assert got["worker_added"]["leased"] == 300 and got["publisher_added"]["leased"] == 0
+    assert got["total_added"]["singleton"] == 100 + 250
+    assert got["total_added"]["once"] == 150 + 50
+    assert got["lease_vs_peers"] == {"singleton": round(300 / 350, 3), "once": 1.5}
+    assert got["steps_rest"] == 300 - 10 * (len(instructions.STEPS) - 2)  # less the PINGs
