@@ -6,9 +6,10 @@ from one run to the next. One child process runs every measured section against 
 redis-server (not under valgrind: only the client is counted); a call to ``os.getppid()``
 marks the boundary of each section (``--dump-before=os_getppid*`` makes callgrind write the
 cost since the previous mark), so one valgrind run gives every figure. Each section repeats
-one operation ``count`` times after a warm-up of 100 (the first executions of a task cost more:
-at 200 a section, plain ``Task`` counted 237 k instead of 200 k with a shorter warm-up); its figure is the section's instructions,
-minus those of the same loop calling a no-op, divided by ``count``.
+one operation ``count`` times after a warm-up of 100 (the first executions of a task cost
+more: with a warm-up of 30 and 200 a section, plain ``Task`` counted 237 k instead of 200 k);
+its figure is the section's instructions, minus those of the same loop calling a no-op,
+divided by ``count``.
 
 Sections:
 
