@@ -1,7 +1,7 @@
 """``python -m benchmarks [--quick] [--out DIR]``: every benchmark in one run.
 
 Starts two private redis-servers on free loopback ports (the broker and everything measured,
-and a lease store for the loss-detection task that can be frozen), runs the six benchmarks,
+and a lease store for the loss-detection task that can be frozen), runs the seven benchmarks,
 and writes ``results.json`` (every figure and the machine), ``results.md`` and the PNG plots
 into ``--out`` (default ``docs/benchmarks/``). When ``--out`` is that default, the Markdown
 block between the ``benchmarks:results`` markers in ``docs/benchmarks.md`` is refreshed too.
@@ -32,7 +32,7 @@ import redis
 from harness import REPO_ROOT
 from harness.redis_server import RedisServer, redis_server_binary
 
-from . import cycle, detection, overhead, renewal, report, soak, stall
+from . import cycle, detection, e2e, overhead, renewal, report, soak, stall
 from ._infra import Worker, client_kwargs, section_timer
 
 DEFAULT_OUT = REPO_ROOT / "docs" / "benchmarks"
@@ -107,11 +107,12 @@ def _start_workers(broker: RedisServer, lease_store: RedisServer, records: redis
         if pool in soak.POOLS:
             queues.append(f"soak-{pool}")  # last: soak.py reads it from there
         workers[pool] = Worker(pool, concurrency, queues, env, log_dir, records).start()
+    workers["e2e"] = e2e.start_worker(env, log_dir, records)  # a solo worker of its own
     return workers
 
 
 def run_all(quick: bool, log_dir: Path) -> dict[str, Any]:
-    """Run the six benchmarks and return every figure."""
+    """Run the seven benchmarks and return every figure."""
     total = section_timer()
     timings: dict[str, float] = {}
     stall_ttls = STALL_TTLS_QUICK if quick else STALL_TTLS_FULL
@@ -124,14 +125,14 @@ def run_all(quick: bool, log_dir: Path) -> dict[str, Any]:
             print(f"  {name}: {timings[name]:.1f} s", file=sys.stderr, flush=True)
 
         section = section_timer()
-        print("1/6 lease cycle cost", file=sys.stderr, flush=True)
+        print("1/7 lease cycle cost", file=sys.stderr, flush=True)
         results["cycle"] = cycle.run(broker.url(), quick)
         if broker.pid is not None and hasattr(os, "sched_setaffinity"):
             results["cycle"]["same_core"] = cycle.run_same_core(broker.url(), broker.pid, quick)
         step("cycle")
 
         section = section_timer()
-        print("3/6 renewal cost", file=sys.stderr, flush=True)
+        print("3/7 renewal cost", file=sys.stderr, flush=True)
         # The steady-state children mostly sleep: the workers start meanwhile.
         workers: dict[str, Worker] = {}
         try:
@@ -149,24 +150,29 @@ def run_all(quick: bool, log_dir: Path) -> dict[str, Any]:
 
             app = make_app(broker.url(), lease_store.url(), detection.TTL, stall_ttls)
             section = section_timer()
-            print("2/6 task overhead", file=sys.stderr, flush=True)
+            print("2/7 task overhead", file=sys.stderr, flush=True)
             results["overhead"] = overhead.run(app, records, workers, quick)
             step("overhead")
 
             section = section_timer()
-            print("4/6 loss detection", file=sys.stderr, flush=True)
+            print("4/7 loss detection", file=sys.stderr, flush=True)
             results["detection"] = detection.run(app, records, lease_store, workers, quick)
             step("detection")
 
             section = section_timer()
-            print("5/6 stall after a crash", file=sys.stderr, flush=True)
+            print("5/7 stall after a crash", file=sys.stderr, flush=True)
             results["stall"] = stall.run(app, records, workers["prefork"], stall_ttls, quick)
             step("stall")
 
             section = section_timer()
-            print("6/6 soak", file=sys.stderr, flush=True)
+            print("6/7 soak", file=sys.stderr, flush=True)
             results["soak"] = soak.run(app, records, workers, quick)
             step("soak")
+
+            section = section_timer()
+            print("7/7 end to end (publisher + worker + Redis)", file=sys.stderr, flush=True)
+            results["e2e"] = e2e.run(app, records, workers["e2e"], broker.pid, quick)
+            step("e2e")
         finally:
             for worker in workers.values():
                 worker.stop()

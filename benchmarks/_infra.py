@@ -100,6 +100,28 @@ class Worker(CeleryWorker):
         return self
 
 
+def process_cpu(pid: int | None, children: bool = True) -> float:
+    """Float CPU seconds (user + system) used so far by process ``pid`` and, with
+    ``children``, its descendants (a worker's pool processes); 0.0 for a process that is gone."""
+    import psutil
+
+    if pid is None:
+        return 0.0
+    try:
+        main = psutil.Process(pid)
+        procs = [main, *(main.children(recursive=True) if children else ())]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
 def section_timer() -> Callable[[], float]:
     """A stopwatch: returns a function giving float seconds since it was made."""
     started = time.perf_counter()

@@ -20,6 +20,8 @@ Tasks record what the benchmark measures in the broker's Redis, never in the lea
   ``bench.floor`` / ``bench.floor1`` are ``bench.plain`` plus two / one ``PING`` round trips in
   the body: the least an execution-time lease can add to a plain task with a synchronous
   release (two round trips) and with the release off the critical path (one);
+- ``bench.e2e_<variant>(run, key, sleep_ms)`` (:data:`E2E_VARIANTS`): counts its body per key
+  and sleeps ``sleep_ms``; ``bench.e2e_report(run)`` pushes the counts of a batch;
 - ``bench.hold(trial, body, limit)``: holds a lease and sleeps or spins for at most ``limit``
   seconds, recording when :class:`~celery_lease.LeaseLost` arrived (wall clock, deadline clock
   and the lease's local deadline) or that it never did;
@@ -116,6 +118,51 @@ def _stall(trial: str, role: str) -> None:
         time.sleep(30.0)  # killed long before; bounded all the same
 
 
+#: The end-to-end benchmark's variants (benchmarks/e2e.py): name -> (base class, task
+#: options). One entry per variant; a variant whose options the installed celery_lease does
+#: not accept is left out of the app (:func:`e2e_rejected` says why) and skipped by the run.
+E2E_VARIANTS: dict[str, tuple[type, dict[str, Any]]] = {
+    "plain": (Task, {}),
+    "leased": (LeasedTask, {}),
+    "leased_sync": (SyncReleaseTask, {}),
+    "singleton": (Singleton, {}),
+    "once": (QueueOnce, {"once": {"graceful": True}}),
+    "leased_dedupe": (LeasedTask, {"lease_dedupe": True}),
+    "leased_coalesce": (LeasedTask, {"lease_on_conflict": "coalesce"}),
+}
+#: Bodies run per (run id, key) in this worker process: the end-to-end benchmark counts them.
+_e2e_bodies: dict[str, dict[str, int]] = {}
+
+
+def e2e_rejected(name: str) -> str | None:
+    """Why the installed celery_lease refuses ``E2E_VARIANTS[name]`` (None: it accepts it)."""
+    base, options = E2E_VARIANTS[name]
+    probe = Celery("probe", broker="memory://", set_as_current=False)
+    probe.conf.lease_backend = "redis://127.0.0.1:1/0"
+    try:
+        probe.task(name="probe", base=base, shared=False, **options)(_e2e_body)
+        probe.finalize()
+        probe.tasks["probe"]  # registration validates the options
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _e2e_body(run: str, key: str, sleep_ms: float) -> None:
+    counts = _e2e_bodies.setdefault(run, {})
+    counts[key] = counts.get(key, 0) + 1
+    if sleep_ms:
+        time.sleep(sleep_ms / 1000)
+
+
+def _e2e_report(run: str) -> None:
+    """Sent after a batch: the worker (solo, in order) has run every body published before."""
+    counts = _e2e_bodies.pop(run, {})
+    records().rpush(f"e2e:{run}:done", json.dumps(
+        {"at": time.time(), "bodies": sum(counts.values()), "keys": len(counts),
+         "max_per_key": max(counts.values(), default=0)}))
+
+
 def make_app(
     broker: str,
     lease_store: str | None = None,
@@ -176,6 +223,11 @@ def make_app(
             name=f"bench.stall_{round(ttl * 1000)}", base=LeasedTask, lease_ttl=ttl, shared=False,
             lease_key=("trial",), lease_on_conflict="retry", max_retries=None,
         )(_stall)
+
+    for variant, (base, options) in E2E_VARIANTS.items():
+        if base is not LeasedTask or not e2e_rejected(variant):
+            app.task(name=f"bench.e2e_{variant}", base=base, shared=False, **options)(_e2e_body)
+    app.task(name="bench.e2e_report", shared=False)(_e2e_report)
 
     del plain, floor, floor1, leased, leased_sync, singleton, once, hold
     return app

@@ -27,13 +27,12 @@ import time
 import uuid
 from typing import Any
 
-import psutil
 import redis
 from celery import Celery
 
 from harness.waiting import wait_for
 
-from ._infra import Worker, spread
+from ._infra import Worker, process_cpu, spread
 
 VARIANTS = ("plain", "floor1", "floor", "leased", "leased_sync", "singleton", "once")
 LABELS = {
@@ -79,17 +78,7 @@ def run_batch(
 
 def _worker_cpu(worker: Worker) -> float:
     """Float seconds of CPU used so far by the worker and its pool processes."""
-    if worker.process is None:
-        return 0.0
-    main = psutil.Process(worker.process.pid)
-    total = 0.0
-    for proc in [main, *main.children(recursive=True)]:
-        try:
-            times = proc.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += times.user + times.system
-    return total
+    return process_cpu(worker.process.pid if worker.process is not None else None)
 
 
 def measure_pool(

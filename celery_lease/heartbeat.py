@@ -123,6 +123,13 @@ class Heartbeat:
 
     def wake_for_pending(self) -> None:
         """A release was written whose reply is unread: make sure the thread reads it soon."""
+        if math.isfinite(self._wake_at):
+            # Read without the lock: a finite wake-up time is set only while the thread is in
+            # a wait of at most a second, and the pass that follows it reads the pending
+            # replies (the release was queued before this call). Only a thread waiting for
+            # no time limit (+inf) needs the notification; -inf (in a pass, or about to wait)
+            # is decided under the lock, as before.
+            return
         with self._cond:
             if self._wake_at == math.inf:
                 self._cond.notify_all()

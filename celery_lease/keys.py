@@ -30,15 +30,13 @@ scan a prefix (``celery lease ls``).
 
 from __future__ import annotations
 
-import datetime as _dt
-import decimal
 import hashlib
 import inspect
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .errors import LeaseConfigError, LeaseKeyError
+from .key_encoding import Unencodable, encode, encode_value, tagged
 
 __all__ = [
     "BEAT_TASK_NAME",
@@ -90,78 +88,42 @@ KeySpec = None | Sequence[str] | Callable[..., str]
 _MAX_NAME = 120  # characters of a task name or custom key kept verbatim
 
 
-class _Unencodable(Exception):
-    def __init__(self, value: Any) -> None:
-        self.value = value
+# Per-call work done once per signature and per parameter name instead (bounded: cleared when
+# full; signatures are per task class, names per parameter).
+_CACHE_LIMIT = 1024
+_positional: dict[int, tuple[inspect.Signature, tuple[str, ...] | None]] = {}
+_name_tags: dict[str, bytes] = {}
 
 
-def encode_value(value: Any) -> bytes:
-    """The canonical byte encoding of one argument value.
+def _positional_names(signature: inspect.Signature) -> tuple[str, ...] | None:
+    """The parameter names when each is a plain positional-or-keyword one, else None."""
+    found = _positional.get(id(signature))
+    if found is None or found[0] is not signature:  # kept in the value: an id is not reused
+        params = signature.parameters
+        names = tuple(params) if all(
+            p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params.values()
+        ) else None
+        if len(_positional) >= _CACHE_LIMIT:
+            _positional.clear()
+        found = _positional[id(signature)] = (signature, names)
+    return found[1]
 
-    Raises:
-        LeaseKeyError: (from :func:`build_key`) for a type with no stable encoding.
-    """
-    out: list[bytes] = []
-    _encode(value, out)
-    return b"".join(out)
 
-
-def _tagged(tag: bytes, payload: bytes) -> bytes:
-    return b"%b%d:%b" % (tag, len(payload), payload)
-
-
-def _encode(value: Any, out: list[bytes]) -> None:
-    # bool before int: True must not equal 1.
-    if value is None:
-        out.append(b"N")
-    elif isinstance(value, bool):
-        out.append(b"T" if value else b"F")
-    elif isinstance(value, int):
-        out.append(_tagged(b"i", str(value).encode()))
-    elif isinstance(value, float):
-        out.append(_tagged(b"f", repr(value).encode()))
-    elif isinstance(value, str):
-        out.append(_tagged(b"s", value.encode("utf-8", "surrogatepass")))
-    elif isinstance(value, (bytes, bytearray, memoryview)):
-        out.append(_tagged(b"b", bytes(value)))
-    elif isinstance(value, (list, tuple)):
-        out.append(b"l" + str(len(value)).encode() + b"[")
-        for item in value:
-            _encode(item, out)
-        out.append(b"]")
-    elif isinstance(value, Mapping):
-        items = sorted((encode_value(k), encode_value(v)) for k, v in value.items())
-        out.append(b"d" + str(len(items)).encode() + b"{")
-        for k, v in items:
-            out.append(k)
-            out.append(v)
-        out.append(b"}")
-    elif isinstance(value, (set, frozenset)):
-        members = sorted(encode_value(v) for v in value)
-        out.append(b"e" + str(len(members)).encode() + b"{" + b"".join(members) + b"}")
-    elif isinstance(value, uuid.UUID):
-        out.append(_tagged(b"u", value.hex.encode()))
-    elif isinstance(value, _dt.datetime):
-        out.append(_tagged(b"t", value.isoformat().encode()))
-    elif isinstance(value, _dt.date):
-        out.append(_tagged(b"D", value.isoformat().encode()))
-    elif isinstance(value, _dt.time):
-        out.append(_tagged(b"h", value.isoformat().encode()))
-    elif isinstance(value, _dt.timedelta):
-        out.append(_tagged(b"w", repr(value.total_seconds()).encode()))
-    elif isinstance(value, decimal.Decimal):
-        out.append(_tagged(b"m", str(value).encode()))
-    else:
-        raise _Unencodable(value)
+def _name_tag(name: str) -> bytes:
+    tag = _name_tags.get(name)
+    if tag is None:
+        if len(_name_tags) >= _CACHE_LIMIT:
+            _name_tags.clear()
+        tag = _name_tags[name] = tagged(b"p", name.encode())
+    return tag
 
 
 def _bind(signature: inspect.Signature, args: Sequence[Any], kwargs: Mapping[str, Any],
           task_name: str) -> dict[str, Any]:
-    params = signature.parameters
-    if not kwargs and len(args) == len(params) and all(
-        p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params.values()
-    ):  # the common case, without Signature.bind's general machinery
-        return dict(zip(params, args, strict=True))
+    names = _positional_names(signature)
+    if not kwargs and names is not None and len(args) == len(names):
+        # The common case, without Signature.bind's general machinery.
+        return dict(zip(names, args, strict=True))
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as exc:
@@ -176,14 +138,14 @@ def _digest(pairs: Iterable[tuple[str, Any]], task_name: str) -> str:
     out: list[bytes] = []
     for name, value in pairs:
         try:
-            out.append(_tagged(b"p", name.encode()))
-            _encode(value, out)
+            out.append(_name_tag(name))
+            encode(value, out)
         except RecursionError:
             raise LeaseKeyError(
                 f"task {task_name}: argument {name!r} contains itself (or is nested too deeply) "
                 f"and has no stable lease key encoding; leave it out with lease_key=(...names...)"
             ) from None
-        except _Unencodable as exc:
+        except Unencodable as exc:
             raise LeaseKeyError(
                 f"task {task_name}: argument {name!r} of type {type(exc.value).__qualname__} has "
                 f"no stable lease key encoding; pass a JSON-like value (str, int, float, bool, "
@@ -333,8 +295,8 @@ def hold_name(label: str, *values: Any, **named: Any) -> str:
     h = hashlib.blake2b(digest_size=16)
     for name, value in pairs:
         try:
-            h.update(_tagged(b"p", name.encode()) + encode_value(value))
-        except (_Unencodable, RecursionError):
+            h.update(tagged(b"p", name.encode()) + encode_value(value))
+        except (Unencodable, RecursionError):
             raise LeaseKeyError(
                 f"hold_name({label!r}): value {name} of type {type(value).__qualname__} has no "
                 f"stable encoding; pass str, int, float, bool, None, bytes, list, tuple, dict, "

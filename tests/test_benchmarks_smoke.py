@@ -61,10 +61,19 @@ def test_quick_run_produces_every_figure(tmp_path: Path) -> None:
     assert results["stall"]["ttls"]  # 5
     for ttl in results["stall"]["ttls"].values():
         assert _number(ttl["stall_s"]["max"])
+    for work in results["e2e"]["workloads"].values():  # 7: every peer, both workloads
+        for variant in ("plain", "leased", "leased_sync", "singleton", "once"):
+            v = work["variants"][variant]
+            assert _number(v["time_ratio_to_plain"]["median"])
+            assert _number(v["cpu_ratio_to_plain"]["median"])
+            assert v["bodies"]["median"] >= 1
+        # Back-to-back calls of one key in one solo worker never overlap: none is skipped.
+        assert work["variants"]["leased"]["every_call_ran"] is True
+        assert work["variants"]["leased_sync"]["every_call_ran"] is True
     assert results["targets"] and all("met" in t for t in results["targets"])
 
     table = (out / "results.md").read_text()
-    for heading in ("### 1.", "### 2.", "### 3.", "### 4.", "### 5.", "### Targets"):
+    for heading in ("### 1.", "### 2.", "### 3.", "### 4.", "### 5.", "### 7.", "### Targets"):
         assert heading in table
     for plot in PLOTS:
         assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", plot
@@ -79,3 +88,19 @@ def test_the_publish_benchmark_counts_one_lease_store_round_trip_per_dedupe_publ
     assert trips == {"plain": (1.0, 0.0), "dedupe, published": (1.0, 1.0),
                      "dedupe, deduplicated": (0.0, 1.0)}
     assert all(_number(v["us_per_publish"]["median"]) for v in found.values())
+
+
+def test_instruction_figures_are_what_each_library_adds_to_a_plain_task() -> None:
+    from benchmarks import instructions
+
+    per_op = {f"worker/{v}": 1000 for v in instructions.WORKER_VARIANTS}
+    per_op.update({"worker/leased": 1300, "worker/singleton": 1100, "worker/once": 1150})
+    per_op.update({f"publisher/{v}": 5000 for v in instructions.PUBLISHER_VARIANTS})
+    per_op.update({"publisher/singleton": 5250, "publisher/once": 5050})
+    per_op.update({f"step/{name}": 10 for name in instructions.STEPS})
+    got = instructions.derived(per_op)
+    assert got["worker_added"]["leased"] == 300 and got["publisher_added"]["leased"] == 0
+    assert got["total_added"]["singleton"] == 100 + 250
+    assert got["total_added"]["once"] == 150 + 50
+    assert got["lease_vs_peers"] == {"singleton": round(300 / 350, 3), "once": 1.5}
+    assert got["steps_rest"] == 300 - 10 * (len(instructions.STEPS) - 2)  # less the PINGs

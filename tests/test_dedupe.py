@@ -159,7 +159,8 @@ def test_the_claim_scripts_run_on_redis_cluster_without_crossslot() -> None:
         for key in keys:
             assert store.claim(client, key, "w1", 60_000, claimer("w1")).claimed
             assert store.claim(client, key, "w2", 60_000, claimer("w2")).task_id == "w1"
-            assert store.acquire(client, key, "a" * 32, 5000, "{}", task_id="w1", claimed=True).granted
+            assert store.acquire(client, key, "a" * 32, 5000, "{}", task_id="w1",
+                                 claimed=True).granted
             assert store.claim(client, key, "w2", 60_000, claimer("w2")).claimed
             assert store.unclaim(client, key, "w2")
 

@@ -14,7 +14,7 @@ PACKAGE = Path(celery_lease.__file__).parent
 
 #: Module -> layer, bottom (0) to top; ``store`` stands for every module of the subpackage.
 LAYERS = {
-    **dict.fromkeys(["keys", "errors", "signals", "clock"], 0),
+    **dict.fromkeys(["keys", "key_encoding", "errors", "signals", "clock"], 0),
     "store": 1,
     **dict.fromkeys(["config", "names", "timing"], 2),
     **dict.fromkeys(["lifecycle", "heartbeat", "interrupt", "next_instruction", "lease"], 3),

@@ -35,6 +35,19 @@ def test_acquire_sets_value_and_lifetime_in_one_write(client: redis.Redis) -> No
     assert stored.fencing_token == got.holder.fencing_token > 0
 
 
+def test_a_fresh_grant_is_the_result_and_holder_the_dataclasses_build(
+        client: redis.Redis) -> None:
+    t = token()
+    got = store.acquire(client, "lease:{a}", t, 1900, HOLDER)
+    fence = got.holder.fencing_token
+    built = store.AcquireResult(True, store.Holder(t, fence), 1.9)
+    assert got == built and hash(got.holder) == hash(built.holder)
+    assert vars(got) == vars(built) and vars(got.holder) == vars(built.holder)
+    assert repr(got) == repr(built)
+    with pytest.raises(AttributeError):  # still frozen
+        got.holder.token = "x"  # type: ignore[misc]
+
+
 def test_conflict_returns_holder_and_remaining_lifetime(client: redis.Redis) -> None:
     first = store.acquire(client, "lease:{a}", token(), 5000, HOLDER)
     second = store.acquire(client, "lease:{a}", token(), 5000, store.holder_json("t", "x", "h", 1))

@@ -29,7 +29,7 @@ from redis.exceptions import MovedError, NoScriptError, RedisError
 from ..keys import claim_key, fence_key, reservation_key, wake_key
 from . import lua, primary, routing
 from .errors import NotReplicated, is_wrong_type
-from .value import TOKEN_LENGTH, Holder, parse_value
+from .value import TOKEN_LENGTH, Holder, granted_holder, parse_value
 
 __all__ = [
     "FENCE_COUNTER_EXTRA_MS",
@@ -144,7 +144,7 @@ def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
     except RedisError as exc:
         raise routing.note(exc, client, key) from None
     if granted and b":" not in value:  # a fresh grant answers with the fencing token alone
-        return AcquireResult(True, Holder(token, int(value)), ttl_ms / 1000)
+        return _granted(granted_holder(token, int(value)), ttl_ms / 1000)
     if not granted and value.startswith((b"reserved:", b"ran:")):
         kind, _, reserved_for = value.decode("utf-8", "replace").partition(":")
         host = RESERVED_HOLDER if kind == "reserved" else RAN_HOLDER
@@ -153,6 +153,14 @@ def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
     # counter another tool wrote. It counts as held for one TTL more, so a retry waits a TTL.
     return AcquireResult(bool(granted), parse_value(value),
                          (int(pttl) if int(pttl) >= 0 else ttl_ms) / 1000)
+
+
+def _granted(holder: Holder, remaining: float) -> AcquireResult:
+    """``AcquireResult(True, holder, remaining)`` without the frozen dataclass's ``__init__``
+    (once per execution; the same object, as :func:`~celery_lease.store.value.granted_holder`)."""
+    result: AcquireResult = object.__new__(AcquireResult)
+    result.__dict__.update(granted=True, holder=holder, remaining=remaining)
+    return result
 
 
 def _acquire_replicated(client: Any, keys: tuple[str, ...], argv: tuple[Any, ...],
