@@ -106,6 +106,10 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int | N
 def _describe(info: LeaseInfo) -> str:
     if info.foreign:
         return f"an unknown holder ({info.foreign}), expires in {_human(info.ttl)}"
+    if info.cooldown_until:
+        return (f"a cooldown after task {info.task or '?'} [{info.task_id or '?'}] on host "
+                f"{info.host or '?'} (pid {info.pid}) ended, fencing token "
+                f"{info.fencing_token}, ends in {_human(info.ttl)}")
     return (f"task {info.task or '?'} [{info.task_id or '?'}] on host {info.host or '?'} "
             f"(pid {info.pid}), fencing token {info.fencing_token}, "
             f"expires in {_human(info.ttl)}")
@@ -198,7 +202,8 @@ def ls(ctx: click.Context, task_name: str | None, as_json: bool, wide: bool, url
 
 def _print_leases(found: list[LeaseInfo], wide: bool) -> None:
     rows: list[tuple[str, ...]]
-    task = {id(i): "(unknown holder)" if i.foreign else i.task or "?" for i in found}
+    task = {id(i): "(unknown holder)" if i.foreign else
+            f"{i.task or '?'} (cooldown)" if i.cooldown_until else i.task or "?" for i in found}
     if wide:
         rows = [(task[id(i)], i.task_id or "?", i.host or "?", str(i.pid),
                  str(i.fencing_token), _human(i.ttl), i.key) for i in found]

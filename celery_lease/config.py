@@ -50,6 +50,8 @@ DEFAULTS: dict[str, Any] = {
     "lease_key_prefix": DEFAULT_PREFIX,
     "lease_on_conflict": "skip",  # skip | retry | fail
     "lease_on_store_error": "retry",  # retry | fail
+    "lease_cooldown": None,  # float seconds the key stays taken after a success; None: none
+    "lease_cooldown_after": "success",  # success | any (a failure too)
     "lease_require_noeviction": False,
     "lease_signal": "SIGUSR2",
 }
@@ -65,6 +67,8 @@ TASK_OPTIONS = (
     "lease_key_prefix",
     "lease_on_conflict",
     "lease_on_store_error",
+    "lease_cooldown",
+    "lease_cooldown_after",
 )
 
 #: Settings read elsewhere (the beat leader lease, celery_lease.beat; lease_tasks,
@@ -74,6 +78,7 @@ OTHER_NAMES = ("lease_key", "lease_tasks", "lease_beat_scheduler", "lease_beat_t
 
 ON_CONFLICT = ("skip", "retry", "fail")
 ON_STORE_ERROR = ("retry", "fail")
+COOLDOWN_AFTER = ("success", "any")
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://", "sentinel://")
 _FALLBACK = "lease_backend (unset, so broker_url)"
 # Signals that Celery, billiard or the OS already use, or that cannot be caught.
@@ -95,6 +100,9 @@ class LeaseOptions:
         on_store_error: ``"retry"`` or ``"fail"``.
         backend_options: ``lease_backend_options`` (dict; empty when unset).
         min_replicas: replicas that must acknowledge a grant, and each renewal (int >= 0).
+        cooldown: float seconds the key stays taken after an execution ended
+            (``lease_cooldown``), or None for no cooldown.
+        cooldown_after: which endings start it: ``"success"`` or ``"any"`` (a failure too).
     """
 
     backend: str | None
@@ -106,6 +114,8 @@ class LeaseOptions:
     on_store_error: str
     backend_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     min_replicas: int = 0
+    cooldown: float | None = None
+    cooldown_after: str = "success"
 
     @property
     def ttl_ms(self) -> int:
@@ -250,6 +260,7 @@ def resolve_options(
     if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or min_replicas < 0:
         raise LeaseConfigError(f"lease_min_replicas={min_replicas!r} ({where}) must be a whole "
                                f"number of replicas >= 0 (0: do not wait for replicas)")
+    cooldown = pick("lease_cooldown")
     return LeaseOptions(
         backend=backend,
         ttl=ttl,
@@ -261,6 +272,9 @@ def resolve_options(
             "lease_on_store_error", pick("lease_on_store_error"), ON_STORE_ERROR, where),
         backend_options=backend_options,
         min_replicas=min_replicas,
+        cooldown=None if cooldown is None else _duration("lease_cooldown", cooldown, where),
+        cooldown_after=_choice("lease_cooldown_after", pick("lease_cooldown_after"),
+                               COOLDOWN_AFTER, where),
     )
 
 

@@ -131,11 +131,15 @@ def _skip(c: Conflict) -> dict[str, Any]:
     # Store a marker result so AsyncResult.get() returns instead of hanging.
     task, request, key, found = c.task, c.request, c.key, c.found
     holder = found.holder
+    # A cooldown record (lease_cooldown): the marker says until when (epoch seconds, the
+    # store's clock).
+    cooling = {"cooldown_until": holder.cooldown_until} if holder.cooldown_until else {}
     task._event("task-lease-skipped", lease_key=key, lease_holder=holder.where,
                 lease_holder_task_id=holder.task_id, lease_remaining=found.remaining,
-                lease_cause="held by another execution")
+                lease_cause="in its cooldown" if cooling else "held by another execution",
+                **cooling)
     marker = {SKIPPED_MARKER: True, "key": key, "holder_task_id": holder.task_id,
-              "holder": holder.where}
+              "holder": holder.where, **cooling}
     if request.is_eager:
         return marker  # returned as the result: no worker, no stored state to set
     try:

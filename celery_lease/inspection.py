@@ -57,6 +57,9 @@ class LeaseInfo:
         node: the worker's node name (``celery@web1``) when a worker holds it, else ``""``.
         foreign: empty for a value celery-lease wrote; else why it is not one (str): the key
             is held by an unknown holder (every other field is empty or 0, ``ttl`` aside).
+        cooldown_until: for a cooldown record (``lease_cooldown``: the execution named here
+            ended, and the key stays taken until then), float seconds since the epoch on the
+            store's clock; 0.0 for a lease a running execution holds.
     """
 
     key: str
@@ -69,6 +72,7 @@ class LeaseInfo:
     token: str
     node: str = ""
     foreign: str = ""
+    cooldown_until: float = 0.0
 
 
 def _info(key: str, value: records.Found | str, pttl: int) -> LeaseInfo:
@@ -79,7 +83,7 @@ def _info(key: str, value: records.Found | str, pttl: int) -> LeaseInfo:
                      host=holder.hostname.rpartition("@")[2], pid=holder.pid,
                      fencing_token=holder.fencing_token,
                      ttl=pttl / 1000 if pttl >= 0 else -1.0, token=holder.token, node=node,
-                     foreign=holder.foreign)
+                     foreign=holder.foreign, cooldown_until=holder.cooldown_until)
 
 
 def _glob_escape(text: str) -> str:

@@ -16,13 +16,13 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, NoReturn
 
 from celery import Task
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Retry
 from celery.result import allow_join_result
 from celery.utils import uuid
 from kombu.serialization import dumps, loads
 from redis.exceptions import RedisError
 
-from . import conflict, eager, interrupt, lifecycle, store
+from . import conflict, cooldown, eager, interrupt, lifecycle, store
 from .config import (
     TASK_OPTIONS,
     LeaseOptions,
@@ -57,7 +57,9 @@ class LeasedTask(Task):  # type: ignore[misc]
     Task options (each overrides the Celery setting of the same name; durations are float
     seconds): ``lease_ttl``, ``lease_renew_interval``, ``lease_store_timeout``,
     ``lease_key_prefix``, ``lease_on_conflict`` (``"skip"``, ``"retry"``, ``"fail"``),
-    ``lease_on_store_error`` (``"retry"``, ``"fail"``), ``lease_backend``, and ``lease_key``:
+    ``lease_on_store_error`` (``"retry"``, ``"fail"``), ``lease_backend``, ``lease_cooldown``
+    (float seconds the key stays taken after a success) with ``lease_cooldown_after``
+    (``"success"``, ``"any"``), and ``lease_key``:
 
     - ``None`` (default): every argument identifies the job;
     - a sequence of parameter names: only those (an empty one: one lease per task name);
@@ -78,6 +80,8 @@ class LeasedTask(Task):  # type: ignore[misc]
     lease_on_conflict: str | None = None
     lease_on_store_error: str | None = None
     lease_backend: str | None = None
+    lease_cooldown: float | None = None
+    lease_cooldown_after: str | None = None
     lease_key: KeySpec = None
 
     _lease_signature: ClassVar[inspect.Signature | None] = None
@@ -237,13 +241,19 @@ class LeasedTask(Task):  # type: ignore[misc]
         # Filled the moment the store grants the lease: an exit that lands anywhere after
         # that (a soft time limit during the acquire's reply, gevent's Timeout) still ends it.
         claim = lifecycle.Claim()
+        ending = "failure"  # how the body ended: which release it sends (lease_cooldown)
         try:
             lease = self._acquire(request, args, kwargs, claim)
             if not isinstance(lease, Lease):
                 return lease  # eager mode: a skipped duplicate's marker
             reset = _current.set(lease)
             try:
-                return self.run(*args, **kwargs)
+                result = self.run(*args, **kwargs)
+                ending = "success"
+                return result
+            except Retry:
+                ending = "retry"
+                raise
             except LeaseLost as exc:
                 # Store the public class, not the per-execution carrier of the threads pool.
                 raise LeaseLost(*exc.args).with_traceback(exc.__traceback__) from None
@@ -253,16 +263,17 @@ class LeasedTask(Task):  # type: ignore[misc]
             granted = claim.lease
             if granted is not None:
                 try:
-                    self._end(granted)
+                    self._end(granted, ending)
                 except BaseException:
                     # An exit that landed as the end began (its call): end it, then go on.
-                    self._end(granted)
+                    self._end(granted, ending)
                     raise
                 finally:
                     eager.run_deferred(granted.token)  # eager successors: after the release
 
-    def _end(self, lease: Lease) -> None:
-        """Stop loss delivery and release ``lease`` (once: ``on_replace`` may end it early)."""
+    def _end(self, lease: Lease, ending: str = "failure") -> None:
+        """Stop loss delivery and release ``lease`` (once: ``on_replace`` may end it early);
+        ``ending`` (:data:`celery_lease.cooldown.ENDINGS`) picks the release."""
         if lease.retired:
             return
         try:
@@ -270,7 +281,7 @@ class LeasedTask(Task):  # type: ignore[misc]
             # release below runs whatever happens.
             lease.target.finish()
         finally:
-            self._release(lease)
+            self._release(lease, ending)
 
     def _acquire(
         self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -305,11 +316,12 @@ class LeasedTask(Task):  # type: ignore[misc]
             return conflict.handle(self, request, options, key, got)
         return got
 
-    def _release(self, lease: Lease) -> None:
+    def _release(self, lease: Lease, ending: str) -> None:
         # Runs before Celery stores the result and acknowledges the message: the release is on
         # the socket (or done, with wait) by then.
-        ending = lifecycle.end(lease, sender=self, wait=self._lease_release_wait)
-        error = ending.loss
+        ended = lifecycle.end(lease, sender=self, wait=self._lease_release_wait,
+                              release=cooldown.release_for(lease.options, ending))
+        error = ended.loss
         if error is not None:
             self._event("task-lease-lost", lease_key=lease.key, lease_cause=error.cause,
                         fencing_token=lease.fencing_token, lease_late=error.late,

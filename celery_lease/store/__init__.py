@@ -4,7 +4,7 @@ Nothing above this package builds a Redis command; it calls these functions:
 
 - the protocol (:mod:`.protocol`, :mod:`.renewal`): acquire, renew, release, revoke, the
   release that wakes a waiting hold and the wake-up a cancelled waiter passes on, each one
-  script in ``scripts/*.lua`` (:mod:`.lua`);
+  script in ``scripts/*.lua`` (:mod:`.lua`); the release into a cooldown (:mod:`.cooldown`);
 - what is stored (:mod:`.value`: a lease's value; :mod:`.records`: reading leases back for
   ``celery lease ls``, and beat's last-run record);
 - the client (:mod:`.connection`, :mod:`.url`), its topologies (:mod:`.topology`) and where
@@ -20,6 +20,7 @@ Nothing above this package builds a Redis command; it calls these functions:
 from __future__ import annotations
 
 from .connection import client_for, reset_clients
+from .cooldown import release_into_cooldown
 from .errors import NotReplicated, PrimaryUnconfirmed, describe, permanent_error
 from .protocol import (
     FENCE_COUNTER_EXTRA_MS,
@@ -56,6 +57,7 @@ __all__ = [
     "permanent_error",
     "release",
     "release_and_wake",
+    "release_into_cooldown",
     "released_last",
     "renew_many",
     "reset_clients",

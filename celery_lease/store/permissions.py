@@ -79,7 +79,7 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("tasks", "task leases (workers, eager calls): acquire, renew, release; the "
             "redelivery check reads the fencing counter, the start check reads INFO",
             ("get", "info"), ("acquire-2.lua", "renew_many.lua", "renew-1.lua",
-                              "release-2.lua")),
+                              "release-2.lua", "release_cooldown-2.lua")),
     Feature("hold", "celery_lease.hold and hold_async: the release wakes a waiting hold, "
             "on_conflict='wait' blocks for it, a cancelled waiter passes the turn on",
             ("blpop",), ("release_wake-3.lua", "pass_turn-2.lua")),

@@ -64,6 +64,9 @@ class Holder:
         version: the stored format's version (int; 0 for an unknown holder).
         foreign: empty for a value celery-lease wrote (this version or another); otherwise why
             the value is not one (str): the lease is held by an unknown holder.
+        cooldown_until: for a cooldown record (``lease_cooldown``, written by the release of
+            the execution named here), when it ends: float seconds since the epoch on the
+            store's clock; 0.0 for a lease held by a running execution.
     """
 
     token: str
@@ -74,6 +77,7 @@ class Holder:
     pid: int = 0
     version: int = FORMAT_VERSION
     foreign: str = ""
+    cooldown_until: float = 0.0
 
     @property
     def where(self) -> str:
@@ -160,8 +164,9 @@ def parse_value(value: Any) -> Holder:
     return Holder(token, fence, *info)
 
 
-def _holder_fields(meta: str) -> tuple[str, str, str, int, int] | None:
-    """``(task, id, host, pid, version)`` from the holder JSON, or None when it is not ours."""
+def _holder_fields(meta: str) -> tuple[str, str, str, int, int, str, float] | None:
+    """``(task, id, host, pid, version, "", cooldown_until)`` from the holder JSON, or None
+    when it is not ours."""
     if len(meta) > _MAX_META:
         return None
     try:
@@ -171,8 +176,9 @@ def _holder_fields(meta: str) -> tuple[str, str, str, int, int] | None:
     if not isinstance(info, dict):
         return None
     version, pid = info.get("v", 1), info.get("pid", 0)
+    until = info.get("cooldown_until_ms", 0)
     strings = [info.get(name, "") for name in ("task", "id", "host")]
     if not (_is_int(version) and version >= 1 and _is_int(pid) and 0 <= pid <= 2**32
-            and all(isinstance(s, str) for s in strings)):
+            and all(isinstance(s, str) for s in strings) and _is_int(until) and until >= 0):
         return None
-    return strings[0], strings[1], strings[2], pid, version
+    return strings[0], strings[1], strings[2], pid, version, "", until / 1000
