@@ -78,7 +78,9 @@ class Conflict:
 
 def _policy(c: Conflict) -> str:
     holder, request = c.found.holder, c.request
-    if holder.token and (request.headers or {}).get(SUCCESSOR_HEADER) == holder.token:
+    # A cooldown record (lease_cooldown) is a holder that ended: its successor is a copy.
+    if holder.token and not holder.cooldown_until and \
+            (request.headers or {}).get(SUCCESSOR_HEADER) == holder.token:
         return "successor"  # published by the holder itself (a retry): run once it ends
     if holder.task_id and holder.task_id == request.id:
         return "redelivered"  # same message again while it runs: not ours, not stored
@@ -92,6 +94,10 @@ def _policy(c: Conflict) -> str:
 def _redelivered(c: Conflict) -> NoReturn:
     if c.request.is_eager:
         raise c.error
+    if c.found.holder.cooldown_until:  # only its release writes a cooldown record: it ended
+        logger.info("task %s[%s] already finished (its lease is in its cooldown): not run "
+                    "again", c.task.name, c.request.id)
+        raise Ignore()
     # Either the broker delivered a message that is still running (acks_late, visibility
     # timeout) or the execution that holds it died (a SIGKILLed child with
     # reject_on_worker_lost). Look again once the holder's lifetime is over: the copy runs

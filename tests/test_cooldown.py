@@ -17,7 +17,7 @@ import redis
 
 from celery_lease import is_skipped
 from tests.apps import cooldown_app
-from tests.apps.cooldown_app import LONG, SHORT, any_ending, once, retried, runs
+from tests.apps.cooldown_app import LONG, SHORT, any_ending, once, requeue, retried, runs
 from tests.support.fixtures import WorkerFactory
 from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, REPO_ROOT, RESULT_BACKEND_ENV
 
@@ -120,3 +120,12 @@ def test_apply_and_eager_mode_keep_the_cooldown_like_a_worker(
     assert len(runs(tag)) == 2
     ttl = redis.Redis.from_url(redis_url).pttl(once.lease_key_for((tag,)))
     assert (LONG - 10) * 1000 < ttl <= LONG * 1000
+
+
+def test_a_message_the_execution_published_for_its_own_key_meets_its_cooldown_as_a_copy(
+        redis_url: str, in_process: None) -> None:
+    cooldown_app.app.conf.task_always_eager = True
+    tag = _tag()
+    assert requeue.delay(tag).get() == "ran"
+    assert is_skipped(cooldown_app.published.pop(tag).get())
+    assert len(runs(tag)) == 1

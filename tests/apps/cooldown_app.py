@@ -68,3 +68,17 @@ def retried(tag: str) -> str:
     """Runs once per :data:`SHORT`; a copy in the window retries once it is over."""
     _record(tag)
     return "ran"
+
+
+@app.task(shared=False, bind=True, base=LeasedTask, name="cool.requeue", lease_key=("tag",),
+          lease_cooldown=LONG)
+def requeue(self: Any, tag: str) -> str:
+    """Runs, then publishes itself for the same key (its result kept in :data:`published`): a
+    copy that lands in its own cooldown."""
+    _record(tag)
+    published[tag] = self.delay(tag)
+    return "ran"
+
+
+#: Tag -> the result of the message ``cool.requeue`` published (eager mode: in process).
+published: dict[str, Any] = {}
