@@ -199,3 +199,24 @@ def test_a_saved_history_with_a_violation_exits_non_zero_and_lists_it(tmp_path: 
     assert report["counts"]["writes_accepted"] == 5
     saved.write_text(json.dumps(clean().to_dict()))
     assert main(["--check", str(saved)]) == 0
+
+
+def test_a_grant_within_the_cooldown_after_a_success_is_found() -> None:
+    history = clean()
+    history.cooldown = 1.5  # a ended ok at T0 + 2; b was granted by T0 + 3
+    assert rules(history) == [(6, "started-in-cooldown")]
+
+
+def test_a_grant_after_the_cooldown_or_after_a_failure_or_an_erased_store_is_no_violation(
+        ) -> None:
+    history = clean()
+    history.cooldown = 0.9  # b's grant at T0 + 3 is after a's window (T0 + 2 + 0.9)
+    assert rules(history) == []
+    history.cooldown = 1.5
+    history.executions[0].outcome = "lost"  # a failure leaves no cooldown
+    history.executions[0].body_end = None
+    assert rules(history) == []
+    history = clean()
+    history.cooldown = 1.5
+    history.faults.append(Fault("restart_empty", "lease redis", T0 + 2.2, T0 + 2.4))
+    assert rules(history) == []

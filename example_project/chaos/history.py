@@ -131,7 +131,8 @@ class History:
 
     ``ttl`` is the lease TTL (float seconds); ``nemesis_end`` the time the last fault was
     healed; ``leftover_leases`` the lease keys still present one TTL after the end
-    (``{"key", "pttl", "value"}``); ``keys_without_ttl`` the library's keys that had no expiry.
+    (``{"key", "pttl", "value"}``); ``keys_without_ttl`` the library's keys that had no expiry;
+    ``cooldown`` the job's ``lease_cooldown`` (float seconds; 0.0: none).
     """
 
     ttl: float
@@ -145,6 +146,7 @@ class History:
     workers: list[WorkerSample] = field(default_factory=list)
     leftover_leases: list[dict[str, Any]] = field(default_factory=list)
     keys_without_ttl: list[str] = field(default_factory=list)
+    cooldown: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (see :meth:`from_dict`)."""
