@@ -52,6 +52,7 @@ DEFAULTS: dict[str, Any] = {
     "lease_on_store_error": "retry",  # retry | fail
     "lease_cooldown": None,  # float seconds the key stays taken after a success; None: none
     "lease_cooldown_after": "success",  # success | any (a failure too)
+    "lease_preempt_grace": 0.0,  # float seconds a preempted holder may checkpoint
     "lease_require_noeviction": False,
     "lease_signal": "SIGUSR2",
 }
@@ -69,6 +70,7 @@ TASK_OPTIONS = (
     "lease_on_store_error",
     "lease_cooldown",
     "lease_cooldown_after",
+    "lease_preempt_grace",
 )
 
 #: Settings read elsewhere (the beat leader lease, celery_lease.beat; lease_tasks,
@@ -76,7 +78,7 @@ TASK_OPTIONS = (
 OTHER_NAMES = ("lease_key", "lease_tasks", "lease_beat_scheduler", "lease_beat_ttl",
                "lease_beat_renew_interval", "lease_beat_key")
 
-ON_CONFLICT = ("skip", "retry", "fail")
+ON_CONFLICT = ("skip", "retry", "fail", "preempt")
 ON_STORE_ERROR = ("retry", "fail")
 COOLDOWN_AFTER = ("success", "any")
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://", "sentinel://")
@@ -103,6 +105,8 @@ class LeaseOptions:
         cooldown: float seconds the key stays taken after an execution ended
             (``lease_cooldown``), or None for no cooldown.
         cooldown_after: which endings start it: ``"success"`` or ``"any"`` (a failure too).
+        preempt_grace: float seconds (>= 0) a holder taken over by ``"preempt"`` may use to
+            checkpoint before the newcomer's body starts.
     """
 
     backend: str | None
@@ -116,6 +120,7 @@ class LeaseOptions:
     min_replicas: int = 0
     cooldown: float | None = None
     cooldown_after: str = "success"
+    preempt_grace: float = 0.0
 
     @property
     def ttl_ms(self) -> int:
@@ -260,7 +265,7 @@ def resolve_options(
     if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or min_replicas < 0:
         raise LeaseConfigError(f"lease_min_replicas={min_replicas!r} ({where}) must be a whole "
                                f"number of replicas >= 0 (0: do not wait for replicas)")
-    cooldown = pick("lease_cooldown")
+    cooldown, grace = pick("lease_cooldown"), pick("lease_preempt_grace")
     return LeaseOptions(
         backend=backend,
         ttl=ttl,
@@ -275,6 +280,7 @@ def resolve_options(
         cooldown=None if cooldown is None else _duration("lease_cooldown", cooldown, where),
         cooldown_after=_choice("lease_cooldown_after", pick("lease_cooldown_after"),
                                COOLDOWN_AFTER, where),
+        preempt_grace=0.0 if grace == 0 else _duration("lease_preempt_grace", grace, where),
     )
 
 

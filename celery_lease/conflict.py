@@ -19,7 +19,7 @@ from celery import states
 from celery.exceptions import Ignore
 from celery.result import ResultBase
 
-from . import signals, store
+from . import preempt, signals, store
 from .config import LeaseOptions
 from .errors import LeaseConflict
 
@@ -66,6 +66,8 @@ class Conflict:
         key: the lease key (str).
         found: what the acquire found (the holder, its time left).
         error: the :class:`LeaseConflict` that describes it.
+        claim: the execution's :class:`~celery_lease.lifecycle.Claim`, for a handler that takes
+            the key after all (``"preempt"``), or None.
     """
 
     task: Any
@@ -74,6 +76,7 @@ class Conflict:
     key: str
     found: store.AcquireResult
     error: LeaseConflict
+    claim: Any = None
 
 
 def _policy(c: Conflict) -> str:
@@ -162,23 +165,31 @@ def _skip(c: Conflict) -> dict[str, Any]:
     raise Ignore()
 
 
+def _preempt(c: Conflict) -> Any:
+    # What cannot be taken over (a cooldown record, an unknown holder) is skipped.
+    return preempt.take_over(c) or _skip(c)
+
+
 #: Policy name -> its handler. The task's ``lease_on_conflict`` names one of ``skip``,
-#: ``retry`` and ``fail``; ``successor`` and ``redelivered`` are chosen by :func:`handle`.
+#: ``retry``, ``fail`` and ``preempt``; ``successor`` and ``redelivered`` are chosen by
+#: :func:`handle`.
 HANDLERS: dict[str, Callable[[Conflict], Any]] = {
     "skip": _skip,
     "retry": _retry,
     "fail": _fail,
+    "preempt": _preempt,
     "successor": _successor,
     "redelivered": _redelivered,
 }
 
 
 def handle(task: Any, request: Any, options: LeaseOptions, key: str,
-           found: store.AcquireResult) -> dict[str, Any]:
+           found: store.AcquireResult, claim: Any = None) -> Any:
     """Deal with an execution of ``task`` that found ``key`` held (``found``).
 
     Returns:
-        The marker result of a skipped eager call.
+        The marker result of a skipped eager call, or the lease a ``"preempt"`` took over
+        (set in ``claim``, a :class:`~celery_lease.lifecycle.Claim`): the body runs.
 
     Raises:
         celery.exceptions.Ignore: the execution ends without a result of its own (a stored
@@ -189,7 +200,7 @@ def handle(task: Any, request: Any, options: LeaseOptions, key: str,
     """
     holder = found.holder
     c = Conflict(task, request, options, key, found,
-                 LeaseConflict(key, holder.task_id, holder.where, found.remaining))
+                 LeaseConflict(key, holder.task_id, holder.where, found.remaining), claim)
     policy = _policy(c)
     # A skip says what happened in its own line, once the marker is stored.
     logger.log(logging.DEBUG if policy == "skip" else logging.INFO,
@@ -199,4 +210,4 @@ def handle(task: Any, request: Any, options: LeaseOptions, key: str,
         sender=task, key=key, task_id=request.id, holder_task_id=holder.task_id,
         holder=holder.where, remaining=found.remaining, policy=policy,
         fencing_token=holder.fencing_token, token=holder.token)
-    return HANDLERS[policy](c)  # type: ignore[no-any-return]
+    return HANDLERS[policy](c)

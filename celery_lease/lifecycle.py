@@ -141,7 +141,9 @@ class Claim:
 
 
 def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderInfo,
-         target: Target, *, sender: Any, claim: Claim | None = None) -> Lease | store.AcquireResult:
+         target: Target, *, sender: Any, claim: Claim | None = None,
+         grant: Callable[..., store.AcquireResult] | None = None,
+         ) -> Lease | store.AcquireResult:
     """Take lease ``key`` and start renewing it (see the module docstring for the steps).
 
     An exit of any kind (``BaseException`` included) after the acquire was sent leaves no lease
@@ -157,6 +159,8 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
         target: where a loss is delivered; finished here when no lease results.
         sender: the ``sender`` of the signals sent.
         claim: set to the lease as soon as it is granted (see :class:`Claim`).
+        grant: the script that grants it, called as :func:`celery_lease.store.acquire` is
+            (default; a take-over from a preempted holder: :func:`celery_lease.store.take_over`).
 
     Returns:
         The granted :class:`~celery_lease.lease.Lease`, or the
@@ -172,6 +176,7 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
     token = ""
     try:
         options = settings.options
+        send = grant or store.acquire
         token = os.urandom(16).hex()  # 32 random hex characters (uuid4().hex: 5 times more)
         pending.settle_all()  # the replies of this process's earlier releases, first
         stored_holder = holder.to_json()
@@ -180,11 +185,9 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
         sent_at = clock.now()
         sent = True  # from here on the store may grant the token, reply or not
         try:
-            found = store.acquire(
-                client, key, token, options.ttl_ms, stored_holder, options.min_replicas)
+            found = send(client, key, token, options.ttl_ms, stored_holder, options.min_replicas)
         except (RedisConnectionError, RedisTimeoutError):
-            found = store.acquire(
-                client, key, token, options.ttl_ms, stored_holder, options.min_replicas)
+            found = send(client, key, token, options.ttl_ms, stored_holder, options.min_replicas)
         if not found.granted:
             target.finish()
             return found

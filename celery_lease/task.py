@@ -22,7 +22,7 @@ from celery.utils import uuid
 from kombu.serialization import dumps, loads
 from redis.exceptions import RedisError
 
-from . import conflict, cooldown, eager, interrupt, lifecycle, store
+from . import conflict, cooldown, eager, interrupt, lifecycle, preempt, store
 from .config import (
     TASK_OPTIONS,
     LeaseOptions,
@@ -32,7 +32,7 @@ from .config import (
     resolve_settings,
 )
 from .conflict import REDELIVERY_HEADER, SKIPPED_MARKER, SUCCESSOR_HEADER, is_skipped
-from .errors import LeaseKeyError, LeaseLost, LeaseStoreUnavailable
+from .errors import LeaseKeyError, LeaseLost, LeaseStoreUnavailable, LostCause
 from .keys import KeySpec, build_key, validate_lease_key
 from .lease import Lease, _current
 from .names import check_task_names
@@ -313,8 +313,10 @@ class LeasedTask(Task):  # type: ignore[misc]
         except RedisError as exc:
             self._store_error(options, key, exc)
         if not isinstance(got, Lease):
-            return conflict.handle(self, request, options, key, got)
-        return got
+            got = conflict.handle(self, request, options, key, got, claim)
+        if options.on_conflict == "preempt" and isinstance(got, Lease):
+            preempt.listen(client, options.key_prefix, holder.hostname)  # once per process
+        return got  # type: ignore[no-any-return]
 
     def _release(self, lease: Lease, ending: str) -> None:
         # Runs before Celery stores the result and acknowledges the message: the release is on
@@ -322,7 +324,11 @@ class LeasedTask(Task):  # type: ignore[misc]
         ended = lifecycle.end(lease, sender=self, wait=self._lease_release_wait,
                               release=cooldown.release_for(lease.options, ending))
         error = ended.loss
-        if error is not None:
+        if error is not None and error.cause == LostCause.PREEMPTED:
+            preempt.end_preempted(lease.client, lease.key, lease.token)
+            self._event("task-lease-preempted", lease_key=lease.key,
+                        fencing_token=lease.fencing_token)
+        elif error is not None:
             self._event("task-lease-lost", lease_key=lease.key, lease_cause=error.cause,
                         fencing_token=lease.fencing_token, lease_late=error.late,
                         lease_holder=f"{self.request.hostname or socket.gethostname()}:"

@@ -20,6 +20,7 @@ LAYERS = {
     **dict.fromkeys(["lifecycle", "heartbeat", "interrupt", "next_instruction", "lease"], 3),
     **dict.fromkeys(["task", "conflict", "hold", "hold_core", "hold_async", "hold_options",
                      "hold_shapes", "beat", "lease_tasks", "eager", "cooldown"], 4),
+    "preempt": 4,
     **dict.fromkeys(["cli", "doctor", "inspection", "flower", "metrics", "testing", "worker",
                      "acl"], 5),
 }

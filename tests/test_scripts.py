@@ -624,3 +624,48 @@ def test_release_cooldown_refused_under_maxmemory_releases_without_a_cooldown(
     assert "OOM" in answer
     assert client.exists(KEY) == 0  # no key left that nothing would end
     assert client.get(FENCE) == f"{fence}:{t}"
+
+
+def take_over(client: redis.Redis, tok: str, old: str, key: str = KEY) -> Any:
+    return run(client, "preempt-2.lua", [key, fence_key(key)],
+               [tok, TTL, HOLDER, COUNTER_TTL, old])
+
+
+def test_preempt_replaces_the_holders_token_and_issues_a_higher_fencing_token(
+        client: redis.Redis) -> None:
+    old, new = token(), token()
+    fence = int(acquire(client, old)[1])
+    granted, new_fence, pttl = take_over(client, new, old)
+    assert granted == 1 and int(new_fence) > fence and pttl == TTL
+    assert client.get(KEY) == f"{new}:{new_fence}:{HOLDER}"
+    assert TTL - 1000 < client.pttl(KEY) <= TTL
+    assert release(client, old) == 0  # the old holder's token no longer holds it
+    assert take_over(client, new, old)[:2] == [1, client.get(KEY)]  # a repeat: same grant
+
+
+def test_preempt_refuses_a_holder_it_did_not_see_and_a_cooldown_record(
+        client: redis.Redis) -> None:
+    seen, third = token(), token()
+    acquire(client, third)  # the key changed hands since `seen` was read
+    value = client.get(KEY)
+    assert take_over(client, token(), seen) == [0, value, client.pttl(KEY)]
+    release_cooldown(client, third)
+    record = client.get(KEY)
+    assert take_over(client, token(), third)[:2] == [0, record]
+    assert client.get(KEY) == record
+
+
+def test_preempt_of_a_free_key_grants_it_as_acquire_does(client: redis.Redis) -> None:
+    new = token()
+    granted, fence, _ = take_over(client, new, token())
+    assert granted == 1 and client.get(KEY) == f"{new}:{fence}:{HOLDER}"
+
+
+def test_wake_preempter_leaves_exactly_the_preempted_token_with_its_lifetime(
+        client: redis.Redis) -> None:
+    wake = wake_key(KEY)
+    client.rpush(wake, "stale")
+    t = token()
+    assert run(client, "wake_preempter-1.lua", [wake], [t, 1500]) == 1
+    assert client.lrange(wake, 0, -1) == [t]
+    assert 0 < client.pttl(wake) <= 1500

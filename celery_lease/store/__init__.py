@@ -22,6 +22,15 @@ from __future__ import annotations
 from .connection import client_for, reset_clients
 from .cooldown import release_into_cooldown
 from .errors import NotReplicated, PrimaryUnconfirmed, describe, permanent_error
+from .preempt import (
+    next_message,
+    preempt_channel,
+    publish_preempted,
+    subscribe,
+    take_over,
+    wait_preempted_end,
+    wake_preempter,
+)
 from .protocol import (
     FENCE_COUNTER_EXTRA_MS,
     TOKEN_LENGTH,
@@ -51,10 +60,13 @@ __all__ = [
     "client_for",
     "describe",
     "holder_json",
+    "next_message",
     "parse_counter",
     "parse_value",
     "pass_turn",
     "permanent_error",
+    "preempt_channel",
+    "publish_preempted",
     "release",
     "release_and_wake",
     "release_into_cooldown",
@@ -62,5 +74,9 @@ __all__ = [
     "renew_many",
     "reset_clients",
     "revoke",
+    "subscribe",
+    "take_over",
     "wait_for_release",
+    "wait_preempted_end",
+    "wake_preempter",
 ]

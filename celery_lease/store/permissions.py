@@ -83,6 +83,10 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("hold", "celery_lease.hold and hold_async: the release wakes a waiting hold, "
             "on_conflict='wait' blocks for it, a cancelled waiter passes the turn on",
             ("blpop",), ("release_wake-3.lua", "pass_turn-2.lua")),
+    Feature("preempt", "lease_on_conflict='preempt': the take-over, the notice published to the "
+            "old holder's process (a channel <prefix>:preempt:*, which the ACL user needs as "
+            "&<prefix>:preempt:*), and the wait out of lease_preempt_grace",
+            ("publish", "subscribe", "blpop"), ("preempt-2.lua", "wake_preempter-1.lua")),
     Feature("beat", "LeasedScheduler: the leader lease and the last-run record, stamped "
             "and read on the store's clock", (), ("record_run-1.lua", "last_runs-1.lua")),
     Feature("cli", "celery lease ls / show / release: SCAN (never KEYS), value and lifetime "
