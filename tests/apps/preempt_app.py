@@ -3,7 +3,8 @@ preemption benchmark, run by real workers.
 
 Configured from ``TEST_BROKER_URL`` / ``TEST_RESULT_BACKEND`` / ``TEST_QUEUE``. Every body
 records, in the Redis list ``runs:<tag>``, its start (``"start"``, its fencing token), the
-moment it caught ``LeaseLost`` (``"lost"``, its cause) and its end (``"end"``); the newcomer's
+moment it caught ``LeaseLost`` (``"lost"``, its cause) and its end (``"end"``), and its
+worker the execution's start before the lease is asked for (``"prerun"``); the newcomer's
 process records the take-over (``"took_over"``, from the ``lease_preempted`` signal). Times are
 ``time.time()`` float seconds: the workers and the test share one machine. Each body makes a
 fenced write (``example_project.fencing.RedisFencedStore``) at its start, and the preempted one
@@ -18,6 +19,7 @@ from typing import Any
 
 import redis
 from celery import Celery
+from celery.signals import task_prerun
 
 from celery_lease import LeasedTask, LeaseLost, current_lease
 from celery_lease import signals as lease_signals
@@ -57,6 +59,13 @@ def _on_preempted(sender: Any = None, key: str = "", fencing_token: int = 0,
 def took_over(key: str) -> list[dict[str, Any]]:
     """The take-overs of lease ``key``, in order."""
     return journal.read(app.conf.lease_backend, f"took-over:{key}")
+
+
+@task_prerun.connect  # type: ignore[untyped-decorator]
+def _on_prerun(sender: Any = None, args: Any = (), **_: Any) -> None:
+    """The execution's start, before its lease is asked for: ``"prerun"``."""
+    if getattr(sender, "name", "").startswith("pre.") and len(args) >= 2:
+        _note(args[0], "prerun", run=args[1])
 
 
 def _fenced() -> RedisFencedStore:
