@@ -7,7 +7,9 @@ Leased tasks send two task events (see :class:`~celery_lease.LeasedTask`):
   ``lease_remaining`` (float seconds) and ``lease_cause``;
 - ``task-lease-lost`` (the running execution lost its lease): ``lease_key``, ``lease_cause``
   (``refused``, ``deadline`` or ``store_error``), ``lease_holder`` (this execution),
-  ``fencing_token`` and ``lease_late`` (float seconds).
+  ``fencing_token`` and ``lease_late`` (float seconds); ``task-lease-preempted`` with the
+  same fields (cause ``preempted``) when a newer execution took the key over
+  (``lease_on_conflict="preempt"``).
 
 Renewals send no event. Celery's event state turns both events into the task's state
 (``LEASE-SKIPPED``, ``LEASE-LOST``; a later ``task-failed`` still wins) and keeps the fields,

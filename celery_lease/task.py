@@ -324,12 +324,12 @@ class LeasedTask(Task):  # type: ignore[misc]
         ended = lifecycle.end(lease, sender=self, wait=self._lease_release_wait,
                               release=cooldown.release_for(lease.options, ending))
         error = ended.loss
-        if error is not None and error.cause == LostCause.PREEMPTED:
-            preempt.end_preempted(lease.client, lease.key, lease.token)
-            self._event("task-lease-preempted", lease_key=lease.key,
-                        fencing_token=lease.fencing_token)
-        elif error is not None:
-            self._event("task-lease-lost", lease_key=lease.key, lease_cause=error.cause,
+        if error is not None:
+            preempted = error.cause == LostCause.PREEMPTED
+            if preempted:  # wake the newcomer waiting out its lease_preempt_grace
+                preempt.end_preempted(lease.client, lease.key, lease.token)
+            self._event("task-lease-preempted" if preempted else "task-lease-lost",
+                        lease_key=lease.key, lease_cause=error.cause,
                         fencing_token=lease.fencing_token, lease_late=error.late,
                         lease_holder=f"{self.request.hostname or socket.gethostname()}:"
                                      f"{lease.pid}")
