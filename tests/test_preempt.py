@@ -39,7 +39,7 @@ def _started(tag: str, count: int) -> list[dict[str, Any]]:
                     message=lambda: f"{count} start(s) of {tag}: {runs(tag)}")
 
 
-@pytest.mark.parametrize("pool", ["prefork", "threads"])
+@pytest.mark.parametrize("pool", ["prefork", "threads", "gevent"])
 def test_the_newcomer_runs_and_the_old_body_gets_lease_lost_preempted_with_its_write_refused(
         pool: str, worker_factory: WorkerFactory, client_app: Any) -> None:
     worker_factory(APP, pool=pool, concurrency=2, env={})
