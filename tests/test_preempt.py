@@ -5,6 +5,9 @@ body starts only once the old one ended or the grace passed."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -87,3 +90,36 @@ def test_with_a_grace_a_holder_that_does_not_end_is_overlapped_only_after_the_gr
     record, takeover = _preempted_gracefully(worker_factory, GRACE + 2)  # past the grace
     assert record["new", "start"]["at"] >= takeover["at"] + GRACE
     assert record["old", "end"]["late_write_accepted"] is False
+
+
+def test_the_preempted_execution_sends_task_lease_preempted_with_its_cause(
+        worker_factory: WorkerFactory, client_app: Any) -> None:
+    worker_factory(APP, pool="threads", concurrency=2, env={}, extra_args=("-E",))
+    seen: list[dict[str, Any]] = []
+    ready = threading.Event()
+
+    def capture() -> None:
+        with client_app.connection_for_read() as conn:
+            def on_event(event: dict[str, Any]) -> None:
+                if event.get("type") == "task-lease-preempted":
+                    seen.append(event)
+                    receiver.should_stop = True
+
+            receiver = client_app.events.Receiver(conn, handlers={"*": on_event})
+            ready.set()
+            with contextlib.suppress(socket.timeout, TimeoutError):
+                receiver.capture(limit=None, timeout=30)
+
+    listener = threading.Thread(target=capture, daemon=True)
+    listener.start()
+    ready.wait(10)
+    tag = _tag()
+    first = work.delay(tag, "old")
+    _started(tag, 1)
+    work.delay(tag, "new", 0.2).get(timeout=30)
+    with pytest.raises(LeaseLost):
+        first.get(timeout=30)
+    listener.join(35)
+    [event] = seen
+    assert event["uuid"] == first.id and event["lease_cause"] == "preempted"
+    assert event["lease_key"] == work.lease_key_for((tag, "old"))
