@@ -166,8 +166,10 @@ def _skip(c: Conflict) -> dict[str, Any]:
 
 
 def _preempt(c: Conflict) -> Any:
-    # What cannot be taken over (a cooldown record, an unknown holder) is skipped.
-    return preempt.take_over(c) or _skip(c)
+    # What cannot be taken over (a cooldown record, an unknown holder) is skipped; inside a
+    # chain it fails instead, as a skip does (see _policy).
+    in_chain = c.request.chain or c.request.callbacks
+    return preempt.take_over(c) or (_fail(c) if in_chain else _skip(c))
 
 
 #: Policy name -> its handler. The task's ``lease_on_conflict`` names one of ``skip``,

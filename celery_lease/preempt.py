@@ -40,9 +40,11 @@ __all__ = ["Listener", "end_preempted", "listen", "take_over"]
 
 logger = logging.getLogger("celery_lease")
 
-#: Float seconds a listener waits for a message before it looks again (and between
-#: reconnections after a store error).
+#: Float seconds a listener waits for a message before it looks again.
 POLL = 1.0
+#: Float seconds between subscription attempts after a store error: doubling from POLL up to
+#: this (an ACL without the channel would otherwise log every second).
+MAX_BACKOFF = 60.0
 #: Attempts at taking the key over when it changed hands in between (a third newcomer).
 ATTEMPTS = 3
 
@@ -64,22 +66,26 @@ class Listener:
         self.thread.start()
 
     def _run(self) -> None:
+        backoff, last_problem = POLL, ""
         while True:
             try:
                 pubsub = store.subscribe(self.client, self.channel)
                 self.subscribed.set()
+                backoff, last_problem = POLL, ""
                 while True:
                     token = store.next_message(pubsub, POLL)
                     if token is not None:
                         self.deliver(token)
-            except RedisError as exc:  # resubscribe; the renewals still find the loss
+            except Exception as exc:  # never die: the renewals still find a loss meanwhile
                 self.subscribed.clear()
-                logger.warning("preemption listener on %s: %s; subscribing again",
-                               self.channel, store.describe(exc))
-                threading.Event().wait(POLL)
-            except Exception:  # never let the listener die silently
-                logger.exception("preemption listener on %s failed", self.channel)
-                threading.Event().wait(POLL)
+                problem = store.describe(exc) if isinstance(exc, RedisError) else repr(exc)
+                if problem != last_problem:  # once per kind of failure, not every attempt
+                    logger.warning("preemption listener on %s: %s; preempted leases are found "
+                                   "at their next renewal until it subscribes again (an ACL "
+                                   "user needs &<prefix>:preempt:*)", self.channel, problem)
+                    last_problem = problem
+                threading.Event().wait(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF)
 
     @staticmethod
     def deliver(token: str) -> None:
