@@ -103,6 +103,8 @@ def needs(app: Any, tasks_only: bool = False) -> list[StoreNeeds]:
         need.prefixes.add(options.key_prefix)
         if options.min_replicas > 0:
             need.features.add("min_replicas")
+        if options.dedupe:
+            need.features.add("dedupe")
         return need
 
     for task in leased_tasks(app):

@@ -37,7 +37,7 @@ from redis.exceptions import RedisError
 from . import acl, inspection, store
 from .doctor import Finding, diagnose
 from .errors import LeaseConfigError, LeaseError
-from .inspection import LeaseInfo, read_lease, scan_leases
+from .inspection import ClaimInfo, LeaseInfo, read_lease, scan_claims, scan_leases
 from .keys import BEAT_TASK_NAME, is_internal
 from .task import LeasedTask
 
@@ -173,26 +173,34 @@ def lease(ctx: click.Context, /, **kwargs: Any) -> None:
 def ls(ctx: click.Context, task_name: str | None, as_json: bool, wide: bool, url: str | None,
        prefixes: tuple[str, ...], **kwargs: Any) -> None:
     """List held leases: task, task id, holder host and pid, time left and key (--wide: the
-    fencing token as well, nothing shortened; --json: everything). Exits 2 when --task names
-    no registered task."""
+    fencing token as well, nothing shortened; --json: everything), then the waiting copies of
+    tasks with lease_dedupe (published, not started) with their age (in --json, objects with
+    "kind": "waiting"). Exits 2 when --task names no registered task."""
     app = _app(ctx)
     if task_name is not None and task_name != BEAT_TASK_NAME and task_name not in app.tasks:
         _fail(f"no task named {task_name!r} is registered in app {app.main!r}", 2)
     found: list[LeaseInfo] = []
+    waiting: list[ClaimInfo] = []
     skipped: list[str] = []  # cluster primaries that did not answer: listed without them
     for store_url, store_prefixes in inspection.stores(app, url, prefixes).items():
         client = inspection.client(store_url, app)
         for prefix in sorted(store_prefixes):
-            for info in scan_leases(client, prefix, skipped=skipped):
-                if task_name is None or info.task == task_name:
-                    found.append(info)
+            found += [i for i in scan_leases(client, prefix, skipped=skipped)
+                      if task_name is None or i.task == task_name]
+            if not skipped:
+                waiting += [c for c in scan_claims(client, prefix)
+                            if task_name is None or c.task == task_name]
     found.sort(key=lambda i: (i.task, i.key))
+    waiting.sort(key=lambda c: (c.task, c.key))
     if as_json:
-        click.echo(json.dumps([asdict(i) for i in found], indent=2))
+        click.echo(json.dumps([asdict(i) for i in found] +
+                              [{"kind": "waiting", **asdict(c)} for c in waiting], indent=2))
     elif not found:
         click.echo("no leases held" + (f" by {task_name}" if task_name else ""))
     else:
         _print_leases(found, wide)
+    if waiting and not as_json:
+        _print_waiting(waiting, wide)
     for node in dict.fromkeys(skipped):
         click.echo(f"warning: cluster node {node}; the leases it holds are not listed",
                    err=True)
@@ -221,6 +229,18 @@ def _print_leases(found: list[LeaseInfo], wide: bool) -> None:
         if info.foreign:
             click.echo(f"unknown holder at {info.key}: {info.foreign}; it holds that lease "
                        f"until it expires or is deleted (`celery lease doctor` says more)")
+
+
+def _print_waiting(waiting: list[ClaimInfo], wide: bool) -> None:
+    rows = [(c.task or "?", c.task_id, _human(c.age), _human(c.ttl), c.key) for c in waiting]
+    headers = ("WAITING TASK", "TASK ID", "AGE", "TIME LEFT", "KEY")
+    if wide:
+        click.echo(_table(headers, rows))
+    else:
+        click.echo(_table(headers, rows, width=shutil.get_terminal_size().columns,
+                          shrink_first=("TASK ID", "KEY")))
+    click.echo(f"{len(waiting)} waiting cop{'y' if len(waiting) == 1 else 'ies'} (lease_dedupe: "
+               f"published, not started; later publishes of the key return their result)")
 
 
 def _parse_arg(text: str) -> Any:

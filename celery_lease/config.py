@@ -6,21 +6,24 @@ Every setting is a Celery setting (``app.conf.lease_ttl``) and, except the proce
 
 The sizing rules come from the design notes in ``docs/concepts.md``: the renew interval is at
 most half the TTL (a third or less is recommended, so two consecutive failed renewals still
-leave time to recover), and each store call times out before the next renewal is due.
+leave time to recover), and each store call times out before the next renewal is due
+(:mod:`celery_lease.timing`). Every invalid value is reported in one error, as unknown names
+are (:mod:`celery_lease.names`), and the fix suggested for the durations passes every rule.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import signal as _signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from . import timing
 from .errors import LeaseConfigError
 from .keys import DEFAULT_PREFIX
 from .store import url as backend_url
+from .timing import MIN_STORE_TIMEOUT, MIN_TTL
 
 __all__ = [
     "BEAT_WHERE",
@@ -50,6 +53,9 @@ DEFAULTS: dict[str, Any] = {
     "lease_key_prefix": DEFAULT_PREFIX,
     "lease_on_conflict": "skip",  # skip | retry | fail
     "lease_on_store_error": "retry",  # retry | fail
+    "lease_store_outage_max": 300.0,  # float seconds a "retry" waits out a store outage
+    "lease_dedupe": False,  # bool: at most one waiting copy per key, decided at publish
+    "lease_dedupe_ttl": 300.0,  # float seconds a claim lives (a message's expires instead)
     "lease_cooldown": None,  # float seconds the key stays taken after a success; None: none
     "lease_cooldown_after": "success",  # success | any (a failure too)
     "lease_preempt_grace": 0.0,  # float seconds a preempted holder may checkpoint
@@ -68,6 +74,9 @@ TASK_OPTIONS = (
     "lease_key_prefix",
     "lease_on_conflict",
     "lease_on_store_error",
+    "lease_store_outage_max",
+    "lease_dedupe",
+    "lease_dedupe_ttl",
     "lease_cooldown",
     "lease_cooldown_after",
     "lease_preempt_grace",
@@ -102,6 +111,12 @@ class LeaseOptions:
         on_store_error: ``"retry"`` or ``"fail"``.
         backend_options: ``lease_backend_options`` (dict; empty when unset).
         min_replicas: replicas that must acknowledge a grant, and each renewal (int >= 0).
+        store_outage_max: float seconds an execution waits out a store outage, its retries not
+            counted in ``max_retries``, with ``on_store_error="retry"`` (:mod:`.outage`).
+        dedupe: ``lease_dedupe`` (bool): a publish of a key whose copy is waiting publishes
+            nothing (:mod:`celery_lease.dedupe`).
+        dedupe_ttl: ``lease_dedupe_ttl``, the lifetime of a waiting copy's claim, float
+            seconds (> 0), for a message without ``expires``.
         cooldown: float seconds the key stays taken after an execution ended
             (``lease_cooldown``), or None for no cooldown.
         cooldown_after: which endings start it: ``"success"`` or ``"any"`` (a failure too).
@@ -118,6 +133,9 @@ class LeaseOptions:
     on_store_error: str
     backend_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     min_replicas: int = 0
+    store_outage_max: float = DEFAULTS["lease_store_outage_max"]
+    dedupe: bool = False
+    dedupe_ttl: float = 300.0
     cooldown: float | None = None
     cooldown_after: str = "success"
     preempt_grace: float = 0.0
@@ -136,31 +154,7 @@ class LeaseOptions:
         return self.ttl * 0.01 + 0.002
 
 
-_MAX_SECONDS = 366 * 24 * 3600.0  # a lease that long is a configuration mistake
-#: The shortest store timeout accepted, float seconds: below it a healthy round trip plus a
-#: garbage collection or scheduling pause times out (docs/reference/settings.md).
-MIN_STORE_TIMEOUT = 0.05
-#: The smallest ``lease_ttl`` whose derived store timeout (``lease_ttl / 6``) reaches the floor.
-MIN_TTL = round(MIN_STORE_TIMEOUT * 6, 3)
-
-
-def _duration(name: str, value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise LeaseConfigError(
-            f"{name}={value!r} ({where}) must be a number of seconds (float), e.g. {name}=30.0"
-        )
-    try:
-        seconds = float(value)
-    except OverflowError:
-        seconds = math.inf
-    if not math.isfinite(seconds) or seconds <= 0 or seconds > _MAX_SECONDS:
-        raise LeaseConfigError(
-            f"{name}={value!r} ({where}) must be a finite number of seconds above zero and at "
-            f"most a year ({_MAX_SECONDS:.0f})"
-        )
-    if round(seconds * 1000) < 1:
-        raise LeaseConfigError(f"{name}={value!r} ({where}) is below Redis' 1 ms resolution")
-    return seconds
+_DERIVED = object()  # an interval override meaning "a third of the TTL given", whatever conf says
 
 
 def check_process_settings(conf: Mapping[str, Any], where: str) -> int:
@@ -176,14 +170,6 @@ def check_process_settings(conf: Mapping[str, Any], where: str) -> int:
             f"the string 'false' would count as true)"
         )
     return resolve_signal(conf.get("lease_signal") or DEFAULTS["lease_signal"])
-
-
-def _choice(name: str, value: Any, allowed: tuple[str, ...], where: str) -> str:
-    if value not in allowed:
-        raise LeaseConfigError(
-            f"{name}={value!r} ({where}) is not one of {', '.join(map(repr, allowed))}"
-        )
-    return str(value)
 
 
 def resolve_options(
@@ -213,75 +199,92 @@ def resolve_options(
             value = conf.get(name)
         return DEFAULTS[name] if value is None else value
 
-    ttl_name, interval_name = label("lease_ttl"), label("lease_renew_interval")
-    ttl = _duration(ttl_name, pick("lease_ttl"), where)
+    labels = (label("lease_ttl"), label("lease_renew_interval"), "lease_store_timeout")
     raw_interval = pick("lease_renew_interval")
-    interval = ttl / 3 if raw_interval is None else _duration(
-        interval_name, raw_interval, where)
-    if interval > ttl / 2:
-        raise LeaseConfigError(
-            f"{interval_name}={interval!r} ({where}) is above half of {ttl_name}={ttl!r}: one "
-            f"slow renewal would lose the lease. Use at most {ttl_name} / 3 "
-            f"({interval_name}={ttl / 3:.3f}) or leave it unset"
-        )
-    if interval > ttl / 3 + 1e-9:
+    # Every invalid value at once (as unknown names are), each timing fix one that passes.
+    durations, problems = timing.resolve(
+        (pick("lease_ttl"), None if raw_interval is _DERIVED else raw_interval,
+         pick("lease_store_timeout")), labels)
+    ttl, interval, timeout = durations.effective
+    if not problems and interval > ttl / 3 + 1e-9:
+        third = durations._replace(interval=timing.round_down(ttl / 3))
         logger.warning(
-            "%s=%r (%s) is above a third of %s=%r: two failed renewals "
-            "in a row will lose the lease; consider %s=%.3f",
-            interval_name, interval, where, ttl_name, ttl, interval_name, ttl / 3,
-        )
-    raw_timeout = pick("lease_store_timeout")
-    timeout = min(interval / 2, 2.0) if raw_timeout is None else _duration(
-        "lease_store_timeout", raw_timeout, where)
-    if timeout < MIN_STORE_TIMEOUT - 1e-9:
-        given = (f"lease_store_timeout={raw_timeout!r} ({where}) is" if raw_timeout is not None
-                 else f"{ttl_name}={ttl!r} ({where}) gives a store timeout (min({interval_name} "
-                      f"/ 2, 2.0) with {interval_name}={interval:.4g}) of")
-        raise LeaseConfigError(
-            f"{given} {timeout * 1000:.0f} ms, below the {MIN_STORE_TIMEOUT * 1000:.0f} ms floor: "
-            f"a healthy store call (a network round trip plus a GC or scheduling pause) would "
-            f"time out and renewals fail. The smallest {ttl_name} that works is {MIN_TTL} (with "
-            f"{interval_name} and lease_store_timeout unset)"
-        )
-    if timeout >= interval:
-        raise LeaseConfigError(
-            f"lease_store_timeout={timeout!r} ({where}) must be shorter than "
-            f"{interval_name}={interval!r}, or a hanging renewal silently becomes no "
-            f"renewal; use at most {interval / 2:.3f}"
-        )
+            "%s=%r (%s) is above a third of %s=%r: two failed renewals in a row will lose the "
+            "lease; consider %s", labels[1], interval, where, labels[0], ttl,
+            f"{labels[1]}={third.interval!r}" if not timing.check(third, labels) else
+            f"a longer {labels[0]}")
     prefix = pick("lease_key_prefix")
     if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
-        raise LeaseConfigError(
-            f"lease_key_prefix={prefix!r} ({where}) must be a non-empty string without "
-            f"'{{' or '}}' (braces are reserved for the Redis Cluster hash tag)"
-        )
+        problems.append((f"lease_key_prefix={prefix!r}", "must be a non-empty string without "
+                         "'{' or '}' (braces are reserved for the Redis Cluster hash tag)"))
     backend, backend_options = pick("lease_backend"), pick("lease_backend_options") or {}
     broker = conf.get("broker_url")
-    if backend is not None:
-        backend_url.validate_backend(backend, backend_options, where)
-    elif isinstance(broker, str) and broker.startswith(_REDIS_SCHEMES):  # the fallback
-        backend_url.validate_backend(broker, backend_options, where, _FALLBACK)
+    try:
+        if backend is not None:
+            backend_url.validate_backend(backend, backend_options, where)
+        elif isinstance(broker, str) and broker.startswith(_REDIS_SCHEMES):  # the fallback
+            backend_url.validate_backend(broker, backend_options, where, _FALLBACK)
+    except LeaseConfigError as exc:
+        problems.append(("", str(exc)))  # names the setting and the fix, credentials masked
     min_replicas = pick("lease_min_replicas")
     if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or min_replicas < 0:
-        raise LeaseConfigError(f"lease_min_replicas={min_replicas!r} ({where}) must be a whole "
-                               f"number of replicas >= 0 (0: do not wait for replicas)")
+        problems.append((f"lease_min_replicas={min_replicas!r}", "must be a whole number of "
+                         "replicas >= 0 (0: do not wait for replicas)"))
+    outage_max = pick("lease_store_outage_max")
+    outage_problem = timing.duration_problem(outage_max)
+    if outage_problem is not None:
+        problems.append((f"lease_store_outage_max={outage_max!r}", f"{outage_problem}, e.g. "
+                         f"lease_store_outage_max={DEFAULTS['lease_store_outage_max']}"))
+    choices = {"lease_on_conflict": ON_CONFLICT, "lease_on_store_error": ON_STORE_ERROR,
+               "lease_cooldown_after": COOLDOWN_AFTER}
+    for name, allowed in choices.items():
+        if pick(name) not in allowed:
+            problems.append((f"{name}={pick(name)!r}",
+                             f"is not one of {', '.join(map(repr, allowed))}"))
+    dedupe, dedupe_ttl = pick("lease_dedupe"), pick("lease_dedupe_ttl")
+    if not isinstance(dedupe, bool):
+        problems.append((f"lease_dedupe={dedupe!r}", "must be True or False (a bool: the string "
+                         "'false' would count as true)"))
+    dedupe_problem = timing.duration_problem(dedupe_ttl)
+    if dedupe_problem is not None:
+        problems.append((f"lease_dedupe_ttl={dedupe_ttl!r}", f"{dedupe_problem}, e.g. "
+                         f"lease_dedupe_ttl={DEFAULTS['lease_dedupe_ttl']}"))
     cooldown, grace = pick("lease_cooldown"), pick("lease_preempt_grace")
+    for name, value, unset in (("lease_cooldown", cooldown, cooldown is None),
+                               ("lease_preempt_grace", grace, grace == 0)):
+        problem = None if unset and not isinstance(value, bool) else \
+            timing.duration_problem(value)
+        if problem is not None:
+            problems.append((f"{name}={value!r}", f"{problem}, e.g. {name}=60.0"))
+    if problems:
+        raise LeaseConfigError(_refusal(where, problems))
     return LeaseOptions(
         backend=backend,
         ttl=ttl,
         renew_interval=interval,
         store_timeout=timeout,
         key_prefix=prefix,
-        on_conflict=_choice("lease_on_conflict", pick("lease_on_conflict"), ON_CONFLICT, where),
-        on_store_error=_choice(
-            "lease_on_store_error", pick("lease_on_store_error"), ON_STORE_ERROR, where),
+        on_conflict=pick("lease_on_conflict"),
+        on_store_error=pick("lease_on_store_error"),
         backend_options=backend_options,
         min_replicas=min_replicas,
-        cooldown=None if cooldown is None else _duration("lease_cooldown", cooldown, where),
-        cooldown_after=_choice("lease_cooldown_after", pick("lease_cooldown_after"),
-                               COOLDOWN_AFTER, where),
-        preempt_grace=0.0 if grace == 0 else _duration("lease_preempt_grace", grace, where),
+        store_outage_max=float(outage_max),
+        dedupe=dedupe,
+        dedupe_ttl=float(dedupe_ttl),
+        cooldown=None if cooldown is None else float(cooldown),
+        cooldown_after=pick("lease_cooldown_after"),
+        preempt_grace=float(grace),
     )
+
+
+def _refusal(where: str, problems: list[tuple[str, str]]) -> str:
+    """One line for every problem (``(name=value, why)``; a message of its own when the
+    first is empty), as unknown names are reported: all at once."""
+    if len(problems) == 1:
+        head, why = problems[0]
+        return f"{head} ({where}) {why}" if head else why
+    return f"{len(problems)} invalid lease settings ({where}): " + "; ".join(
+        f"{head} {why}" if head else why for head, why in problems)
 
 
 class LeaseSettings(NamedTuple):
@@ -338,7 +341,7 @@ def beat_options(conf: Mapping[str, Any]) -> LeaseOptions:
     ttl = conf.get("lease_beat_ttl")
     interval = conf.get("lease_beat_renew_interval")
     if interval is None and ttl is not None:
-        interval = _duration("lease_beat_ttl", ttl, BEAT_WHERE) / 3
+        interval = _DERIVED  # a third of lease_beat_ttl, not the tasks' lease_renew_interval
     overrides = {"lease_ttl": ttl, "lease_renew_interval": interval}
     return resolve_options(conf, overrides, BEAT_WHERE, _BEAT_NAMES)
 

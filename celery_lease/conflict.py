@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from celery import states
-from celery.exceptions import Ignore
+from celery.backends.base import DisabledBackend
+from celery.exceptions import Ignore, Retry
 from celery.result import ResultBase
 
-from . import preempt, signals, store
+from . import dedupe, preempt, signals, store
 from .config import LeaseOptions
 from .errors import LeaseConflict
 
@@ -151,15 +152,23 @@ def _skip(c: Conflict) -> dict[str, Any]:
               "holder": holder.where, **cooling}
     if request.is_eager:
         return marker  # returned as the result: no worker, no stored state to set
+    # Without a result backend (or with ignore_result) nothing is stored: say so, since a
+    # caller's .get() then cannot learn that the duplicate was skipped.
+    stores = not isinstance(task.backend, DisabledBackend) and not (
+        request.ignore_result if request.ignore_result is not None else task.ignore_result)
     try:
-        task.backend.mark_as_done(request.id, marker, request=request, state=states.SUCCESS)
+        if stores:
+            task.backend.mark_as_done(request.id, marker, request=request,
+                                      state=states.SUCCESS)
     except Exception:
         logger.exception("could not store the skipped marker of %s", request.id)
     else:
         logger.info("skipped: task %s[%s] not run, lease %s held by %s (task %s, %.1fs "
-                    "left, fencing_token=%d); result stored as SUCCESS with a skip marker",
-                    task.name, request.id, key, holder.where, holder.task_id or "?",
-                    found.remaining, holder.fencing_token)
+                    "left, fencing_token=%d); %s", task.name, request.id, key, holder.where,
+                    holder.task_id or "?", found.remaining, holder.fencing_token,
+                    "result stored as SUCCESS with a skip marker" if stores else
+                    "no result stored (no result backend, or ignore_result): a caller "
+                    "cannot read the skip marker")
     # Ignore, not a returned marker: a return would send task-succeeded, which would
     # replace the task-lease-skipped state in Flower.
     raise Ignore()
@@ -212,4 +221,13 @@ def handle(task: Any, request: Any, options: LeaseOptions, key: str,
         sender=task, key=key, task_id=request.id, holder_task_id=holder.task_id,
         holder=holder.where, remaining=found.remaining, policy=policy,
         fencing_token=holder.fencing_token, token=holder.token)
-    return HANDLERS[policy](c)
+    try:
+        return HANDLERS[policy](c)
+    except Retry:
+        raise  # published again under its task id: a waiting copy keeps its claim
+    except BaseException:
+        key_claimed = (request.headers or {}).get(dedupe.CLAIM_HEADER)
+        if key_claimed and policy in ("skip", "fail", "retry"):  # its message ends here
+            dedupe.forget(task, str(key_claimed), request.id, f"it ended on a conflict "
+                          f"({policy})")
+        raise

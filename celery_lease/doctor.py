@@ -1,40 +1,35 @@
 """The checks of ``celery lease doctor``: each task's lease settings, beat, each store, and
 each store's ACL user (:func:`check_acl`).
 
-Each check returns :class:`Finding` values; the command (:mod:`celery_lease.cli`) prints them.
-The worker's start check (:mod:`celery_lease.worker`) shares :func:`redis_version_problem` and
-:func:`failover_problem`.
+Each check returns :class:`~celery_lease.finding.Finding` values; the command
+(:mod:`celery_lease.cli`) prints them.
+The waiting copies' claims (``lease_dedupe``) are checked by :mod:`celery_lease.doctor_claims`.
+The worker's start check (:mod:`celery_lease.worker`) runs the same list,
+``diagnose(app, at_start=True)``, and logs what it finds (or refuses to start, for a
+:attr:`Finding.refuses_start` one).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Collection, Iterator
+from dataclasses import replace
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import NoPermissionError, RedisError
 
 from . import acl, clock, config, store
 from .config import LeaseOptions, resolve_backend
+from .doctor_claims import check_claims
 from .errors import LeaseConfigError
+from .finding import Finding
 from .inspection import app_options, client, leased_tasks, scan_foreign, stores
 from .store import permissions, topology
 from .store.url import safe_url
 
-__all__ = [
-    "MIN_REDIS",
-    "Finding",
-    "check_acl",
-    "check_beat",
-    "check_failover",
-    "check_store",
-    "check_task",
-    "check_values",
-    "diagnose",
-    "failover_problem",
-    "redis_version_problem",
-]
+__all__ = ["MIN_REDIS", "Finding", "check_acl", "check_beat", "check_claims", "check_failover",
+           "check_replicas", "check_store", "check_task", "check_values", "diagnose",
+           "failover_problem", "redis_version_problem"]
 
 #: The oldest Redis the library works with: the release keeps its note beside the fencing
 #: counter with ``SET ... KEEPTTL`` (6.0).
@@ -53,23 +48,6 @@ def redis_version_problem(version: str) -> str | None:
             f"{MIN_REDIS[0]}.{MIN_REDIS[1]} or later (SET ... KEEPTTL in the release)")
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One result of a check.
-
-    Attributes:
-        level: ``"ok"``, ``"warn"``, ``"fail"`` or ``"info"``.
-        subject: what was checked (``"store redis://..."``, ``"task proj.sync"``, ``"beat"``).
-        message: what was found.
-        fix: what to do about it (empty when nothing).
-    """
-
-    level: str
-    subject: str
-    message: str
-    fix: str = ""
-
-
 def check_store(url: str, timeout: float, app: Any = None) -> list[Finding]:
     """Reachability, topology, version, eviction policy, latency against ``timeout`` (float
     seconds), and clock skew of the store at ``url`` (with ``app``'s backend options)."""
@@ -80,7 +58,8 @@ def check_store(url: str, timeout: float, app: Any = None) -> list[Finding]:
         check = topology.check_store(redis_client)
     except RedisError as exc:
         return [Finding("fail", subject, f"unreachable: {store.describe(exc)}",
-                        "start Redis or set lease_backend to a reachable redis:// URL")]
+                        "start Redis or set lease_backend to a reachable redis:// URL",
+                        "unreachable")]
     found = [Finding("ok", subject, "reachable")]
     found += [Finding("fail", subject, f"cluster node {node} does not answer: {error}",
                       "restart it or fail it over to a replica: until then no lease in its "
@@ -101,15 +80,20 @@ def check_store(url: str, timeout: float, app: Any = None) -> list[Finding]:
     elif check.eviction_policy == "unknown":
         found.append(Finding("warn", subject,
                              "maxmemory-policy could not be read (CONFIG disabled?)",
-                             "make sure the server runs with maxmemory-policy noeviction"))
+                             "make sure the server runs with maxmemory-policy noeviction",
+                             "eviction"))
     else:
         found.append(Finding("fail", subject,
                              f"maxmemory-policy {check.eviction_policy} may evict a live lease",
                              "CONFIG SET maxmemory-policy noeviction (and in redis.conf), or "
-                             "use a dedicated Redis for lease_backend"))
+                             "use a dedicated Redis for lease_backend", "eviction"))
     try:
         samples = topology.round_trips(redis_client, 20)
         server, before, after = topology.server_time(redis_client)
+    except NoPermissionError:  # a worker's user need not run the doctor's PING and TIME
+        found.append(Finding("info", subject, "latency and clock not measured: the ACL user may "
+                             "not run PING or TIME", "grant the doctor feature (celery lease acl)"))
+        return found
     except RedisError as exc:
         found.append(Finding("fail", subject,
                              f"stopped answering during the latency check: {store.describe(exc)}"))
@@ -236,7 +220,8 @@ def check_task(app: Any, task: Any, options: LeaseOptions, vt: float | None) -> 
                 "fail", subject, f"lease_on_conflict='retry' waits up to lease_ttl="
                 f"{options.ttl:g}s in an ETA message, which the broker redelivers after "
                 f"visibility_timeout={vt:g}s", f"broker_transport_options={{"
-                f"'visibility_timeout': {max(vt, options.ttl * 4):g}}} or a shorter lease_ttl"))
+                f"'visibility_timeout': {max(vt, options.ttl * 4):g}}} or a shorter lease_ttl",
+                refuses_start=True))
         limit_text = ("no time_limit" if hard is None else
                       f"time_limit={float(hard):g}s, not below visibility_timeout")
         if acks_late and (hard is None or float(hard) >= vt):
@@ -264,16 +249,20 @@ def check_beat(app: Any) -> list[Finding]:
                     f"{options.ttl:g}s)")]
 
 
-def diagnose(app: Any, url: str | None = None) -> Iterator[Finding]:
-    """Every check of ``celery lease doctor``, in order: tasks, beat, each store, then the
-    keys under each prefix (:func:`check_values`).
+def diagnose(app: Any, url: str | None = None, *, at_start: bool = False,
+             skip_stores: Collection[str] = ()) -> Iterator[Finding]:
+    """Every check of ``celery lease doctor``, in order: tasks, beat, each store (its state,
+    Sentinel failover, connected replicas), then the keys under each prefix
+    (:func:`check_values`) and the ACL (:func:`check_acl`).
 
     Args:
-        app: the Celery app, with its tasks imported.
-        url: check this store instead of the configured ones.
+        app: the Celery app, with its tasks imported; url: check this store instead.
+        at_start: what applies at every worker start: not the keys under each prefix (a
+            ``SCAN`` of the keyspace), the ACL (the worker checks it, refusing what every
+            worker sends), nor "no task is leased". skip_stores: URLs not to check.
     """
     tasks = leased_tasks(app)
-    if not tasks:
+    if not tasks and not at_start:
         yield Finding("warn", "app", f"no LeasedTask is registered in app {app.main!r}",
                       "pass -A with the module that defines the tasks, or add it to include")
     vt = _visibility_timeout(app)
@@ -299,14 +288,20 @@ def diagnose(app: Any, url: str | None = None) -> Iterator[Finding]:
         except LeaseConfigError as exc:
             yield Finding("fail", "app", str(exc))
     for store_url, timeout in timeouts.items():
+        if store_url in skip_stores:
+            continue
         yield from check_store(store_url, timeout, app)
         yield from check_failover(store_url, using.get(store_url, []), app)
+        yield from check_replicas(store_url, using.get(store_url, []), app)
+    if at_start:
+        return
     try:
         prefixes = stores(app, url, ())
     except LeaseConfigError:
         prefixes = {}  # the task and app checks named it
     for store_url, store_prefixes in prefixes.items():
         yield from check_values(store_url, store_prefixes, app)
+        yield from check_claims(store_url, store_prefixes, app)
     yield from check_acl(app, url)
 
 
@@ -330,6 +325,29 @@ def check_failover(url: str, tasks: list[tuple[str, LeaseOptions]], app: Any = N
         else:
             found.append(Finding("warn", f"task {name}", *problem))
     return found
+
+
+def check_replicas(url: str, tasks: list[tuple[str, LeaseOptions]], app: Any = None
+                   ) -> list[Finding]:
+    """Each task's ``lease_min_replicas`` (``(name, options)``) against the replicas connected
+    to the primary at ``url``; nothing when none is asked for, on Redis Cluster, or when
+    ``INFO`` is denied or the store does not answer (:func:`check_store` says so)."""
+    needed = max((options.min_replicas for _, options in tasks), default=0)
+    try:
+        connected = topology.connected_replicas(client(url, app)) if needed else None
+    except RedisError:
+        return []
+    if connected is None:
+        return []
+    subject = f"store {safe_url(url)}"
+    short = [name for name, options in tasks if options.min_replicas > connected]
+    if not short:
+        return [Finding("ok", subject, f"{connected} replica(s) connected: enough for "
+                        f"lease_min_replicas={needed}")]
+    return [Finding("fail", subject, f"lease_min_replicas={needed} but {connected} replica(s) "
+                    f"connected to the primary: every acquire of {', '.join(short)} waits "
+                    f"for acknowledgements that cannot come and fails (lease_on_store_error)",
+                    f"connect replicas (REPLICAOF), or set lease_min_replicas={connected}")]
 
 
 def check_acl(app: Any, url: str | None = None) -> list[Finding]:

@@ -116,7 +116,8 @@ class LeaseStoreUnavailable(LeaseError):
 
     Args:
         key: the lease key (str) the operation was for.
-        operation: ``"acquire"``, ``"renew"`` or ``"release"``.
+        operation: ``"acquire"``, ``"renew"``, ``"release"``, or ``"publish"`` (the decision
+            of a publish with ``lease_dedupe``, :mod:`celery_lease.dedupe`).
         detail: the underlying error as text.
     """
 

@@ -18,18 +18,28 @@ import redis
 from . import store
 from .config import LeaseOptions, resolve_backend, resolve_options
 from .errors import LeaseConfigError
-from .keys import DEFAULT_PREFIX, FENCE_SUFFIX, LAST_RUN_SUFFIX, WAKE_SUFFIX, is_internal
+from .keys import (
+    CLAIM_SUFFIX,
+    DEFAULT_PREFIX,
+    FENCE_SUFFIX,
+    LAST_RUN_SUFFIX,
+    WAKE_SUFFIX,
+    is_internal,
+)
+from .lease_tasks import leased_runner
 from .store import records, topology
 from .store.value import OtherType
 from .task import LeasedTask
 
 __all__ = [
     "CLI_TIMEOUT",
+    "ClaimInfo",
     "LeaseInfo",
     "app_options",
     "client",
     "leased_tasks",
     "read_lease",
+    "scan_claims",
     "scan_foreign",
     "scan_leases",
     "stores",
@@ -148,7 +158,8 @@ def _scan(client: redis.Redis, prefix: str, count: int, skipped: list[str] | Non
 #: What each internal key is when celery-lease wrote it: ``(suffix, check, expected)``.
 _INTERNAL = ((FENCE_SUFFIX, lambda v: store.parse_counter(v) is not None, "a fencing counter"),
              (WAKE_SUFFIX, lambda v: v == OtherType("list"), "a wake list"),
-             (LAST_RUN_SUFFIX, lambda v: v == OtherType("hash"), "a beat last-run hash"))
+             (LAST_RUN_SUFFIX, lambda v: v == OtherType("hash"), "a beat last-run hash"),
+             (CLAIM_SUFFIX, lambda v: store.parse_claim(v) is not None, "a waiting-copy claim"))
 
 
 def scan_foreign(client: redis.Redis, prefix: str, count: int = SCAN_COUNT
@@ -173,14 +184,68 @@ def scan_foreign(client: redis.Redis, prefix: str, count: int = SCAN_COUNT
                 yield key, holder.foreign
 
 
+@dataclass(frozen=True)
+class ClaimInfo:
+    """The claim of a waiting copy (``lease_dedupe``): a message published, not started.
+
+    Attributes:
+        key: the lease key whose waiting copy it names (str).
+        task: the task name (str).
+        task_id: the waiting copy's task id (str).
+        host: the host that published it (str).
+        pid: the publishing process (int).
+        age: float seconds since it was claimed, on the store's clock.
+        lifetime: the lifetime it was given, float seconds.
+        ttl: float seconds left on the server (-1.0 for a key without expiry).
+    """
+
+    key: str
+    task: str
+    task_id: str
+    host: str
+    pid: int
+    age: float
+    lifetime: float
+    ttl: float
+
+
+def scan_claims(client: redis.Redis, prefix: str, count: int = SCAN_COUNT
+                ) -> Iterator[ClaimInfo]:
+    """Every waiting copy's claim under ``prefix``, found with ``SCAN`` as
+    :func:`scan_leases` finds leases; a claim key celery-lease did not write is left out
+    (:func:`scan_foreign` names it).
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    now: float | None = None
+    for key, value, pttl in _scan(client, prefix, count, None):
+        found = store.parse_claim(value) if key.endswith(CLAIM_SUFFIX) else None
+        if found is None:
+            continue
+        if now is None:  # the store's clock, as the claim's stamp
+            now = topology.server_time(client)[0]
+        yield ClaimInfo(key=key.removesuffix(CLAIM_SUFFIX), task=found.task_name,
+                        task_id=found.task_id, host=found.hostname, pid=found.pid,
+                        age=max(now - found.claimed_at, 0.0), lifetime=found.lifetime,
+                        ttl=pttl / 1000 if pttl >= 0 else -1.0)
+
+
 def _kind(value: records.Found) -> str:
     return f"a Redis {value.kind}" if isinstance(value, OtherType) else "a string of another shape"
 
 
 def leased_tasks(app: Any) -> list[Any]:
-    """The registered :class:`~celery_lease.LeasedTask` tasks of ``app``, by name."""
-    return sorted((t for t in app.tasks.values() if isinstance(t, LeasedTask)),
-                  key=lambda t: str(t.name))
+    """The registered tasks of ``app`` that take a lease, by name: each
+    :class:`~celery_lease.LeasedTask`, and for a task the ``lease_tasks`` setting leases, the
+    ``LeasedTask`` instance that runs its executions
+    (:func:`~celery_lease.lease_tasks.leased_runner`)."""
+    found = []
+    for task in app.tasks.values():
+        runner = task if isinstance(task, LeasedTask) else leased_runner(task)
+        if runner is not None:
+            found.append(runner)
+    return sorted(found, key=lambda t: str(t.name))
 
 
 def app_options(app: Any) -> LeaseOptions:

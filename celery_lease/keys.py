@@ -15,7 +15,9 @@ This module owns every key the library writes:
   ``<counter>;<token>``, for a repeat of that release only);
 - the beat leader's record of last runs, ``<leader key>:last-run`` (:func:`last_run_key`);
 - a hold's key, ``<prefix>:{hold:<name>}`` (:func:`hold_key`), and the short-lived list its
-  release pushes to wake a waiting hold, ``<hold key>:wake`` (:func:`wake_key`).
+  release pushes to wake a waiting hold, ``<hold key>:wake`` (:func:`wake_key`);
+- the claim of a waiting copy (``lease_dedupe``), ``<lease key>:waiting`` (:func:`claim_key`):
+  which published message of the key has not started yet.
 
 :data:`INTERNAL_SUFFIXES` lists the suffixes of the keys that are not leases, for tools that
 scan a prefix (``celery lease ls``).
@@ -35,6 +37,7 @@ from .errors import LeaseConfigError, LeaseKeyError
 
 __all__ = [
     "BEAT_TASK_NAME",
+    "CLAIM_SUFFIX",
     "DEFAULT_PREFIX",
     "FENCE_SUFFIX",
     "INTERNAL_SUFFIXES",
@@ -43,6 +46,7 @@ __all__ = [
     "KeySpec",
     "beat_leader_key",
     "build_key",
+    "claim_key",
     "encode_value",
     "fence_key",
     "hold_key",
@@ -58,10 +62,11 @@ DEFAULT_PREFIX = "lease"
 #: The task name recorded as the holder of a beat leader lease (``celery lease ls`` shows it).
 BEAT_TASK_NAME = "celery.beat"
 #: The suffixes of the keys written beside a lease: its fencing counter, a beat leader's
-#: last-run record, a hold's wake list.
+#: last-run record, a hold's wake list, the claim of a task's waiting copy.
 FENCE_SUFFIX, LAST_RUN_SUFFIX, WAKE_SUFFIX = ":fence", ":last-run", ":wake"
+CLAIM_SUFFIX = ":waiting"
 #: Suffixes of the keys written beside leases that are not leases themselves.
-INTERNAL_SUFFIXES = (FENCE_SUFFIX, LAST_RUN_SUFFIX, WAKE_SUFFIX)
+INTERNAL_SUFFIXES = (FENCE_SUFFIX, LAST_RUN_SUFFIX, WAKE_SUFFIX, CLAIM_SUFFIX)
 #: The task name part of every hold key: ``<prefix>:{hold:<name>}``.
 HOLD_PREFIX = "hold:"
 
@@ -246,6 +251,11 @@ def build_key(
 def fence_key(key: str) -> str:
     """The key of the fencing counter that goes with lease ``key`` (same hash tag)."""
     return key + FENCE_SUFFIX
+
+
+def claim_key(key: str) -> str:
+    """The claim of lease ``key``'s waiting copy (``lease_dedupe``; same hash tag)."""
+    return key + CLAIM_SUFFIX
 
 
 def beat_leader_key(prefix: str, app_name: str) -> str:

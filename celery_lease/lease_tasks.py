@@ -33,7 +33,14 @@ naming a parameter the task does not take, a task that is already a ``LeasedTask
 patterns for one task stop the worker with a :class:`~celery_lease.errors.LeaseConfigError`
 naming the entry; on the other paths an entry that names the task being run raises it there.
 :func:`apply_lease_tasks` raises the same errors on demand. Celery's own ``celery.*`` tasks are
-never leased.
+never leased. The ``lease_*`` options given to the task itself (``@app.task(lease_ttl=60.0)``)
+apply too; the entry may not set one of them a second time.
+
+At the same moments, a task with ``lease_*`` options that takes no lease (no
+``base=LeasedTask``, no entry: Celery keeps unknown task options as class attributes and
+nothing would read them) is refused, naming the task and the fix (:func:`check_unleased`):
+at worker start the worker does not start, at finalize it is logged as an error, and the
+task's first ``apply()`` raises it.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from celery import bootsteps
+from celery import Task, bootsteps
 from celery import signals as celery_signals
 from celery._state import connect_on_app_finalize
 
@@ -57,7 +64,7 @@ from .lease import current_lease
 from .names import check_names
 from .task import LeasedTask
 
-__all__ = ["SETTING", "apply_lease_tasks", "leased_class"]
+__all__ = ["SETTING", "apply_lease_tasks", "check_unleased", "leased_class"]
 
 logger = logging.getLogger("celery_lease")
 
@@ -65,6 +72,7 @@ logger = logging.getLogger("celery_lease")
 SETTING = "lease_tasks"
 _OPTIONS = (*TASK_OPTIONS, "lease_key")
 _MARK = "_lease_tasks_leased"  # instance attribute: the private class applied to this task
+_SHADOW = "_lease_tasks_runner"  # instance attribute: the instance of it that runs the task
 # Two threads running a task's first apply() at once must not wrap its run twice (the inner
 # lease would meet the outer one and be skipped).
 _patching = threading.Lock()
@@ -103,14 +111,56 @@ def _entries(conf: Any) -> dict[str, dict[str, Any]]:
         if not isinstance(options, Mapping):
             raise LeaseConfigError(
                 f"{where}={options!r} must be a dict of LeasedTask options ({{}} for defaults)")
-        check_names(options, "option", where)
-        for name in options:
-            if name not in _OPTIONS:
-                raise LeaseConfigError(
-                    f"{where}: {name!r} is not a per-task lease option; use one of "
-                    f"{', '.join(_OPTIONS)}")
+        _check_option_names(options, where)
         entries[pattern] = dict(options)
     return entries
+
+
+def _check_option_names(options: Mapping[str, Any], where: str) -> None:
+    check_names(options, "option", where)
+    for name in options:
+        if name not in _OPTIONS:
+            raise LeaseConfigError(
+                f"{where}: {name!r} is not a per-task lease option; use one of "
+                f"{', '.join(_OPTIONS)}")
+
+
+def _own_options(task: Any) -> dict[str, Any]:
+    """The ``lease_*`` attributes of ``task``'s own classes, below Celery's ``Task``: the
+    options given to ``@app.task(...)``, which Celery makes class attributes."""
+    found: dict[str, Any] = {}
+    for cls in type(task).__mro__:
+        if cls is Task or cls is LeasedTask:
+            break
+        for name, value in vars(cls).items():
+            if name.startswith("lease_"):
+                found.setdefault(name, value)
+    return found
+
+
+def check_unleased(task: Any) -> None:
+    """Refuse ``lease_*`` task options on a task that takes no lease (neither a
+    :class:`~celery_lease.LeasedTask` nor leased by the setting): Celery keeps any option as a
+    class attribute and nothing would read them, so the task would run unleased without a word.
+
+    Raises:
+        LeaseConfigError: naming the task, its ``lease_*`` options and both fixes.
+    """
+    if isinstance(task, LeasedTask) or _MARK in vars(task):
+        return
+    names = sorted(_own_options(task))
+    if not names:
+        return
+    misspelt = ""
+    try:  # named now, not after the fix: the first fix must not lead to a second error
+        check_names(names, "task option", f"task {task.name}")
+    except LeaseConfigError as exc:
+        misspelt = f"; and {exc}"
+    raise LeaseConfigError(
+        f"task {task.name} has lease option(s) {', '.join(names)} but takes no lease "
+        f"(they would be ignored and its executions could overlap): give it "
+        f"base=LeasedTask (from celery_lease import LeasedTask; @app.task(base=LeasedTask, "
+        f"{names[0]}=...)), or name it in app.conf.{SETTING}{misspelt}")
 
 
 def _matches(entries: Mapping[str, Any], names: list[str]) -> dict[str, str]:
@@ -138,6 +188,13 @@ def _lease(app: Any, task: Any, pattern: str, options: Mapping[str, Any]) -> Non
     if isinstance(task, LeasedTask):
         raise LeaseConfigError(
             f"{where}: the task is a LeasedTask already; set its options on it instead")
+    own = _own_options(task)  # the task's own lease_* options count, as on a LeasedTask
+    both = sorted(set(own) & set(options))
+    if both:
+        raise LeaseConfigError(f"{where}: {', '.join(both)} set both on the task and in the "
+                               f"entry; keep one")
+    options = {**own, **options}
+    _check_option_names(options, where)
     original = task.run
     signature = inspect.signature(original)  # the real one: through autoretry and bind=True
     resolve_options(app.conf, {k: v for k, v in options.items() if k != "lease_key"}, where)
@@ -163,6 +220,7 @@ def _lease(app: Any, task: Any, pattern: str, options: Mapping[str, Any]) -> Non
     task.apply_async = shadow.apply_async
     task.lease = _LeaseView()
     setattr(task, _MARK, shadow_cls)
+    setattr(task, _SHADOW, shadow)
 
 
 def apply_lease_tasks(app: Any, *, strict: bool = True) -> list[str]:
@@ -180,9 +238,11 @@ def apply_lease_tasks(app: Any, *, strict: bool = True) -> list[str]:
         LeaseConfigError: an invalid entry, naming it and the fix.
     """
     entries = _entries(app.conf)
-    if not entries:
-        return []
     tasks = app.tasks
+    if not entries:
+        for task in list(tasks.values()):
+            check_unleased(task)
+        return []
     found = _matches(entries, list(tasks))
     if strict:
         for pattern in entries:
@@ -195,6 +255,8 @@ def apply_lease_tasks(app: Any, *, strict: bool = True) -> list[str]:
         with _patching:
             if _MARK not in vars(task):
                 _lease(app, task, pattern, entries[pattern])
+    for task in list(tasks.values()):
+        check_unleased(task)
     return sorted(found)
 
 
@@ -202,6 +264,14 @@ def leased_class(task: Any) -> type[LeasedTask] | None:
     """The private ``Leased[<name>]`` class that runs ``task``'s executions when the setting
     leases it (its lease settings are that class's: ``forget_lease_settings()``), else None."""
     found: type[LeasedTask] | None = vars(task).get(_MARK)
+    return found
+
+
+def leased_runner(task: Any) -> LeasedTask | None:
+    """The :class:`~celery_lease.LeasedTask` instance that runs ``task``'s executions when the
+    setting leases it (its settings are the ones the lease takes: what ``celery lease doctor``
+    and the worker's start check judge), else None."""
+    found: LeasedTask | None = vars(task).get(_SHADOW)
     return found
 
 
@@ -215,6 +285,8 @@ def _lease_one(app: Any, task: Any) -> None:
         with _patching:
             if _MARK not in vars(task):
                 _lease(app, task, pattern, entries[pattern])
+    else:
+        check_unleased(task)
 
 
 def _hook_tracers() -> None:
@@ -258,8 +330,6 @@ def _on_finalize(app: Any) -> None:
     app.steps["worker"].add(LeaseTasksStep)
 
     def apply_known(sender: Any = None, **_: Any) -> None:
-        if app.conf.get(SETTING) is None:
-            return
         try:
             apply_lease_tasks(app, strict=False)
         except LeaseConfigError as exc:  # a signal swallows it: say it loudly

@@ -142,6 +142,7 @@ class Claim:
 
 def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderInfo,
          target: Target, *, sender: Any, claim: Claim | None = None,
+         claimed: bool = False,
          grant: Callable[..., store.AcquireResult] | None = None,
          ) -> Lease | store.AcquireResult:
     """Take lease ``key`` and start renewing it (see the module docstring for the steps).
@@ -159,6 +160,8 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
         target: where a loss is delivered; finished here when no lease results.
         sender: the ``sender`` of the signals sent.
         claim: set to the lease as soon as it is granted (see :class:`Claim`).
+        claimed: the execution's message claimed the key's waiting slot at publish
+            (``lease_dedupe``): the grant clears that claim, in the same script.
         grant: the script that grants it, called as :func:`celery_lease.store.acquire` is
             (default; a take-over from a preempted holder: :func:`celery_lease.store.take_over`).
 
@@ -184,10 +187,13 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
         # script ran, the lifetime on the server started then, not at the second try.
         sent_at = clock.now()
         sent = True  # from here on the store may grant the token, reply or not
+        claimed_by = holder.task_id if claimed else None
         try:
-            found = send(client, key, token, options.ttl_ms, stored_holder, options.min_replicas)
+            found = send(client, key, token, options.ttl_ms, stored_holder,
+                         options.min_replicas, claimed_by)
         except (RedisConnectionError, RedisTimeoutError):
-            found = send(client, key, token, options.ttl_ms, stored_holder, options.min_replicas)
+            found = send(client, key, token, options.ttl_ms, stored_holder,
+                         options.min_replicas, claimed_by)
         if not found.granted:
             target.finish()
             return found

@@ -11,6 +11,9 @@ Metrics (``task`` is the task name; ``celery.beat`` for a beat leader lease):
 - ``celery_lease_held`` (gauge, ``task``): leases held right now.
 - ``celery_lease_acquired_total`` (counter, ``task``).
 - ``celery_lease_conflicts_total`` (counter, ``task``, ``policy``): refused duplicates.
+- ``celery_lease_publishes_total`` (counter, ``task``, ``disposition``): publishes of tasks
+  with ``lease_dedupe``: ``published``, ``deduplicated``, ``unguarded`` (counted where they
+  are published: a web process, beat, a worker).
 - ``celery_lease_lost_total`` (counter, ``task``, ``cause``): ``refused``, ``deadline``,
   ``store_error``.
 - ``celery_lease_renewal_failures_total`` (counter, ``task``).
@@ -68,7 +71,8 @@ class LeaseMetrics:
     """The lease metrics, registered in ``registry`` (default: prometheus' global registry).
 
     Attributes are the prometheus-client metric objects (``held``, ``acquired``,
-    ``conflicts``, ``lost``, ``renewal_failures``, ``renewal_latency``, ``renewal_margin``).
+    ``conflicts``, ``publishes``, ``lost``, ``renewal_failures``, ``renewal_latency``,
+    ``renewal_margin``).
     """
 
     def __init__(self, registry: Any = None, namespace: str = "celery_lease") -> None:
@@ -82,6 +86,9 @@ class LeaseMetrics:
         self.conflicts = prom.Counter(
             "conflicts", "Executions refused because another one held the lease",
             ["task", "policy"], **kw)
+        self.publishes = prom.Counter(
+            "publishes", "Publishes of tasks with lease_dedupe, by what was done",
+            ["task", "disposition"], **kw)
         self.lost = prom.Counter("lost", "Leases lost while held", ["task", "cause"], **kw)
         self.renewal_failures = prom.Counter(
             "renewal_failures", "Renewal round trips that failed (timeout, connection)",
@@ -106,6 +113,9 @@ class LeaseMetrics:
     def on_conflict(self, sender: Any = None, policy: str = "", **kw: Any) -> None:
         self.conflicts.labels(_task_name(sender), policy or "unknown").inc()
 
+    def on_published(self, sender: Any = None, disposition: str = "", **kw: Any) -> None:
+        self.publishes.labels(_task_name(sender), disposition or "unknown").inc()
+
     def on_lost(self, sender: Any = None, cause: str = "", **kw: Any) -> None:
         self.lost.labels(_task_name(sender), cause or "unknown").inc()
 
@@ -123,6 +133,7 @@ class LeaseMetrics:
         signals.lease_acquired.connect(self.on_acquired, weak=False)
         signals.lease_released.connect(self.on_released, weak=False)
         signals.lease_conflict.connect(self.on_conflict, weak=False)
+        signals.lease_published.connect(self.on_published, weak=False)
         signals.lease_lost.connect(self.on_lost, weak=False)
         signals.lease_renewal_failed.connect(self.on_renewal_failed, weak=False)
         signals.lease_renewed.connect(self.on_renewed, weak=False)

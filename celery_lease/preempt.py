@@ -36,7 +36,7 @@ from .errors import LostCause
 from .heartbeat import heartbeat
 from .lease import Lease
 
-__all__ = ["Listener", "end_preempted", "listen", "take_over"]
+__all__ = ["Listener", "end_preempted", "listen", "loss_event", "take_over"]
 
 logger = logging.getLogger("celery_lease")
 
@@ -171,6 +171,16 @@ def _told(task: Any, client: redis.Redis, options: Any, lease: Lease, old: store
         except RedisError as exc:  # the grace is a courtesy: the key is ours already
             logger.warning("waiting for the preempted holder of %s failed: %s", lease.key,
                            store.describe(exc))
+
+
+def loss_event(lease: Lease, error: Any) -> str:
+    """The task event of an execution that ended having lost ``lease`` (``error``, a
+    ``LeaseLost``): ``task-lease-preempted`` for a take-over, whose newcomer it then wakes
+    (:func:`end_preempted`), else ``task-lease-lost``."""
+    if error.cause != LostCause.PREEMPTED:
+        return "task-lease-lost"
+    end_preempted(lease.client, lease.key, lease.token)
+    return "task-lease-preempted"
 
 
 def end_preempted(client: redis.Redis, key: str, token: str) -> None:

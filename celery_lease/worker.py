@@ -7,15 +7,18 @@ worker before it consumes a single message:
 - every leased task's settings are valid and a Redis URL is known (else the worker refuses
   to start with a message naming ``lease_backend``);
 - ``lease_signal`` names a usable signal;
-- each store runs Redis 6.0 or later (else an error is logged: the release's note of who ended
-  last would silently not be written, and ``celery lease ls`` would fail; the worker still
-  starts, since leases themselves work);
-- each store answers, its ACL user may send every command the configured features send
+- each store answers, and its ACL user may send every command the configured features send
   (:func:`celery_lease.acl.problems`: a task lease's, ``WAIT`` with ``lease_min_replicas``,
-  else the start is refused naming the commands; a hold's and beat's, else a warning), and
-  its ``maxmemory-policy`` is ``noeviction``. Any other policy can
-  evict a live lease (the holder is told nothing), so the worker logs a loud warning naming the
-  setting and the fix, and refuses to start when ``lease_require_noeviction`` is true.
+  else the start is refused naming the commands; a hold's and beat's, else a warning);
+- then every check of ``celery lease doctor`` that applies at start, from the doctor's own
+  list (:func:`celery_lease.doctor.diagnose` with ``at_start=True``): each task's settings
+  against its time limits and the broker's ``visibility_timeout``, beat's, and each store's
+  version, ``maxmemory-policy``, latency, clock, Sentinel failover exposure and connected
+  replicas for ``lease_min_replicas``. What the doctor calls WARN is logged as a warning and
+  FAIL as an error, naming the fix; a finding the settings alone make fail, whatever the
+  store's state (a ``retry`` wait the broker would redeliver), refuses the start. An
+  eviction policy other than ``noeviction`` can evict a live lease (the holder is told
+  nothing): a loud warning, or a refusal when ``lease_require_noeviction`` is true.
 
 An unreachable store is logged, not fatal: tasks then follow ``lease_on_store_error``, which
 beats a worker that crash-loops while Redis restarts. Two exceptions refuse the start: a store
@@ -39,7 +42,7 @@ from redis.exceptions import RedisError
 
 from . import acl, store
 from .config import check_process_settings
-from .doctor import failover_problem, redis_version_problem
+from .doctor import diagnose
 from .errors import LeaseConfigError, LeaseStartRefused
 from .names import check_app_settings
 from .store import permissions, topology
@@ -52,32 +55,30 @@ __all__ = ["LeaseStoreCheck", "check_app", "install"]
 logger = logging.getLogger("celery_lease")
 
 def check_app(app: Any) -> list[topology.StoreCheck]:
-    """Validate the lease settings of every leased task of ``app`` and check each store.
+    """Validate the lease settings of every leased task of ``app``, check each store, and run
+    the checks of ``celery lease doctor`` that apply at start (:func:`_run_doctor`).
 
     Returns the checks of the stores that answered.
 
     Raises:
         LeaseConfigError: a setting is invalid or unknown, no Redis URL is known, a store error
-            that waiting cannot fix, or ``lease_require_noeviction`` is set while the eviction
-            policy is unsafe or the store cannot be reached.
+            that waiting cannot fix, ``lease_require_noeviction`` is set while the eviction
+            policy is unsafe or the store cannot be reached, or a doctor finding that the
+            settings alone make fail (:attr:`celery_lease.finding.Finding.refuses_start`).
     """
     check_app_settings(app.conf)
     check_process_settings(app.conf, "app.conf")
-    using: dict[tuple[str, str], list[tuple[str, Any]]] = {}  # store -> its tasks' options
     for task in list(app.tasks.values()):
         if isinstance(task, LeasedTask):
-            options, url, _ = task.lease_settings()
-            key = (url, repr(sorted(options.backend_options.items())))
-            using.setdefault(key, []).append((task.name, options))
+            task.lease_settings()  # raises for an invalid setting or no Redis URL
     checks = []
+    unreachable = set()
     for need in acl.needs(app, tasks_only=True):
         url = need.url
         try:
             client = store.client_for(url, max(need.timeout, 1.0), need.options)
             _check_permissions(client, need)  # first: a denied INFO is named as such
-            check = topology.check_store(client)
-            _warn_failover_exposure(
-                client, url, using.get((url, repr(sorted(need.options.items()))), []))
+            checks.append(topology.check_store(client))
         except RedisError as exc:
             permanent = permanent_error(exc)
             if permanent:
@@ -93,37 +94,35 @@ def check_app(app: Any) -> list[topology.StoreCheck]:
             logger.error("lease store %s is unreachable at worker start: %s; leased tasks "
                          "follow lease_on_store_error until it answers", safe_url(url),
                          store.describe(exc))
-            continue
-        checks.append(check)
-        problem = redis_version_problem(check.version)
-        if problem:
-            logger.error("lease store %s: %s; redeliveries of finished runs may run again",
-                         safe_url(url), problem)
-        if not check.safe:
-            message = (
-                f"lease store {safe_url(url)} runs with maxmemory-policy={check.eviction_policy}: "
-                f"Redis may evict a live lease and let a second execution start while the first "
-                f"still runs. Fix: CONFIG SET maxmemory-policy noeviction (and in redis.conf), "
-                f"or use a dedicated Redis for lease_backend"
-            )
-            if app.conf.get("lease_require_noeviction"):
-                raise LeaseConfigError(message + " (refusing to start: lease_require_noeviction)")
-            logger.warning("!" * 20 + " " + message + "; lease_require_noeviction=True makes the "
-                           "worker refuse to start on such a store instead of warning")
+            unreachable.add(url)
+    _run_doctor(app, unreachable)
     return checks
 
 
-def _warn_failover_exposure(client: Any, url: str, tasks: list[tuple[str, Any]]) -> None:
-    """Warn for each task whose lease a Sentinel failover could let lapse under its holder
-    (:func:`celery_lease.doctor.failover_problem`)."""
-    down_after = topology.sentinel_down_after(client)
-    if down_after is None:
-        return
-    for name, options in tasks:
-        problem = failover_problem(options, down_after)
-        if problem is not None:
-            logger.warning("lease store %s, task %s: %s. Fix: %s", safe_url(url), name,
-                           *problem)
+def _run_doctor(app: Any, unreachable: set[str]) -> None:
+    """Log what ``celery lease doctor`` would report as WARN or FAIL (the same checks, from
+    :func:`celery_lease.doctor.diagnose`), and refuse the start for every finding the settings
+    alone make fail, all in one error. An unsafe eviction policy is a loud warning, or a
+    refusal under ``lease_require_noeviction``."""
+    refusals = []
+    for finding in diagnose(app, at_start=True, skip_stores=unreachable):
+        if finding.level not in ("warn", "fail") or finding.check == "unreachable":
+            continue  # an unreachable store was logged above, with what tasks do meanwhile
+        text = f"{finding.subject}: {finding.message}" + (
+            f". Fix: {finding.fix}" if finding.fix else "")
+        if finding.refuses_start:
+            refusals.append(text)
+        elif finding.check == "eviction" and app.conf.get("lease_require_noeviction"):
+            refusals.append(f"{text} (lease_require_noeviction=True refuses such a store)")
+        elif finding.check == "eviction":
+            logger.warning("!" * 20 + " lease %s; lease_require_noeviction=True makes the "
+                           "worker refuse to start on such a store instead of warning", text)
+        else:
+            (logger.error if finding.level == "fail" else logger.warning)(
+                "lease %s (celery lease doctor: %s)", text, finding.level.upper())
+    if refusals:
+        raise LeaseConfigError("; ".join(refusals) + " (refusing to start; `celery lease "
+                               "doctor` shows every check)")
 
 
 def _check_permissions(client: Any, need: acl.StoreNeeds) -> None:

@@ -279,6 +279,25 @@ def test_a_graceful_stop_hands_over_at_once_and_the_successor_sends_one_period_a
         f"the successor sent {at2 - at1:.2f}s after the leader's last send (period {period}s)"
 
 
+def test_a_clean_stop_wakes_a_standby_that_would_not_try_again_for_a_renew_interval(
+    redis_url: str, beats: list[BeatProcess], tmp_path: Path
+) -> None:
+    # TTL 30 s and a 30 s loop: the standby's next try is a renew interval (10 s) away once it
+    # has seen the leader, so only the release's wake explains a take-over within 5 s.
+    env = _env(redis_url, "beat-wake", BEAT_TTL="30", BEAT_MAX_INTERVAL="30")
+    client = redis.Redis.from_url(redis_url)
+    leader = BeatProcess(env, tmp_path, "leader").start()
+    beats.append(leader)
+    wait_for(lambda: _leader_pid(client) == leader.pid, 20, message=leader.log)
+    standby = BeatProcess(env, tmp_path, "standby").start()
+    beats.append(standby)
+    wait_for(lambda: "standby; leader is" in standby.log(), 20, message=standby.log)
+    leader.stop()
+    wait_for(lambda: _leader_pid(client) == standby.pid, 5, interval=0.01,
+             message=standby.log)
+    assert "released leadership" in leader.log()
+
+
 def test_the_last_run_record_lives_ten_periods_refreshed_at_every_send(
     redis_url: str, worker_factory: WorkerFactory, beats: list[BeatProcess], tmp_path: Path
 ) -> None:

@@ -68,3 +68,14 @@ def test_quick_run_produces_every_figure(tmp_path: Path) -> None:
         assert heading in table
     for plot in PLOTS:
         assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", plot
+
+
+def test_the_publish_benchmark_counts_one_lease_store_round_trip_per_dedupe_publish() -> None:
+    from benchmarks import publish
+
+    found = publish.measure(publishes=20, rounds=1)
+    trips = {name: (v["broker"]["round_trips"], v["lease store"]["round_trips"])
+             for name, v in found.items()}
+    assert trips == {"plain": (1.0, 0.0), "dedupe, published": (1.0, 1.0),
+                     "dedupe, deduplicated": (0.0, 1.0)}
+    assert all(_number(v["us_per_publish"]["median"]) for v in found.values())

@@ -113,14 +113,15 @@ def test_a_renewal_confirmed_after_a_later_grant_is_found() -> None:
 def test_a_body_running_after_a_later_grant_and_never_told_is_found() -> None:
     history = clean()
     history.executions[0].body_end = T0 + 3.3  # still running after b's grant at T0 + 3
-    assert rules(history) == [(3, "silent-loser")]
+    # Both ended normally, so the direct form of the promise sees it too.
+    assert rules(history) == [(3, "silent-loser"), (6, "two-running")]
 
 
 def test_a_release_whose_reply_was_read_later_does_not_count_as_told() -> None:
     history = clean()
     a = history.executions[0]
     a.body_end, a.released = T0 + 3.3, None  # lease_released said released=None
-    assert rules(history) == [(3, "silent-loser")]
+    assert rules(history) == [(3, "silent-loser"), (6, "two-running")]
 
 
 @pytest.mark.parametrize("told", ["lost", "refused", "release"])
@@ -201,10 +202,45 @@ def test_a_saved_history_with_a_violation_exits_non_zero_and_lists_it(tmp_path: 
     assert main(["--check", str(saved)]) == 0
 
 
+def test_two_executions_of_one_key_that_both_ended_normally_while_overlapping_are_found(
+) -> None:
+    history = clean()
+    history.executions.append(run("c", FENCE + 6, T0 + 3.5, T0 + 4.5))
+    assert (6, "two-running") in rules(history)
+
+
+def folded(onto: str, decided: float, resolution: str = "ran") -> Job:
+    return Job("job-f", "k1", "dedupe", "task-f", decided, resolution, disposition="deduplicated",
+               folded_onto=onto, decided_lower=decided, decided_upper=decided + 0.01)
+
+
+def test_a_publish_folded_onto_a_copy_that_had_started_is_found() -> None:
+    history = clean()
+    history.jobs.append(folded("task-b", T0 + 3.5))  # b was granted at T0 + 3
+    assert rules(history) == [(6, "folded-onto-started")]
+
+
+def test_a_publish_folded_onto_a_copy_granted_after_it_or_skipped_is_no_violation() -> None:
+    history = clean()
+    history.jobs += [folded("task-b", T0 + 2.5), folded("task-b", T0 + 3.5, "skipped")]
+    history.jobs[-1].holder = "h:1"
+    assert rules(history) == []
+
+
+def test_a_claim_left_past_its_lifetime_or_without_one_is_found() -> None:
+    history = clean()
+    claim = {"key": "lease:{k1}", "task_id": "task-x", "age": 4.0, "lifetime": 10.0,
+             "ttl": 6.0}
+    history.leftover_claims = [claim]
+    assert rules(history) == []
+    history.leftover_claims = [{**claim, "age": 12.0, "ttl": 0.5}, {**claim, "ttl": -1.0}]
+    assert rules(history) == [(6, "claim-outlived")] * 2
+
+
 def test_a_grant_within_the_cooldown_after_a_success_is_found() -> None:
     history = clean()
     history.cooldown = 1.5  # a ended ok at T0 + 2; b was granted by T0 + 3
-    assert rules(history) == [(6, "started-in-cooldown")]
+    assert rules(history) == [(7, "started-in-cooldown")]
 
 
 def test_a_grant_after_the_cooldown_or_after_a_failure_or_an_erased_store_is_no_violation(

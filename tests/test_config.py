@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
+import re
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -363,3 +365,97 @@ def test_no_configuration_error_shows_a_credential(conf: dict[str, object],
         register(app, **options).lease_settings()
     assert "s3cr3t" not in str(info.value)
     assert "lease_backend" in str(info.value)  # and it still names what to fix
+
+
+def _apply_fix(message: str, options: dict[str, object]) -> dict[str, object]:
+    """``options`` with the ``Fix: a=1.0 and leave b unset`` an error message suggests."""
+    found = re.search(r"\. Fix: (.*?)(?:;|$)", message)
+    assert found, message
+    fixed = dict(options)
+    for change in found.group(1).split(" and "):
+        unset = re.fullmatch(r"leave (\w+) unset", change)
+        if unset:
+            fixed.pop(unset.group(1), None)
+        else:
+            name, value = change.split("=")
+            fixed[name] = float(value)
+    return fixed
+
+
+BAD_TTLS = [0.1, 0.2, 0.3, 1.0, 10.0, "x", -1.0]
+BAD_INTERVALS = [None, 0.01, 0.09, 0.2, 3.0, 20.0, "y"]
+BAD_TIMEOUTS = [None, 0.01, 0.06, 1.0, 5.0, math.nan]
+
+
+def test_the_suggested_fix_of_any_invalid_timing_passes_every_check(
+        caplog: pytest.LogCaptureFixture) -> None:
+    refused = 0
+    for ttl, interval, timeout in itertools.product(BAD_TTLS, BAD_INTERVALS, BAD_TIMEOUTS):
+        given = {name: value for name, value in (
+            ("lease_ttl", ttl), ("lease_renew_interval", interval),
+            ("lease_store_timeout", timeout)) if value is not None}
+        try:
+            resolve_options({}, given, "t")
+            continue
+        except LeaseConfigError as exc:
+            message = str(exc)
+        refused += 1
+        fixed = _apply_fix(message, given)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="celery_lease"):
+            resolve_options({}, fixed, "t")  # raises if the fix leads to a second error
+        # The only warning left is about the interval as given (above a third), and its
+        # suggestion passes too.
+        for record in caplog.records:
+            assert f"lease_renew_interval={interval!r} (t) is above a third" in \
+                record.getMessage(), f"{given} -> {fixed}: {caplog.text}"
+            suggested = re.search(r"consider (lease_renew_interval=\S+)$", record.getMessage())
+            if suggested:
+                resolve_options({}, _apply_fix(f". Fix: {suggested.group(1)}", fixed), "t")
+    assert refused > 100  # the grid is mostly bad input
+
+
+def test_the_reported_chain_gets_one_fix_that_works() -> None:
+    # Suggesting a third of the TTL for the interval would hit the 50 ms floor next.
+    with pytest.raises(LeaseConfigError) as info:
+        resolve_options({}, {"lease_ttl": 0.1, "lease_renew_interval": 20.0}, "t")
+    assert str(info.value).endswith("Fix: lease_ttl=0.3 and leave lease_renew_interval unset")
+    with pytest.raises(LeaseConfigError) as info:
+        beat_settings({"lease_backend": "redis://h/0", "lease_beat_ttl": 0.2,
+                       "lease_renew_interval": 5.0})
+    assert str(info.value).endswith("Fix: lease_beat_ttl=0.3")
+    beat_settings({"lease_backend": "redis://h/0", "lease_beat_ttl": 0.3,
+                   "lease_renew_interval": 5.0})
+
+
+def test_every_invalid_value_is_reported_in_one_error() -> None:
+    with pytest.raises(LeaseConfigError) as info:
+        register(make_app(), lease_ttl="30", lease_on_conflict="queue", lease_key_prefix="a{b",
+                 lease_min_replicas=-1)
+    message = str(info.value)
+    assert message.startswith("4 invalid lease settings (task ")
+    assert "\n" not in message
+    for named in ("lease_ttl='30' must be a number of seconds", "lease_key_prefix='a{b'",
+                  "lease_min_replicas=-1", "lease_on_conflict='queue' is not one of"):
+        assert named in message
+
+
+@pytest.mark.parametrize(("option", "value", "says"), [
+    ("lease_dedupe", "true", "must be True or False"),
+    ("lease_dedupe", 1, "must be True or False"),
+    ("lease_dedupe_ttl", 0, "above zero"),
+    ("lease_dedupe_ttl", "300", "number of seconds"),
+])
+def test_lease_dedupe_and_its_ttl_are_checked_at_registration(option: str, value: object,
+                                                              says: str) -> None:
+    with pytest.raises(LeaseConfigError, match=f"{option}=.*{says}"):
+        register(make_app(), **{option: value})
+    with pytest.raises(LeaseConfigError, match=option):
+        register(make_app(**{option: value}))
+
+
+def test_lease_dedupe_defaults_off_with_a_five_minute_claim_lifetime() -> None:
+    options = register(make_app()).lease_settings().options
+    assert (options.dedupe, options.dedupe_ttl) == (False, 300.0)
+    options = register(make_app(lease_dedupe=True), lease_dedupe_ttl=12.5).lease_settings().options
+    assert (options.dedupe, options.dedupe_ttl) == (True, 12.5)

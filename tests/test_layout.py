@@ -16,13 +16,13 @@ PACKAGE = Path(celery_lease.__file__).parent
 LAYERS = {
     **dict.fromkeys(["keys", "errors", "signals", "clock"], 0),
     "store": 1,
-    **dict.fromkeys(["config", "names"], 2),
+    **dict.fromkeys(["config", "names", "timing"], 2),
     **dict.fromkeys(["lifecycle", "heartbeat", "interrupt", "next_instruction", "lease"], 3),
-    **dict.fromkeys(["task", "conflict", "hold", "hold_core", "hold_async", "hold_options",
-                     "hold_shapes", "beat", "lease_tasks", "eager", "cooldown"], 4),
-    "preempt": 4,
-    **dict.fromkeys(["cli", "doctor", "inspection", "flower", "metrics", "testing", "worker",
-                     "acl"], 5),
+    **dict.fromkeys(["task", "conflict", "dedupe", "hold", "hold_core", "hold_async",
+                     "hold_options", "hold_shapes", "beat", "beat_leader", "lease_tasks", "eager",
+                     "outage", "cooldown", "preempt"], 4),
+    **dict.fromkeys(["cli", "doctor", "doctor_claims", "finding", "inspection", "flower",
+                     "metrics", "testing", "worker", "acl"], 5),
 }
 MAX_LINES = 400
 #: redis-py client methods that send a command, those no other object here has a method of

@@ -20,6 +20,7 @@ import tests.apps.thirdparty.tasks  # noqa: F401 - registers its shared tasks on
 from celery_lease import LeaseConfigError, LeasedTask, apply_lease_tasks, is_skipped
 from celery_lease.inspection import scan_leases
 from celery_lease.keys import build_key
+from celery_lease.lease_tasks import leased_class
 from celery_lease.testing import use_lease_backend
 from tests.support.waiting import wait_for
 
@@ -243,3 +244,53 @@ def test_use_lease_backend_points_a_task_leased_by_the_setting_at_the_test_store
         finally:
             celery_lease.signals.lease_acquired.disconnect(on_acquired)
     assert len(seen) == 1 and seen[0] > 0  # the lease was taken on the test store
+
+
+def test_lease_options_on_a_task_that_takes_no_lease_are_refused_at_finalize_and_first_apply(
+        redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    app = Celery("stray", broker="memory://", set_as_current=False)
+    app.conf.lease_backend = redis_url
+    task = app.task(name="stray.sync", shared=False, lease_key=("x",), lease_ttl=10.0)(
+        _plain_job)
+    fix = (r"task stray.sync has lease option\(s\) lease_key, lease_ttl but takes no lease .*"
+           r"base=LeasedTask .*or name it in app.conf.lease_tasks")
+    with caplog.at_level("ERROR", logger="celery_lease"):
+        app.finalize()
+    assert any(r.name == "celery_lease" and "stray.sync" in r.getMessage()
+               for r in caplog.records)
+    with pytest.raises(LeaseConfigError, match=fix):
+        task.apply((7,))
+    with pytest.raises(LeaseConfigError, match=fix):
+        apply_lease_tasks(app)
+    # A misspelt one is named in the same error, so that adding the base is the last fix.
+    typo = app.task(name="stray.typo", shared=False, lease_tll=10.0)(_plain_job)
+    with pytest.raises(LeaseConfigError, match=r"and unknown task option lease_tll \(task "
+                                               r"stray.typo\); did you mean lease_ttl\?"):
+        typo.apply((7,))
+
+
+def test_a_task_leased_by_the_setting_keeps_its_own_lease_options(redis_url: str) -> None:
+    app = Celery("own", broker="memory://", set_as_current=False)
+    app.conf.update(lease_backend=redis_url, lease_tasks={"own.job": {"lease_key": ["x"]}})
+    task = app.task(name="own.job", shared=False, lease_ttl=7.0)(_plain_job)
+    apply_lease_tasks(app)
+    leased = leased_class(task)
+    assert leased is not None and leased().lease_settings().options.ttl == 7.0
+    app.conf.lease_tasks = {"own.twice": {"lease_ttl": 8.0}}
+    twice = app.task(name="own.twice", shared=False, lease_ttl=7.0)(_plain_job)
+    with pytest.raises(LeaseConfigError, match="lease_ttl set both on the task and in the entry"):
+        twice.apply((7,))
+
+
+def test_the_doctor_judges_a_task_leased_by_the_setting_by_its_own_lease_options(
+        redis_url: str) -> None:
+    from celery_lease.doctor import diagnose
+
+    app = _client_app(redis_url, {"thirdparty.close_day": {
+        "lease_key": ["day"], "lease_on_conflict": "retry", "lease_ttl": 7200.0}})
+    app.conf.broker_transport_options = {"visibility_timeout": 3600}
+    app.finalize()
+    findings = list(diagnose(app, at_start=True))
+    (refusal,) = [f for f in findings if f.subject == "task thirdparty.close_day"
+                  and f.level == "fail"]
+    assert "lease_ttl=7200s" in refusal.message and refusal.refuses_start

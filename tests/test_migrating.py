@@ -2,7 +2,9 @@
 
 The "before" modules use celery-once and celery-singleton (both in the bench extra, which the
 test extra includes): the options they set must be ones those libraries read. The "after"
-modules must resolve to the lease settings the tables promise.
+modules must resolve to the lease settings the tables promise, answer a duplicate at
+``delay()`` (``lease_dedupe``), and a worker of one, which has no result backend, must not
+claim to store the skip marker.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from celery_lease import store
+from harness.workers import CeleryWorker
+from tests.support.waiting import wait_for
 from tests.test_testing_plugin import titled_blocks, write_project
 
 CHECK = '''\
@@ -24,6 +29,7 @@ from after import once_tasks as once_after, singleton_tasks as singleton_after
 def lease(task):
     options, url, _ = task.lease_settings()
     return {"url": url, "ttl": options.ttl, "on_conflict": options.on_conflict,
+            "dedupe": options.dedupe,
             "key": task.lease_key_for((42,), {"since": "x"}),
             "key_43": task.lease_key_for((43,))}
 
@@ -61,5 +67,47 @@ def test_the_migration_examples_set_real_options_and_map_to_lease_settings(
     for after in (seen["once_after"], seen["singleton_after"]):
         assert after["url"] == "redis://localhost:6379/1"
         assert after["ttl"] == 30.0 and after["on_conflict"] == "skip"
+        assert after["dedupe"] is True  # the answer at delay() time, as both libraries give
         assert after["key"] != after["key_43"]  # one lease per account, whatever `since` is
     assert seen["once_after"]["key"] == seen["key_42_again"]
+
+
+PUBLISH = '''\
+import json, sys
+from after import once_tasks
+queued, again = once_tasks.sync_account.delay(42), once_tasks.sync_account.delay(42)
+print(json.dumps([queued.id, again.id, queued.lease_disposition, again.lease_disposition]))
+'''
+
+
+def test_the_once_after_app_answers_at_delay_and_its_worker_says_it_stores_no_skip_marker(
+        tmp_path: Path, redis_url: str) -> None:
+    files = {name: body.replace("redis://localhost:6379/0", redis_url)
+             .replace("redis://localhost:6379/1", redis_url)
+             for name, body in titled_blocks("howto/migrating.md").items()}
+    write_project(tmp_path, {**files, "publish.py": PUBLISH})
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    run = subprocess.run([sys.executable, "publish.py"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert run.returncode == 0, run.stderr
+    queued, again, *dispositions = json.loads(run.stdout)
+    assert again == queued and dispositions == ["published", "deduplicated"]
+    # Another execution holds account 42's lease: the worker skips the waiting copy.
+    key = _key_of_account_42(tmp_path, env)
+    client = store.client_for(redis_url, 2.0)
+    assert store.acquire(client, key, "b" * 32, 30_000, "{}").granted
+    with CeleryWorker("after.once_tasks", env=env, cwd=tmp_path, log_dir=tmp_path) as worker:
+        wait_for(lambda: "skipped: task" in worker.log_text(), 30,
+                 message=lambda: worker.log_tail())
+    assert "no result stored (no result backend, or ignore_result)" in worker.log_text()
+    assert "result stored as SUCCESS" not in worker.log_text()
+
+
+def _key_of_account_42(tmp_path: Path, env: dict[str, str]) -> str:
+    """Account 42's lease key, as the app computes it."""
+    run = subprocess.run(
+        [sys.executable, "-c",
+         "from after import once_tasks as m; print(m.sync_account.lease_key_for((42,)))"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip()

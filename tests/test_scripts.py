@@ -14,7 +14,14 @@ from typing import Any
 import pytest
 import redis
 
-from celery_lease.keys import beat_leader_key, fence_key, hold_key, last_run_key, wake_key
+from celery_lease.keys import (
+    beat_leader_key,
+    claim_key,
+    fence_key,
+    hold_key,
+    last_run_key,
+    wake_key,
+)
 from celery_lease.store import FENCE_COUNTER_EXTRA_MS, holder_json, lua
 
 SCRIPTS = lua.names()
@@ -430,6 +437,108 @@ def test_revoke_with_a_token_that_no_longer_holds_answers_0_and_leaves_the_key(
     assert client.get(KEY) == value
     client.delete(KEY)
     assert run(client, "revoke-1.lua", [KEY], [token()]) == 0
+
+
+CLAIM = claim_key(KEY)
+
+
+def claimer(task_id: str) -> str:
+    return holder_json("t.job", task_id, "web1", 7)
+
+
+def claim(client: redis.Redis, task_id: str, lifetime: int = 60_000,
+          take_over: bool = False) -> Any:
+    return run(client, "claim-2.lua", [CLAIM, KEY],
+               [task_id, lifetime, claimer(task_id), "1" if take_over else "0"])
+
+
+def acquire_claimed(client: redis.Redis, tok: str, task_id: str) -> Any:
+    return run(client, "acquire-3.lua", [KEY, FENCE, CLAIM],
+               [tok, TTL, holder_json("t.job", task_id, "host", 42),
+                TTL + FENCE_COUNTER_EXTRA_MS, task_id])
+
+
+def test_claim_of_a_free_slot_stamps_the_servers_clock_the_lifetime_and_the_claimer(
+        client: redis.Redis) -> None:
+    before = micros(client)
+    assert claim(client, "w1") == [1, "", 0]
+    after = micros(client)
+    at, lifetime, meta = client.get(CLAIM).split(":", 2)
+    assert before <= int(at) <= after and (lifetime, meta) == ("60000", claimer("w1"))
+    assert 59_000 < client.pttl(CLAIM) <= 60_000
+
+
+def test_claim_while_a_copy_waits_answers_its_task_id_and_age_and_writes_nothing(
+        client: redis.Redis) -> None:
+    claim(client, "w1")
+    value, pttl = client.get(CLAIM), client.pttl(CLAIM)
+    claimed, task_id, age = claim(client, "w2", lifetime=999_000)
+    assert (claimed, task_id) == (0, "w1") and 0 <= age < 5000
+    assert client.get(CLAIM) == value and client.pttl(CLAIM) <= pttl
+
+
+def test_claim_by_the_waiting_copys_own_task_id_claims_again_with_the_new_lifetime(
+        client: redis.Redis) -> None:
+    claim(client, "w1", lifetime=1000)
+    assert claim(client, "w1", lifetime=90_000) == [1, "", 0]
+    assert 89_000 < client.pttl(CLAIM) <= 90_000
+
+
+def test_claim_taken_over_names_the_new_task_id(client: redis.Redis) -> None:
+    claim(client, "w1")
+    assert claim(client, "s1", take_over=True) == [1, "", 0]
+    assert client.get(CLAIM).endswith(claimer("s1"))
+
+
+def test_a_claim_naming_the_leases_holder_is_stale_and_claimed_over(client: redis.Redis) -> None:
+    claim(client, "w1")
+    acquire(client, token())  # HOLDER's task id is task-1, not w1: the claim stands
+    assert claim(client, "w2")[:2] == [0, "w1"]
+    client.delete(KEY, CLAIM)
+    claim(client, "task-1")
+    acquire(client, token())  # granted to task-1 by a worker that did not clear its claim
+    assert claim(client, "w2") == [1, "", 0]
+    assert client.get(CLAIM).endswith(claimer("w2"))
+
+
+@pytest.mark.parametrize("foreign", ["list", "garbage", "12:34:not json"])
+def test_claim_over_a_key_celery_lease_did_not_write_answers_2_and_leaves_it(
+        client: redis.Redis, foreign: str) -> None:
+    if foreign == "list":
+        client.rpush(CLAIM, "x")
+    else:
+        client.set(CLAIM, foreign)
+    claimed, what, _ = claim(client, "w1")
+    assert claimed == 2 and what
+    assert client.type(CLAIM) == ("list" if foreign == "list" else "string")
+    assert foreign == "list" or client.get(CLAIM) == foreign
+
+
+def test_unclaim_removes_only_a_claim_naming_the_task_id(client: redis.Redis) -> None:
+    claim(client, "w1")
+    assert run(client, "unclaim-1.lua", [CLAIM], ["w2"]) == 0
+    assert client.exists(CLAIM) == 1
+    assert run(client, "unclaim-1.lua", [CLAIM], ["w1"]) == 1
+    assert client.exists(CLAIM) == 0
+    assert run(client, "unclaim-1.lua", [CLAIM], ["w1"]) == 0
+
+
+def test_acquire_3_grants_as_acquire_2_and_clears_the_claim_naming_its_task_id(
+        client: redis.Redis) -> None:
+    claim(client, "w1")
+    t = token()
+    granted, fence, ttl = acquire_claimed(client, t, "w1")
+    assert (granted, ttl) == (1, TTL) and client.get(KEY).startswith(f"{t}:{fence}:")
+    assert client.get(FENCE) == fence and client.exists(CLAIM) == 0
+
+
+def test_acquire_3_leaves_a_claim_of_another_task_id_and_a_refused_grant_keeps_its_own(
+        client: redis.Redis) -> None:
+    claim(client, "w2")
+    assert acquire_claimed(client, token(), "w1")[0] == 1  # w1 runs, w2 still waits
+    assert client.get(CLAIM).endswith(claimer("w2"))
+    assert acquire_claimed(client, token(), "w2")[0] == 0  # w1 holds: w2 goes on waiting
+    assert client.get(CLAIM).endswith(claimer("w2"))
 
 
 LAST_RUN = last_run_key(beat_leader_key("lease", "proj"))

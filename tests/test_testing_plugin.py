@@ -8,9 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import redis
 from celery import Celery
 
-from celery_lease import LeasedTask
+from celery_lease import LeasedTask, testing
 from celery_lease.testing import LeaseRedis, use_lease_backend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,6 +41,19 @@ def test_the_fixture_is_an_empty_real_redis(lease_redis: LeaseRedis) -> None:
 
 def test_the_next_test_starts_empty(lease_redis: LeaseRedis) -> None:
     assert lease_redis.client.dbsize() == 0
+
+
+def test_the_session_server_is_gone_when_the_session_ends() -> None:
+    session = testing.lease_redis_server.__wrapped__()  # the fixture's function, as pytest runs it
+    server = next(session)
+    assert server.client.set("written", "1") and server.client.get("written") == b"1"
+    pid = server.client.info("server")["process_id"]
+    for _ in session:  # the teardown
+        pass
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis.from_url(server.url, socket_connect_timeout=1.0).ping()
 
 
 def test_use_lease_backend_points_the_tasks_at_the_store_and_restores(
@@ -78,6 +93,8 @@ def test_the_testing_how_to_runs_as_shown_with_a_plain_pytest_command(tmp_path: 
 
 
 LIBRARY_APP = '''
+import pytest
+import redis
 from celery import Celery
 
 app = Celery("lib", broker="memory://", backend="cache+memory://")

@@ -1,16 +1,27 @@
 """``celery worker`` refusing to start, as a user sees it: a real worker process whose lease
 configuration no task can run with prints one readable refusal (no traceback), exits with
 ``EX_CONFIG`` and never reports ready; an unreachable store is only refused when
-``lease_require_noeviction`` promised a check of its eviction policy."""
+``lease_require_noeviction`` promised a check of its eviction policy. The start runs the
+checks of ``celery lease doctor``: what the settings alone make fail refuses the start, what
+the store's state explains is logged."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+from celery import Celery
+
+from celery_lease import LeasedTask
+from celery_lease.doctor import check_replicas
 from celery_lease.errors import EX_CONFIG
+from celery_lease.store import topology
+from celery_lease.worker import check_app
 from harness.redis_server import free_port
+from harness.waiting import wait_for
 from harness.workers import CeleryWorker
-from tests.support.fixtures import WorkerFactory
+from tests.support.fixtures import RedisFactory, WorkerFactory
+from tests.support.secure import AclRedisServer
 
 
 def _refused(worker: CeleryWorker) -> str:
@@ -70,13 +81,92 @@ DJANGO_STYLE_PROJECT = {
 }
 
 
-def test_misspelt_namespaced_settings_stop_a_real_worker_in_one_line(tmp_path: Path) -> None:
-    for name, text in DJANGO_STYLE_PROJECT.items():
+def _last_line_of_refused(tmp_path: Path, module: str, files: dict[str, str]) -> str:
+    """The last line a worker of ``module`` (written from ``files`` into ``tmp_path``) prints
+    when it refuses to start."""
+    for name, text in files.items():
         (tmp_path / name).write_text(text)
-    output = _refused(CeleryWorker("djproj", pool="solo", queue="refused", log_dir=tmp_path,
+    output = _refused(CeleryWorker(module, pool="solo", queue="refused", log_dir=tmp_path,
                                    env={"PYTHONPATH": str(tmp_path)}))
-    assert output.strip().splitlines()[-1] == (
+    return output.strip().splitlines()[-1]
+
+
+def test_misspelt_namespaced_settings_stop_a_real_worker_in_one_line(tmp_path: Path) -> None:
+    assert _last_line_of_refused(tmp_path, "djproj", DJANGO_STYLE_PROJECT) == (
         "Error: celery-lease configuration error: 2 unknown settings (app.conf): "
         "CELERY_LEASE_ON_CONFICT (lease_on_confict), did you mean CELERY_LEASE_ON_CONFLICT "
         "(lease_on_conflict)?; CELERY_LEASE_TLL (lease_tll), did you mean CELERY_LEASE_TTL "
         "(lease_ttl)?")
+
+
+def test_lease_options_on_a_task_that_takes_no_lease_stop_a_real_worker_in_one_line(
+    tmp_path: Path,
+) -> None:
+    # base=LeasedTask forgotten: Celery would keep the options as class attributes, unread.
+    module = ("from celery import Celery\n"
+              "import celery_lease\n"
+              "app = Celery('straytasks', broker='redis://127.0.0.1:1/0')\n"
+              "@app.task(lease_key=('account_id',), lease_ttl=10.0)\n"
+              "def sync(account_id): ...\n")
+    assert _last_line_of_refused(tmp_path, "straytasks", {"straytasks.py": module}) == (
+        "Error: celery-lease configuration error: task straytasks.sync has lease option(s) "
+        "lease_key, lease_ttl but takes no lease (they would be ignored and its executions "
+        "could overlap): give it base=LeasedTask (from celery_lease import LeasedTask; "
+        "@app.task(base=LeasedTask, lease_key=...)), or name it in app.conf.lease_tasks")
+
+
+def test_a_retry_wait_the_broker_would_redeliver_refuses_the_start_with_the_doctors_fix(
+    tmp_path: Path, redis_url: str, worker_factory: WorkerFactory,
+) -> None:
+    env = {"TEST_BROKER_URL": redis_url, "TEST_QUEUE": worker_factory.queue,
+           "LEASE_ON_CONFLICT": "retry", "LEASE_TTL": "10", "VISIBILITY_TIMEOUT": "5"}
+    output = _refused(CeleryWorker("tests.apps.ops_app", pool="solo", queue=worker_factory.queue,
+                                   log_dir=tmp_path, env=env))
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("Error: celery-lease refused to start this worker: task ops."), last
+    assert "which the broker redelivers after visibility_timeout=5s" in last
+    assert "Fix: broker_transport_options={'visibility_timeout': 40}" in last
+
+
+def test_min_replicas_with_no_replica_connected_is_logged_at_start_as_the_doctor_says(
+    throwaway_redis: RedisFactory, caplog: pytest.LogCaptureFixture,
+) -> None:
+    primary = throwaway_redis()
+    app = Celery("replicas", broker="memory://", set_as_current=False)
+    app.conf.update(lease_backend=primary.url(), lease_min_replicas=1)
+
+    @app.task(base=LeasedTask, name="replicas.job", shared=False)  # type: ignore[misc]
+    def job() -> None:
+        pass
+
+    with caplog.at_level("WARNING", logger="celery_lease"):
+        assert check_app(app)  # it can work once a replica connects: logged, not refused
+    assert ("lease_min_replicas=1 but 0 replica(s) connected to the primary: every acquire of "
+            "replicas.job waits") in caplog.text
+    assert "(celery lease doctor: FAIL)" in caplog.text
+    throwaway_redis({"replicaof": ["127.0.0.1", str(primary.port)]})
+    wait_for(lambda: topology.connected_replicas(primary.client()) == 1, 15)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="celery_lease"):
+        check_app(app)
+    assert "replica(s) connected" not in caplog.text
+    (finding,) = check_replicas(primary.url(), [(job.name, job.lease_settings().options)], app)
+    assert (finding.level, finding.message) == (
+        "ok", "1 replica(s) connected: enough for lease_min_replicas=1")
+
+
+def test_a_user_with_only_the_task_commands_starts_without_an_error_from_the_doctors_checks(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The doctor's latency and clock checks send PING and TIME, which a worker never needs.
+    with AclRedisServer(features=("tasks",)) as server:
+        app = Celery("tasks_only", broker="memory://", set_as_current=False)
+        app.conf.lease_backend = server.lease_url()
+
+        @app.task(base=LeasedTask, name="tasks_only.job", shared=False)  # type: ignore[misc]
+        def job() -> None:
+            pass
+
+        with caplog.at_level("ERROR", logger="celery_lease"):
+            assert check_app(app)
+    assert caplog.records == []

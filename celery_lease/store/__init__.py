@@ -7,6 +7,7 @@ Nothing above this package builds a Redis command; it calls these functions:
   script in ``scripts/*.lua`` (:mod:`.lua`); the release into a cooldown (:mod:`.cooldown`);
 - what is stored (:mod:`.value`: a lease's value; :mod:`.records`: reading leases back for
   ``celery lease ls``, and beat's last-run record);
+- the claim of a task's waiting copy, decided at publish (:mod:`.claims`, ``lease_dedupe``);
 - the client (:mod:`.connection`, :mod:`.url`), its topologies (:mod:`.topology`) and where
   each command goes on them (:mod:`.routing`), the raw connection path of a standalone client
   (:mod:`.wire`), releases whose replies are read later (:mod:`.pending`), whether a write
@@ -19,6 +20,7 @@ Nothing above this package builds a Redis command; it calls these functions:
 
 from __future__ import annotations
 
+from .claims import Claim, Decision, claim, parse_claim, unclaim
 from .connection import client_for, reset_clients
 from .cooldown import release_into_cooldown
 from .errors import NotReplicated, PrimaryUnconfirmed, describe, permanent_error
@@ -53,14 +55,18 @@ __all__ = [
     "TOKEN_LENGTH",
     "WAKE_LIFETIME_MS",
     "AcquireResult",
+    "Claim",
+    "Decision",
     "Holder",
     "NotReplicated",
     "PrimaryUnconfirmed",
     "acquire",
+    "claim",
     "client_for",
     "describe",
     "holder_json",
     "next_message",
+    "parse_claim",
     "parse_counter",
     "parse_value",
     "pass_turn",
@@ -76,6 +82,7 @@ __all__ = [
     "revoke",
     "subscribe",
     "take_over",
+    "unclaim",
     "wait_for_release",
     "wait_preempted_end",
     "wake_preempter",

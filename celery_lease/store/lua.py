@@ -7,7 +7,9 @@ opens with a header in a Lua block comment: what it does, one line per ``KEYS[i]
 
 A fragment several scripts share (the token check, for one) is a file in ``scripts/includes/``,
 pulled in by a line that reads ``--@include <file name>`` (indented or not). That line is
-replaced by the fragment's body, indented as the line was; nothing else is expanded. Headers
+replaced by the fragment's body, indented as the line was; nothing else is expanded. A script
+that extends another names it one folder up (``--@include ../acquire-2.lua``): it runs that
+script's body unchanged, as a function of its own (``acquire-3.lua``). Headers
 are dropped from what is sent to Redis (the release is sent as ``EVAL`` with its source on
 every execution).
 """

@@ -88,12 +88,17 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
             "&<prefix>:preempt:*), and the wait out of lease_preempt_grace",
             ("publish", "subscribe", "blpop"), ("preempt-2.lua", "wake_preempter-1.lua")),
     Feature("beat", "LeasedScheduler: the leader lease and the last-run record, stamped "
-            "and read on the store's clock", (), ("record_run-1.lua", "last_runs-1.lua")),
+            "and read on the store's clock; a stopping leader wakes a standby blocked on "
+            "its release", ("blpop",), ("record_run-1.lua", "last_runs-1.lua",
+                                        "release_wake-3.lua")),
     Feature("cli", "celery lease ls / show / release: SCAN (never KEYS), value and lifetime "
             "read in one MULTI, the operator's release", ("scan", "multi", "exec", "pttl"),
             ("revoke-1.lua",)),
     Feature("doctor", "celery lease doctor: latency and clock", ("ping", "time", "info")),
     Feature("min_replicas", "lease_min_replicas above 0: WAIT after each acquire", ("wait",)),
+    Feature("dedupe", "lease_dedupe: the waiting copy's claim, decided at publish, cleared by "
+            "the acquire that grants it, removed when its message will not run", (),
+            ("claim-2.lua", "acquire-3.lua", "unclaim-1.lua")),
     Feature("database", "a lease_backend database other than 0", ("select",)),
     Feature("cluster", "Redis Cluster (redis-py's cluster client)",
             ("cluster|slots", "command", "asking")),

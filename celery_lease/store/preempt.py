@@ -36,12 +36,15 @@ def preempt_channel(prefix: str, hostname: str, pid: int) -> str:
 
 
 def take_over(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
-              min_replicas: int = 0, *, from_token: str) -> AcquireResult:
+              min_replicas: int = 0, claimed_by: str | None = None, *,
+              from_token: str) -> AcquireResult:
     """Take lease ``key`` over from the holder ``from_token`` for ``token`` (lifetime
     ``ttl_ms``, int milliseconds), in one script; a free key is granted as by
     :func:`celery_lease.store.acquire`, whose arguments and answer it shares (so
     :func:`celery_lease.lifecycle.take` can send it, with its same-token retry).
-    ``min_replicas`` is not waited for: the take-over is answered by the primary alone.
+    ``min_replicas`` is not waited for: the take-over is answered by the primary alone, and
+    ``claimed_by`` (``lease_dedupe``) is not cleared: a claim the message made at publish lapses
+    with its lifetime.
 
     Not granted when the key changed hands since ``from_token`` was seen, or holds a cooldown
     record (``lease_cooldown``): the answer then names the holder found.

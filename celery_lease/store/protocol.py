@@ -26,7 +26,7 @@ from typing import Any
 import redis
 from redis.exceptions import MovedError, NoScriptError, RedisError
 
-from ..keys import fence_key, wake_key
+from ..keys import claim_key, fence_key, wake_key
 from . import lua, primary, routing
 from .errors import NotReplicated, is_wrong_type
 from .value import TOKEN_LENGTH, Holder, parse_value
@@ -56,6 +56,7 @@ FENCE_COUNTER_EXTRA_MS = 3600 * 1000
 WAKE_LIFETIME_MS = 2000
 
 _acquire = lua.load("acquire-2.lua")
+_acquire_claimed = lua.load("acquire-3.lua")
 _release = lua.load("release-2.lua")
 _release_wake = lua.load("release_wake-3.lua")
 _revoke = lua.load("revoke-1.lua")
@@ -78,7 +79,7 @@ class AcquireResult:
 
 
 def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
-            min_replicas: int = 0) -> AcquireResult:
+            min_replicas: int = 0, claimed_by: str | None = None) -> AcquireResult:
     """Take lease ``key`` for ``token`` with lifetime ``ttl_ms`` (int milliseconds).
 
     One round trip (two when the server lost its script cache). Safe to repeat with the same
@@ -89,6 +90,9 @@ def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
             (a pipeline on the key's primary) and a grant counts only once that many replicas
             acknowledged it. ``WAIT`` waits at most half the client's socket timeout (the store
             timeout), so its reply arrives before the socket gives up.
+        claimed_by: the execution's task id when its message claimed the key's waiting slot
+            at publish (``lease_dedupe``): a grant also clears that claim, in the same script
+            (``acquire-3.lua``; :mod:`celery_lease.store.claims`).
 
     Raises:
         NotReplicated: fewer than ``min_replicas`` replicas acknowledged the grant in time;
@@ -101,15 +105,20 @@ def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
             (the node noted by :func:`celery_lease.store.routing.note`, for
             :func:`celery_lease.store.errors.describe`).
     """
-    keys, argv = (key, fence_key(key)), (token, ttl_ms, holder, ttl_ms + FENCE_COUNTER_EXTRA_MS)
+    keys: tuple[str, ...] = (key, fence_key(key))
+    argv: tuple[Any, ...] = (token, ttl_ms, holder, ttl_ms + FENCE_COUNTER_EXTRA_MS)
+    script = _acquire
+    if claimed_by is not None:
+        keys, argv, script = (*keys, claim_key(key)), (*argv, claimed_by), _acquire_claimed
     confirmed = primary.managed(client)
     try:
         for attempt in (1, 2):
             before = primary.written_to(client) if confirmed else None
             if min_replicas > 0:
-                granted, value, pttl = _acquire_replicated(client, keys, argv, min_replicas)
+                granted, value, pttl = _acquire_replicated(
+                    client, script, keys, argv, min_replicas)
             else:
-                granted, value, pttl = _acquire(client, keys, argv)
+                granted, value, pttl = script(client, keys, argv)
             if not (confirmed and granted):
                 break
             problem = primary.confirm(client, before)
@@ -128,8 +137,8 @@ def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
                          (int(pttl) if int(pttl) >= 0 else ttl_ms) / 1000)
 
 
-def _acquire_replicated(client: Any, keys: tuple[str, str], argv: tuple[Any, ...],
-                        min_replicas: int) -> Any:
+def _acquire_replicated(client: Any, script: lua.Script, keys: tuple[str, ...],
+                        argv: tuple[Any, ...], min_replicas: int) -> Any:
     """The acquire script and ``WAIT`` in one pipeline on the primary that owns the key."""
     node = routing.owner(client, keys[0])  # WAIT counts the writes of its own connection
     wait_ms = routing.wait_ms(node)
@@ -140,18 +149,18 @@ def _acquire_replicated(client: Any, keys: tuple[str, str], argv: tuple[Any, ...
         pipe.execute_command("WAIT", min_replicas, wait_ms)
         return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
 
-    found, acked = send(_acquire.args(keys, argv))
+    found, acked = send(script.args(keys, argv))
     if isinstance(found, NoScriptError):
-        found, acked = send(("EVAL", _acquire.source, len(keys), *keys, *argv))
+        found, acked = send(script.args(keys, argv, by_sha=False))
     if isinstance(found, MovedError) and routing.is_cluster(client):
         client.nodes_manager.initialize()  # the slot moved (a resharding): ask its new owner
-        return _acquire_replicated(client, keys, argv, min_replicas)
+        return _acquire_replicated(client, script, keys, argv, min_replicas)
     if isinstance(found, Exception):
         raise found
     granted = found[0]
     if granted and (isinstance(acked, Exception) or int(acked) < min_replicas):
         try:
-            _release(client, keys, (argv[0],))
+            _release(client, keys[:2], (argv[0],))
         except RedisError:
             pass  # it lapses with its TTL; nobody ran under it
         if isinstance(acked, Exception):
@@ -202,7 +211,8 @@ def revoke(client: redis.Redis, key: str, token: str) -> bool:
 def release_and_wake(client: redis.Redis, key: str, token: str) -> bool:
     """:func:`release`, and wake one hold waiting for ``key`` (:func:`wait_for_release`).
 
-    Used by holds only (their keys are never a task's), so a task's release is unchanged.
+    Used by holds and by beat's leader lease (their keys are never a task's), so a task's
+    release is unchanged.
     A wake the store refuses (out of memory, or an ACL user without ``RPUSH``) does not undo
     the release: it is logged as a warning naming the fix, and waiting holds take the key
     when it expires instead.

@@ -107,6 +107,22 @@ def _replicas_of(node: Any) -> list[str]:
             if k.startswith("slave") and isinstance(v, dict)]
 
 
+def connected_replicas(client: Any) -> int | None:
+    """How many replicas are connected to the primary behind ``client`` (a standalone or
+    Sentinel-managed client), by ``INFO replication``; None on Redis Cluster (each primary has
+    its own) or when the ACL user may not run ``INFO``.
+
+    Raises:
+        redis.exceptions.RedisError: the store does not answer.
+    """
+    if is_cluster(client):
+        return None
+    try:
+        return int(client.info("replication").get("connected_slaves", 0))
+    except ResponseError:
+        return None
+
+
 def describe_topology(client: Any) -> Topology:
     """Describe the store behind ``client`` (from :func:`celery_lease.store.connection.client_for`).
 

@@ -158,15 +158,21 @@ def parse_value(value: Any) -> Holder:
     fence = parse_fence(fence_text)
     if len(token) != TOKEN_LENGTH or not _HEX.issuperset(token) or fence is None or not sep:
         return unknown(_FOREIGN)
-    info = _holder_fields(meta)
+    info = _holder_info(meta)
     if info is None:
         return unknown(f"{_FOREIGN} (its holder JSON)")
-    return Holder(token, fence, *info)
+    return Holder(token, fence, *info[0], cooldown_until=info[1])
 
 
-def _holder_fields(meta: str) -> tuple[str, str, str, int, int, str, float] | None:
-    """``(task, id, host, pid, version, "", cooldown_until)`` from the holder JSON, or None
-    when it is not ours."""
+def _holder_fields(meta: str) -> tuple[str, str, str, int, int] | None:
+    """``(task, id, host, pid, version)`` from the holder JSON, or None when it is not ours."""
+    info = _holder_info(meta)
+    return None if info is None else info[0]
+
+
+def _holder_info(meta: str) -> tuple[tuple[str, str, str, int, int], float] | None:
+    """:func:`_holder_fields` and a cooldown record's end (float epoch seconds, 0.0 for a
+    running holder's value), or None when the holder JSON is not ours."""
     if len(meta) > _MAX_META:
         return None
     try:
@@ -181,4 +187,4 @@ def _holder_fields(meta: str) -> tuple[str, str, str, int, int, str, float] | No
     if not (_is_int(version) and version >= 1 and _is_int(pid) and 0 <= pid <= 2**32
             and all(isinstance(s, str) for s in strings) and _is_int(until) and until >= 0):
         return None
-    return strings[0], strings[1], strings[2], pid, version, "", until / 1000
+    return (strings[0], strings[1], strings[2], pid, version), until / 1000

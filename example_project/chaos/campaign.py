@@ -17,6 +17,7 @@ app records each beat send before it is published (``worker_app._record_beat_sen
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -32,6 +33,7 @@ from urllib.parse import urlsplit
 
 import redis
 
+from celery_lease.inspection import scan_claims
 from celery_lease.keys import is_internal
 
 from . import db
@@ -186,15 +188,22 @@ class _Producer(threading.Thread):
         next_at = time.monotonic()
         while not self.halt.is_set():
             key = f"k{self.rng.randrange(self.settings.keys)}"
-            path = self.rng.choices(["delay", "send_task", "retry", "requeue"],
-                                    weights=[4, 3, 2, 1])[0]
+            path = self.rng.choices(["delay", "send_task", "retry", "requeue", "dedupe"],
+                                    weights=[4, 3, 2, 1, 3])[0]
             try:
                 # 2 to 8 writes 0.3 s apart: some jobs end before their first renewal (at
                 # TTL/3), others renew once or more.
                 writes = self.rng.randint(2, 8)
-                self.submit(key, path, writes=writes,
-                            mode=path if path in ("retry", "requeue") else "plain",
-                            by_name=path == "send_task")
+                if path == "dedupe":  # a burst of publishes of one key, some retrying
+                    mode = self.rng.choice(["plain", "plain", "retry", "requeue"])
+                    # Keys of their own ("d3"): the fenced rows and the history are per key.
+                    for _ in range(self.rng.randint(1, 3)):
+                        self.submit(f"d{key[1:]}", path, writes=writes, mode=mode,
+                                    dedupe=True)
+                else:
+                    self.submit(key, path, writes=writes,
+                                mode=path if path in ("retry", "requeue") else "plain",
+                                by_name=path == "send_task")
                 if self.rng.random() < self.settings.duplicates:
                     self.submit(key, "duplicate")
             except Exception as exc:  # the broker is never faulted: worth reporting
@@ -203,8 +212,18 @@ class _Producer(threading.Thread):
             self.halt.wait(max(0.0, next_at - time.monotonic()))
 
 
-def _resolve(app: Any, job: Job, ran: set[str]) -> None:
-    """Fill in how ``job`` ended from the executions and the result backend."""
+def _resolve(app: Any, job: Job, ran: set[str], jobs_by_task: dict[str, Job]) -> None:
+    """Fill in how ``job`` ended from the executions and the result backend; a folded
+    ``lease_dedupe`` job ends as the copy it was folded onto."""
+    if job.folded_onto is not None:
+        copy = jobs_by_task.get(job.folded_onto)
+        if copy is not None and copy.folded_onto is None:
+            _resolve(app, copy, ran, jobs_by_task)
+            job.resolution, job.holder = copy.resolution, copy.holder
+            job.detail = f"folded onto {copy.task_id} (job {copy.job}): {copy.detail}"
+        else:
+            job.detail = f"folded onto {job.folded_onto}, a copy no job published"
+        return
     result = app.AsyncResult(job.task_id)
     state = result.state
     value = result.result
@@ -357,8 +376,9 @@ def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: 
             nemesis_end: float) -> History:
     writes, runs, jobs = db.load(dsn)
     ran = {r.job for r in runs if r.outcome == "ok"}
+    jobs_by_task = {job.task_id: job for job in jobs}
     for job in jobs:
-        _resolve(worker_app.app, job, ran)
+        _resolve(worker_app.app, job, ran, jobs_by_task)
     leases = store.client()
     try:
         leftover = []
@@ -368,6 +388,7 @@ def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: 
         # Every key has a lifetime, the beat's last-run record included (ten periods).
         no_ttl = [_text(k) for k in leases.scan_iter(match=f"{worker_app.LEASE_PREFIX}*")
                   if leases.ttl(k) == -1]
+        claims = [dataclasses.asdict(c) for c in scan_claims(leases, worker_app.LEASE_PREFIX)]
     finally:
         leases.close()
     samples = []
@@ -385,4 +406,4 @@ def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: 
     return History(ttl=settings.ttl, started_at=started, nemesis_end=nemesis_end,
                    finished_at=time.time(), writes=writes, executions=runs, jobs=jobs,
                    workers=samples, leftover_leases=leftover, keys_without_ttl=no_ttl,
-                   cooldown=settings.cooldown)
+                   leftover_claims=claims, cooldown=settings.cooldown)

@@ -16,7 +16,13 @@ its send), so a violation is never an artefact of timing, and each comes with it
    end; every worker answered.
 5. Nothing leaked: no key of the library without a TTL; a worker's sockets to the lease store
    and its RSS did not grow beyond a slack over the run (for workers that were not restarted).
-6. Once per window (a campaign with ``lease_cooldown``): no execution was granted its key
+6. Never two running, and deduplication at publish kept its word: no two executions of one
+   key that both ended normally, neither told of a loss, were running at one moment; a
+   publish folded onto a waiting copy (``lease_dedupe``) got the result of a run granted
+   after the publish was sent, never of one that had started before; no claim was left
+   without a lifetime or past it (a claim is written before its message can run, so it then
+   outlives its message by no more than its lifetime).
+7. Once per window (a campaign with ``lease_cooldown``): no execution was granted its key
    within the cooldown after an execution that succeeded, unless a fault erased the store's
    keys in between.
 """
@@ -47,7 +53,7 @@ RSS_SLACK = 64 * 1024 * 1024
 
 @dataclass
 class Violation:
-    """One broken promise: the property number (1-6), a rule name, a sentence, the evidence."""
+    """One broken promise: the property number (1-7), a rule name, a sentence, the evidence."""
 
     property: int
     rule: str
@@ -61,13 +67,14 @@ class Violation:
 
 
 def check(history: History) -> list[Violation]:
-    """Every violation of the six properties in ``history`` (empty: all promises kept)."""
+    """Every violation of the seven properties in ``history`` (empty: all promises kept)."""
     return [
         *fencing_order(history),
         *exclusion(history),
         *silent_losers(history),
         *liveness(history),
         *leaks(history),
+        *dedupe(history),
         *cooldown_windows(history),
     ]
 
@@ -236,12 +243,59 @@ def leaks(history: History) -> list[Violation]:
     return found
 
 
+#: Float seconds a claim may outlive its lifetime (Redis expires keys lazily and by sampling).
+CLAIM_SLACK = 1.0
+
+
+def dedupe(history: History) -> list[Violation]:
+    """Property 6: never two running; folds served by later runs; claims end in time."""
+    found: list[Violation] = []
+    refused = {w.token for w in history.writes if not w.accepted}
+    for key, runs in _by_key(history.executions).items():
+        # Ended normally and never told of a loss (no refused write, not refused at release):
+        # two such bodies running at one moment is what the lease exists to prevent.
+        done = sorted((e for e in runs if e.outcome == "ok" and e.body_end is not None
+                       and e.token not in refused and e.released is not False),
+                      key=lambda e: e.grant_upper)
+        for i, a in enumerate(done):
+            for b in done[i + 1:]:
+                if b.grant_upper >= a.body_end:  # type: ignore[operator]
+                    break
+                found.append(Violation(
+                    6, "two-running", f"{key}: {a.token} and {b.token} both ended normally and "
+                    f"were both running at {b.grant_upper:.3f}", key,
+                    {"first": _execution(a), "second": _execution(b)}))
+    by_task: dict[str, list[Execution]] = defaultdict(list)
+    for e in history.executions:
+        by_task[e.task_id].append(e)
+    for job in history.jobs:
+        runs = by_task.get(job.folded_onto or "", [])
+        if job.folded_onto is None or job.decided_lower is None or job.resolution != "ran" \
+                or not runs or any(e.grant_upper >= job.decided_lower for e in runs):
+            continue
+        found.append(Violation(
+            6, "folded-onto-started", f"{job.key}: job {job.job} was folded onto "
+            f"{job.folded_onto} at {job.decided_lower:.3f}, but every run of that copy had "
+            f"been granted before", job.key,
+            {"job": asdict(job), "runs": [_execution(e) for e in runs]}))
+    # A claim is written before its message can start and cleared at its grant; one left
+    # past its lifetime (or without one) outlived its message by more than its lifetime.
+    for claim in history.leftover_claims:
+        if claim["ttl"] < 0 or claim["age"] > claim["lifetime"] + CLAIM_SLACK:
+            found.append(Violation(
+                6, "claim-outlived", f"{claim['key']}: the claim of waiting copy "
+                f"{claim['task_id']} is {claim['age']:.1f}s old, past its lifetime of "
+                f"{claim['lifetime']:g}s ({claim['ttl']:.1f}s left)", claim["key"],
+                dict(claim)))
+    return found
+
+
 #: Faults that erase what the lease store holds, cooldown records included.
 ERASING_FAULTS = ("restart_empty", "delete_key", "failover")
 
 
 def cooldown_windows(history: History) -> list[Violation]:
-    """Property 6: no grant within ``history.cooldown`` after an execution that succeeded.
+    """Property 7: no grant within ``history.cooldown`` after an execution that succeeded.
 
     An execution ``a`` that ended ``ok`` and whose release found its token (``released``)
     turned its lease into a cooldown record at its release, which came after its body's end
@@ -264,7 +318,7 @@ def cooldown_windows(history: History) -> list[Violation]:
                        for f in erasing):
                     continue
                 found.append(Violation(
-                    6, "started-in-cooldown",
+                    7, "started-in-cooldown",
                     f"{key}: {b.token} (token {b.fence}) was granted by {b.grant_upper:.3f}, "
                     f"{b.grant_upper - a.body_end:.3f}s after {a.token} (token {a.fence}) "
                     f"succeeded, within its cooldown of {history.cooldown:.3f}s", key,
@@ -314,6 +368,9 @@ def summarize(history: History, violations: list[Violation]) -> dict[str, Any]:
                                   / window, 3),
         "throughput_during_faults_per_s": round(during / faulted, 3) if faulted else None,
         "worker_restarts": sum(w.restarts for w in history.workers),
+        "dedupe_publishes_by_disposition": dict(Counter(
+            j.disposition for j in history.jobs if j.disposition is not None)),
+        "dedupe_claims_left": len(history.leftover_claims),
         "violations": len(violations),
         "violations_by_property": dict(Counter(str(v.property) for v in violations)),
     }

@@ -45,7 +45,8 @@ CREATE TABLE executions (token TEXT PRIMARY KEY, key TEXT NOT NULL, job TEXT NOT
                          released BOOLEAN);
 CREATE TABLE jobs (job TEXT PRIMARY KEY, key TEXT NOT NULL, path TEXT NOT NULL,
                    task_id TEXT NOT NULL, submitted_at DOUBLE PRECISION NOT NULL,
-                   parent TEXT);
+                   parent TEXT, disposition TEXT, folded_onto TEXT,
+                   decided_lower DOUBLE PRECISION, decided_upper DOUBLE PRECISION);
 """
 
 # One statement: the guard, and the attempt recorded with the guard's answer.
@@ -174,6 +175,20 @@ class Recorder:
             " VALUES (%s, %s, %s, %s, %s, %s)",
             (job.job, job.key, job.path, job.task_id, job.submitted_at, parent)))
 
+    def job_published(self, job: str, disposition: str, task_id: str, lower: float,
+                      upper: float) -> None:
+        """Record what the publish of a ``lease_dedupe`` job decided, in ``[lower, upper]``:
+        its disposition and the task id its result names."""
+        self._run(lambda conn: conn.execute(
+            "UPDATE jobs SET disposition = %s, folded_onto = %s, decided_lower = %s,"
+            " decided_upper = %s WHERE job = %s",
+            (disposition, task_id if disposition == "deduplicated" else None, lower, upper,
+             job)))
+
+    def job_unsent(self, job: str) -> None:
+        """Forget a job whose send raised: its sender was told, so it promised nothing."""
+        self._run(lambda conn: conn.execute("DELETE FROM jobs WHERE job = %s", (job,)))
+
     def close(self) -> None:
         """Close the idle connections."""
         with self._lock:
@@ -183,11 +198,12 @@ class Recorder:
 
 
 def unfinished(dsn: str) -> list[str]:
-    """Task ids of the jobs that no execution has completed yet (skipped or failed included)."""
+    """Task ids of the jobs that no execution has completed yet (skipped or failed included;
+    a folded ``lease_dedupe`` job by the task id of the copy it was folded onto)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         return [row[0] for row in conn.execute(
-            "SELECT task_id FROM jobs j WHERE NOT EXISTS (SELECT 1 FROM executions e"
-            " WHERE e.job = j.job AND e.outcome = 'ok')")]
+            "SELECT COALESCE(folded_onto, task_id) FROM jobs j WHERE NOT EXISTS (SELECT 1"
+            " FROM executions e WHERE e.job = j.job AND e.outcome = 'ok')")]
 
 
 def load(dsn: str) -> tuple[list[Write], list[Execution], list[Job]]:
@@ -200,6 +216,9 @@ def load(dsn: str) -> tuple[list[Write], list[Execution], list[Job]]:
             "SELECT token, key, job, task_id, fence, worker, pid, grant_lower, grant_upper,"
             " body_end, outcome, lost_cause, lost_at, confirmed_lower, released"
             " FROM executions")]
-        jobs = [Job(*row) for row in conn.execute(
-            "SELECT job, key, path, task_id, submitted_at FROM jobs ORDER BY submitted_at")]
+        jobs = [Job(row[0], row[1], row[2], row[3], row[4], disposition=row[5],
+                    folded_onto=row[6], decided_lower=row[7], decided_upper=row[8])
+                for row in conn.execute(
+            "SELECT job, key, path, task_id, submitted_at, disposition, folded_onto,"
+            " decided_lower, decided_upper FROM jobs ORDER BY submitted_at")]
     return writes, runs, jobs

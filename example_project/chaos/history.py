@@ -73,10 +73,14 @@ class Job:
     ``path`` is how it was submitted: ``delay``, ``send_task``, ``retry``, ``requeue`` (the
     job requeues itself), ``requeued`` (the job it sent), ``duplicate``, ``after_erase`` (sent
     by the nemesis after it erased the lease), ``beat`` (sent by beat's leader, recorded by
-    the beat process before it published the message), ``probe``;
+    the beat process before it published the message), ``probe``, ``dedupe`` (the job with
+    ``lease_dedupe``, sent by ``apply_async``, often several at once);
     ``resolution`` is ``ran``, ``skipped``, ``failed_lease`` (a lease error is its result) or
     ``unresolved``; ``detail`` says more (the result state, the error); ``holder`` names the
-    holder a skip reported.
+    holder a skip reported. A ``dedupe`` job also has its publish's ``disposition``
+    (``published``, ``deduplicated``, ``unguarded``), ``folded_onto`` (the waiting copy's task
+    id when deduplicated: the job then resolves as that copy does) and ``decided_lower`` /
+    ``decided_upper``, which bracket the publish's decision in the store.
     """
 
     job: str
@@ -87,6 +91,10 @@ class Job:
     resolution: str = "unresolved"
     detail: str = ""
     holder: str | None = None
+    disposition: str | None = None
+    folded_onto: str | None = None
+    decided_lower: float | None = None
+    decided_upper: float | None = None
 
 
 @dataclass
@@ -132,6 +140,8 @@ class History:
     ``ttl`` is the lease TTL (float seconds); ``nemesis_end`` the time the last fault was
     healed; ``leftover_leases`` the lease keys still present one TTL after the end
     (``{"key", "pttl", "value"}``); ``keys_without_ttl`` the library's keys that had no expiry;
+    ``leftover_claims`` the waiting copies' claims (``lease_dedupe``) still present at the end
+    (``{"key", "task_id", "age", "lifetime", "ttl"}``, float seconds);
     ``cooldown`` the job's ``lease_cooldown`` (float seconds; 0.0: none).
     """
 
@@ -146,6 +156,7 @@ class History:
     workers: list[WorkerSample] = field(default_factory=list)
     leftover_leases: list[dict[str, Any]] = field(default_factory=list)
     keys_without_ttl: list[str] = field(default_factory=list)
+    leftover_claims: list[dict[str, Any]] = field(default_factory=list)
     cooldown: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:

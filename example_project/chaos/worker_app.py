@@ -37,6 +37,10 @@ from .history import Execution, Job
 
 #: Name of the job task (the producer sends it by name too).
 JOB_TASK = "example_project.chaos.worker_app.chaos_job"
+#: The same job with ``lease_dedupe`` (its own keys: a lease key holds the task name).
+DEDUPE_TASK = "example_project.chaos.worker_app.chaos_dedupe_job"
+#: ``lease_dedupe_ttl`` of the dedupe job, float seconds: a waiting copy's claim lapses then.
+DEDUPE_TTL = 10.0
 #: Prefix of every lease key of a campaign (the leak check scans it).
 LEASE_PREFIX = "chaos-lease"
 #: Visibility timeout of a Redis broker (float seconds): a dead worker's message comes back
@@ -125,7 +129,7 @@ def _on_lost(sender: Any = None, token: str = "", **_: Any) -> None:
 def _on_released(sender: Any = None, token: str = "", released: bool | None = None,
                  **_: Any) -> None:
     _lost_at.pop(token, None)
-    if getattr(sender, "name", None) == JOB_TASK:
+    if getattr(sender, "name", None) in (JOB_TASK, DEDUPE_TASK):
         # None (the release's reply is read later, off the execution's path) says nothing:
         # recorded as None, never as False ("the store no longer had the token").
         recorder().execution_released(token, released)
@@ -151,8 +155,9 @@ def recorder() -> Recorder:
 
 
 def submit(key: str, path: str, writes: int = 3, step: float = 0.3, mode: str = "plain",
-           parent: str | None = None, by_name: bool = False) -> Job:
-    """Record a job, then send it (``chaos_job.apply_async``, or ``send_task`` by name).
+           parent: str | None = None, by_name: bool = False, dedupe: bool = False) -> Job:
+    """Record a job, then send it (``chaos_job.apply_async``, or ``send_task`` by name; with
+    ``dedupe``, ``chaos_dedupe_job.apply_async``, whose decision is recorded as well).
 
     Sent from inside a running job of the same key (a self-requeue), ``apply_async`` marks the
     message as the holder's successor, which celery-lease runs once the holder has ended.
@@ -161,10 +166,22 @@ def submit(key: str, path: str, writes: int = 3, step: float = 0.3, mode: str = 
               submitted_at=time.time())
     recorder().job_submitted(job, parent)
     kwargs = {"key": key, "job": job.job, "writes": writes, "step": step, "mode": mode}
-    if by_name:
-        app.send_task(JOB_TASK, kwargs=kwargs, task_id=job.task_id)
-    else:
-        chaos_job.apply_async(kwargs=kwargs, task_id=job.task_id)
+    try:
+        if by_name:
+            app.send_task(JOB_TASK, kwargs=kwargs, task_id=job.task_id)
+        elif dedupe:
+            lower = time.time()
+            result = chaos_dedupe_job.apply_async(kwargs=kwargs, task_id=job.task_id)
+            recorder().job_published(job.job, result.lease_disposition, result.id, lower,
+                                     time.time())
+        else:
+            chaos_job.apply_async(kwargs=kwargs, task_id=job.task_id)
+    except BaseException:
+        # The send raised (a requeue whose body lost its lease mid-publish: LeaseLost): the
+        # caller was told, so the job is no promise; an execution of it, if the message went
+        # out after all, is still checked like any other.
+        recorder().job_unsent(job.job)
+        raise
     return job
 
 
@@ -186,6 +203,20 @@ class ChaosJob(LeasedTask):
           max_retries=3)
 def chaos_job(self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3,
               mode: str = "plain") -> dict[str, Any]:
+    """The job (:func:`run_job`)."""
+    return run_job(self, key, job, writes, step, mode)
+
+
+@app.task(base=ChaosJob, bind=True, lease_key=("key",), name=DEDUPE_TASK,  # type: ignore[untyped-decorator]
+          max_retries=3, lease_dedupe=True, lease_dedupe_ttl=DEDUPE_TTL)
+def chaos_dedupe_job(self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3,
+                     mode: str = "plain") -> dict[str, Any]:
+    """The job with ``lease_dedupe`` (:func:`run_job`); a requeue sends a dedupe job."""
+    return run_job(self, key, job, writes, step, mode)
+
+
+def run_job(self: LeasedTask, key: str, job: str, writes: int, step: float,
+            mode: str) -> dict[str, Any]:
     """Make ``writes`` fenced writes to ``key``, ``step`` float seconds apart; record it all.
 
     ``mode``: ``plain``; ``retry`` (the first execution asks for a retry after its writes);
@@ -216,7 +247,7 @@ def chaos_job(self: LeasedTask, key: str, job: str, writes: int = 3, step: float
             rec.execution_ended(lease.token, "retry", time.time(), confirmed=confirmed)
             raise self.retry(countdown=0.2)
         if mode == "requeue":
-            submit(key, "requeued", writes, step, parent=job)
+            submit(key, "requeued", writes, step, parent=job, dedupe=self.name == DEDUPE_TASK)
         lease.check()
         rec.execution_ended(lease.token, "ok", time.time(), confirmed=confirmed)
     except LeaseLost as exc:

@@ -2,7 +2,8 @@
 
 Configured from the environment: ``TEST_BROKER_URL`` (broker, result backend, and the
 ``journal`` list every task appends to), ``TEST_QUEUE``, ``LEASE_BACKEND`` (the lease store,
-often a throwaway server the test pauses or restarts) and ``LEASE_TTL`` (float seconds).
+often a throwaway server the test pauses or restarts), ``LEASE_TTL`` and
+``LEASE_STORE_OUTAGE_MAX`` (float seconds).
 
 Every task appends JSON events to the Redis list ``journal`` on the broker's server (which
 the tests never pause): ``start``, ``step``, ``lost`` (with the cause, the local deadline and
@@ -32,6 +33,7 @@ app.conf.update(
     lease_backend_options=json.loads(os.environ.get("LEASE_BACKEND_OPTIONS", "null")),
     lease_ttl=TTL,
     lease_on_store_error=os.environ.get("LEASE_ON_STORE_ERROR", "retry"),
+    lease_store_outage_max=float(os.environ.get("LEASE_STORE_OUTAGE_MAX", "300")),
     lease_require_noeviction=os.environ.get("LEASE_REQUIRE_NOEVICTION") == "1",
     broker_connection_retry_on_startup=True,
     worker_prefetch_multiplier=1,
@@ -237,3 +239,18 @@ if os.environ.get("KILL_AFTER_RELEASE_WRITE") == "1":
         os.kill(os.getpid(), _signal.SIGKILL)
 
     _pending.write = _write_then_die  # type: ignore[assignment]
+
+
+@app.task(shared=False, bind=True, base=LeasedTask, name="one_retry", lease_key=("tag",),
+          max_retries=1)
+def one_retry(self: Any, tag: str) -> int:
+    """A task Celery retries once at most; returns the retries it ran after."""
+    record("start", tag, retries=self.request.retries)
+    return int(self.request.retries)
+
+
+@app.task(shared=False, bind=True, base=LeasedTask, name="short_outage", lease_key=("tag",),
+          lease_store_outage_max=1.5)
+def short_outage(self: Any, tag: str) -> None:
+    """Waits out a store outage of 1.5 s at most."""
+    record("start", tag)

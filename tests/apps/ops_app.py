@@ -8,6 +8,7 @@ Configured from environment variables (set by the tests):
 - ``BEAT_PERIOD`` (float seconds): adds a beat entry sending ``ops.slow`` (``SLOW_SECONDS``)
   or ``ops.tick`` (``BEAT_TASK=tick``) every period.
 - ``BEAT_TTL`` (float seconds): ``lease_beat_ttl``.
+- ``BEAT_MAX_INTERVAL`` (float seconds, default 1): ``beat_max_loop_interval``.
 - ``BEAT_INNER=redbeat``: ``LeasedScheduler`` wraps RedBeat's scheduler (its own lock off).
 - ``RECORD_SIGNALS=1``: every celery-lease signal is recorded in the ``signals`` list.
 - ``METRICS_PORT``: serve the lease metrics on that port.
@@ -40,7 +41,7 @@ app.conf.update(
     lease_backend=os.environ.get("LEASE_BACKEND") or BROKER,
     lease_ttl=float(os.environ.get("LEASE_TTL", "2.0")),
     lease_on_conflict=os.environ.get("LEASE_ON_CONFLICT", "skip"),
-    beat_max_loop_interval=1,
+    beat_max_loop_interval=float(os.environ.get("BEAT_MAX_INTERVAL", "1")),
 )
 if os.environ.get("VISIBILITY_TIMEOUT"):
     app.conf.broker_transport_options = {

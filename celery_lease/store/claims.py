@@ -1,0 +1,141 @@
+"""The claim of a task's waiting copy (``lease_dedupe``): decided at publish, one script.
+
+A claim is the key ``<lease key>:waiting`` (:func:`celery_lease.keys.claim_key`, under the
+lease's hash tag, so it works on Cluster and Sentinel as the lease does). Its value is
+``<claimed at>:<lifetime>:<claimer JSON>``: the store's clock when it was written (int
+microseconds, ``TIME``), its lifetime (int milliseconds, also its ``PX``) and who published the
+message (task name, the message's task id, the publishing host and pid, as a lease's holder
+JSON). It names the copy of the key that was published and has not started yet:
+
+- :func:`claim` (``claim-2.lua``) decides a publish: claim the slot for the message about to be
+  published, or answer the task id of the copy already waiting (nothing is published then);
+- the execution's acquire clears it when the lease is granted to the task id it names
+  (``acquire-3.lua``: :func:`celery_lease.store.acquire` with ``claimed_by``), in the same
+  script;
+- :func:`unclaim` (``unclaim-1.lua``) removes it when its message will not run (its publish
+  failed, it was revoked or expired, it ended on a conflict); otherwise it lapses at its
+  lifetime.
+
+Every change is checked against the task id the claim names, as a lease's against its token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from redis.exceptions import RedisError
+
+from ..keys import claim_key
+from . import lua, routing
+from .value import _holder_fields
+
+__all__ = ["Claim", "Decision", "claim", "parse_claim", "unclaim"]
+
+_claim = lua.load("claim-2.lua")
+_unclaim = lua.load("unclaim-1.lua")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What :func:`claim` decided for one publish.
+
+    Attributes:
+        claimed: True when the message is to be published (its task id holds the claim now).
+        task_id: the waiting copy's task id when not claimed (publish nothing), else ``""``.
+        age: the waiting copy's claim age, float seconds on the store's clock (0.0 when
+            claimed).
+        foreign: empty, or what the claim key holds that celery-lease did not write (then
+            ``claimed`` is False and ``task_id`` empty: publish without a claim).
+    """
+
+    claimed: bool
+    task_id: str = ""
+    age: float = 0.0
+    foreign: str = ""
+
+
+def claim(client: redis.Redis, key: str, task_id: str, lifetime_ms: int, claimer: str,
+          take_over: bool = False) -> Decision:
+    """Claim lease ``key``'s waiting slot for the message ``task_id`` about to be published, for
+    ``lifetime_ms`` (int milliseconds), unless another copy is waiting. One round trip.
+
+    A claim naming ``task_id`` already (a retry or redelivery of the waiting copy) is claimed
+    again with the new lifetime; one naming the lease's current holder is stale and claimed
+    over.
+
+    Args:
+        claimer: the publisher's JSON (:func:`celery_lease.store.holder_json` with the
+            message's task id).
+        take_over: claim whoever holds the slot (a message the holder publishes for its own
+            key, or a message published again under its own task id).
+
+    Raises:
+        redis.exceptions.RedisError: on store errors (the node noted for
+            :func:`celery_lease.store.describe`).
+    """
+    keys = (claim_key(key), key)
+    try:
+        claimed, answer, age = _claim(client, keys, (task_id, lifetime_ms, claimer,
+                                                     "1" if take_over else "0"))
+    except RedisError as exc:
+        raise routing.note(exc, client, key) from None
+    text = answer.decode() if isinstance(answer, bytes) else str(answer)
+    if int(claimed) == 1:
+        return Decision(True)
+    if int(claimed) == 2:
+        return Decision(False, foreign=text)
+    return Decision(False, text, int(age) / 1000)
+
+
+def unclaim(client: redis.Redis, key: str, task_id: str) -> bool:
+    """Remove lease ``key``'s claim while it names ``task_id`` (a message that will not run).
+    Returns True when it was removed.
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    try:
+        return bool(_unclaim(client, (claim_key(key),), (task_id,)))
+    except RedisError as exc:
+        raise routing.note(exc, client, key) from None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim as stored (``celery lease ls``, ``doctor``).
+
+    Attributes:
+        task_name: the task's name (str).
+        task_id: the waiting copy's task id (str).
+        hostname: the host that published it (str).
+        pid: the publishing process (int).
+        claimed_at: the store's clock when it was claimed, epoch float seconds.
+        lifetime: the lifetime it was given, float seconds.
+    """
+
+    task_name: str
+    task_id: str
+    hostname: str
+    pid: int
+    claimed_at: float
+    lifetime: float
+
+
+def parse_claim(value: Any) -> Claim | None:
+    """The :class:`Claim` a stored value spells, or None when celery-lease did not write it;
+    never raises."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if not isinstance(value, str):
+        return None
+    at, _, rest = value.partition(":")
+    lifetime, _, meta = rest.partition(":")
+    if not (at.isascii() and at.isdigit() and lifetime.isascii() and lifetime.isdigit()):
+        return None
+    info = _holder_fields(meta)
+    if info is None:
+        return None
+    task, task_id, host, pid, _ = info
+    return Claim(task, task_id, host, pid, int(at) / 1e6, int(lifetime) / 1000)
