@@ -106,6 +106,10 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int | N
 def _describe(info: LeaseInfo) -> str:
     if info.foreign:
         return f"an unknown holder ({info.foreign}), expires in {_human(info.ttl)}"
+    if info.cooldown_until:
+        return (f"a cooldown after task {info.task or '?'} [{info.task_id or '?'}] on host "
+                f"{info.host or '?'} (pid {info.pid}) ended, fencing token "
+                f"{info.fencing_token}, ends in {_human(info.ttl)}")
     return (f"task {info.task or '?'} [{info.task_id or '?'}] on host {info.host or '?'} "
             f"(pid {info.pid}), fencing token {info.fencing_token}, "
             f"expires in {_human(info.ttl)}")
@@ -213,7 +217,8 @@ def _waiting(info: LeaseInfo) -> str:
 
 def _print_leases(found: list[LeaseInfo], wide: bool) -> None:
     rows: list[tuple[str, ...]]
-    task = {id(i): "(unknown holder)" if i.foreign else i.task or "?" for i in found}
+    task = {id(i): "(unknown holder)" if i.foreign else
+            f"{i.task or '?'} (cooldown)" if i.cooldown_until else i.task or "?" for i in found}
     lines = any(i.waiting or i.reserved_for for i in found)  # a column only when it says more
     extra = (lambda i: (_waiting(i),)) if lines else (lambda i: ())
     head: tuple[str, ...] = ("WAITING",) if lines else ()

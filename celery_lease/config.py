@@ -14,7 +14,6 @@ are (:mod:`celery_lease.names`), and the fix suggested for the durations passes 
 from __future__ import annotations
 
 import logging
-import signal as _signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -22,6 +21,7 @@ from typing import Any, NamedTuple
 from . import timing
 from .errors import LeaseConfigError
 from .keys import DEFAULT_PREFIX
+from .signal_setting import resolve_signal
 from .store import url as backend_url
 from .timing import MIN_STORE_TIMEOUT, MIN_TTL
 
@@ -59,6 +59,9 @@ DEFAULTS: dict[str, Any] = {
     "lease_store_outage_max": 300.0,  # float seconds a "retry" waits out a store outage
     "lease_dedupe": False,  # bool: at most one waiting copy per key, decided at publish
     "lease_dedupe_ttl": 300.0,  # float seconds a claim lives (a message's expires instead)
+    "lease_cooldown": None,  # float seconds the key stays taken after a success; None: none
+    "lease_cooldown_after": "success",  # success | any (a failure too)
+    "lease_preempt_grace": 0.0,  # float seconds a preempted holder may checkpoint
     "lease_require_noeviction": False,
     "lease_signal": "SIGUSR2",
 }
@@ -79,6 +82,9 @@ TASK_OPTIONS = (
     "lease_dedupe_ttl",
     "lease_queue_max",
     "lease_queue_timeout",
+    "lease_cooldown",
+    "lease_cooldown_after",
+    "lease_preempt_grace",
 )
 
 #: Settings read elsewhere (the beat leader lease, celery_lease.beat; lease_tasks,
@@ -86,15 +92,13 @@ TASK_OPTIONS = (
 OTHER_NAMES = ("lease_key", "lease_tasks", "lease_beat_scheduler", "lease_beat_ttl",
                "lease_beat_renew_interval", "lease_beat_key")
 
-ON_CONFLICT = ("skip", "retry", "fail", "coalesce", "queue")
+ON_CONFLICT = ("skip", "retry", "fail", "coalesce", "queue", "preempt")
 #: The policies whose release hands the key over to a waiting run (retry waits in line too).
 HANDOFF_POLICIES = ("coalesce", "queue", "retry")
 ON_STORE_ERROR = ("retry", "fail")
+COOLDOWN_AFTER = ("success", "any")
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://", "sentinel://")
 _FALLBACK = "lease_backend (unset, so broker_url)"
-# Signals that Celery, billiard or the OS already use, or that cannot be caught.
-_RESERVED_SIGNALS = {"SIGUSR1", "SIGINT", "SIGTERM", "SIGQUIT", "SIGHUP", "SIGKILL", "SIGSTOP",
-                     "SIGCHLD", "SIGALRM", "SIGTTIN", "SIGTTOU", "SIGSEGV", "SIGBUS", "SIGFPE"}
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,11 @@ class LeaseOptions:
             seconds (> 0), for a message without ``expires``.
         queue_max: the most runs one key's line holds (``lease_queue_max``, int >= 1).
         queue_timeout: float seconds a parked run may wait (``lease_queue_timeout``), or None.
+        cooldown: float seconds the key stays taken after an execution ended
+            (``lease_cooldown``), or None for no cooldown.
+        cooldown_after: which endings start it: ``"success"`` or ``"any"`` (a failure too).
+        preempt_grace: float seconds (>= 0) a holder taken over by ``"preempt"`` may use to
+            checkpoint before the newcomer's body starts.
     """
 
     backend: str | None
@@ -133,6 +142,9 @@ class LeaseOptions:
     store_outage_max: float = DEFAULTS["lease_store_outage_max"]
     dedupe: bool = False
     dedupe_ttl: float = 300.0
+    cooldown: float | None = None
+    cooldown_after: str = "success"
+    preempt_grace: float = 0.0
     queue_max: int = 100
     queue_timeout: float | None = None
 
@@ -235,7 +247,8 @@ def resolve_options(
     if outage_problem is not None:
         problems.append((f"lease_store_outage_max={outage_max!r}", f"{outage_problem}, e.g. "
                          f"lease_store_outage_max={DEFAULTS['lease_store_outage_max']}"))
-    choices = {"lease_on_conflict": ON_CONFLICT, "lease_on_store_error": ON_STORE_ERROR}
+    choices = {"lease_on_conflict": ON_CONFLICT, "lease_on_store_error": ON_STORE_ERROR,
+               "lease_cooldown_after": COOLDOWN_AFTER}
     for name, allowed in choices.items():
         if pick(name) not in allowed:
             problems.append((f"{name}={pick(name)!r}",
@@ -256,6 +269,13 @@ def resolve_options(
     if queue_problem is not None:
         problems.append((f"lease_queue_timeout={queue_timeout!r}", f"{queue_problem}, or None "
                          f"(no wait timeout)"))
+    cooldown, grace = pick("lease_cooldown"), pick("lease_preempt_grace")
+    for name, value, unset in (("lease_cooldown", cooldown, cooldown is None),
+                               ("lease_preempt_grace", grace, grace == 0)):
+        problem = None if unset and not isinstance(value, bool) else \
+            timing.duration_problem(value)
+        if problem is not None:
+            problems.append((f"{name}={value!r}", f"{problem}, e.g. {name}=60.0"))
     if problems:
         raise LeaseConfigError(_refusal(where, problems))
     return LeaseOptions(
@@ -273,6 +293,9 @@ def resolve_options(
         dedupe_ttl=float(dedupe_ttl),
         queue_max=queue_max,
         queue_timeout=None if queue_timeout is None else float(queue_timeout),
+        cooldown=None if cooldown is None else float(cooldown),
+        cooldown_after=pick("lease_cooldown_after"),
+        preempt_grace=float(grace),
     )
 
 
@@ -375,24 +398,3 @@ def resolve_backend(options: LeaseOptions, conf: Mapping[str, Any], where: str) 
         f"lease_backend is not set ({where}) and broker_url {broker_is}: set "
         f"app.conf.lease_backend = 'redis://host:6379/1' to say where leases live"
     )
-
-
-def resolve_signal(value: Any) -> int:
-    """The signal number for ``lease_signal`` (a name such as ``"SIGUSR2"`` or a number).
-
-    Raises:
-        LeaseConfigError: unknown, or one Celery/billiard/the OS already uses (e.g. SIGUSR1,
-            billiard's soft time limit signal).
-    """
-    try:
-        signum = _signal.Signals[value] if isinstance(value, str) else _signal.Signals(value)
-    except (KeyError, ValueError):
-        raise LeaseConfigError(
-            f"lease_signal={value!r} is not a signal of this platform; use e.g. 'SIGUSR2'"
-        ) from None
-    if signum.name in _RESERVED_SIGNALS:
-        raise LeaseConfigError(
-            f"lease_signal={value!r} is already used by Celery, billiard or the OS; use "
-            f"'SIGUSR2' or a real-time signal such as {int(_signal.SIGRTMIN) + 2}"
-        )
-    return int(signum)

@@ -23,7 +23,7 @@ from celery.exceptions import Ignore, Retry
 from celery.result import ResultBase
 from redis.exceptions import RedisError
 
-from . import dedupe, handoff, signals, store
+from . import dedupe, handoff, preempt, signals, store
 from .config import LeaseOptions
 from .errors import LeaseConflict
 
@@ -77,6 +77,8 @@ class Conflict:
         client: the store's client (for the policies that park the duplicate).
         attempt: how many times this execution found the key held before (int, 0 first).
         waited: float seconds since it first found the key held.
+        claim: the execution's :class:`~celery_lease.lifecycle.Claim`, for a handler that takes
+            the key after all (``"preempt"``), or None.
     """
 
     task: Any
@@ -88,13 +90,16 @@ class Conflict:
     client: Any = None
     attempt: int = 0
     waited: float = 0.0
+    claim: Any = None
 
 
 def _policy(c: Conflict) -> str:
     holder, request = c.found.holder, c.request
     if holder.hostname == store.RAN_HOLDER:
         return "handed_over"  # a second copy of a handed-over run that started already
-    if holder.token and (request.headers or {}).get(SUCCESSOR_HEADER) == holder.token:
+    # A cooldown record (lease_cooldown) is a holder that ended: its successor is a copy.
+    if holder.token and not holder.cooldown_until and \
+            (request.headers or {}).get(SUCCESSOR_HEADER) == holder.token:
         return "successor"  # published by the holder itself (a retry): run once it ends
     if holder.task_id and holder.task_id == request.id:
         return "redelivered"  # same message again while it runs: not ours, not stored
@@ -109,6 +114,10 @@ def _policy(c: Conflict) -> str:
 def _redelivered(c: Conflict) -> NoReturn:
     if c.request.is_eager:
         raise c.error
+    if c.found.holder.cooldown_until:  # only its release writes a cooldown record: it ended
+        logger.info("task %s[%s] already finished (its lease is in its cooldown): not run "
+                    "again", c.task.name, c.request.id)
+        raise Ignore()
     # Either the broker delivered a message that is still running (acks_late, visibility
     # timeout) or the execution that holds it died (a SIGKILLed child with
     # reject_on_worker_lost). Look again once the holder's lifetime is over: the copy runs
@@ -176,11 +185,15 @@ def _skip(c: Conflict) -> dict[str, Any]:
     # Store a marker result so AsyncResult.get() returns instead of hanging.
     task, request, key, found = c.task, c.request, c.key, c.found
     holder = found.holder
+    # A cooldown record (lease_cooldown): the marker says until when (epoch seconds, the
+    # store's clock).
+    cooling = {"cooldown_until": holder.cooldown_until} if holder.cooldown_until else {}
     task._event("task-lease-skipped", lease_key=key, lease_holder=holder.where,
                 lease_holder_task_id=holder.task_id, lease_remaining=found.remaining,
-                lease_cause="held by another execution")
+                lease_cause="in its cooldown" if cooling else "held by another execution",
+                **cooling)
     marker = {SKIPPED_MARKER: True, "key": key, "holder_task_id": holder.task_id,
-              "holder": holder.where}
+              "holder": holder.where, **cooling}
     if request.is_eager:
         return marker  # returned as the result: no worker, no stored state to set
     # Without a result backend (or with ignore_result) nothing is stored: say so, since a
@@ -274,9 +287,16 @@ def _queue(c: Conflict) -> Any:
     raise Ignore()  # acknowledged: the message is kept in the line, not on a worker
 
 
+def _preempt(c: Conflict) -> Any:
+    # What cannot be taken over (a cooldown record, an unknown holder) is skipped; inside a
+    # chain it fails instead, as a skip does (see _policy).
+    in_chain = c.request.chain or c.request.callbacks
+    return preempt.take_over(c) or (_fail(c) if in_chain else _skip(c))
+
+
 #: Policy name -> its handler. The task's ``lease_on_conflict`` names one of ``skip``,
-#: ``retry``, ``fail``, ``coalesce`` and ``queue``; ``successor``, ``redelivered`` and
-#: ``handed_over`` are chosen by :func:`handle`.
+#: ``retry``, ``fail``, ``coalesce``, ``queue`` and ``preempt``; ``successor``,
+#: ``redelivered`` and ``handed_over`` are chosen by :func:`handle`.
 HANDLERS: dict[str, Callable[[Conflict], Any]] = {
     "skip": _skip,
     "retry": _retry,
@@ -284,6 +304,7 @@ HANDLERS: dict[str, Callable[[Conflict], Any]] = {
     "coalesce": _coalesce,
     "queue": _queue,
     "handed_over": _handed_over,
+    "preempt": _preempt,
     "successor": _successor,
     "redelivered": _redelivered,
 }
@@ -291,7 +312,7 @@ HANDLERS: dict[str, Callable[[Conflict], Any]] = {
 
 def handle(task: Any, request: Any, options: LeaseOptions, key: str,
            found: store.AcquireResult, client: Any = None, attempt: int = 0,
-           waited: float = 0.0) -> Any:
+           waited: float = 0.0, claim: Any = None) -> Any:
     """Deal with an execution of ``task`` that found ``key`` held (``found``).
 
     Args:
@@ -299,7 +320,9 @@ def handle(task: Any, request: Any, options: LeaseOptions, key: str,
         attempt, waited: see :class:`Conflict`.
 
     Returns:
-        The marker result of a skipped or coalesced eager call, or :data:`AGAIN`.
+        The marker result of a skipped or coalesced eager call, :data:`AGAIN`, or the lease
+        a ``"preempt"`` took over (set in ``claim``, a :class:`~celery_lease.lifecycle.Claim`):
+        the body runs.
 
     Raises:
         celery.exceptions.Ignore: the execution ends without a result of its own (a stored
@@ -315,7 +338,7 @@ def handle(task: Any, request: Any, options: LeaseOptions, key: str,
     holder = found.holder
     c = Conflict(task, request, options, key, found,
                  LeaseConflict(key, holder.task_id, holder.where, found.remaining),
-                 client, attempt, waited)
+                 client, attempt, waited, claim)
     policy = _policy(c)
     # A skip says what happened in its own line, once the marker is stored.
     logger.log(logging.DEBUG if policy in ("skip", "coalesce", "queue") else logging.INFO,

@@ -222,8 +222,7 @@ def check_task(app: Any, task: Any, options: LeaseOptions, vt: float | None) -> 
                 f"(lease_queue_max={options.queue_max}) waits up to lease_ttl="
                 f"{options.ttl:g}s in an ETA message, which the broker redelivers after "
                 f"visibility_timeout={vt:g}s", f"broker_transport_options={{"
-                f"'visibility_timeout': {max(vt, options.ttl * 4):g}}} or a shorter lease_ttl",
-                refuses_start=True))
+                f"'visibility_timeout': {max(vt, options.ttl * 4):g}}} or a shorter lease_ttl"))
         limit_text = ("no time_limit" if hard is None else
                       f"time_limit={float(hard):g}s, not below visibility_timeout")
         if acks_late and (hard is None or float(hard) >= vt):

@@ -37,11 +37,13 @@ class LostCause:
       margin) passed without a confirmed renewal, e.g. because the process was paused.
     - ``STORE_ERROR``: the store answered renewals with an error (out of memory, read-only
       after a failover, ...) until the local deadline passed.
+    - ``PREEMPTED``: a newer execution took the key over (``lease_on_conflict="preempt"``).
     """
 
     REFUSED = "refused"
     DEADLINE = "deadline"
     STORE_ERROR = "store_error"
+    PREEMPTED = "preempted"
 
 
 class LeaseError(Exception):

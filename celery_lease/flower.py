@@ -14,7 +14,9 @@ Leased tasks send these task events (see :class:`~celery_lease.LeasedTask`):
   ``lease_remaining``;
 - ``task-lease-lost`` (the running execution lost its lease): ``lease_key``, ``lease_cause``
   (``refused``, ``deadline`` or ``store_error``), ``lease_holder`` (this execution),
-  ``fencing_token`` and ``lease_late`` (float seconds).
+  ``fencing_token`` and ``lease_late`` (float seconds); ``task-lease-preempted`` with the
+  same fields (cause ``preempted``) when a newer execution took the key over
+  (``lease_on_conflict="preempt"``).
 
 Renewals send no event. Celery's event state turns each event into the task's state
 (``LEASE-SKIPPED``, ``LEASE-COALESCED``, ``LEASE-QUEUED``, ``LEASE-LOST``; a later

@@ -78,6 +78,9 @@ class LeaseInfo:
         reserved_for: the task id a release handed the key to, not started yet (str; empty
             for none). A key with a line or a reservation but no holder is listed with
             ``task`` empty and ``ttl`` 0.0.
+        cooldown_until: for a cooldown record (``lease_cooldown``: the execution named here
+            ended, and the key stays taken until then), float seconds since the epoch on the
+            store's clock; 0.0 for a lease a running execution holds.
     """
 
     key: str
@@ -92,6 +95,7 @@ class LeaseInfo:
     foreign: str = ""
     waiting: int = 0
     reserved_for: str = ""
+    cooldown_until: float = 0.0
 
 
 def _info(key: str, value: records.Found | str, pttl: int) -> LeaseInfo:
@@ -102,7 +106,7 @@ def _info(key: str, value: records.Found | str, pttl: int) -> LeaseInfo:
                      host=holder.hostname.rpartition("@")[2], pid=holder.pid,
                      fencing_token=holder.fencing_token,
                      ttl=pttl / 1000 if pttl >= 0 else -1.0, token=holder.token, node=node,
-                     foreign=holder.foreign)
+                     foreign=holder.foreign, cooldown_until=holder.cooldown_until)
 
 
 def _glob_escape(text: str) -> str:

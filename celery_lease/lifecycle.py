@@ -142,7 +142,9 @@ class Claim:
 
 def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderInfo,
          target: Target, *, sender: Any, claim: Claim | None = None,
-         claimed: bool = False, handed_over: bool = False) -> Lease | store.AcquireResult:
+         claimed: bool = False, handed_over: bool = False,
+         grant: Callable[..., store.AcquireResult] | None = None,
+         ) -> Lease | store.AcquireResult:
     """Take lease ``key`` and start renewing it (see the module docstring for the steps).
 
     An exit of any kind (``BaseException`` included) after the acquire was sent leaves no lease
@@ -162,6 +164,8 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
             (``lease_dedupe``): the grant clears that claim, in the same script.
         handed_over: the execution is a run a hand-over release published (its copy that
             already ran is refused: :func:`celery_lease.store.acquire`).
+        grant: the script that grants it, called as :func:`celery_lease.store.acquire` is
+            (default; a take-over from a preempted holder: :func:`celery_lease.store.take_over`).
 
     Returns:
         The granted :class:`~celery_lease.lease.Lease`, or the
@@ -177,6 +181,7 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
     token = ""
     try:
         options = settings.options
+        send = grant or store.acquire
         token = os.urandom(16).hex()  # 32 random hex characters (uuid4().hex: 5 times more)
         pending.settle_all()  # the replies of this process's earlier releases, first
         stored_holder = holder.to_json()
@@ -185,13 +190,11 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
         sent_at = clock.now()
         sent = True  # from here on the store may grant the token, reply or not
         try:
-            found = store.acquire(
-                client, key, token, options.ttl_ms, stored_holder, options.min_replicas,
-                holder.task_id, handed_over, claimed)
+            found = send(client, key, token, options.ttl_ms, stored_holder,
+                         options.min_replicas, holder.task_id, handed_over, claimed)
         except (RedisConnectionError, RedisTimeoutError):
-            found = store.acquire(
-                client, key, token, options.ttl_ms, stored_holder, options.min_replicas,
-                holder.task_id, handed_over, claimed)
+            found = send(client, key, token, options.ttl_ms, stored_holder,
+                         options.min_replicas, holder.task_id, handed_over, claimed)
         if not found.granted:
             target.finish()
             return found

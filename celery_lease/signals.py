@@ -20,6 +20,7 @@ __all__ = [
     "lease_deduplicated",
     "lease_handed_over",
     "lease_lost",
+    "lease_preempted",
     "lease_published",
     "lease_queued",
     "lease_released",
@@ -75,6 +76,13 @@ lease_lost = Signal(name="lease_lost")
 #: store could not be reached, or the release was written and its reply is read later, as
 #: ``LeasedTask`` does on a standalone Redis).
 lease_released = Signal(name="lease_released")
+
+#: A newer execution took the key over (``lease_on_conflict="preempt"``), sent by the newcomer
+#: once it holds the key. ``token``/``fencing_token``/``task_id`` are the newcomer's; extra:
+#: ``preempted_token``, ``preempted_task_id``, ``preempted_fencing_token``, ``preempted_holder``
+#: ("node:pid"), ``notified`` (int: processes that got the notification; 0: the old holder
+#: learns it at its next renewal).
+lease_preempted = Signal(name="lease_preempted")
 
 #: A publish of a task with ``lease_dedupe`` was decided (sent in the publishing process, once
 #: per ``apply_async``). Extra: ``disposition`` (``"published"``, ``"deduplicated"`` or

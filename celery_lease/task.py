@@ -17,13 +17,23 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, NoReturn
 
 from celery import Task
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Retry
 from celery.result import allow_join_result
-from celery.utils import uuid
-from kombu.serialization import dumps, loads
 from redis.exceptions import RedisError
 
-from . import clock, conflict, dedupe, eager, handoff, interrupt, lifecycle, outage, store
+from . import (
+    clock,
+    conflict,
+    cooldown,
+    eager,
+    handoff,
+    interrupt,
+    lifecycle,
+    outage,
+    preempt,
+    publishing,
+    store,
+)
 from .config import (
     TASK_OPTIONS,
     LeaseOptions,
@@ -32,9 +42,9 @@ from .config import (
     resolve_options,
     resolve_settings,
 )
-from .conflict import REDELIVERY_HEADER, SKIPPED_MARKER, SUCCESSOR_HEADER, is_skipped
+from .conflict import REDELIVERY_HEADER, SKIPPED_MARKER, is_skipped
 from .dedupe import CLAIM_HEADER
-from .errors import LeaseConfigError, LeaseKeyError, LeaseLost, LeaseStoreUnavailable
+from .errors import LeaseKeyError, LeaseLost, LeaseStoreUnavailable
 from .handoff import HANDOFF_HEADER
 from .keys import KeySpec, build_key, validate_lease_key
 from .lease import Lease, _current
@@ -59,8 +69,9 @@ class LeasedTask(Task):  # type: ignore[misc]
 
     Task options: every ``lease_*`` setting a task may override (docs/reference/settings.md;
     durations are float seconds), e.g. ``lease_ttl``, ``lease_on_conflict`` (``"skip"``,
-    ``"retry"``, ``"fail"``, ``"coalesce"``, ``"queue"``), ``lease_dedupe`` (bool, decided at
-    publish: :mod:`celery_lease.dedupe`), and ``lease_key``:
+    ``"retry"``, ``"fail"``, ``"coalesce"``, ``"queue"``, ``"preempt"``), ``lease_dedupe``
+    (bool, decided at publish: :mod:`celery_lease.dedupe`), ``lease_cooldown``, and
+    ``lease_key``:
 
     - ``None`` (default): every argument identifies the job;
     - a sequence of parameter names: only those (an empty one: one lease per task name);
@@ -211,50 +222,9 @@ class LeasedTask(Task):  # type: ignore[misc]
             LeaseConfigError: ``lease_dedupe`` and this process has no lease store
                 configured (``lease_backend``, or a Redis ``broker_url``).
         """
-        holding = _current.get()
-        key: str | None = None
-        take_over = False
-        if holding is not None and not holding.lost and not holding.retired:
-            key = self._sent_key(args, kwargs, options)
-            if key == holding.key:
-                take_over = True
-                options["headers"] = {
-                    **(options.get("headers") or {}), SUCCESSOR_HEADER: holding.token}
-                if self.app.conf.task_always_eager:
-                    # A worker runs it after the holder ends; so does eager mode (not nested).
-                    task_id = options.pop("task_id", None) or uuid()
-                    return dedupe.mark(eager.defer(
-                        holding.token, task_id, self.name,
-                        lambda: super(LeasedTask, self).apply_async(
-                            args, kwargs, task_id=task_id, **options)), "published")
-        if self.app.conf.task_always_eager or not dedupe.enabled(self):
-            return dedupe.mark(super().apply_async(args, kwargs, **options), "published")
-        if REDELIVERY_HEADER in (options.get("headers") or {}):
-            key = None  # a check copy of a running message, never a waiting copy
-        else:
-            key = key or self._sent_key(args, kwargs, options)
-            # Published again under its own id (a retry, a copy a conflict policy sends on).
-            take_over = take_over or (options.get("task_id") or "") == self.request.id
-        return dedupe.send(
-            self, key, options,
-            lambda **sent: super(LeasedTask, self).apply_async(args, kwargs, **sent),
-            take_over)
-
-    def _sent_key(self, args: Any, kwargs: Any, options: Mapping[str, Any]) -> str | None:
-        """The key the worker will compute for a call, from the arguments as the serializer
-        hands them over (JSON turns ``{1: "a"}`` into ``{"1": "a"}``); None when they give
-        none (a bad call fails at execution, with the real error)."""
-        try:
-            content_type, encoding, data = dumps(  # type: ignore[no-untyped-call]
-                [list(args or ()), dict(kwargs or {})],
-                serializer=options.get("serializer") or self.serializer)
-            sent_args, sent_kwargs = loads(  # type: ignore[no-untyped-call]
-                data, content_type, encoding)
-            return self.lease_key_for(sent_args, sent_kwargs)
-        except LeaseConfigError:
-            raise  # no store configured (a publisher of a task with lease_dedupe needs one)
-        except Exception:
-            return None
+        return publishing.apply_async(
+            self, args, kwargs, options,
+            lambda **sent: super(LeasedTask, self).apply_async(args, kwargs, **sent))
 
     def on_replace(self, sig: Any) -> Any:
         """Celery's replacement hook; in eager mode the holder's lease is released first.
@@ -282,13 +252,19 @@ class LeasedTask(Task):  # type: ignore[misc]
         # Filled the moment the store grants the lease: an exit that lands anywhere after
         # that (a soft time limit during the acquire's reply, gevent's Timeout) still ends it.
         claim = lifecycle.Claim()
+        ending = "failure"  # how the body ended: which release it sends (lease_cooldown)
         try:
             lease = self._acquire(request, args, kwargs, claim)
             if not isinstance(lease, Lease):
                 return lease  # eager mode: a skipped duplicate's marker
             reset = _current.set(lease)
             try:
-                return self.run(*args, **kwargs)
+                result = self.run(*args, **kwargs)
+                ending = "success"
+                return result
+            except Retry:
+                ending = "retry"
+                raise
             except LeaseLost as exc:
                 # Store the public class, not the per-execution carrier of the threads pool.
                 raise LeaseLost(*exc.args).with_traceback(exc.__traceback__) from None
@@ -298,16 +274,16 @@ class LeasedTask(Task):  # type: ignore[misc]
             granted = claim.lease
             if granted is not None:
                 try:
-                    self._end(granted)
+                    self._end(granted, ending)
                 except BaseException:
                     # An exit that landed as the end began (its call): end it, then go on.
-                    self._end(granted)
+                    self._end(granted, ending)
                     raise
                 finally:
                     eager.run_deferred(granted.token)  # eager successors: after the release
 
-    def _end(self, lease: Lease) -> None:
-        """Stop loss delivery and release ``lease`` (once: ``on_replace`` may end it early)."""
+    def _end(self, lease: Lease, ending: str = "failure") -> None:
+        """Stop loss delivery and release ``lease`` (once), as ``ending`` says (cooldown)."""
         if lease.retired:
             return
         try:
@@ -315,7 +291,7 @@ class LeasedTask(Task):  # type: ignore[misc]
             # release below runs whatever happens.
             lease.target.finish()
         finally:
-            self._release(lease)
+            self._release(lease, ending)
 
     def _acquire(
         self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -348,33 +324,37 @@ class LeasedTask(Task):  # type: ignore[misc]
             target = interrupt.for_current_context(signum)
             try:
                 got = lifecycle.take(settings, client, key, holder, target, sender=self,
-                                     claim=claim, claimed=claimed,
-                                     handed_over=handed_over)
+                                     claim=claim, claimed=claimed, handed_over=handed_over)
             except RedisError as exc:
                 self._store_error(options, key, exc)
-            if isinstance(got, Lease):
-                return got
-            first_conflict = clock.now() if first_conflict is None else first_conflict
-            outcome = conflict.handle(self, request, options, key, got, client, attempt,
-                                      clock.now() - first_conflict)
-            if outcome is not conflict.AGAIN:
-                return outcome  # type: ignore[no-any-return]
+            if not isinstance(got, Lease):
+                first_conflict = clock.now() if first_conflict is None else first_conflict
+                got = conflict.handle(self, request, options, key, got, client, attempt,
+                                      clock.now() - first_conflict, claim)
+                if got is conflict.AGAIN:
+                    continue
+            if options.on_conflict == "preempt" and isinstance(got, Lease):
+                preempt.listen(client, options.key_prefix, holder.hostname)  # once per process
+            return got  # type: ignore[no-any-return]
         raise AssertionError("unreachable")
 
-    def _release(self, lease: Lease) -> None:
+    def _release(self, lease: Lease, ending: str) -> None:
         # Runs before Celery stores the result and acknowledges the message: the release is on
         # the socket (or done, with wait) by then.
         options = lease.options
-        if options.hands_over:
+        release = cooldown.release_for(options, ending)
+        if options.hands_over and release is store.release:  # no cooldown: hand the key over
             handed = HANDOFF_HEADER in (self.request.headers or {})
-            release = handoff.Releaser(options, lease.task_id if handed else "")
-            ending = lifecycle.end(lease, sender=self, release=release)
-            handoff.publish_released(self, lease, release.result)
+            releaser = handoff.Releaser(options, lease.task_id if handed else "")
+            ended = lifecycle.end(lease, sender=self, release=releaser)
+            handoff.publish_released(self, lease, releaser.result)
         else:
-            ending = lifecycle.end(lease, sender=self, wait=self._lease_release_wait)
-        error = ending.loss
+            ended = lifecycle.end(lease, sender=self, wait=self._lease_release_wait,
+                                  release=release)
+        error = ended.loss
         if error is not None:
-            self._event("task-lease-lost", lease_key=lease.key, lease_cause=error.cause,
+            self._event(preempt.loss_event(lease, error),
+                        lease_key=lease.key, lease_cause=error.cause,
                         fencing_token=lease.fencing_token, lease_late=error.late,
                         lease_holder=f"{self.request.hostname or socket.gethostname()}:"
                                      f"{lease.pid}")

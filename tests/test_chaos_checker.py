@@ -281,3 +281,24 @@ def test_a_waiter_parked_later_that_started_first_is_out_of_order() -> None:
         if e.task_id == "task-q2":  # ran first, with the lower token, and ended before q1
             e.grant_lower, e.grant_upper, e.body_end, e.fence = T0 + 6.7, T0 + 6.8, T0 + 6.9, 0
     assert rules(history) == [(7, "out-of-order")]
+
+
+def test_a_grant_within_the_cooldown_after_a_success_is_found() -> None:
+    history = clean()
+    history.cooldown = 1.5  # a ended ok at T0 + 2; b was granted by T0 + 3
+    assert rules(history) == [(8, "started-in-cooldown")]
+
+
+def test_a_grant_after_the_cooldown_or_after_a_failure_or_an_erased_store_is_no_violation(
+        ) -> None:
+    history = clean()
+    history.cooldown = 0.9  # b's grant at T0 + 3 is after a's window (T0 + 2 + 0.9)
+    assert rules(history) == []
+    history.cooldown = 1.5
+    history.executions[0].outcome = "lost"  # a failure leaves no cooldown
+    history.executions[0].body_end = None
+    assert rules(history) == []
+    history = clean()
+    history.cooldown = 1.5
+    history.faults.append(Fault("restart_empty", "lease redis", T0 + 2.2, T0 + 2.4))
+    assert rules(history) == []

@@ -154,9 +154,7 @@ CASES: dict[str, tuple[int, Callable[[Store], Result] | str]] = {
     "success": (0, lambda s: _with_running_sync(s, "show", "docs.sync", "7")),
     "`ls` that finds nothing held": (0, lambda s: _run(s.app, "ls")),
     "`doctor` with warnings only (without `--strict`)": (0, _foreign("doctor")),
-    "`doctor`: a check failed": (1, lambda s: _run(_app(
-        s.url, lease_on_conflict="retry", broker_transport_options={"visibility_timeout": 10}),
-        "doctor")),
+    "`doctor`: a check failed": (1, lambda s: _run(_app(s.url, lease_min_replicas=1), "doctor")),
     "`doctor --strict`: a check warned": (1, _foreign("doctor", "--strict")),
     "`release`: refused (the lease changed since it was shown)": (
         1, "tests/test_cli.py::test_release_refuses_when_the_lease_changed_after_it_was_shown"),

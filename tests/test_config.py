@@ -52,6 +52,10 @@ def register(app: Celery, **options: object) -> LeasedTask:
         ("lease_ttl", 0.0001),
         ("lease_renew_interval", 0),
         ("lease_renew_interval", math.nan),
+        ("lease_cooldown", 0),
+        ("lease_cooldown", "60"),
+        ("lease_preempt_grace", -1.0),
+        ("lease_preempt_grace", math.nan),
     ],
 )
 def test_invalid_durations_fail_at_registration(option: str, value: object) -> None:
@@ -106,6 +110,17 @@ def test_task_option_overrides_app_setting() -> None:
 def test_unknown_on_conflict_fails_at_registration() -> None:
     with pytest.raises(LeaseConfigError, match=r"lease_on_conflict='wait'.*'skip'"):
         register(make_app(), lease_on_conflict="wait")
+
+
+def test_cooldown_after_other_than_success_or_any_fails_at_registration() -> None:
+    with pytest.raises(LeaseConfigError, match=r"lease_cooldown_after='failure'.*'success'"):
+        register(make_app(), lease_cooldown=60.0, lease_cooldown_after="failure")
+
+
+def test_a_zero_preempt_grace_and_a_cooldown_resolve_to_their_values() -> None:
+    options = resolve_options({}, {"lease_cooldown": 90, "lease_preempt_grace": 0}, "t")
+    assert (options.cooldown, options.cooldown_after, options.preempt_grace) == \
+        (90.0, "success", 0.0)
 
 
 def test_lease_key_naming_a_missing_parameter_fails_at_registration() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from importlib import resources
@@ -653,3 +654,128 @@ def test_pass_turn_answers_the_refusal_of_its_wake_and_leaves_no_list(
         client.execute_command("ACL", "DELUSER", name)
     assert "can't run this command" in answer  # the server's own words, not a silent 1
     assert client.exists(WAKE) == 0
+
+
+def release_cooldown(client: redis.Redis, tok: str, cooldown: int = 60_000, key: str = KEY,
+                     counter_extra: int = FENCE_COUNTER_EXTRA_MS) -> Any:
+    return run(client, "release_cooldown-2.lua", [key, fence_key(key)],
+               [tok, cooldown, counter_extra])
+
+
+def test_release_cooldown_turns_the_lease_into_a_record_living_the_cooldown_on_the_stores_clock(
+        client: redis.Redis) -> None:
+    t = token()
+    fence = acquire(client, t)[1]
+    before_ms = micros(client) // 1000
+    assert release_cooldown(client, t, cooldown=60_000) == 1
+    after_ms = micros(client) // 1000
+    head, _, meta = client.get(KEY).partition("{")
+    assert head == f"{t}:{fence}:"
+    until = int(meta.split(",")[0].split(":")[1])
+    assert before_ms + 60_000 <= until <= after_ms + 60_000
+    assert "{" + meta.partition(",")[2] == HOLDER  # the holder JSON, the until first
+    assert 59_000 < client.pttl(KEY) <= 60_000
+    assert client.get(FENCE) == f"{fence}:{t}"  # noted as ended: a redelivery is not run
+
+
+def test_acquire_during_a_cooldown_is_refused_and_the_next_grant_counts_past_it(
+        client: redis.Redis) -> None:
+    t = token()
+    fence = int(acquire(client, t)[1])
+    client.set(FENCE, str(fence + 10**9), keepttl=True)  # a counter ahead of the clock
+    assert release_cooldown(client, t, cooldown=300) == 1
+    granted, value, pttl = acquire(client, token())
+    assert granted == 0 and value.startswith(f"{t}:") and 0 < pttl <= 300
+    deadline = time.monotonic() + 10
+    while client.exists(KEY) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    granted, next_fence, _ = acquire(client, token())
+    assert granted == 1 and int(next_fence) == fence + 10**9 + 1
+
+
+def test_a_repeated_release_cooldown_answers_1_and_does_not_start_the_cooldown_again(
+        client: redis.Redis) -> None:
+    t = token()
+    acquire(client, t)
+    assert release_cooldown(client, t) == 1
+    record = client.get(KEY)
+    time.sleep(0.05)
+    assert release_cooldown(client, t) == 1
+    assert client.get(KEY) == record and client.pttl(KEY) < 60_000 - 40
+
+
+def test_release_cooldown_by_a_token_that_does_not_hold_answers_0_and_writes_nothing(
+        client: redis.Redis) -> None:
+    holder = token()
+    acquire(client, holder)
+    value, counter = client.get(KEY), client.get(FENCE)
+    assert release_cooldown(client, token()) == 0
+    assert client.get(KEY) == value and client.get(FENCE) == counter
+
+
+def test_release_cooldown_keeps_the_fencing_counter_alive_past_a_long_cooldown(
+        client: redis.Redis) -> None:
+    t = token()
+    acquire(client, t)
+    assert release_cooldown(client, t, cooldown=2 * COUNTER_TTL) == 1
+    assert 2 * COUNTER_TTL < client.pttl(FENCE) <= 2 * COUNTER_TTL + FENCE_COUNTER_EXTRA_MS
+
+
+def test_release_cooldown_refused_under_maxmemory_releases_without_a_cooldown(
+        client: redis.Redis) -> None:
+    t = token()
+    fence = acquire(client, t)[1]
+    old = client.config_get("maxmemory")["maxmemory"]
+    client.config_set("maxmemory", 1)  # every denyoom command (SET) is refused
+    try:
+        answer = release_cooldown(client, t)
+    finally:
+        client.config_set("maxmemory", old)
+    assert "OOM" in answer
+    assert client.exists(KEY) == 0  # no key left that nothing would end
+    assert client.get(FENCE) == f"{fence}:{t}"
+
+
+def take_over(client: redis.Redis, tok: str, old: str, key: str = KEY) -> Any:
+    return run(client, "preempt-2.lua", [key, fence_key(key)],
+               [tok, TTL, HOLDER, COUNTER_TTL, old])
+
+
+def test_preempt_replaces_the_holders_token_and_issues_a_higher_fencing_token(
+        client: redis.Redis) -> None:
+    old, new = token(), token()
+    fence = int(acquire(client, old)[1])
+    granted, new_fence, pttl = take_over(client, new, old)
+    assert granted == 1 and int(new_fence) > fence and pttl == TTL
+    assert client.get(KEY) == f"{new}:{new_fence}:{HOLDER}"
+    assert TTL - 1000 < client.pttl(KEY) <= TTL
+    assert release(client, old) == 0  # the old holder's token no longer holds it
+    assert take_over(client, new, old)[:2] == [1, client.get(KEY)]  # a repeat: same grant
+
+
+def test_preempt_refuses_a_holder_it_did_not_see_and_a_cooldown_record(
+        client: redis.Redis) -> None:
+    seen, third = token(), token()
+    acquire(client, third)  # the key changed hands since `seen` was read
+    value = client.get(KEY)
+    assert take_over(client, token(), seen) == [0, value, client.pttl(KEY)]
+    release_cooldown(client, third)
+    record = client.get(KEY)
+    assert take_over(client, token(), third)[:2] == [0, record]
+    assert client.get(KEY) == record
+
+
+def test_preempt_of_a_free_key_grants_it_as_acquire_does(client: redis.Redis) -> None:
+    new = token()
+    granted, fence, _ = take_over(client, new, token())
+    assert granted == 1 and client.get(KEY) == f"{new}:{fence}:{HOLDER}"
+
+
+def test_wake_preempter_leaves_exactly_the_preempted_token_with_its_lifetime(
+        client: redis.Redis) -> None:
+    wake = wake_key(KEY)
+    client.rpush(wake, "stale")
+    t = token()
+    assert run(client, "wake_preempter-1.lua", [wake], [t, 1500]) == 1
+    assert client.lrange(wake, 0, -1) == [t]
+    assert 0 < client.pttl(wake) <= 1500

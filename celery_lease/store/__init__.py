@@ -4,7 +4,7 @@ Nothing above this package builds a Redis command; it calls these functions:
 
 - the protocol (:mod:`.protocol`, :mod:`.renewal`): acquire, renew, release, revoke, the
   release that wakes a waiting hold and the wake-up a cancelled waiter passes on, each one
-  script in ``scripts/*.lua`` (:mod:`.lua`);
+  script in ``scripts/*.lua`` (:mod:`.lua`); the release into a cooldown (:mod:`.cooldown`);
 - what is stored (:mod:`.value`: a lease's value; :mod:`.records`: reading leases back for
   ``celery lease ls``, and beat's last-run record);
 - the claim of a task's waiting copy, decided at publish (:mod:`.claims`, ``lease_dedupe``);
@@ -25,7 +25,17 @@ from __future__ import annotations
 from . import handoff
 from .claims import Claim, Decision, claim, parse_claim, unclaim
 from .connection import client_for, reset_clients
+from .cooldown import release_into_cooldown
 from .errors import NotReplicated, PrimaryUnconfirmed, describe, permanent_error
+from .preempt import (
+    next_message,
+    preempt_channel,
+    publish_preempted,
+    subscribe,
+    take_over,
+    wait_preempted_end,
+    wake_preempter,
+)
 from .protocol import (
     FENCE_COUNTER_EXTRA_MS,
     RAN_HOLDER,
@@ -63,17 +73,25 @@ __all__ = [
     "describe",
     "handoff",
     "holder_json",
+    "next_message",
     "parse_claim",
     "parse_counter",
     "parse_value",
     "pass_turn",
     "permanent_error",
+    "preempt_channel",
+    "publish_preempted",
     "release",
     "release_and_wake",
+    "release_into_cooldown",
     "released_last",
     "renew_many",
     "reset_clients",
     "revoke",
+    "subscribe",
+    "take_over",
     "unclaim",
     "wait_for_release",
+    "wait_preempted_end",
+    "wake_preempter",
 ]

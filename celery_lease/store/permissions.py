@@ -79,7 +79,7 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("tasks", "task leases (workers, eager calls): acquire, renew, release; the "
             "redelivery check reads the fencing counter, the start check reads INFO",
             ("get", "info"), ("acquire-4.lua", "renew_many.lua", "renew-1.lua",
-                              "release-2.lua")),
+                              "release-2.lua", "release_cooldown-2.lua")),
     Feature("handoff", "lease_on_conflict 'coalesce' or 'queue': park a duplicate, the release "
             "that hands the key over, the crash sweep's index", (),
             ("park-3.lua", "release_handoff-4.lua", "watch-1.lua", "sweep_due-1.lua",
@@ -87,6 +87,10 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("hold", "celery_lease.hold and hold_async: the release wakes a waiting hold, "
             "on_conflict='wait' blocks for it, a cancelled waiter passes the turn on",
             ("blpop",), ("release_wake-3.lua", "pass_turn-2.lua")),
+    Feature("preempt", "lease_on_conflict='preempt': the take-over, the notice published to the "
+            "old holder's process (a channel <prefix>:preempt:*, which the ACL user needs as "
+            "&<prefix>:preempt:*), and the wait out of lease_preempt_grace",
+            ("publish", "subscribe", "blpop"), ("preempt-2.lua", "wake_preempter-1.lua")),
     Feature("beat", "LeasedScheduler: the leader lease and the last-run record, stamped "
             "and read on the store's clock; a stopping leader wakes a standby blocked on "
             "its release", ("blpop",), ("record_run-1.lua", "last_runs-1.lua",

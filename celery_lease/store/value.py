@@ -19,7 +19,7 @@ stored format.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
 
@@ -65,6 +65,9 @@ class Holder:
         version: the stored format's version (int; 0 for an unknown holder).
         foreign: empty for a value celery-lease wrote (this version or another); otherwise why
             the value is not one (str): the lease is held by an unknown holder.
+        cooldown_until: for a cooldown record (``lease_cooldown``, written by the release of
+            the execution named here), when it ends: float seconds since the epoch on the
+            store's clock; 0.0 for a lease held by a running execution.
     """
 
     token: str
@@ -75,6 +78,7 @@ class Holder:
     pid: int = 0
     version: int = FORMAT_VERSION
     foreign: str = ""
+    cooldown_until: float = 0.0
 
     @property
     def where(self) -> str:
@@ -86,13 +90,18 @@ def granted_holder(token: str, fencing_token: int) -> Holder:
     """``Holder(token, fencing_token)``: what a fresh grant knows of its own holder.
 
     Built without the frozen dataclass's ``__init__`` (one ``object.__setattr__`` call per
-    field, eight: a tenth of an execution's Python on the acquire path); the result is the
-    same object, every field in its ``__dict__`` (a test compares the two).
+    field: a tenth of an execution's Python on the acquire path); the result is the same
+    object, every field in its ``__dict__``, the others at their defaults (a test compares
+    the two).
     """
     holder: Holder = object.__new__(Holder)
-    holder.__dict__.update(token=token, fencing_token=fencing_token, task_name="", task_id="",
-                           hostname="", pid=0, version=FORMAT_VERSION, foreign="")
+    holder.__dict__.update(_HOLDER_DEFAULTS, token=token, fencing_token=fencing_token)
     return holder
+
+
+#: Every field of :class:`Holder` but the two a grant sets, at its default.
+_HOLDER_DEFAULTS = {f.name: f.default for f in fields(Holder)
+                    if f.name not in ("token", "fencing_token")}
 
 
 def unknown(why: str) -> Holder:
@@ -168,14 +177,21 @@ def parse_value(value: Any) -> Holder:
     fence = parse_fence(fence_text)
     if len(token) != TOKEN_LENGTH or not _HEX.issuperset(token) or fence is None or not sep:
         return unknown(_FOREIGN)
-    info = _holder_fields(meta)
+    info = _holder_info(meta)
     if info is None:
         return unknown(f"{_FOREIGN} (its holder JSON)")
-    return Holder(token, fence, *info)
+    return Holder(token, fence, *info[0], cooldown_until=info[1])
 
 
 def _holder_fields(meta: str) -> tuple[str, str, str, int, int] | None:
     """``(task, id, host, pid, version)`` from the holder JSON, or None when it is not ours."""
+    info = _holder_info(meta)
+    return None if info is None else info[0]
+
+
+def _holder_info(meta: str) -> tuple[tuple[str, str, str, int, int], float] | None:
+    """:func:`_holder_fields` and a cooldown record's end (float epoch seconds, 0.0 for a
+    running holder's value), or None when the holder JSON is not ours."""
     if len(meta) > _MAX_META:
         return None
     try:
@@ -185,8 +201,9 @@ def _holder_fields(meta: str) -> tuple[str, str, str, int, int] | None:
     if not isinstance(info, dict):
         return None
     version, pid = info.get("v", 1), info.get("pid", 0)
+    until = info.get("cooldown_until_ms", 0)
     strings = [info.get(name, "") for name in ("task", "id", "host")]
     if not (_is_int(version) and version >= 1 and _is_int(pid) and 0 <= pid <= 2**32
-            and all(isinstance(s, str) for s in strings)):
+            and all(isinstance(s, str) for s in strings) and _is_int(until) and until >= 0):
         return None
-    return strings[0], strings[1], strings[2], pid, version
+    return (strings[0], strings[1], strings[2], pid, version), until / 1000

@@ -58,7 +58,7 @@ class Settings:
     once; ``beats``: beat processes (0: no beat); ``beat_keys``: how many keys (``k0``...)
     beat sends the job for, each every ``beat_period``; ``sentinel``: the lease store is a
     Sentinel set-up, and ``failover`` is a fault; ``drain``: how long to wait for the last
-    jobs after the nemesis stops;
+    jobs after the nemesis stops; ``cooldown``: the job's ``lease_cooldown`` (0: none);
     ``broker_url``: an existing Redis for the broker and results (default: RabbitMQ at
     ``CHAOS_AMQP_URL`` or :data:`DEFAULT_AMQP_URL`, results on a private Redis).
     """
@@ -77,6 +77,7 @@ class Settings:
     drain: float = 60.0
     log_dir: str | None = None
     broker_url: str | None = None
+    cooldown: float = 0.0
 
 
 def _pid_tree(pid: int) -> list[int]:
@@ -272,7 +273,7 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
     env = {"CHAOS_BROKER_URL": broker_url, "CHAOS_RESULT_URL": result_url,
            "CHAOS_QUEUE": queue, "CHAOS_DSN": dsn, "CHAOS_LEASE_URL": lease_url,
            "CHAOS_LEASE_OPTIONS": json.dumps(getattr(store, "options", {})),
-           "CHAOS_TTL": str(settings.ttl),
+           "CHAOS_TTL": str(settings.ttl), "CHAOS_COOLDOWN": str(settings.cooldown),
            "CHAOS_BEAT_KEYS": ",".join(f"k{i}" for i in range(min(settings.beat_keys,
                                                                    settings.keys))),
            "CHAOS_BEAT_PERIOD": str(settings.beat_period)}
@@ -311,10 +312,11 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
         producer.join(10)
         say(f"chaos: nemesis done ({len(nemesis.faults)} faults); draining")
         _drain(dsn, store, worker_app, settings)
+        time.sleep(settings.cooldown)  # a probe in the last job's window would be skipped
         probes = [worker_app.submit(f"k{i}", "probe") for i in range(settings.keys)]
         wait_for(lambda: all(worker_app.app.AsyncResult(p.task_id).ready() for p in probes),
                  settings.ttl * 4 + 30, interval=0.2, message="probes did not finish")
-        time.sleep(settings.ttl)  # "one TTL after the end"
+        time.sleep(settings.ttl + settings.cooldown)  # one TTL (and a cooldown) after the end
         sampler.halt.set()
         history = _record(settings, dsn, worker_app, fleet, store, sampler, started,
                           nemesis_end)
@@ -424,4 +426,4 @@ def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: 
     return History(ttl=settings.ttl, started_at=started, nemesis_end=nemesis_end,
                    finished_at=time.time(), writes=writes, executions=runs, jobs=jobs,
                    parked=parked, workers=samples, leftover_leases=leftover,
-                   keys_without_ttl=no_ttl, leftover_claims=claims)
+                   keys_without_ttl=no_ttl, leftover_claims=claims, cooldown=settings.cooldown)

@@ -28,6 +28,9 @@ its send), so a violation is never an artefact of timing, and each comes with it
    (property 4's unresolved jobs). Never two running is properties 2 and 3, which hold for
    these keys too. A store that restarted empty loses what waited in it: jobs submitted
    before such a fault ended and not run are excused, and counted.
+8. Once per window (a campaign with ``lease_cooldown``): no execution was granted its key
+   within the cooldown after an execution that succeeded, unless a fault erased the store's
+   keys in between.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ RSS_SLACK = 64 * 1024 * 1024
 
 @dataclass
 class Violation:
-    """One broken promise: the property number (1-5), a rule name, a sentence, the evidence."""
+    """One broken promise: the property number (1-7), a rule name, a sentence, the evidence."""
 
     property: int
     rule: str
@@ -70,7 +73,7 @@ class Violation:
 
 
 def check(history: History) -> list[Violation]:
-    """Every violation of the five properties in ``history`` (empty: all promises kept)."""
+    """Every violation of the seven properties in ``history`` (empty: all promises kept)."""
     return [
         *fencing_order(history),
         *exclusion(history),
@@ -79,6 +82,7 @@ def check(history: History) -> list[Violation]:
         *leaks(history),
         *dedupe(history),
         *handover(history),
+        *cooldown_windows(history),
     ]
 
 
@@ -336,6 +340,42 @@ def dedupe(history: History) -> list[Violation]:
                 f"{claim['task_id']} is {claim['age']:.1f}s old, past its lifetime of "
                 f"{claim['lifetime']:g}s ({claim['ttl']:.1f}s left)", claim["key"],
                 dict(claim)))
+    return found
+
+
+#: Faults that erase what the lease store holds, cooldown records included.
+ERASING_FAULTS = ("restart_empty", "delete_key", "failover")
+
+
+def cooldown_windows(history: History) -> list[Violation]:
+    """Property 7: no grant within ``history.cooldown`` after an execution that succeeded.
+
+    An execution ``a`` that ended ``ok`` and whose release found its token (``released``)
+    turned its lease into a cooldown record at its release, which came after its body's end
+    and before any later grant of the key: a later execution ``b`` granted (at the latest)
+    before ``a``'s body end plus the cooldown started inside the window. A fault that erases
+    the store's keys between the two excuses it.
+    """
+    found: list[Violation] = []
+    if history.cooldown <= 0:
+        return found
+    erasing = [f for f in history.faults if f.kind in ERASING_FAULTS]
+    for key, runs in _by_key(history.executions).items():
+        for a in runs:
+            if a.outcome != "ok" or a.released is not True or a.body_end is None:
+                continue
+            for b in runs:
+                if b.fence <= a.fence or b.grant_upper >= a.body_end + history.cooldown:
+                    continue
+                if any(f.started_at <= b.grant_upper and f.ended_at >= a.body_end
+                       for f in erasing):
+                    continue
+                found.append(Violation(
+                    8, "started-in-cooldown",
+                    f"{key}: {b.token} (token {b.fence}) was granted by {b.grant_upper:.3f}, "
+                    f"{b.grant_upper - a.body_end:.3f}s after {a.token} (token {a.fence}) "
+                    f"succeeded, within its cooldown of {history.cooldown:.3f}s", key,
+                    {"succeeded": _execution(a), "started": _execution(b)}))
     return found
 
 

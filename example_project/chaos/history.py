@@ -162,7 +162,8 @@ class History:
     healed; ``leftover_leases`` the lease keys still present one TTL after the end
     (``{"key", "pttl", "value"}``); ``keys_without_ttl`` the library's keys that had no expiry;
     ``leftover_claims`` the waiting copies' claims (``lease_dedupe``) still present at the end
-    (``{"key", "task_id", "age", "lifetime", "ttl"}``, float seconds).
+    (``{"key", "task_id", "age", "lifetime", "ttl"}``, float seconds);
+    ``cooldown`` the job's ``lease_cooldown`` (float seconds; 0.0: none).
     """
 
     ttl: float
@@ -178,6 +179,7 @@ class History:
     leftover_leases: list[dict[str, Any]] = field(default_factory=list)
     keys_without_ttl: list[str] = field(default_factory=list)
     leftover_claims: list[dict[str, Any]] = field(default_factory=list)
+    cooldown: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (see :meth:`from_dict`)."""

@@ -42,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="broker and result backend (never faulted; default: a private "
                              "redis-server). The lease store is always a private server: the "
                              "campaign pauses, black-holes and empties it")
+    parser.add_argument("--cooldown", type=float, default=0.0,
+                        help="the job's lease_cooldown, seconds (default 0: none); the checker "
+                             "then proves no execution starts within it after a success")
     parser.add_argument("--json", type=Path, help="write violations and counts here")
     parser.add_argument("--history", type=Path, help="save the whole recorded history here")
     parser.add_argument("--check", type=Path, help="re-check a saved history; run nothing")
@@ -87,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.workers < 1 or args.keys < 1 or args.duration <= 0 or args.rate <= 0:
             sys.stderr.write("--workers, --keys, --duration and --rate must be positive\n")
             return 2
-        if args.beats < 0:
-            sys.stderr.write("--beats must be 0 or more\n")
+        if args.beats < 0 or args.cooldown < 0:
+            sys.stderr.write("--beats and --cooldown must be 0 or more\n")
             return 2
         from .campaign import Settings, run_campaign
 
@@ -96,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         history = run_campaign(Settings(
             duration=args.duration, workers=args.workers, keys=args.keys, seed=args.seed,
             ttl=args.ttl, rate=args.rate, broker_url=args.redis_url, beats=args.beats,
-            sentinel=args.sentinel))
+            sentinel=args.sentinel, cooldown=args.cooldown))
         if args.history is not None:
             args.history.write_text(json.dumps(history.to_dict(), default=str) + "\n")
     violations, _ = report(history, args.json)

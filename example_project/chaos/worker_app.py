@@ -4,7 +4,8 @@ Configured from the environment the campaign sets (``CHAOS_BROKER_URL``: the bro
 faulted; ``CHAOS_RESULT_URL``: the result backend, never faulted; ``CHAOS_QUEUE``: the run's
 queue; ``CHAOS_LEASE_URL``: the lease store, reached through the nemesis' proxy;
 ``CHAOS_DSN``: the run's PostgreSQL database; ``CHAOS_TTL``: the lease TTL in float
-seconds; ``CHAOS_LEASE_OPTIONS``: ``lease_backend_options`` as JSON, e.g. the Sentinel
+seconds; ``CHAOS_COOLDOWN``: the job's ``lease_cooldown`` in float seconds (0 or unset: none);
+``CHAOS_LEASE_OPTIONS``: ``lease_backend_options`` as JSON, e.g. the Sentinel
 ``master_name``; ``CHAOS_BEAT_KEYS``, ``CHAOS_BEAT_PERIOD``: the keys beat sends the job for,
 comma-separated, every that many float seconds). The job uses the public API of
 celery-lease (``LeasedTask``, ``self.lease``, ``LeaseLost``, the signals) and one private
@@ -62,6 +63,7 @@ app.conf.update(
     lease_store_timeout=float(os.environ.get("CHAOS_STORE_TIMEOUT", "0.5")),
     lease_key_prefix=LEASE_PREFIX,
     lease_on_conflict="skip",
+    lease_cooldown=float(os.environ.get("CHAOS_COOLDOWN") or 0) or None,
     lease_require_noeviction=False,
     task_acks_late=True,
     task_reject_on_worker_lost=True,

@@ -9,14 +9,13 @@ so every step of one tag takes the same lease.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
-import redis
 from celery import Celery
 
 from celery_lease import LeasedTask, current_lease
+from tests.support import runs as journal
 from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, RESULT_BACKEND_ENV
 
 BROKER = os.environ.get(BROKER_URL_ENV, "redis://127.0.0.1:1/0")
@@ -34,21 +33,13 @@ def configure(url: str, **conf: Any) -> None:
 
 def _record(tag: str, what: str, step: int) -> None:
     lease = current_lease()
-    client = redis.Redis.from_url(app.conf.lease_backend)
-    try:
-        client.rpush(f"runs:{tag}", json.dumps(
-            {"what": what, "step": step, "fence": lease.fencing_token if lease else None}))
-    finally:
-        client.close()
+    journal.record(app.conf.lease_backend, tag, what=what, step=step,
+                   fence=lease.fencing_token if lease else None)
 
 
 def runs(tag: str) -> list[dict[str, Any]]:
     """What the runs of ``tag`` recorded, in order."""
-    client = redis.Redis.from_url(app.conf.lease_backend)
-    try:
-        return [json.loads(x) for x in client.lrange(f"runs:{tag}", 0, -1)]
-    finally:
-        client.close()
+    return journal.read(app.conf.lease_backend, tag)
 
 
 @app.task(shared=False, bind=True, base=LeasedTask, name="succ.requeue", lease_key=("tag",))

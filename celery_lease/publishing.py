@@ -1,0 +1,80 @@
+"""The lease's part of publishing a :class:`~celery_lease.LeasedTask` (its ``apply_async``).
+
+A message an execution publishes for its own key (a self-requeue, a retry) is marked as its
+successor: it runs once that execution ended, on a worker and in eager mode. With
+``lease_dedupe`` one decision in the lease store comes first (:func:`celery_lease.dedupe.send`).
+Every result carries ``lease_disposition``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from celery.utils import uuid
+from kombu.serialization import dumps, loads
+
+from . import dedupe, eager
+from .conflict import REDELIVERY_HEADER, SUCCESSOR_HEADER
+from .errors import LeaseConfigError
+from .lease import _current
+
+__all__ = ["apply_async", "sent_key"]
+
+
+def apply_async(task: Any, args: Any, kwargs: Any, options: dict[str, Any],
+                publish: Callable[..., Any]) -> Any:
+    """Publish a call of ``task`` (a :class:`~celery_lease.LeasedTask`) with Celery's
+    ``options``; ``publish(**options)`` is Celery's own ``apply_async`` of the call.
+
+    Returns:
+        The call's ``AsyncResult`` (the waiting copy's when deduplicated), with
+        ``lease_disposition``.
+
+    Raises:
+        LeaseStoreUnavailable: ``lease_dedupe``, the store could not be asked and
+            ``lease_on_store_error`` is ``"fail"``.
+        LeaseConfigError: ``lease_dedupe`` and this process has no lease store configured.
+    """
+    holding = _current.get()
+    key: str | None = None
+    take_over = False
+    if holding is not None and not holding.lost and not holding.retired:
+        key = sent_key(task, args, kwargs, options)
+        if key == holding.key:
+            take_over = True
+            options["headers"] = {
+                **(options.get("headers") or {}), SUCCESSOR_HEADER: holding.token}
+            if task.app.conf.task_always_eager:
+                # A worker runs it after the holder ends; so does eager mode (not nested).
+                task_id = options.pop("task_id", None) or uuid()
+                return dedupe.mark(eager.defer(
+                    holding.token, task_id, task.name,
+                    lambda: publish(task_id=task_id, **options)), "published")
+    if task.app.conf.task_always_eager or not dedupe.enabled(task):
+        return dedupe.mark(publish(**options), "published")
+    if REDELIVERY_HEADER in (options.get("headers") or {}):
+        key = None  # a check copy of a running message, never a waiting copy
+    else:
+        key = key or sent_key(task, args, kwargs, options)
+        # Published again under its own id (a retry, a copy a conflict policy sends on).
+        take_over = take_over or (options.get("task_id") or "") == task.request.id
+    return dedupe.send(task, key, options, publish, take_over)
+
+
+def sent_key(task: Any, args: Any, kwargs: Any, options: Mapping[str, Any]) -> str | None:
+    """The key the worker will compute for a call, from the arguments as the serializer
+    hands them over (JSON turns ``{1: "a"}`` into ``{"1": "a"}``); None when they give
+    none (a bad call fails at execution, with the real error)."""
+    try:
+        content_type, encoding, data = dumps(  # type: ignore[no-untyped-call]
+            [list(args or ()), dict(kwargs or {})],
+            serializer=options.get("serializer") or task.serializer)
+        sent_args, sent_kwargs = loads(  # type: ignore[no-untyped-call]
+            data, content_type, encoding)
+        return str(task.lease_key_for(sent_args, sent_kwargs))
+    except LeaseConfigError:
+        raise  # no store configured (a publisher of a task with lease_dedupe needs one)
+    except Exception:
+        return None
+

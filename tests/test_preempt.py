@@ -1,0 +1,125 @@
+"""``lease_on_conflict="preempt"``, newest wins, with real workers: the newcomer takes the key
+over, the old body gets ``LeaseLost(cause="preempted")`` long before its next renewal would
+have told it, its late fenced write is refused, and with ``lease_preempt_grace`` the newcomer's
+body starts only once the old one ended or the grace passed."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from celery_lease import LeaseLost
+from harness.waiting import wait_for
+from tests.apps import preempt_app
+from tests.apps.preempt_app import GRACE, graceful, runs, took_over, work
+from tests.support.fixtures import WorkerFactory
+
+APP = "tests.apps.preempt_app"
+
+
+def _tag() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def client_app(redis_url: str, worker_factory: WorkerFactory) -> Iterator[Any]:
+    preempt_app.app.conf.update(broker_url=redis_url, result_backend=redis_url,
+                                lease_backend=redis_url,
+                                task_default_queue=worker_factory.queue)
+    yield preempt_app.app
+    preempt_app.app.conf.task_default_queue = "celery"
+
+
+def _started(tag: str, count: int) -> list[dict[str, Any]]:
+    return wait_for(lambda: [r for r in runs(tag) if r["what"] == "start"][count - 1:] and
+                    [r for r in runs(tag) if r["what"] == "start"], 30,
+                    message=lambda: f"{count} start(s) of {tag}: {runs(tag)}")
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads", "gevent"])
+def test_the_newcomer_runs_and_the_old_body_gets_lease_lost_preempted_with_its_write_refused(
+        pool: str, worker_factory: WorkerFactory, client_app: Any) -> None:
+    worker_factory(APP, pool=pool, concurrency=2, env={})
+    tag = _tag()
+    first = work.delay(tag, "old")
+    _started(tag, 1)
+    second = work.delay(tag, "new", 0.5)
+    assert second.get(timeout=30) == "new"
+    with pytest.raises(LeaseLost) as lost:
+        first.get(timeout=30)
+    assert lost.value.cause == "preempted"
+    record = {(r["run"], r["what"]): r for r in runs(tag) if "run" in r}
+    assert record["old", "lost"]["cause"] == "preempted"
+    assert record["new", "start"]["fence"] > record["old", "start"]["fence"]
+    assert record["old", "end"]["late_write_accepted"] is False  # fenced off downstream
+    [takeover] = took_over(work.lease_key_for((tag, "old")))
+    # Told by the notice, not by a renewal (every 10 s with lease_ttl=30): measured, loosely.
+    assert record["old", "lost"]["at"] - takeover["at"] < preempt_app.TTL / 3
+
+
+def _preempted_gracefully(worker_factory: WorkerFactory, checkpoint: float
+                          ) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, Any]]:
+    """A ``pre.graceful`` holder that checkpoints ``checkpoint`` seconds once preempted, and
+    its newcomer: what each recorded, and the take-over."""
+    worker_factory(APP, pool="threads", concurrency=2, env={})
+    tag = _tag()
+    first = graceful.delay(tag, "old", 30.0, checkpoint)
+    _started(tag, 1)
+    assert graceful.delay(tag, "new", 0.2).get(timeout=30) == "new"
+    with pytest.raises(LeaseLost):
+        first.get(timeout=30)
+    [takeover] = took_over(graceful.lease_key_for((tag, "old")))
+    return {(r["run"], r["what"]): r for r in runs(tag) if "run" in r}, takeover
+
+
+def test_with_a_grace_the_newcomer_starts_once_the_old_body_ended(
+        worker_factory: WorkerFactory, client_app: Any) -> None:
+    record, takeover = _preempted_gracefully(worker_factory, 0.5)  # well within the grace
+    assert record["new", "start"]["at"] >= record["old", "end"]["at"]  # never both at once
+    assert record["new", "start"]["at"] < takeover["at"] + GRACE  # woken by the end
+
+
+def test_with_a_grace_a_holder_that_does_not_end_is_overlapped_only_after_the_grace(
+        worker_factory: WorkerFactory, client_app: Any) -> None:
+    record, takeover = _preempted_gracefully(worker_factory, GRACE + 2)  # past the grace
+    assert record["new", "start"]["at"] >= takeover["at"] + GRACE
+    assert record["old", "end"]["late_write_accepted"] is False
+
+
+def test_the_preempted_execution_sends_task_lease_preempted_with_its_cause(
+        worker_factory: WorkerFactory, client_app: Any) -> None:
+    worker_factory(APP, pool="threads", concurrency=2, env={}, extra_args=("-E",))
+    seen: list[dict[str, Any]] = []
+    ready = threading.Event()
+
+    def capture() -> None:
+        with client_app.connection_for_read() as conn:
+            def on_event(event: dict[str, Any]) -> None:
+                if event.get("type") == "task-lease-preempted":
+                    seen.append(event)
+                    receiver.should_stop = True
+
+            receiver = client_app.events.Receiver(conn, handlers={"*": on_event})
+            ready.set()
+            with contextlib.suppress(socket.timeout, TimeoutError):
+                receiver.capture(limit=None, timeout=30)
+
+    listener = threading.Thread(target=capture, daemon=True)
+    listener.start()
+    ready.wait(10)
+    tag = _tag()
+    first = work.delay(tag, "old")
+    _started(tag, 1)
+    work.delay(tag, "new", 0.2).get(timeout=30)
+    with pytest.raises(LeaseLost):
+        first.get(timeout=30)
+    listener.join(35)
+    [event] = seen
+    assert event["uuid"] == first.id and event["lease_cause"] == "preempted"
+    assert event["lease_key"] == work.lease_key_for((tag, "old"))
