@@ -234,6 +234,9 @@ class LeaseLost(SoftTimeLimitExceeded):  # type: ignore[misc]
 
     def __str__(self) -> str:
         # `late` measures from the last moment the lease was known held, not a slowness.
+        if self.cause == LostCause.PREEMPTED:
+            return (f"lease {self.key!r} lost ({self.cause}, fencing token "
+                    f"{self.fencing_token}: a newer execution took the key over)")
         since = ("after its last confirmed renewal" if self.cause == LostCause.REFUSED
                  else "after its local deadline")
         return (

@@ -23,6 +23,7 @@ from .keys import (
     CLAIM_SUFFIX,
     DEFAULT_PREFIX,
     FENCE_SUFFIX,
+    INDEX_SUFFIX,
     LAST_RUN_SUFFIX,
     LINE_SUFFIX,
     RESERVED_SUFFIX,
@@ -195,7 +196,10 @@ def _scan(client: redis.Redis, prefix: str, count: int, skipped: list[str] | Non
 _INTERNAL = ((FENCE_SUFFIX, lambda v: store.parse_counter(v) is not None, "a fencing counter"),
              (WAKE_SUFFIX, lambda v: v == OtherType("list"), "a wake list"),
              (LAST_RUN_SUFFIX, lambda v: v == OtherType("hash"), "a beat last-run hash"),
-             (CLAIM_SUFFIX, lambda v: store.parse_claim(v) is not None, "a waiting-copy claim"))
+             (CLAIM_SUFFIX, lambda v: store.parse_claim(v) is not None, "a waiting-copy claim"),
+             (LINE_SUFFIX, lambda v: v == OtherType("list"), "a line of waiting runs"),
+             (RESERVED_SUFFIX, lambda v: v == OtherType("hash"), "a hand-over reservation"),
+             (INDEX_SUFFIX, lambda v: v == OtherType("zset"), "the hand-over sweep's index"))
 
 
 def scan_foreign(client: redis.Redis, prefix: str, count: int = SCAN_COUNT

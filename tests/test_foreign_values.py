@@ -202,3 +202,18 @@ def test_a_task_finding_foreign_values_at_its_key_skips_and_the_cli_shows_an_unk
     assert "WARN store" in doctor.stdout and "4 key(s) under lease:*" in doctor.stdout
     assert f"{fence_key('lease:{c}')}: not a fencing counter" in doctor.stdout
     assert "lease_key_prefix" in doctor.stdout
+
+
+def test_the_hand_over_keys_are_celery_leases_own_and_another_shape_there_is_not(
+        client: redis.Redis) -> None:
+    from celery_lease.inspection import scan_foreign
+    from celery_lease.keys import handoff_index_key, line_key, reservation_key
+
+    key = "lease:{t.job:abc}"
+    client.rpush(line_key(key), "{}")
+    client.hset(reservation_key(key), "ran", "task-1")
+    client.zadd(handoff_index_key("lease"), {key: 1.0})
+    assert list(scan_foreign(client, "lease")) == []
+    client.delete(line_key(key))
+    client.set(line_key(key), "not a line")
+    assert [k for k, _ in scan_foreign(client, "lease")] == [line_key(key)]
