@@ -100,7 +100,7 @@ def test_demo_runs_every_scene_and_measures(
     assert dup["skipped"] >= 1 and dup["follow_up_ran"]
 
     crash = scenes["crash"]["figures"]
-    assert 0 < crash["stall_s"] <= TTL + 0.5  # bounded by the TTL
+    assert 0 < crash["stall_s"] <= TTL + TTL / 3 + 0.5  # the TTL and one hand-over sweep pass
     assert crash["stall_s"] >= crash["lease_left_at_kill_s"] - 0.05  # not before it expired
     assert crash["b_started_after_expiry_s"] >= -0.05
 

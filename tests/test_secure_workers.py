@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from celery_lease import store
+from celery_lease.store import permissions
 from harness.topologies import MASTER_NAME
 from tests.support.holders import Holders
 from tests.support.redis_server import HOST, RedisServer
@@ -29,6 +30,10 @@ from tests.support.waiting import wait_for
 from tests.support.workers import CeleryWorker
 
 certs = pytest.fixture(scope="module", name="certs")(certificates)
+
+#: The documented rule and the hand-over's commands: the test app has a task with
+#: lease_on_conflict="retry", whose copies wait in the key's line.
+APP_FEATURES = (*permissions.DEFAULT_FEATURES, "handoff")
 
 
 class SecureRig(Rig):
@@ -73,7 +78,7 @@ def paused_store_raises_by_the_deadline(rig: Rig, tag: str) -> None:
 @pytest.fixture(scope="module", params=POOLS)
 def acl_rig(request: pytest.FixtureRequest, broker: RedisServer,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    server = AclRedisServer()
+    server = AclRedisServer(features=APP_FEATURES)
     rig = SecureRig(broker, request.param, tmp_path_factory.mktemp(f"acl-{request.param}"),
                     server, "")
     rig.url = server.lease_url()
@@ -118,7 +123,7 @@ def test_a_worker_whose_user_lacks_one_command_of_the_rule_refuses_to_start_nami
         pytest.skip("the start check runs before any pool: one pool shows it")
     with acl_rig.store.client() as admin:
         admin.execute_command("ACL", "SETUSER", *[
-            r for r in lease_acl("noset", "pw") if r != "+set"])
+            r for r in lease_acl("noset", "pw", features=APP_FEATURES) if r != "+set"])
     line = refusal(acl_rig, "no-set", f"redis://noset:pw@{HOST}:{acl_rig.store.port}/0", {})
     assert "may not run +set" in line and "celery lease acl" in line and ":pw@" not in line
 

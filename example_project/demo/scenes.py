@@ -177,7 +177,7 @@ def duplicates(ctx: Context) -> SceneResult:
 def crashed_holder(ctx: Context) -> SceneResult:
     """A is SIGKILLed mid-run; B runs the job once A's lease runs out, not before."""
     result = SceneResult("crash", "A is SIGKILLed mid-run; the job runs again on B after a "
-                         "stall bounded by the TTL")
+                         "stall bounded by the TTL and one sweep pass")
     ttl = ctx.ttl
     job_id = f"import-{_run_id()}"
     stage = ctx.stage(job_id)
@@ -215,8 +215,10 @@ def crashed_holder(ctx: Context) -> SceneResult:
     })
     result.check(f"B did not run while the dead holder's lease was live (it had "
                  f"{before.remaining:.2f}s left)", float(b_start["t"]) >= expiry - 0.05)
-    result.check(f"stall {stall:.2f}s is bounded by the TTL ({ttl:.2f}s, +0.5s scheduling "
-                 f"slack)", stall <= ttl + 0.5)
+    # B's copy waits in the key's line ("retry"); once A's lease expired, a worker's
+    # hand-over sweep, which looks every renew interval, publishes it.
+    result.check(f"stall {stall:.2f}s is bounded by the TTL and one sweep pass ({ttl:.2f}s + "
+                 f"{ttl / 3:.2f}s, +0.5s scheduling slack)", stall <= ttl + ttl / 3 + 0.5)
     result.check("B finished the job", second.successful() and not is_skipped(second.result))
     result.check("B's fencing token is higher than A's",
                  int(b_start["fence"]) > int(a_start["fence"]))
