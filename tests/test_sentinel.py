@@ -325,3 +325,25 @@ def test_doctor_and_the_worker_start_check_name_a_ttl_a_partitioned_primary_can_
         check_app(app)
     warned = [r.getMessage() for r in caplog.records if "down-after" in r.getMessage()]
     assert bool(warned) == exposed, warned
+
+
+def test_a_publish_refused_on_an_old_primary_that_stays_writable_is_not_a_dedupe_refusal(
+    sentinel: SentinelSetup,
+) -> None:
+    from celery_lease.keys import claim_key
+
+    client = store.client_for(sentinel.sentinel_url, 1.0, {"master_name": MASTER_NAME})
+    key, claimer = "lease:{t.job:claimed}", store.holder_json("t.job", "w1", "host", 1)
+    assert store.claim(client, key, "w1", 60_000, claimer).claimed  # its pool: the primary
+    old = sentinel.primary_port()
+    with sentinel.sentinels[0].client() as admin:
+        admin.execute_command("SENTINEL FAILOVER", MASTER_NAME)
+    new = sentinel.wait_failover(old)
+    with sentinel.node_on(new).client() as promoted:  # w1's grant there cleared the claim
+        promoted.delete(claim_key(key))
+    # The old primary still has the claim: a refusal read from it would fold this publish onto
+    # a copy that already runs. The sentinels do not confirm that node, so it is no refusal.
+    with pytest.raises(store.PrimaryUnconfirmed):
+        store.claim(client, key, "w2", 60_000, claimer)
+    # The client looked for the primary again: the next publish claims the free slot there.
+    assert store.claim(client, key, "w2", 60_000, claimer).claimed

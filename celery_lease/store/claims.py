@@ -28,7 +28,7 @@ import redis
 from redis.exceptions import RedisError
 
 from ..keys import claim_key
-from . import lua, routing
+from . import lua, primary, routing
 from .value import _holder_fields
 
 __all__ = ["Claim", "Decision", "claim", "parse_claim", "unclaim"]
@@ -72,15 +72,26 @@ def claim(client: redis.Redis, key: str, task_id: str, lifetime_ms: int, claimer
             key, or a message published again under its own task id).
 
     Raises:
+        PrimaryUnconfirmed: a Sentinel-managed client's refusal the sentinels did not confirm
+            came from the primary they name now (:mod:`celery_lease.store.primary`).
         redis.exceptions.RedisError: on store errors (the node noted for
             :func:`celery_lease.store.describe`).
     """
     keys = (claim_key(key), key)
+    confirmed = primary.managed(client)  # a Sentinel-managed client
+    before = primary.written_to(client) if confirmed else None
     try:
         claimed, answer, age = _claim(client, keys, (task_id, lifetime_ms, claimer,
                                                      "1" if take_over else "0"))
+        # A refusal read off a demoted primary (a replica since a failover, still answering
+        # reads on an old connection) can name a copy whose grant on the new primary cleared
+        # the claim: a lost trigger. On Sentinel it counts only once the sentinels confirm the
+        # node (primary.py); else it is a store error, and the message is published unguarded.
+        problem = primary.confirm(client, before) if confirmed and int(claimed) == 0 else None
     except RedisError as exc:
         raise routing.note(exc, client, key) from None
+    if problem is not None:
+        raise routing.note(problem, client, key)
     text = answer.decode() if isinstance(answer, bytes) else str(answer)
     if int(claimed) == 1:
         return Decision(True)
