@@ -347,3 +347,21 @@ def test_a_publish_refused_on_an_old_primary_that_stays_writable_is_not_a_dedupe
         store.claim(client, key, "w2", 60_000, claimer)
     # The client looked for the primary again: the next publish claims the free slot there.
     assert store.claim(client, key, "w2", 60_000, claimer).claimed
+
+
+def test_a_duplicate_parked_on_an_old_primary_that_stays_writable_is_not_parked(
+    sentinel: SentinelSetup,
+) -> None:
+    from celery_lease.store import handoff
+
+    client = store.client_for(sentinel.sentinel_url, 1.0, {"master_name": MASTER_NAME})
+    key = "lease:{t.job:parked}"
+    assert store.acquire(client, key, "a" * 32, 30_000, "{}").granted  # its pool: the primary
+    old = sentinel.primary_port()
+    with sentinel.sentinels[0].client() as admin:
+        admin.execute_command("SENTINEL FAILOVER", MASTER_NAME)
+    sentinel.wait_failover(old)
+    # Parked on the old primary, the duplicate would be acknowledged and lost with that node's
+    # writes: the sentinels do not confirm it, so the park does not count.
+    with pytest.raises(store.PrimaryUnconfirmed):
+        handoff.park(client, key, "queue", "dup-1", "{}", 10, 60_000)

@@ -23,7 +23,7 @@ import redis
 from redis.exceptions import RedisError
 
 from ..keys import fence_key, handoff_index_key, line_key, reservation_key
-from . import lua, routing
+from . import lua, primary, routing
 
 __all__ = ["INDEX_LIFETIME_MS", "HandOff", "Parked", "Waiting", "forget", "park",
            "read_line", "recover", "release_handing_over", "take_due", "watch"]
@@ -120,11 +120,26 @@ def park(client: redis.Redis, key: str, mode: str, task_id: str, message: str, m
         lifetime_ms: the line's lifetime, int milliseconds.
 
     Raises:
+        PrimaryUnconfirmed: a Sentinel-managed client parked on a node the sentinels do not
+            name as primary now (:mod:`celery_lease.store.primary`): the park does not count.
         redis.exceptions.RedisError: on store errors (a line key of another type included).
     """
+    confirmed = primary.managed(client)
+    before = primary.written_to(client) if confirmed else None
     reply = _run(_park, client, key, (key, line_key(key), reservation_key(key)),
                  (mode, task_id, message, max_length, lifetime_ms))
     code = int(reply[0])
+    if confirmed and code == 1:
+        # A duplicate parked on a primary a failover demoted (still writable on an old
+        # connection) would be acknowledged and then lost with that node's writes: on
+        # Sentinel a park counts once the sentinels confirm the node, else it is a store
+        # error and the duplicate is kept by lease_on_store_error, not acknowledged.
+        try:
+            problem = primary.confirm(client, before)
+        except RedisError as exc:
+            raise routing.note(exc, client, key) from None
+        if problem is not None:
+            raise routing.note(problem, client, key)
     if code == 1:
         covering = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
         return Parked("parked", covering, int(reply[2]), covering != task_id)
