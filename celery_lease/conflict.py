@@ -354,9 +354,10 @@ def handle(task: Any, request: Any, options: LeaseOptions, key: str,
         raise  # published again under its task id: a waiting copy keeps its claim
     except BaseException:
         key_claimed = (request.headers or {}).get(dedupe.CLAIM_HEADER)
-        # Its message ends here: a skip, a failure, or a coalesce (the pending run, not this
-        # task id, serves the trigger). A queued copy runs later under its own id: it keeps it.
-        if key_claimed and policy in ("skip", "fail", "retry", "coalesce"):
+        # Its message ends here: a skip, a failure, a coalesce (the pending run, not this task
+        # id, serves the trigger), a preempt that could not take over. A queued copy runs
+        # later under its own id, a retried one too: they keep it.
+        if key_claimed and policy in ("skip", "fail", "retry", "coalesce", "preempt"):
             dedupe.forget(task, str(key_claimed), request.id, f"it ended on a conflict "
                           f"({policy})")
         raise
