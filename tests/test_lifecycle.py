@@ -248,7 +248,8 @@ def test_conflict_visible_in_log_signal_and_event(rig: Rig) -> None:
     assert skipped["lease_holder_task_id"] == holder.id
     assert str(skipped["lease_key"]).startswith("lease:{hold:")
     assert rig.journal(event="conflict-signal")[0]["policy"] == "skip"
-    assert "skipped: task " in rig.logs()
+    # The skip line follows the stored marker, which follows the event: wait for it.
+    wait_for(lambda: "skipped: task " in rig.logs(), 10, message="no skip line in the log")
 
 
 def test_skipped_duplicate_get_returns_a_marker_not_a_hang(rig: Rig) -> None:

@@ -44,25 +44,9 @@ if redis.replicate_commands then redis.replicate_commands() end
 if cur then
   return {mine and 1 or 0, cur, redis.call('PTTL', KEYS[1])}
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+--@include next_fence.lua
 --@include reserved.lua
-local last = redis.pcall('GET', KEYS[2])
-if type(last) == 'table' and not string.find(last.err or '', 'WRONGTYPE', 1, true) then
-  return last
-end
-local counter = 0
-if last then
-  counter = type(last) == 'string' and tonumber(string.match(last, '^%d+') or '')
-  if not counter or counter >= 9007199254740991 then
-    return {0, '', redis.call('PTTL', KEYS[2])}
-  end
-else
-  last = ''
-end
-local fence = counter + 1
-if now > fence then fence = now end
-fence = string.format('%.0f', fence)
+if refusal then return refusal end
 local value = ARGV[1] .. ':' .. fence .. ':' .. ARGV[3]
 redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2])
 -- The last release's token stays, after ';' (not ':': released_last no longer names it),

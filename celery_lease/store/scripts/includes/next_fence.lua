@@ -1,11 +1,12 @@
 --[[
-The next fencing token of a key, as acquire-2.lua computes it: max(counter + 1, server time in
+The next fencing token of a key (acquire-4.lua, preempt-2.lua): max(counter + 1, server time in
 microseconds), refused for a counter this library did not write (another type, a value that
 does not start with digits, digits at or above 2^53 - 1).
 
 KEYS[2]  the fencing counter key
 
 Defines:
+  now      the server's time, microseconds (TIME)
   fence    the next fencing token (a string of digits), or nil when the counter is not ours
   last     the counter's stored value ('' when absent)
   refusal  when fence is nil: the reply to give ({0, '', pttl of the counter}, or its error)
