@@ -1,0 +1,35 @@
+--[[
+The renewal of one slot of a limited key (lease_limit=N, acquire_slot-2.lua), for the
+renewal scripts when the lease key is not a string: its own deadline moves to the store's
+clock plus the TTL while its token still has a slot there that has not passed its deadline
+(token-checked: no other slot is touched). The hash's lifetime is raised to that deadline when
+it is shorter (PEXPIRE sets it, and never lowers it here: another slot may end later). HSET to
+an existing field is the only write, so a full server (maxmemory) may refuse it: the error
+is the reply, as a renewal's store error.
+
+KEYS[...]  none of its own: renew_slot is handed one of the including script's keys
+
+Defines:
+  renew_slot(key, token, ttl)  key: a lease key of another type than a string; token: the
+                               holder's token; ttl: int milliseconds. Returns '1' renewed,
+                               '0' no live slot of this token (ended, expired, absent key),
+                               '2' a key of another type than a hash (held by another), or
+                               the error table of a refused write.
+]]
+local function renew_slot(key, token, ttl)
+  ttl = tonumber(ttl)
+  local slot = redis.pcall('HGET', key, token)
+  if type(slot) == 'table' then
+    if string.find(slot.err or '', 'WRONGTYPE', 1, true) then return '2' end
+    return slot
+  end
+  if not slot then return '0' end
+  local t = redis.call('TIME')
+  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local due, rest = string.match(slot, '^(%d+):(.*)$')
+  if not due or tonumber(due) <= now_ms then return '0' end
+  local done = redis.pcall('HSET', key, token, (now_ms + ttl) .. ':' .. rest)
+  if type(done) == 'table' then return done end
+  if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
+  return '1'
+end
