@@ -3,6 +3,7 @@ holders SIGKILLed mid-run, and each slot renewed and lost on its own."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -186,3 +187,25 @@ def test_eager_calls_take_a_slot_like_a_worker_and_skip_when_all_are_held(
     assert is_skipped(limited.apply((2,)).get())
     with pytest.raises(LeaseConfigError, match="lease_limit callable returned 0"):
         limited.apply((0,)).get()
+
+
+def test_ls_shows_used_of_n_and_each_holder_of_a_limited_key(redis_url: str) -> None:
+    from tests.test_cli import _env
+    from tests.test_cli import celery_lease as lease_cli
+
+    held = [hold("report", url=redis_url, ttl=30.0, limit=3) for _ in range(2)]
+    leases = [h.__enter__() for h in held]
+    try:
+        env = _env(redis_url, "q-limit")
+        listed = json.loads(lease_cli(env, "ls", "--json").stdout)
+        slots = [i for i in listed if i.get("key") == held[0].key]
+        assert sorted(i["fencing_token"] for i in slots) == sorted(
+            lease.fencing_token for lease in leases)
+        assert {(i["used"], i["limit"], i["foreign"]) for i in slots} == {(2, 3, "")}
+        table = lease_cli(env, "ls", "--wide").stdout
+        assert "SLOTS" in table and table.count("2/3") == 2
+        doctor = lease_cli(env, "doctor").stdout
+        assert held[0].key not in doctor  # a hash of slots is no unknown holder
+    finally:
+        for h in held:
+            h.__exit__(None, None, None)
