@@ -302,3 +302,35 @@ def test_a_grant_after_the_cooldown_or_after_a_failure_or_an_erased_store_is_no_
     history.cooldown = 1.5
     history.faults.append(Fault("restart_empty", "lease redis", T0 + 2.2, T0 + 2.4))
     assert rules(history) == []
+
+
+def limited(n: int, overlapping: int) -> History:
+    """The clean history, ``overlapping`` untold executions of limited key ``l1`` running at
+    once, under ``lease_limit=n``."""
+    history = clean()
+    history.limit = n
+    for i in range(overlapping):
+        token = f"l{i}"
+        history.executions.append(
+            run(token, FENCE + 20 + i, T0 + 3 + i * 0.1, T0 + 5, key="l1"))
+        history.jobs.append(Job(f"job-{token}", "l1", "limited", f"task-{token}",
+                                T0 + 2.9 + i * 0.1, "ran"))
+    return history
+
+
+def test_n_executions_of_a_limited_key_at_once_are_no_violation() -> None:
+    assert rules(limited(3, 3)) == []
+
+
+def test_more_than_n_executions_of_a_limited_key_at_once_are_found() -> None:
+    assert rules(limited(3, 4)) == [(9, "more-than-n")]
+
+
+def test_more_than_n_at_once_told_of_a_loss_or_one_after_another_is_no_violation() -> None:
+    told = limited(3, 4)
+    told.executions[-1].outcome = "lost"
+    assert rules(told) == []
+    apart = limited(3, 3)
+    apart.executions.append(run("l9", FENCE + 40, T0 + 5.5, T0 + 6, key="l1"))
+    apart.jobs.append(Job("job-l9", "l1", "limited", "task-l9", T0 + 5.4, "ran"))
+    assert rules(apart) == []

@@ -59,6 +59,7 @@ class Settings:
     beat sends the job for, each every ``beat_period``; ``sentinel``: the lease store is a
     Sentinel set-up, and ``failover`` is a fault; ``drain``: how long to wait for the last
     jobs after the nemesis stops; ``cooldown``: the job's ``lease_cooldown`` (0: none);
+    ``limit``: the ``lease_limit`` of a limited job sent on keys of its own (0: none);
     ``broker_url``: an existing Redis for the broker and results (default: RabbitMQ at
     ``CHAOS_AMQP_URL`` or :data:`DEFAULT_AMQP_URL`, results on a private Redis).
     """
@@ -78,6 +79,7 @@ class Settings:
     log_dir: str | None = None
     broker_url: str | None = None
     cooldown: float = 0.0
+    limit: int = 0
 
 
 def _pid_tree(pid: int) -> list[int]:
@@ -190,8 +192,10 @@ class _Producer(threading.Thread):
         while not self.halt.is_set():
             key = f"k{self.rng.randrange(self.settings.keys)}"
             path = self.rng.choices(["delay", "send_task", "retry", "requeue", "dedupe",
-                                     "coalesce", "queue"], weights=[4, 3, 2, 1, 3, 2, 2])[0]
-            if path in ("coalesce", "queue"):  # their own keys: their own leases
+                                     "coalesce", "queue", "limited"],
+                                    weights=[4, 3, 2, 1, 3, 2, 2,
+                                             4 if self.settings.limit else 0])[0]
+            if path in ("coalesce", "queue", "limited"):  # their own keys: their own leases
                 key = path[0] + key[1:]
             try:
                 # 2 to 8 writes 0.3 s apart: some jobs end before their first renewal (at
@@ -209,7 +213,8 @@ class _Producer(threading.Thread):
                                 by_name=path == "send_task")
                 if self.rng.random() < self.settings.duplicates:
                     # A hand-over job's duplicate is one of its own (the same lease).
-                    self.submit(key, path if path in ("coalesce", "queue") else "duplicate")
+                    self.submit(key, path if path in ("coalesce", "queue", "limited")
+                                else "duplicate")
             except Exception as exc:  # the broker is never faulted: worth reporting
                 self.errors.append(repr(exc))
             next_at += period
@@ -274,6 +279,7 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
            "CHAOS_QUEUE": queue, "CHAOS_DSN": dsn, "CHAOS_LEASE_URL": lease_url,
            "CHAOS_LEASE_OPTIONS": json.dumps(getattr(store, "options", {})),
            "CHAOS_TTL": str(settings.ttl), "CHAOS_COOLDOWN": str(settings.cooldown),
+           "CHAOS_LIMIT": str(settings.limit),
            "CHAOS_BEAT_KEYS": ",".join(f"k{i}" for i in range(min(settings.beat_keys,
                                                                    settings.keys))),
            "CHAOS_BEAT_PERIOD": str(settings.beat_period)}
@@ -403,8 +409,9 @@ def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: 
     try:
         leftover = []
         for key in _lease_keys(leases, worker_app.LEASE_PREFIX):
-            leftover.append({"key": key, "pttl": leases.pttl(key),
-                             "value": _text(leases.get(key))})
+            value = leases.get(key) if leases.type(key) == b"string" else \
+                leases.hgetall(key)  # a hash of slots (lease_limit)
+            leftover.append({"key": key, "pttl": leases.pttl(key), "value": _text(value)})
         # Every key has a lifetime, the beat's last-run record included (ten periods).
         no_ttl = [_text(k) for k in leases.scan_iter(match=f"{worker_app.LEASE_PREFIX}*")
                   if leases.ttl(k) == -1]
@@ -426,4 +433,5 @@ def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: 
     return History(ttl=settings.ttl, started_at=started, nemesis_end=nemesis_end,
                    finished_at=time.time(), writes=writes, executions=runs, jobs=jobs,
                    parked=parked, workers=samples, leftover_leases=leftover,
-                   keys_without_ttl=no_ttl, leftover_claims=claims, cooldown=settings.cooldown)
+                   keys_without_ttl=no_ttl, leftover_claims=claims, cooldown=settings.cooldown,
+                   limit=settings.limit)

@@ -31,6 +31,10 @@ its send), so a violation is never an artefact of timing, and each comes with it
 8. Once per window (a campaign with ``lease_cooldown``): no execution was granted its key
    within the cooldown after an execution that succeeded, unless a fault erased the store's
    keys in between.
+9. Never more than N (a campaign with ``lease_limit=N``, the ``limited`` path's keys): no
+   N + 1 executions of one key that each ended normally, none told of a loss, were running
+   at one moment. Properties 2, 3 and 6's "never two running" are about one holder and do
+   not apply to these keys; property 1's grant order does (one counter for all slots).
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ RSS_SLACK = 64 * 1024 * 1024
 
 @dataclass
 class Violation:
-    """One broken promise: the property number (1-7), a rule name, a sentence, the evidence."""
+    """One broken promise: the property number (1-9), a rule name, a sentence, the evidence."""
 
     property: int
     rule: str
@@ -73,7 +77,7 @@ class Violation:
 
 
 def check(history: History) -> list[Violation]:
-    """Every violation of the seven properties in ``history`` (empty: all promises kept)."""
+    """Every violation of the nine properties in ``history`` (empty: all promises kept)."""
     return [
         *fencing_order(history),
         *exclusion(history),
@@ -83,7 +87,51 @@ def check(history: History) -> list[Violation]:
         *dedupe(history),
         *handover(history),
         *cooldown_windows(history),
+        *never_more_than_n(history),
     ]
+
+
+def limited_keys(history: History) -> set[str]:
+    """The keys of the ``limited`` path (``lease_limit``): up to ``history.limit`` at once."""
+    return {job.key for job in history.jobs if job.path == "limited"}
+
+
+def _single(history: History) -> dict[str, list[Execution]]:
+    """The executions per key, the keys of one holder at a time only (not ``limited``)."""
+    limited = limited_keys(history)
+    return {k: v for k, v in _by_key(history.executions).items() if k not in limited}
+
+
+def _untold(runs: list[Execution], refused: set[str]) -> list[Execution]:
+    """The executions that ended normally and were never told of a loss (no refused write,
+    not refused at release), by grant time."""
+    return sorted((e for e in runs if e.outcome == "ok" and e.body_end is not None
+                   and e.token not in refused and e.released is not False),
+                  key=lambda e: e.grant_upper)
+
+
+def never_more_than_n(history: History) -> list[Violation]:
+    """Property 9: no more than ``history.limit`` untold executions of a limited key were
+    running at one moment. Each ran surely from its ``grant_upper`` (its body had started)
+    to its ``body_end`` (its body was still running), so an overlap of those is proven."""
+    found: list[Violation] = []
+    if history.limit <= 0:
+        return found
+    refused = {w.token for w in history.writes if not w.accepted}
+    limited = limited_keys(history)
+    for key, runs in _by_key(history.executions).items():
+        if key not in limited:
+            continue
+        done = _untold(runs, refused)
+        for b in done:
+            running = [a for a in done if a.grant_upper <= b.grant_upper < a.body_end]  # type: ignore[operator]
+            if len(running) > history.limit:
+                found.append(Violation(
+                    9, "more-than-n", f"{key}: {len(running)} executions were running at "
+                    f"{b.grant_upper:.3f}, above lease_limit={history.limit}: "
+                    f"{', '.join(a.token for a in running)}", key,
+                    {"running": [_execution(a) for a in running]}))
+    return found
 
 
 def _by_key(items: Iterable[Any]) -> dict[str, list[Any]]:
@@ -153,7 +201,7 @@ def exclusion(history: History) -> list[Violation]:
     """Property 2: no renewal of a holder was confirmed after a later holder was granted."""
     found: list[Violation] = []
     accepted = Counter(w.token for w in history.writes if w.accepted)
-    for key, runs in _by_key(history.executions).items():
+    for key, runs in _single(history).items():
         later = _first_later_grant(runs)
         for a in runs:
             b = later.get(a.token)
@@ -173,7 +221,7 @@ def silent_losers(history: History) -> list[Violation]:
     """Property 3: a body still running when its key was granted to another was told."""
     found: list[Violation] = []
     refused = {w.token for w in history.writes if not w.accepted}
-    for key, runs in _by_key(history.executions).items():
+    for key, runs in _single(history).items():
         later = _first_later_grant(runs)
         for a in runs:
             b = later.get(a.token)
@@ -304,12 +352,10 @@ def dedupe(history: History) -> list[Violation]:
     """Property 6: never two running; folds served by later runs; claims end in time."""
     found: list[Violation] = []
     refused = {w.token for w in history.writes if not w.accepted}
-    for key, runs in _by_key(history.executions).items():
+    for key, runs in _single(history).items():
         # Ended normally and never told of a loss (no refused write, not refused at release):
         # two such bodies running at one moment is what the lease exists to prevent.
-        done = sorted((e for e in runs if e.outcome == "ok" and e.body_end is not None
-                       and e.token not in refused and e.released is not False),
-                      key=lambda e: e.grant_upper)
+        done = _untold(runs, refused)
         for i, a in enumerate(done):
             for b in done[i + 1:]:
                 if b.grant_upper >= a.body_end:  # type: ignore[operator]

@@ -163,7 +163,8 @@ class History:
     (``{"key", "pttl", "value"}``); ``keys_without_ttl`` the library's keys that had no expiry;
     ``leftover_claims`` the waiting copies' claims (``lease_dedupe``) still present at the end
     (``{"key", "task_id", "age", "lifetime", "ttl"}``, float seconds);
-    ``cooldown`` the job's ``lease_cooldown`` (float seconds; 0.0: none).
+    ``cooldown`` the job's ``lease_cooldown`` (float seconds; 0.0: none);
+    ``limit`` the limited job's ``lease_limit`` (int; 0: no limited job).
     """
 
     ttl: float
@@ -180,6 +181,7 @@ class History:
     keys_without_ttl: list[str] = field(default_factory=list)
     leftover_claims: list[dict[str, Any]] = field(default_factory=list)
     cooldown: float = 0.0
+    limit: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (see :meth:`from_dict`)."""
