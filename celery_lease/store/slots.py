@@ -34,7 +34,7 @@ from ..keys import fence_key, wake_key
 from . import lua, primary, routing
 from .errors import NotReplicated
 from .protocol import FENCE_COUNTER_EXTRA_MS, WAKE_LIFETIME_MS, AcquireResult
-from .value import Holder, granted_holder, parse_value
+from .value import TOKEN_LENGTH, Holder, granted_holder, parse_value
 
 __all__ = [
     "Slot",
@@ -218,8 +218,8 @@ class Slot:
 def read_slots(client: Any, key: str) -> tuple[int, list[Slot]] | None:
     """``(N, live slots, soonest deadline first)`` of limited key ``key``, or None when ``key``
     is not a hash of slots (absent, a plain lease, another type). Read-only: a slot past its
-    deadline is left out (the next acquire deletes it). N is the limit of the last grant (0
-    when not recorded).
+    deadline is left out (the next acquire deletes it). N is the limit of the last grant. A
+    hash without it, or with a field that is no token, is another tool's: None.
 
     Raises:
         redis.exceptions.RedisError: on store errors (a key of another type reads as None).
@@ -237,6 +237,8 @@ def read_slots(client: Any, key: str) -> tuple[int, list[Slot]] | None:
     if isinstance(fields, list):  # RESP2 without the client's pairing
         fields = dict(zip(fields[::2], fields[1::2], strict=True))
     now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
+    if not isinstance(fields.get(b"n", fields.get("n")), (bytes, str)):
+        return None  # no limit recorded: a hash of another tool, not slots
     limit, slots = 0, []
     for name, raw in fields.items():
         name = name.decode() if isinstance(name, bytes) else str(name)
@@ -244,6 +246,8 @@ def read_slots(client: Any, key: str) -> tuple[int, list[Slot]] | None:
         if name == "n":
             limit = int(text) if text.isdigit() else 0
             continue
+        if len(name) != TOKEN_LENGTH:  # not a token: a field of another tool
+            return None
         due, _, rest = text.partition(":")
         if not due.isdigit() or int(due) <= now_ms:
             continue

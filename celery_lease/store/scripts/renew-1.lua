@@ -19,9 +19,7 @@ Returns:
 --@include held.lua
 if cur == '' then  -- another type than a string: a hash of slots, or not ours
   local slot = renew_slot(KEYS[1], ARGV[1], tonumber(ARGV[2]))
-  if slot == '1' then return 1 elseif slot == '0' then return 0 elseif slot == '2' then
-    return -1
-  end
+  if slot == '1' then return 1 elseif slot == '2' then return -1 end
   return slot
 end
 if mine then

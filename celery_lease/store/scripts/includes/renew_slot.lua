@@ -12,9 +12,9 @@ KEYS[...]  none of its own: renew_slot is handed one of the including script's k
 Defines:
   renew_slot(key, token, ttl)  key: a lease key of another type than a string; token: the
                                holder's token; ttl: int milliseconds. Returns '1' renewed,
-                               '0' no live slot of this token (ended, expired, absent key),
-                               '2' a key of another type than a hash (held by another), or
-                               the error table of a refused write.
+                               '2' held by another (no live slot of this token there: it
+                               ended or expired, or the key is another tool's hash or of
+                               another type), or the error table of a refused write.
 ]]
 local function renew_slot(key, token, ttl)
   ttl = tonumber(ttl)
@@ -23,11 +23,11 @@ local function renew_slot(key, token, ttl)
     if string.find(slot.err or '', 'WRONGTYPE', 1, true) then return '2' end
     return slot
   end
-  if not slot then return '0' end
+  if not slot then return '2' end
   local t = redis.call('TIME')
   local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local due, rest = string.match(slot, '^(%d+):(.*)$')
-  if not due or tonumber(due) <= now_ms then return '0' end
+  if not due or tonumber(due) <= now_ms then return '2' end
   local done = redis.pcall('HSET', key, token, (now_ms + ttl) .. ':' .. rest)
   if type(done) == 'table' then return done end
   if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
