@@ -16,6 +16,7 @@ from celery import Celery
 
 from celery_lease import LeaseConfigError, LeaseConflict, LeasedTask, hold, is_skipped, store
 from harness.redis_server import RedisServer
+from harness.topologies import MASTER_NAME, cluster_setup, sentinel_setup
 from harness.waiting import wait_for
 from harness.workers import CeleryWorker
 from tests.support.rig import Rig
@@ -209,3 +210,35 @@ def test_ls_shows_used_of_n_and_each_holder_of_a_limited_key(redis_url: str) -> 
     finally:
         for h in held:
             h.__exit__(None, None, None)
+
+
+def test_slots_on_a_redis_cluster_are_taken_renewed_and_released_on_their_keys_primary(
+) -> None:
+    with cluster_setup() as setup:
+        client = store.client_for(f"redis://127.0.0.1:{setup.live()[0].port}/0", 1.0,
+                                  {"cluster": True})
+        key = "lease:{limited:1}"  # the slot hash and its fencing counter share the hash tag
+        holder = store.holder_json("t", "id", "h", 1)
+        toks = [os.urandom(16).hex() for _ in range(4)]
+        got = [store.acquire_slot(client, key, t, 2000, holder, limit=3) for t in toks]
+        assert [g.granted for g in got] == [True, True, True, False]
+        # The heartbeat's path on a cluster: renew-1.lua per lease, grouped by primary.
+        assert store.renew_many(client, [(key, t, 60_000) for t in toks]) == [1, 1, 1, -1]
+        assert store.release_slot(client, key, toks[0]) is True
+        assert store.acquire_slot(client, key, toks[3], 2000, holder, limit=3).granted
+        slots = store.read_slots(client, key)
+        assert slots is not None and slots[0] == 3 and len(slots[1]) == 3
+
+
+def test_slots_through_sentinel_are_confirmed_on_the_primary_and_wait_for_a_replica() -> None:
+    with sentinel_setup() as setup:
+        client = store.client_for(setup.sentinel_url, 1.0, {"master_name": MASTER_NAME})
+        key = "lease:{limited:2}"
+        holder = store.holder_json("t", "id", "h", 1)
+        toks = [os.urandom(16).hex() for _ in range(3)]
+        # A grant counts once the sentinels confirm its node, and with WAIT once a replica has it.
+        assert store.acquire_slot(client, key, toks[0], 5000, holder, limit=2).granted
+        assert store.acquire_slot(client, key, toks[1], 5000, holder, 1, limit=2).granted
+        assert not store.acquire_slot(client, key, toks[2], 5000, holder, limit=2).granted
+        assert store.renew_many(client, [(key, t, 5000) for t in toks], 1) == [1, 1, -1]
+        assert store.release_slot(client, key, toks[0]) is True
