@@ -130,7 +130,8 @@ def _glob_escape(text: str) -> str:
 
 
 def read_lease(client: redis.Redis, key: str) -> LeaseInfo | None:
-    """The lease stored at ``key``, or ``None`` when the key is absent.
+    """The lease stored at ``key``, or ``None`` when the key is absent (for a limited key,
+    the holder whose slot ends first, with :attr:`LeaseInfo.used` and :attr:`LeaseInfo.limit`).
 
     Raises:
         redis.exceptions.RedisError: on store errors.
@@ -138,6 +139,9 @@ def read_lease(client: redis.Redis, key: str) -> LeaseInfo | None:
     value, pttl = records.read(client, key)
     if value is None:
         return None
+    slots = _slots(client, key) if value == OtherType("hash") else None
+    if slots:  # a limited key: the holder whose slot ends first, with used/N
+        return slots[0]
     return _info(key, value, pttl)
 
 

@@ -7,14 +7,22 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from celery import Celery
 
-from celery_lease import LeaseConfigError, LeaseConflict, LeasedTask, hold, is_skipped, store
+from celery_lease import (
+    LeaseConfigError,
+    LeaseConflict,
+    LeasedTask,
+    hold,
+    is_skipped,
+    signals,
+    store,
+)
 from harness.redis_server import RedisServer
 from harness.topologies import MASTER_NAME, cluster_setup, sentinel_setup
 from harness.waiting import wait_for
@@ -177,7 +185,22 @@ def test_eager_calls_take_a_slot_like_a_worker_and_skip_when_all_are_held(
     def limited(self: Any, n: int) -> int:
         return self.lease.limit  # type: ignore[no-any-return]
 
-    assert limited.apply((2,)).get() == 2
+    seen: list[tuple[str, int]] = []
+
+    def note(signal: str) -> Callable[..., None]:
+        def receiver(sender: Any = None, fencing_token: int = 0, **_: Any) -> None:
+            seen.append((signal, fencing_token))
+        return receiver
+
+    on_acquired, on_released = note("acquired"), note("released")
+    signals.lease_acquired.connect(on_acquired)
+    signals.lease_released.connect(on_released)
+    try:
+        assert limited.apply((2,)).get() == 2
+    finally:
+        signals.lease_acquired.disconnect(on_acquired)
+        signals.lease_released.disconnect(on_released)
+    assert [s for s, _ in seen] == ["acquired", "released"] and seen[0][1] == seen[1][1] > 0
     client = store.client_for(redis_url, 0.5, {})
     key = limited.lease_key_for((2,))
     assert client.exists(key) == 0  # released
