@@ -133,22 +133,21 @@ class LeasedTask(Task):  # type: ignore[misc]
 
     @classmethod
     def _lease_key_spec(cls) -> KeySpec:
-        return cls._lease_unbound("lease_key", "_lease_spec_cache")  # type: ignore[no-any-return]
+        # A function given as a task option is a class attribute: read it unbound.
+        cached = cls.__dict__.get("_lease_spec_cache")
+        if cached is not None:
+            return cached[0]  # type: ignore[no-any-return]
+        spec = inspect.getattr_static(cls, "lease_key")
+        spec = spec.__func__ if isinstance(spec, (staticmethod, classmethod)) else spec
+        cls._lease_spec_cache = (spec,)
+        return spec
 
     @classmethod
     def _lease_limit_spec(cls) -> LimitSpec:
-        return cls._lease_unbound("lease_limit", "_lease_limit_cache")  # type: ignore[no-any-return]
-
-    @classmethod
-    def _lease_unbound(cls, name: str, cache: str) -> Any:
-        # A function given as a task option is a class attribute: read it unbound.
-        cached = cls.__dict__.get(cache)
-        if cached is not None:
-            return cached[0]
-        spec = inspect.getattr_static(cls, name)
-        spec = spec.__func__ if isinstance(spec, (staticmethod, classmethod)) else spec
-        setattr(cls, cache, (spec,))
-        return spec
+        """``lease_limit`` read unbound (as ``lease_key``), kept for :meth:`_acquire`."""
+        spec = inspect.getattr_static(cls, "lease_limit")
+        cls._lease_limit_cache = (getattr(spec, "__func__", spec),)  # a staticmethod's own
+        return cls._lease_limit_cache[0]
 
     @classmethod
     def _lease_task_options(cls) -> dict[str, Any]:
@@ -332,7 +331,8 @@ class LeasedTask(Task):  # type: ignore[misc]
         handed_over = HANDOFF_HEADER in headers
         claimed = CLAIM_HEADER in headers  # its publish claimed the key's waiting slot
         first_conflict = None
-        spec = cls._lease_limit_spec()
+        cached = cls._lease_limit_cache  # set at registration (on_bound): no call here
+        spec = cached[0] if cached is not None else cls._lease_limit_spec()
         limit = 1 if spec is None else limit_for(spec, args, kwargs, f"task {self.name}")
         grant = store.slot_grant(limit) if limit > 1 else None  # 1: the plain lease
         for attempt in itertools.count():
