@@ -246,7 +246,8 @@ def test_slots_on_a_redis_cluster_are_taken_renewed_and_released_on_their_keys_p
         got = [store.acquire_slot(client, key, t, 2000, holder, limit=3) for t in toks]
         assert [g.granted for g in got] == [True, True, True, False]
         # The heartbeat's path on a cluster: renew-1.lua per lease, grouped by primary.
-        assert store.renew_many(client, [(key, t, 60_000) for t in toks]) == [1, 1, 1, -1]
+        assert store.renew_many(client, [(key, t, 60_000) for t in toks],
+                                slots=range(4)) == [1, 1, 1, -1]
         assert store.release_slot(client, key, toks[0]) is True
         assert store.acquire_slot(client, key, toks[3], 2000, holder, limit=3).granted
         slots = store.read_slots(client, key)
@@ -263,5 +264,19 @@ def test_slots_through_sentinel_are_confirmed_on_the_primary_and_wait_for_a_repl
         assert store.acquire_slot(client, key, toks[0], 5000, holder, limit=2).granted
         assert store.acquire_slot(client, key, toks[1], 5000, holder, 1, limit=2).granted
         assert not store.acquire_slot(client, key, toks[2], 5000, holder, limit=2).granted
-        assert store.renew_many(client, [(key, t, 5000) for t in toks], 1) == [1, 1, -1]
+        assert store.renew_many(client, [(key, t, 5000) for t in toks], 1,
+                                slots=range(3)) == [1, 1, -1]
         assert store.release_slot(client, key, toks[0]) is True
+
+
+def test_plain_leases_and_slots_are_renewed_in_one_call_each_by_its_own_script(
+        redis_url: str) -> None:
+    client = store.client_for(redis_url, 1.0, {})
+    holder = store.holder_json("t", "id", "h", 1)
+    plain, slot, gone = (os.urandom(16).hex() for _ in range(3))
+    assert store.acquire(client, "lease:{plain}", plain, 2000, holder).granted
+    assert store.acquire_slot(client, "lease:{slots}", slot, 2000, holder, limit=3).granted
+    leases = [("lease:{plain}", plain, 60_000), ("lease:{slots}", slot, 60_000),
+              ("lease:{slots}", gone, 60_000), ("lease:{slots}", plain, 30_000)]
+    assert store.renew_many(client, leases, slots=[1, 2, 3]) == [1, 1, -1, -1]
+    assert client.pttl("lease:{plain}") > 59_000 and client.pttl("lease:{slots}") > 59_000

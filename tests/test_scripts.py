@@ -882,22 +882,24 @@ def test_acquire_slot_issues_fencing_tokens_above_the_plain_leases_and_the_plain
     assert granted == 0 and value == ""  # a hash of slots holds the key for the plain lease
 
 
-def test_renewal_moves_only_its_own_slots_deadline_and_refuses_an_ended_slot(
+def test_slot_renewal_moves_only_its_own_deadline_and_refuses_an_ended_slot(
         client: redis.Redis) -> None:
     mine, other = token(), token()
     take_slot(client, mine, ttl=1000)
     take_slot(client, other, ttl=1000)
     others = client.hget(KEY, other)
-    assert run(client, "renew_many.lua", [KEY, KEY], [60_000, f"{mine}:", f"{token()}:"]) \
-        == "12"
+    assert run(client, "renew_slots.lua", [KEY, KEY], [60_000, mine, token()]) == "12"
     assert slot_deadline(client, mine) >= server_ms(client) + 59_000
     assert client.hget(KEY, other) == others and client.pttl(KEY) > 59_000
-    assert run(client, "renew-1.lua", [KEY], [other, 60_000]) == 1
+    assert run(client, "renew_slot-1.lua", [KEY], [other, 60_000]) == 1
     release_slot(client, other)
-    assert run(client, "renew-1.lua", [KEY], [other, 60_000]) == -1
+    assert run(client, "renew_slot-1.lua", [KEY], [other, 60_000]) == -1
     client.set("lease:{t}:plain", f"{token()}:1:{HOLDER}", px=TTL)
-    assert run(client, "renew_many.lua", [KEY, "lease:{t}:plain"], [TTL, f"{mine}:", f"{mine}:"]) \
-        == "12"
+    assert run(client, "renew_slots.lua", [KEY, "lease:{t}:plain", "lease:{t}:gone"],
+               [TTL, mine, mine, mine]) == "120"
+    assert run(client, "renew_slot-1.lua", ["lease:{t}:gone"], [mine, TTL]) == 0
+    # The plain renewal does not renew a slot: a hash is another type for it.
+    assert run(client, "renew_many.lua", [KEY], [TTL, f"{mine}:"]) == "2"
 
 
 def test_renewal_of_a_slot_past_its_deadline_is_refused(client: redis.Redis) -> None:
@@ -905,8 +907,8 @@ def test_renewal_of_a_slot_past_its_deadline_is_refused(client: redis.Redis) -> 
     take_slot(client, mine, ttl=300)
     take_slot(client, token(), ttl=5000)  # keeps the hash alive past the first deadline
     time.sleep(0.35)
-    assert run(client, "renew_many.lua", [KEY], [TTL, f"{mine}:"]) == "2"
-    assert run(client, "renew-1.lua", [KEY], [mine, TTL]) == -1
+    assert run(client, "renew_slots.lua", [KEY], [TTL, mine]) == "2"
+    assert run(client, "renew_slot-1.lua", [KEY], [mine, TTL]) == -1
 
 
 def test_release_slot_deletes_only_its_own_slot_and_the_last_one_deletes_the_key(
