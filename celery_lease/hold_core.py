@@ -126,13 +126,10 @@ class HoldCore:
         # Above 1, one of the key's slots (store.slots); its task id is no reason to refuse.
         grant = store.slot_grant(self.limit, same_task_id=False) if self.limit > 1 else None
         try:
-            got = lifecycle.take(self.settings, self.client, self.key, holder, target,
-                                 sender=holder.task_name, claim=claim, grant=grant)
+            return lifecycle.take(self.settings, self.client, self.key, holder, target,
+                                  sender=holder.task_name, claim=claim, grant=grant)
         except RedisError as exc:
             raise LeaseStoreUnavailable(self.key, "acquire", store.describe(exc)) from None
-        if grant is not None and isinstance(got, Lease):
-            got.limit = self.limit  # its release frees its own slot
-        return got
 
     def conflict(self, found: store.AcquireResult, waited: float = 0.0) -> LeaseConflict:
         """The :class:`LeaseConflict` describing ``found`` (after ``waited`` float seconds)."""

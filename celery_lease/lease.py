@@ -50,7 +50,7 @@ class Lease:
         confirmed_at: deadline-clock seconds of the send of the last confirmed grant or renewal.
         deadline: deadline-clock seconds at which the lease counts as lost locally.
         limit: the key's ``lease_limit`` this lease holds one slot of (int; 1, the plain
-            lease, unless the taker set it: :mod:`celery_lease.limit`).
+            lease; set at the grant by :func:`celery_lease.lifecycle.take`).
 
     State and who changes it: the execution that took it and the heartbeat thread both act on
     a lease, only through its methods, and every change happens under the lease's own lock

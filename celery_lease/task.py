@@ -349,8 +349,6 @@ class LeasedTask(Task):  # type: ignore[misc]
                                       clock.now() - first_conflict, claim)
                 if got is conflict.AGAIN:
                     continue
-            if grant is not None and isinstance(got, Lease):
-                got.limit = limit  # its release frees its slot only
             if options.on_conflict == "preempt" and isinstance(got, Lease):
                 preempt.listen(client, options.key_prefix, holder.hostname)  # once per process
             return got  # type: ignore[no-any-return]

@@ -280,3 +280,22 @@ def test_plain_leases_and_slots_are_renewed_in_one_call_each_by_its_own_script(
               ("lease:{slots}", gone, 60_000), ("lease:{slots}", plain, 30_000)]
     assert store.renew_many(client, leases, slots=[1, 2, 3]) == [1, 1, -1, -1]
     assert client.pttl("lease:{plain}") > 59_000 and client.pttl("lease:{slots}") > 59_000
+
+
+def test_an_exit_that_interrupts_taking_a_slot_frees_that_slot_at_once(redis_url: str) -> None:
+    client = store.client_for(redis_url, 1.0, {})
+
+    def interrupt(**_: Any) -> None:
+        raise KeyboardInterrupt  # lands after the grant, inside lifecycle.take
+
+    kept = hold("interrupted", url=redis_url, ttl=30.0, limit=2)
+    kept.__enter__()
+    signals.lease_acquired.connect(interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            hold("interrupted", url=redis_url, ttl=30.0, limit=2).__enter__()
+    finally:
+        signals.lease_acquired.disconnect(interrupt)
+    slots = store.read_slots(client, kept.key)
+    assert slots is not None and [s.holder.token for s in slots[1]] == [kept.lease.token]
+    kept.__exit__(None, None, None)

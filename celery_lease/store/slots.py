@@ -21,7 +21,6 @@ The idea of leased slots instead of a counter: the study of the peers' leaking c
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii as _json_str
@@ -133,7 +132,26 @@ def slot_grant(limit: int, same_task_id: bool = True) -> Callable[..., AcquireRe
 
         return acquire
 
-    return functools.partial(acquire_slot, limit=limit, same_task_id=same_task_id)
+    return SlotGrant(limit, same_task_id)
+
+
+class SlotGrant:
+    """The grant of one slot of a ``limit``-slot key (:func:`acquire_slot`), called as
+    :func:`celery_lease.store.acquire` is; :func:`celery_lease.lifecycle.take` gives the lease
+    its ``limit`` and, after an interrupted take, frees the slot with its ``release``.
+
+    Attributes:
+        limit: N (int >= 2).
+        release: :func:`release_slot`.
+    """
+
+    def __init__(self, limit: int, same_task_id: bool) -> None:
+        self.limit = limit
+        self.same_task_id = same_task_id
+        self.release = release_slot
+
+    def __call__(self, *args: Any) -> AcquireResult:
+        return acquire_slot(*args, limit=self.limit, same_task_id=self.same_task_id)
 
 
 def _replicated(
