@@ -930,3 +930,13 @@ def test_release_slot_of_a_plain_lease_answers_0_and_leaves_it(client: redis.Red
     acquire(client, t)
     value = client.get(KEY)
     assert release_slot(client, t) == 0 and client.get(KEY) == value
+
+
+def test_slot_renewals_set_the_deadline_never_add_to_it(client: redis.Redis) -> None:
+    mine = token()
+    take_slot(client, mine, ttl=TTL)
+    for _ in range(5):
+        assert run(client, "renew_slots.lua", [KEY], [TTL, mine]) == "1"
+        assert run(client, "renew_slot-1.lua", [KEY], [mine, TTL]) == 1
+    assert slot_deadline(client, mine) - server_ms(client) <= TTL
+    assert client.pttl(KEY) <= TTL
