@@ -3,6 +3,7 @@ holders SIGKILLed mid-run, and each slot renewed and lost on its own."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from celery_lease import (
     LeaseConfigError,
     LeaseConflict,
     LeasedTask,
+    LeaseLost,
     hold,
     is_skipped,
     signals,
@@ -230,9 +232,16 @@ def test_ls_shows_used_of_n_and_each_holder_of_a_limited_key(redis_url: str) -> 
         assert "SLOTS" in table and table.count("2/3") == 2
         doctor = lease_cli(env, "doctor").stdout
         assert held[0].key not in doctor  # a hash of slots is no unknown holder
+        first = min(leases, key=lambda lease: lease.deadline)  # the holder `show` names
+        released = lease_cli(env, "release", held[0].key, "--yes")
+        assert released.returncode == 0, released.stderr
+        slots = store.read_slots(store.client_for(redis_url, 1.0, {}), held[0].key)
+        assert slots is not None and [s.holder.token for s in slots[1]] == [
+            lease.token for lease in leases if lease is not first]
     finally:
         for h in held:
-            h.__exit__(None, None, None)
+            with contextlib.suppress(LeaseLost):  # the revoked one learns it at its release
+                h.__exit__(None, None, None)
 
 
 def test_slots_on_a_redis_cluster_are_taken_renewed_and_released_on_their_keys_primary(

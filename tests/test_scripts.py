@@ -940,3 +940,15 @@ def test_slot_renewals_set_the_deadline_never_add_to_it(client: redis.Redis) -> 
         assert run(client, "renew_slot-1.lua", [KEY], [mine, TTL]) == 1
     assert slot_deadline(client, mine) - server_ms(client) <= TTL
     assert client.pttl(KEY) <= TTL
+
+
+def test_revoke_slot_deletes_only_that_slot_and_notes_no_end(client: redis.Redis) -> None:
+    a, b = token(), token()
+    take_slot(client, a)
+    take_slot(client, b)
+    counter = client.get(FENCE)
+    assert run(client, "revoke_slot-1.lua", [KEY], [a]) == 1
+    assert client.hexists(KEY, a) is False and client.hexists(KEY, b)
+    assert client.get(FENCE) == counter  # not noted as ended: a redelivery runs again
+    assert run(client, "revoke_slot-1.lua", [KEY], [a]) == 0
+    assert run(client, "revoke_slot-1.lua", [KEY], [b]) == 1 and client.exists(KEY) == 0

@@ -60,6 +60,7 @@ from .slots import (
     read_slots,
     release_slot,
     release_slot_and_wake,
+    revoke_slot,
     slot_grant,
 )
 from .value import Holder, holder_json, parse_counter, parse_value
@@ -104,6 +105,7 @@ __all__ = [
     "renew_many",
     "reset_clients",
     "revoke",
+    "revoke_slot",
     "slot_grant",
     "subscribe",
     "take_over",

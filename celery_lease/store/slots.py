@@ -37,15 +37,19 @@ from .value import TOKEN_LENGTH, Holder, granted_holder, parse_value
 
 __all__ = [
     "Slot",
+    "SlotGrant",
+    "SlotsFull",
     "acquire_slot",
     "read_slots",
     "release_slot",
     "release_slot_and_wake",
+    "revoke_slot",
     "slot_grant",
 ]
 
 _acquire = lua.load("acquire_slot-2.lua")
 _release = lua.load("release_slot-3.lua")
+_revoke = lua.load("revoke_slot-1.lua")
 
 
 def acquire_slot(
@@ -201,6 +205,20 @@ def release_slot(client: redis.Redis, key: str, token: str) -> bool:
     """
     try:
         return bool(_release(client, (key, fence_key(key)), (token,)))
+    except RedisError as exc:
+        raise routing.note(exc, client, key) from None
+
+
+def revoke_slot(client: redis.Redis, key: str, token: str) -> bool:
+    """Take ``token``'s slot of ``key`` away (an operator's release, ``celery lease
+    release``), as :func:`celery_lease.store.revoke` does for a plain lease: the holder learns
+    it at its next renewal. Returns True when the slot was deleted.
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    try:
+        return bool(_revoke(client, (key,), (token,)))
     except RedisError as exc:
         raise routing.note(exc, client, key) from None
 
