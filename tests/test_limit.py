@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -308,3 +309,23 @@ def test_an_exit_that_interrupts_taking_a_slot_frees_that_slot_at_once(redis_url
     slots = store.read_slots(client, kept.key)
     assert slots is not None and [s.holder.token for s in slots[1]] == [kept.lease.token]
     kept.__exit__(None, None, None)
+
+
+def test_a_hold_waiting_for_a_slot_is_woken_by_a_slots_release(redis_url: str) -> None:
+    first, second = (hold("woken", url=redis_url, ttl=30.0, limit=2) for _ in range(2))
+    first.__enter__()
+    second.__enter__()
+    got: list[float] = []
+
+    def wait() -> None:
+        with hold("woken", url=redis_url, ttl=30.0, limit=2, timeout=10.0):
+            got.append(time.monotonic())
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.3)  # the waiter is blocked on the key's wake list by now (not an assertion)
+    released = time.monotonic()
+    first.__exit__(None, None, None)
+    waiter.join(10)
+    second.__exit__(None, None, None)
+    assert got and got[0] - released < 2.0  # woken by the release, not by a 30 s expiry
