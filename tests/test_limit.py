@@ -44,17 +44,25 @@ def rig(request: pytest.FixtureRequest, broker: RedisServer, tmp_path: Path) -> 
 
 
 def _worker(rig: Rig, concurrency: int) -> CeleryWorker:
-    worker = CeleryWorker(APP, pool=rig.pool, concurrency=concurrency, queue=rig.queue,
-                          env=rig.env(), log_dir=rig.log_dir)
+    worker = CeleryWorker(
+        APP,
+        pool=rig.pool,
+        concurrency=concurrency,
+        queue=rig.queue,
+        env=rig.env(),
+        log_dir=rig.log_dir,
+    )
     rig.workers.append(worker)
     worker.start().wait_ready(60)
     return worker
 
 
-@pytest.mark.parametrize(("rig", "concurrency"), [("prefork", 6), ("threads", 10),
-                                                   ("gevent", 10)], indirect=["rig"])
+@pytest.mark.parametrize(
+    ("rig", "concurrency"), [("prefork", 6), ("threads", 10), ("gevent", 10)], indirect=["rig"]
+)
 def test_ten_contending_executions_at_limit_three_never_run_more_than_three(
-        rig: Rig, concurrency: int) -> None:
+    rig: Rig, concurrency: int
+) -> None:
     _worker(rig, concurrency)
     tag = f"ten-{rig.pool}"
     results = [rig.send("limit.retry", tag, 0.6, "chunks") for _ in range(10)]
@@ -91,7 +99,8 @@ def test_a_refused_slot_renewal_raises_lease_lost_in_that_execution_only(rig: Ri
     for result in sent:
         result.get(timeout=20, propagate=False)
     assert sorted(e["token"] for e in rig.journal("ren", "end")) == sorted(
-        s["token"] for s in starts[1:])
+        s["token"] for s in starts[1:]
+    )
     assert len(rig.journal("ren", "lost")) == 1
 
 
@@ -106,8 +115,7 @@ def _holder_child(url: str, report: int) -> None:
         os._exit(0)
 
 
-def test_after_a_hundred_sigkilled_holders_the_key_still_grants_exactly_n(
-        redis_url: str) -> None:
+def test_after_a_hundred_sigkilled_holders_the_key_still_grants_exactly_n(redis_url: str) -> None:
     client = store.client_for(redis_url, 0.05, {})
     key = hold("crash", url=redis_url).key
     fences: list[int] = []
@@ -141,6 +149,7 @@ def test_after_a_hundred_sigkilled_holders_the_key_still_grants_exactly_n(
 
 # --- settings, eager mode -----------------------------------------------------------------
 
+
 def _body() -> int:
     return 7
 
@@ -154,37 +163,51 @@ def _app(redis_url: str) -> Celery:
 
 @pytest.mark.parametrize("bad", [0, -1, True, 2.5, "3"])
 def test_a_limit_that_is_not_a_whole_number_of_executions_is_refused_at_decoration(
-        redis_url: str, bad: Any) -> None:
+    redis_url: str, bad: Any
+) -> None:
     app = _app(redis_url)
     with pytest.raises(LeaseConfigError, match=r"lease_limit=.* must be a whole number"):
         app.task(shared=False, base=LeasedTask, name="bad.limit", lease_limit=bad)(_body)
 
 
-@pytest.mark.parametrize(("option", "value"), [
-    ("lease_on_conflict", "queue"), ("lease_on_conflict", "coalesce"),
-    ("lease_on_conflict", "preempt"), ("lease_cooldown", 5.0), ("lease_dedupe", True)])
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("lease_on_conflict", "queue"),
+        ("lease_on_conflict", "coalesce"),
+        ("lease_on_conflict", "preempt"),
+        ("lease_cooldown", 5.0),
+        ("lease_dedupe", True),
+    ],
+)
 def test_a_limit_with_a_setting_that_keeps_one_holder_is_refused_at_decoration(
-        redis_url: str, option: str, value: Any) -> None:
+    redis_url: str, option: str, value: Any
+) -> None:
     app = _app(redis_url)
-    with pytest.raises(LeaseConfigError, match=rf"lease_limit=3 .* cannot be combined with "
-                                               rf".*{option}"):
-        app.task(shared=False, base=LeasedTask, name="bad.combo", lease_limit=3,
-                 **{option: value})(_body)
+    with pytest.raises(
+        LeaseConfigError,
+        match=rf"lease_limit=3 .* cannot be combined with "
+        rf".*{option}",
+    ):
+        app.task(shared=False, base=LeasedTask, name="bad.combo", lease_limit=3, **{option: value})(
+            _body
+        )
 
 
 def test_a_limit_of_one_with_any_policy_is_the_plain_lease(redis_url: str) -> None:
     app = _app(redis_url)
-    task = app.task(shared=False, base=LeasedTask, name="plain.one", lease_limit=1,
-                    lease_on_conflict="queue")(_body)
+    task = app.task(
+        shared=False, base=LeasedTask, name="plain.one", lease_limit=1, lease_on_conflict="queue"
+    )(_body)
     assert task.apply().get() == 7
 
 
-def test_eager_calls_take_a_slot_like_a_worker_and_skip_when_all_are_held(
-        redis_url: str) -> None:
+def test_eager_calls_take_a_slot_like_a_worker_and_skip_when_all_are_held(redis_url: str) -> None:
     app = _app(redis_url)
 
-    @app.task(shared=False, base=LeasedTask, name="eager.limited", lease_limit=lambda n: n,
-              bind=True)
+    @app.task(
+        shared=False, base=LeasedTask, name="eager.limited", lease_limit=lambda n: n, bind=True
+    )
     def limited(self: Any, n: int) -> int:
         return self.lease.limit  # type: ignore[no-any-return]
 
@@ -193,6 +216,7 @@ def test_eager_calls_take_a_slot_like_a_worker_and_skip_when_all_are_held(
     def note(signal: str) -> Callable[..., None]:
         def receiver(sender: Any = None, fencing_token: int = 0, **_: Any) -> None:
             seen.append((signal, fencing_token))
+
         return receiver
 
     on_acquired, on_released = note("acquired"), note("released")
@@ -209,8 +233,7 @@ def test_eager_calls_take_a_slot_like_a_worker_and_skip_when_all_are_held(
     assert client.exists(key) == 0  # released
     holder = store.holder_json("other", "x", "h", 1)
     for _ in range(2):
-        assert store.acquire_slot(client, key, os.urandom(16).hex(), 5000, holder,
-                                  limit=2).granted
+        assert store.acquire_slot(client, key, os.urandom(16).hex(), 5000, holder, limit=2).granted
     assert is_skipped(limited.apply((2,)).get())
     with pytest.raises(LeaseConfigError, match="lease_limit callable returned 0"):
         limited.apply((0,)).get()
@@ -227,7 +250,8 @@ def test_ls_shows_used_of_n_and_each_holder_of_a_limited_key(redis_url: str) -> 
         listed = json.loads(lease_cli(env, "ls", "--json").stdout)
         slots = [i for i in listed if i.get("key") == held[0].key]
         assert sorted(i["fencing_token"] for i in slots) == sorted(
-            lease.fencing_token for lease in leases)
+            lease.fencing_token for lease in leases
+        )
         assert {(i["used"], i["limit"], i["foreign"]) for i in slots} == {(2, 3, "")}
         table = lease_cli(env, "ls", "--wide").stdout
         assert "SLOTS" in table and table.count("2/3") == 2
@@ -238,26 +262,31 @@ def test_ls_shows_used_of_n_and_each_holder_of_a_limited_key(redis_url: str) -> 
         assert released.returncode == 0, released.stderr
         slots = store.read_slots(store.client_for(redis_url, 1.0, {}), held[0].key)
         assert slots is not None and [s.holder.token for s in slots[1]] == [
-            lease.token for lease in leases if lease is not first]
+            lease.token for lease in leases if lease is not first
+        ]
     finally:
         for h in held:
             with contextlib.suppress(LeaseLost):  # the revoked one learns it at its release
                 h.__exit__(None, None, None)
 
 
-def test_slots_on_a_redis_cluster_are_taken_renewed_and_released_on_their_keys_primary(
-) -> None:
+def test_slots_on_a_redis_cluster_are_taken_renewed_and_released_on_their_keys_primary() -> None:
     with cluster_setup() as setup:
-        client = store.client_for(f"redis://127.0.0.1:{setup.live()[0].port}/0", 1.0,
-                                  {"cluster": True})
+        client = store.client_for(
+            f"redis://127.0.0.1:{setup.live()[0].port}/0", 1.0, {"cluster": True}
+        )
         key = "lease:{limited:1}"  # the slot hash and its fencing counter share the hash tag
         holder = store.holder_json("t", "id", "h", 1)
         toks = [os.urandom(16).hex() for _ in range(4)]
         got = [store.acquire_slot(client, key, t, 2000, holder, limit=3) for t in toks]
         assert [g.granted for g in got] == [True, True, True, False]
         # The heartbeat's path on a cluster: renew-1.lua per lease, grouped by primary.
-        assert store.renew_many(client, [(key, t, 60_000) for t in toks],
-                                slots=range(4)) == [1, 1, 1, -1]
+        assert store.renew_many(client, [(key, t, 60_000) for t in toks], slots=range(4)) == [
+            1,
+            1,
+            1,
+            -1,
+        ]
         assert store.release_slot(client, key, toks[0]) is True
         assert store.acquire_slot(client, key, toks[3], 2000, holder, limit=3).granted
         slots = store.read_slots(client, key)
@@ -274,20 +303,28 @@ def test_slots_through_sentinel_are_confirmed_on_the_primary_and_wait_for_a_repl
         assert store.acquire_slot(client, key, toks[0], 5000, holder, limit=2).granted
         assert store.acquire_slot(client, key, toks[1], 5000, holder, 1, limit=2).granted
         assert not store.acquire_slot(client, key, toks[2], 5000, holder, limit=2).granted
-        assert store.renew_many(client, [(key, t, 5000) for t in toks], 1,
-                                slots=range(3)) == [1, 1, -1]
+        assert store.renew_many(client, [(key, t, 5000) for t in toks], 1, slots=range(3)) == [
+            1,
+            1,
+            -1,
+        ]
         assert store.release_slot(client, key, toks[0]) is True
 
 
 def test_plain_leases_and_slots_are_renewed_in_one_call_each_by_its_own_script(
-        redis_url: str) -> None:
+    redis_url: str,
+) -> None:
     client = store.client_for(redis_url, 1.0, {})
     holder = store.holder_json("t", "id", "h", 1)
     plain, slot, gone = (os.urandom(16).hex() for _ in range(3))
     assert store.acquire(client, "lease:{plain}", plain, 2000, holder).granted
     assert store.acquire_slot(client, "lease:{slots}", slot, 2000, holder, limit=3).granted
-    leases = [("lease:{plain}", plain, 60_000), ("lease:{slots}", slot, 60_000),
-              ("lease:{slots}", gone, 60_000), ("lease:{slots}", plain, 30_000)]
+    leases = [
+        ("lease:{plain}", plain, 60_000),
+        ("lease:{slots}", slot, 60_000),
+        ("lease:{slots}", gone, 60_000),
+        ("lease:{slots}", plain, 30_000),
+    ]
     assert store.renew_many(client, leases, slots=[1, 2, 3]) == [1, 1, -1, -1]
     assert client.pttl("lease:{plain}") > 59_000 and client.pttl("lease:{slots}") > 59_000
 

@@ -17,6 +17,10 @@ from tests.apps.lease_app import _journal, app, record
 __all__ = ["app"]
 
 
+#: What every task here shares: a bound leased task, its key the tag.
+_COMMON: dict[str, Any] = {"shared": False, "bind": True, "base": LeasedTask, "lease_key": ("tag",)}
+
+
 def _run(task: Any, tag: str, seconds: float, mode: str) -> str:
     running = _journal.incr(f"running:{tag}")
     record("start", tag, running=running, limit=task.lease.limit)
@@ -34,15 +38,13 @@ def _run(task: Any, tag: str, seconds: float, mode: str) -> str:
     return tag
 
 
-@app.task(shared=False, bind=True, base=LeasedTask, name="limit.retry", lease_key=("tag",),
-          lease_limit=3, lease_on_conflict="retry", max_retries=0)
+@app.task(**_COMMON, name="limit.retry", lease_limit=3, lease_on_conflict="retry", max_retries=0)
 def limited_retry(self: Any, tag: str, seconds: float, mode: str = "sleep") -> str:
     """Up to 3 at once per tag; the others look again (using up no retry: max_retries=0)."""
     return _run(self, tag, seconds, mode)
 
 
-@app.task(shared=False, bind=True, base=LeasedTask, name="limit.skip", lease_key=("tag",),
-          lease_limit=3)
+@app.task(**_COMMON, name="limit.skip", lease_limit=3)
 def limited_skip(self: Any, tag: str, seconds: float, mode: str = "sleep") -> str:
     """Up to 3 at once per tag; the others are skipped."""
     return _run(self, tag, seconds, mode)
@@ -52,8 +54,7 @@ def _tenant_limit(tenant: str, seconds: float) -> int:
     return 2 if tenant == "small" else 4
 
 
-@app.task(shared=False, bind=True, base=LeasedTask, name="limit.tenant", lease_key=("tenant",),
-          lease_limit=_tenant_limit)
+@app.task(**{**_COMMON, "lease_key": ("tenant",)}, name="limit.tenant", lease_limit=_tenant_limit)
 def per_tenant(self: Any, tenant: str, seconds: float) -> str:
     """2 at once for tenant ``small``, 4 for any other (a callable limit)."""
     return _run(self, tenant, seconds, "sleep")
