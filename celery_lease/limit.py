@@ -5,8 +5,8 @@ tenant, 2 for another). 1, the default, is the plain lease, unchanged in cost an
 above 1 the key is a set of individually leased slots (:mod:`celery_lease.store.slots`).
 
 The limit is checked at the earliest moment: its type at decoration, and the settings it cannot
-be combined with (a hand-over, a cooldown, a preemption or a claim at publish all keep one
-holder's state at the key) at decoration too, for a callable as for an int above 1; a callable's
+be combined with (a hand-over, a cooldown and a preemption keep one holder's state at the
+key) at decoration too, for a callable as for an int above 1; a callable's
 answer is checked at each execution (:class:`~celery_lease.errors.LeaseConfigError` naming
 the option, before the body runs).
 
@@ -47,8 +47,6 @@ def _refused(options: LeaseOptions) -> list[str]:
         )
     if options.cooldown is not None:
         found.append("lease_cooldown (a cooldown record is one holder's; drop it)")
-    if options.dedupe:
-        found.append("lease_dedupe=True (its claim waits for one holder; drop it)")
     return found
 
 
@@ -67,7 +65,7 @@ def check_limit(
         LeaseConfigError: ``spec`` is not an int >= 1 (a bool, a float, 0, a string) nor a
             callable, or a limit other than 1 goes with a setting it cannot work with
             (``lease_on_conflict`` ``"coalesce"``, ``"queue"`` or ``"preempt"``,
-            ``lease_cooldown``, ``lease_dedupe``), naming each and the fix.
+            ``lease_cooldown``), naming each and the fix.
     """
     if spec is None or (spec == 1 and type(spec) is int):
         return

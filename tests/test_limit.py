@@ -177,7 +177,6 @@ def test_a_limit_that_is_not_a_whole_number_of_executions_is_refused_at_decorati
         ("lease_on_conflict", "coalesce"),
         ("lease_on_conflict", "preempt"),
         ("lease_cooldown", 5.0),
-        ("lease_dedupe", True),
     ],
 )
 def test_a_limit_with_a_setting_that_keeps_one_holder_is_refused_at_decoration(
@@ -366,3 +365,36 @@ def test_a_hold_waiting_for_a_slot_is_woken_by_a_slots_release(redis_url: str) -
     waiter.join(10)
     second.__exit__(None, None, None)
     assert got and got[0] - released < 2.0  # woken by the release, not by a 30 s expiry
+
+
+@pytest.mark.parametrize("rig", ["threads"], indirect=True)
+def test_with_lease_dedupe_a_limited_key_keeps_one_waiting_copy_whose_grant_clears_its_claim(
+    rig: Rig,
+) -> None:
+    publisher = Celery(
+        "publisher", broker=rig.broker.url(), backend=rig.broker.url(), set_as_current=False
+    )
+    publisher.conf.update(
+        lease_backend=rig.store.url(), task_default_queue=rig.queue, lease_ttl=rig.ttl
+    )
+
+    @publisher.task(
+        shared=False,
+        bind=True,
+        base=LeasedTask,
+        name="limit.dedupe",
+        lease_key=("tag",),
+        lease_limit=2,
+        lease_dedupe=True,
+    )
+    def limited_dedupe(self: Any, tag: str, seconds: float, mode: str = "sleep") -> str:
+        raise AssertionError("runs on the worker")
+
+    publisher.finalize()
+    sent = [limited_dedupe.apply_async(("dd", 0.3)) for _ in range(3)]  # no worker yet
+    assert [r.lease_disposition for r in sent] == ["published", "deduplicated", "deduplicated"]
+    assert {r.id for r in sent} == {sent[0].id}
+    _worker(rig, 4)
+    assert sent[0].get(timeout=30) == "dd"
+    again = limited_dedupe.apply_async(("dd", 0.3))  # the claim was cleared by the grant
+    assert again.lease_disposition == "published" and again.get(timeout=30) == "dd"

@@ -784,10 +784,10 @@ def test_wake_preempter_leaves_exactly_the_preempted_token_with_its_lifetime(
 # --- the slots of a limited key (lease_limit=N) ---------------------------------------------
 
 def take_slot(client: redis.Redis, tok: str, limit: int = 3, ttl: int = TTL,
-              task_id: str = "") -> Any:
+              task_id: str = "", claimed: bool = False) -> Any:
     same = f',"id":"{task_id}",' if task_id else ""
-    return run(client, "acquire_slot-2.lua", [KEY, FENCE],
-               [tok, ttl, HOLDER, ttl + FENCE_COUNTER_EXTRA_MS, limit, same])
+    return run(client, "acquire_slot-3.lua", [KEY, FENCE, *([CLAIM] if claimed else [])],
+               [tok, ttl, HOLDER, ttl + FENCE_COUNTER_EXTRA_MS, limit, same, task_id])
 
 
 def release_slot(client: redis.Redis, tok: str, wake: bool = False) -> Any:
@@ -952,3 +952,16 @@ def test_revoke_slot_deletes_only_that_slot_and_notes_no_end(client: redis.Redis
     assert client.get(FENCE) == counter  # not noted as ended: a redelivery runs again
     assert run(client, "revoke_slot-1.lua", [KEY], [a]) == 0
     assert run(client, "revoke_slot-1.lua", [KEY], [b]) == 1 and client.exists(KEY) == 0
+
+
+def test_a_slot_granted_to_a_claimed_message_clears_its_claim_and_a_refusal_keeps_it(
+        client: redis.Redis) -> None:
+    claim(client, "w1")
+    take_slot(client, token(), limit=1 + 1, task_id="w0")
+    assert take_slot(client, token(), limit=2, task_id="w2", claimed=True)[0] == 1
+    assert client.exists(CLAIM) == 1  # it names w1, not w2
+    assert take_slot(client, token(), limit=2, task_id="w1", claimed=True)[0] == 0
+    assert client.exists(CLAIM) == 1  # refused: the copy goes on waiting
+    client.delete(KEY)
+    assert take_slot(client, token(), limit=2, task_id="w1", claimed=True)[0] == 1
+    assert client.exists(CLAIM) == 0

@@ -103,7 +103,7 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("min_replicas", "lease_min_replicas above 0: WAIT after each acquire", ("wait",)),
     Feature("limit", "lease_limit above 1 (and hold(limit=)): the slots of a limited key, "
             "taken, renewed and released one by one, listed by celery lease ls",
-            ("hgetall", "time"), ("acquire_slot-2.lua", "renew_slots.lua", "renew_slot-1.lua",
+            ("hgetall", "time"), ("acquire_slot-3.lua", "renew_slots.lua", "renew_slot-1.lua",
                                   "release_slot-3.lua", "revoke_slot-1.lua")),
     Feature("dedupe", "lease_dedupe: the waiting copy's claim, decided at publish, cleared by "
             "the acquire that grants it, removed when its message will not run", (),

@@ -3,7 +3,7 @@
 A limited key is a hash at the lease key itself, one field per holder's token, each holding
 ``<deadline>:<fencing token>:<holder JSON>`` (the deadline in milliseconds of the store's
 clock), and a field ``n``, the N of the last grant (for ``celery lease ls``). Each slot is a
-lease of its own: taken by ``scripts/acquire_slot-2.lua`` (expired slots deleted first, then
+lease of its own: taken by ``scripts/acquire_slot-3.lua`` (expired slots deleted first, then
 counted: a holder that dies frees its own slot at its own deadline, and nothing is a counter
 that could drift), renewed in the heartbeat's one round trip by the same renewal scripts as a
 plain lease (``scripts/includes/renew_slot.lua``: only its own deadline moves), released by
@@ -29,7 +29,7 @@ from typing import Any
 import redis
 from redis.exceptions import MovedError, NoScriptError, RedisError
 
-from ..keys import fence_key, wake_key
+from ..keys import claim_key, fence_key, wake_key
 from . import lua, primary, routing
 from .errors import NotReplicated
 from .protocol import FENCE_COUNTER_EXTRA_MS, WAKE_LIFETIME_MS, AcquireResult
@@ -47,7 +47,7 @@ __all__ = [
     "slot_grant",
 ]
 
-_acquire = lua.load("acquire_slot-2.lua")
+_acquire = lua.load("acquire_slot-3.lua")
 _release = lua.load("release_slot-3.lua")
 _revoke = lua.load("revoke_slot-1.lua")
 
@@ -76,8 +76,9 @@ def acquire_slot(
     already (its message delivered again while the first delivery runs) is refused as held
     by that slot, as the plain lease refuses it; ``same_task_id=False`` skips that check (a
     hold, whose task id is a thread name).
-    ``handed_over`` and ``claimed`` are not used (the hand-over and the claim of a waiting
-    copy are refused with a limit at decoration).
+    ``claimed`` (``lease_dedupe``: the message claimed the key's waiting slot at publish):
+    a grant also deletes that claim when it names ``task_id``, in the same script.
+    ``handed_over`` is not used (a hand-over is refused with a limit at decoration).
 
     Raises:
         ValueError: ``limit`` below 2 (a limit of 1 is the plain lease).
@@ -89,9 +90,11 @@ def acquire_slot(
     """
     if limit < 2:
         raise ValueError(f"acquire_slot(limit={limit!r}): a limit of 1 is the plain lease")
-    keys = (key, fence_key(key))
+    keys: tuple[str, ...] = (key, fence_key(key))
+    if claimed:
+        keys = (*keys, claim_key(key))
     same = f',"id":{_json_str(task_id)},' if task_id and same_task_id else ""
-    argv = (token, ttl_ms, holder, ttl_ms + FENCE_COUNTER_EXTRA_MS, limit, same)
+    argv = (token, ttl_ms, holder, ttl_ms + FENCE_COUNTER_EXTRA_MS, limit, same, task_id)
     try:
         granted, value, pttl = primary.confirmed_grant(
             client,
@@ -182,7 +185,7 @@ def _replicated(
         raise found
     if found[0] and (isinstance(acked, Exception) or int(acked) < min_replicas):
         try:
-            _release(client, keys, (argv[0],))
+            _release(client, keys[:2], (argv[0],))  # not the claim: no wake key
         except RedisError:
             pass  # it lapses at its deadline; nobody ran under it
         if isinstance(acked, Exception):

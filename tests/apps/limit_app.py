@@ -58,3 +58,9 @@ def _tenant_limit(tenant: str, seconds: float) -> int:
 def per_tenant(self: Any, tenant: str, seconds: float) -> str:
     """2 at once for tenant ``small``, 4 for any other (a callable limit)."""
     return _run(self, tenant, seconds, "sleep")
+
+
+@app.task(**_COMMON, name="limit.dedupe", lease_limit=2, lease_dedupe=True)
+def limited_dedupe(self: Any, tag: str, seconds: float, mode: str = "sleep") -> str:
+    """Up to 2 at once per tag, and at most one copy waiting (``lease_dedupe``)."""
+    return _run(self, tag, seconds, mode)

@@ -1,5 +1,5 @@
 --[[
-Release one slot of a limited key (lease_limit=N, acquire_slot-2.lua) at the end of its
+Release one slot of a limited key (lease_limit=N, acquire_slot-3.lua) at the end of its
 execution: delete this token's field, and only it (the other slots are untouched; the last
 field's deletion deletes the hash), and note the token as the last to end beside the fencing
 counter (includes/note_ended.lua). With a wake key (a hold's release), push one element to it

@@ -1,5 +1,5 @@
 --[[
-Renew one slot of a limited key (lease_limit=N, acquire_slot-2.lua): its deadline moves to the
+Renew one slot of a limited key (lease_limit=N, acquire_slot-3.lua): its deadline moves to the
 store's clock plus the TTL while the token still has a live slot there (token-checked: no other
 slot is touched), and the hash's lifetime is raised to cover it. Safe to repeat. Used on Redis
 Cluster and with lease_min_replicas, where renewals go one script per lease, as renew-1.lua.

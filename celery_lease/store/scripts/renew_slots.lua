@@ -1,5 +1,5 @@
 --[[
-Renew many slots of limited keys (lease_limit=N, acquire_slot-2.lua) of one TTL in one call,
+Renew many slots of limited keys (lease_limit=N, acquire_slot-3.lua) of one TTL in one call,
 each as renew_slot-1.lua does: only the token's own slot, token-checked. The client sends them
 in the same pipeline as the plain leases' renew_many.lua (one round trip per pass for every
 lease of a process), at most RENEW_BATCH (1 000) per call. One character per slot in the

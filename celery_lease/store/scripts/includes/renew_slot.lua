@@ -1,5 +1,5 @@
 --[[
-The renewal of one slot of a limited key (lease_limit=N, acquire_slot-2.lua), for
+The renewal of one slot of a limited key (lease_limit=N, acquire_slot-3.lua), for
 renew_slots.lua and renew_slot-1.lua: its own deadline moves to the store's
 clock plus the TTL while its token still has a slot there that has not passed its deadline
 (token-checked: no other slot is touched). The hash's lifetime is raised to that deadline when

@@ -10,23 +10,27 @@ with the same fencing token. The fencing token comes from the key's one counter
 write refused under maxmemory, is the first write: a refused grant leaves nothing behind. The
 hash's lifetime is set to its latest slot deadline in the same script (PEXPIRE), so no key is
 ever left without one. A lower N than the slots held never evicts a holder: it refuses until
-enough of them have ended.
+enough of them have ended. An execution whose message claimed the key's waiting slot at publish
+(lease_dedupe) passes the claim key: its grant deletes the claim when it names this task id, in
+the same script (the copy runs now: the next publish is queued again); a refusal keeps it.
 
 Stored at KEYS[1] (a hash):
   <token>  "<deadline, ms of the store's clock>:<fencing token>:<holder JSON>"
   n        the N of the last grant (for celery lease ls: used/N)
 
-KEYS[1]  the lease key (a hash of slots)
-KEYS[2]  the fencing counter key (same hash tag)
+KEYS[1]  the lease key, a hash of slots
+KEYS[2]  the key's one fencing counter, under the same hash tag
+KEYS[3]  given for a message that claimed the waiting slot at publish: <lease key>:waiting
 
-ARGV[1]  the token of the execution taking a slot (32 hex characters)
-ARGV[2]  the slot's lifetime, int milliseconds (the TTL)
-ARGV[3]  the holder JSON (task, task id, host, pid)
-ARGV[4]  the fencing counter's lifetime, int milliseconds (the TTL plus an hour)
+ARGV[1]  this execution's token (32 hex characters): its slot's field
+ARGV[2]  the TTL: the slot's deadline is the store's clock plus this many milliseconds
+ARGV[3]  who takes the slot: the holder JSON (task, task id, host, pid)
+ARGV[4]  how long the fencing counter lives, milliseconds: the TTL and an hour
 ARGV[5]  the limit N, int >= 2
 ARGV[6]  ',"id":<task id as JSON>,' of the execution taking a slot, or '' (a hold): a live
          slot whose holder JSON has it is this task id's already (a message delivered again
          while its first delivery runs), so it is refused as held by that slot
+ARGV[7]  the task id of the execution taking a slot ('' for none), for its claim (KEYS[3])
 
 A string at KEYS[1] (a plain lease, taken under lease_limit=1) holds the key: the slots start
 once it ended. A key of another type, a field of another shape and a counter this library did
@@ -88,4 +92,10 @@ if deadline > latest then latest = deadline end
 redis.call('PEXPIRE', KEYS[1], latest - now_ms)
 local noted = string.match(last, '^%d+:(.+)$')
 redis.call('SET', KEYS[2], noted and (fence .. ';' .. noted) or fence, 'PX', ARGV[4])
+if KEYS[3] then  -- a claim of another task id, or not ours, stays
+  local claim = redis.pcall('GET', KEYS[3])
+  local ok, claimer = pcall(cjson.decode, type(claim) == 'string' and
+                            string.match(claim, '^%d+:%d+:(.*)$') or '')
+  if ok and type(claimer) == 'table' and claimer.id == ARGV[7] then redis.call('DEL', KEYS[3]) end
+end
 return {1, fence, tonumber(ARGV[2])}
