@@ -5,9 +5,11 @@ A limited key is a hash at the lease key itself, one field per holder's token, e
 clock), and a field ``n``, the N of the last grant (for ``celery lease ls``). Each slot is a
 lease of its own: taken by ``scripts/acquire_slot-3.lua`` (expired slots deleted first, then
 counted: a holder that dies frees its own slot at its own deadline, and nothing is a counter
-that could drift), renewed in the heartbeat's one round trip by the same renewal scripts as a
-plain lease (``scripts/includes/renew_slot.lua``: only its own deadline moves), released by
-``scripts/release_slot-3.lua`` (only its own field). The fencing token comes from the key's one
+that could drift), renewed in the heartbeat's one round trip beside the plain leases by
+scripts of its own (``scripts/renew_slots.lua``, ``scripts/renew_slot-1.lua``, through
+:func:`celery_lease.store.renew_many`'s ``slots``: only its own deadline moves), released by
+``scripts/release_slot-3.lua`` (only its own field), taken away by an operator with
+``scripts/revoke_slot-1.lua``. The fencing token comes from the key's one
 counter, so it increases across every grant of every slot.
 
 N = 1 is the plain lease, with its own scripts and key format (:mod:`.protocol`): a limit of 1
@@ -15,8 +17,9 @@ costs nothing more. The two shapes of one key exclude each other: a plain lease 
 a holder the slots wait for, and a hash of slots is a holder (of another type) the plain lease
 waits for, so changing a task's limit never lets more run than the old or the new limit allows.
 
-The idea of leased slots instead of a counter: the study of the peers' leaking counters
-(dramatiq's ``ConcurrentRateLimiter``, Solid Queue's semaphores) in docs/howto/shaping.md.
+Where the idea comes from: the concurrent limiters of Sidekiq Enterprise and Oban Pro
+(docs/howto/shaping.md compares them), made of leases that expire one by one, because a count
+decremented on release loses a slot to every holder that dies before its release.
 """
 
 from __future__ import annotations
