@@ -8,17 +8,20 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from celery_lease import LeaseLost
+from celery_lease import LeaseLost, acl
 from harness.waiting import wait_for
 from tests.apps import preempt_app
-from tests.apps.preempt_app import GRACE, graceful, runs, took_over, work
+from tests.apps.preempt_app import GRACE, deduped, graceful, runs, took_over, work
 from tests.support.fixtures import WorkerFactory
+from tests.support.redis_server import HOST
+from tests.support.secure import AclRedisServer, lease_acl
 
 APP = "tests.apps.preempt_app"
 
@@ -123,3 +126,51 @@ def test_the_preempted_execution_sends_task_lease_preempted_with_its_cause(
     [event] = seen
     assert event["uuid"] == first.id and event["lease_cause"] == "preempted"
     assert event["lease_key"] == work.lease_key_for((tag, "old"))
+
+
+def test_a_take_over_clears_the_newcomers_dedupe_claim_so_the_next_publish_is_queued(
+        worker_factory: WorkerFactory, client_app: Any) -> None:
+    worker_factory(APP, pool="threads", concurrency=2, env={})
+    tag = _tag()
+    first = deduped.delay(tag, "old")
+    _started(tag, 1)
+    second = deduped.delay(tag, "new", 0.0)
+    assert second.lease_disposition == "published"  # claims the waiting slot
+    assert second.get(timeout=30) == "new"  # it ran: it took the key over
+    # Its claim went with the take-over: a third publish waits for its own run, not folded
+    # into the newcomer that already runs (which would lose this trigger).
+    third = deduped.delay(tag, "third", 0.2)
+    assert third.lease_disposition == "published"
+    assert third.get(timeout=30) == "third"
+    with pytest.raises(LeaseLost):
+        first.get(timeout=30)
+
+
+def test_a_take_over_found_by_the_renewal_is_a_preemption_and_wakes_the_waiting_newcomer(
+        ) -> None:
+    # The notice cannot arrive: the store's user has the preempt commands but no channel, so
+    # the old process cannot subscribe and the newcomer's PUBLISH is refused. The old holder
+    # learns it from its renewal (every second), and its end must wake the newcomer that
+    # waits out a 20 s grace, as on the notice's path.
+    prefix, grace = f"norenew{_tag()}", 20.0
+    job, seen = preempt_app.in_process("redis://x@127.0.0.1:1/0", prefix, 3.0, grace)
+    (need,) = acl.needs(job.app)
+    with AclRedisServer() as server:
+        rule = [r for r in lease_acl("nochan", "pw", prefix, features=sorted(need.features))
+                if not r.startswith("&")]
+        with server.client() as admin:
+            admin.execute_command("ACL", "SETUSER", *rule)
+        job, seen = preempt_app.in_process(f"redis://nochan:pw@{HOST}:{server.port}/0",
+                                           prefix, 3.0, grace)
+        old: list[Any] = []
+        thread = threading.Thread(target=lambda: old.append(job.apply(("t", "old"))))
+        thread.start()
+        wait_for(lambda: seen, 10, message="the old run never started")
+        taken_at = time.monotonic()
+        assert job.apply(("t", "new")).get() == "new"
+        thread.join(10)
+    marks = {(run, what): at for run, what, at in seen}
+    assert ("old", "lost preempted") in marks, seen  # not "refused": the new holder names it
+    # Woken by the old end (within a renewal interval and a pass), not at the grace's end.
+    assert marks["new", "start"] - taken_at < grace / 2
+    assert marks["new", "start"] >= marks["old", "lost preempted"]

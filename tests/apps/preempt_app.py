@@ -52,6 +52,8 @@ def runs(tag: str) -> list[dict[str, Any]]:
 @lease_signals.lease_preempted.connect  # type: ignore[untyped-decorator]
 def _on_preempted(sender: Any = None, key: str = "", fencing_token: int = 0,
                   preempted_fencing_token: int = 0, **_: Any) -> None:
+    if not getattr(sender, "name", "").startswith("pre."):
+        return  # in_process()'s task: its test reads what it recorded itself
     journal.record(app.conf.lease_backend, f"took-over:{key}", at=time.time(),
                    fence=fencing_token, old=preempted_fencing_token)
 
@@ -109,3 +111,39 @@ def graceful(tag: str, run: str, hold: float = 30.0, checkpoint: float = 0.0) ->
     """As :func:`work`, with a grace of :data:`GRACE` seconds for a preempted holder, whose
     late write does not wait for the newcomer (which waits for it)."""
     return _body(tag, run, hold, checkpoint, wait_for_newcomer=False)
+
+
+@app.task(shared=False, base=LeasedTask, name="pre.deduped", lease_key=("tag",),
+          lease_on_conflict="preempt", lease_dedupe=True)
+def deduped(tag: str, run: str, hold: float = 30.0, checkpoint: float = 0.0) -> str:
+    """As :func:`work`, with ``lease_dedupe``: a publish while a copy waits to start
+    publishes nothing."""
+    return _body(tag, run, hold, checkpoint, wait_for_newcomer=True)
+
+
+def in_process(url: str, prefix: str, ttl: float = 30.0, grace: float = 0.0
+               ) -> tuple[Any, list[tuple[str, str, float]]]:
+    """A new app on lease store ``url`` (keys under ``prefix``, ``lease_ttl=ttl``) with one
+    preempt task ``job(tag, run)`` (``lease_preempt_grace=grace``), called in the test's own
+    process with ``apply()``: its ``"old"`` run holds ``tag`` until preempted (30 s at most),
+    any other returns at once. Returns the task and what the runs did: ``(run, what,
+    time.monotonic())``, ``what`` being ``"start"`` or ``"lost <cause>"``."""
+    in_app = Celery(f"preempt-{prefix}", broker="memory://", set_as_current=False)
+    in_app.conf.update(lease_backend=url, lease_key_prefix=prefix, lease_ttl=ttl)
+    seen: list[tuple[str, str, float]] = []
+
+    @in_app.task(base=LeasedTask, shared=False, name="inproc.preempt", lease_key=("tag",),
+                 lease_on_conflict="preempt", lease_preempt_grace=grace)
+    def job(tag: str, run: str) -> str:
+        seen.append((run, "start", time.monotonic()))
+        try:
+            deadline = time.monotonic() + (30.0 if run == "old" else 0.0)
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+        except LeaseLost as exc:
+            seen.append((run, f"lost {exc.cause}", time.monotonic()))
+            raise
+        return run
+
+    in_app.finalize()
+    return job, seen
