@@ -31,6 +31,9 @@ its send), so a violation is never an artefact of timing, and each comes with it
 8. Once per window (a campaign with ``lease_cooldown``): no execution was granted its key
    within the cooldown after an execution that succeeded, unless a fault erased the store's
    keys in between.
+9. Newest wins (``lease_on_conflict="preempt"``, :mod:`.preempt_check`): a preempted
+   holder's writes after the newcomer's are refused, it stops within grace + one renewal
+   interval + a slack of the take-over, and it is told with cause ``preempted``.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ RSS_SLACK = 64 * 1024 * 1024
 
 @dataclass
 class Violation:
-    """One broken promise: the property number (1-7), a rule name, a sentence, the evidence."""
+    """One broken promise: the property number (1-9), a rule name, a sentence, the evidence."""
 
     property: int
     rule: str
@@ -73,7 +76,9 @@ class Violation:
 
 
 def check(history: History) -> list[Violation]:
-    """Every violation of the seven properties in ``history`` (empty: all promises kept)."""
+    """Every violation of the nine properties in ``history`` (empty: all promises kept)."""
+    from .preempt_check import preemptions  # it imports Violation from here
+
     return [
         *fencing_order(history),
         *exclusion(history),
@@ -83,6 +88,7 @@ def check(history: History) -> list[Violation]:
         *dedupe(history),
         *handover(history),
         *cooldown_windows(history),
+        *preemptions(history),
     ]
 
 
@@ -387,6 +393,7 @@ def _spread(values: list[float]) -> dict[str, float | None]:
 
 def summarize(history: History, violations: list[Violation]) -> dict[str, Any]:
     """The counts of a run: jobs, executions, skips, losses, faults, stalls, throughput."""
+    from .preempt_check import summary as preempt_summary
     refused = {w.token for w in history.writes if not w.accepted}
     lost = Counter(e.lost_cause or "unknown" for e in history.executions if e.outcome == "lost")
     told_later = sum(1 for e in history.executions
@@ -428,6 +435,7 @@ def summarize(history: History, violations: list[Violation]) -> dict[str, Any]:
         "dedupe_publishes_by_disposition": dict(Counter(
             j.disposition for j in history.jobs if j.disposition is not None)),
         "dedupe_claims_left": len(history.leftover_claims),
+        **preempt_summary(history),
         "violations": len(violations),
         "violations_by_property": dict(Counter(str(v.property) for v in violations)),
     }
