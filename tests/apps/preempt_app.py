@@ -1,7 +1,9 @@
 """Leased tasks with ``lease_on_conflict="preempt"``, for ``tests/test_preempt.py`` and the
 preemption benchmark, run by real workers.
 
-Configured from ``TEST_BROKER_URL`` / ``TEST_RESULT_BACKEND`` / ``TEST_QUEUE``. Every body
+Configured from ``TEST_BROKER_URL`` / ``TEST_RESULT_BACKEND`` / ``TEST_QUEUE``; with
+``BEAT_PERIOD`` (float seconds), beat sends ``pre.work`` for the tag ``BEAT_TAG`` every period,
+each send a run of its own name, holding its key far longer than the period. Every body
 records, in the Redis list ``runs:<tag>``, its start (``"start"``, its fencing token), the
 moment it caught ``LeaseLost`` (``"lost"``, its cause) and its end (``"end"``), and its
 worker the execution's start before the lease is asked for (``"prerun"``); the newcomer's
@@ -15,10 +17,12 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from typing import Any
 
 import redis
 from celery import Celery
+from celery.beat import BeatLazyFunc
 from celery.signals import task_prerun
 
 from celery_lease import LeasedTask, LeaseLost, current_lease
@@ -38,6 +42,18 @@ app = Celery("preempt_app", broker=BROKER, backend=os.environ.get(RESULT_BACKEND
 app.conf.update(task_default_queue=os.environ.get(QUEUE_ENV, "celery"), lease_backend=BROKER,
                 lease_ttl=TTL, broker_connection_retry_on_startup=True, result_expires=300,
                 worker_prefetch_multiplier=1)
+
+
+def beat_run_name() -> str:
+    """A name of its own for each run beat sends (drawn at each send)."""
+    return f"beat-{uuid.uuid4().hex[:8]}"
+
+
+if os.environ.get("BEAT_PERIOD"):
+    app.conf.update(beat_max_loop_interval=1.0, beat_schedule={"replace": {
+        "task": "pre.work", "schedule": float(os.environ["BEAT_PERIOD"]),
+        "kwargs": {"tag": os.environ.get("BEAT_TAG", "beat"),
+                   "run": BeatLazyFunc(beat_run_name)}}})
 
 
 def _note(tag: str, what: str, **fields: Any) -> None:
@@ -77,8 +93,8 @@ def _fenced() -> RedisFencedStore:
 def _body(tag: str, run: str, hold: float, checkpoint: float, wait_for_newcomer: bool) -> str:
     lease = current_lease()
     assert lease is not None
+    _fenced().write(tag, run, lease.fencing_token)  # first: "start" says it is written
     _note(tag, "start", run=run, fence=lease.fencing_token)
-    _fenced().write(tag, run, lease.fencing_token)
     try:
         deadline = time.time() + hold
         while time.time() < deadline:
@@ -86,10 +102,13 @@ def _body(tag: str, run: str, hold: float, checkpoint: float, wait_for_newcomer:
     except LeaseLost as exc:
         _note(tag, "lost", run=run, cause=exc.cause)
         time.sleep(checkpoint)  # the checkpoint a grace leaves time for
-        starts = [r for r in runs(tag) if r["what"] == "start"]
-        while wait_for_newcomer and len(starts) < 2 and time.time() < deadline:
+
+        def newer() -> list[dict[str, Any]]:  # a newcomer's start: it has written
+            return [r for r in runs(tag) if r["what"] == "start"
+                    and r["fence"] > lease.fencing_token]
+
+        while wait_for_newcomer and not newer() and time.time() < deadline:
             time.sleep(0.02)  # the newcomer writes first, then this late write
-            starts = [r for r in runs(tag) if r["what"] == "start"]
         accepted = _fenced().write(tag, f"late {run}", lease.fencing_token)
         _note(tag, "end", run=run, late_write_accepted=accepted)
         raise
