@@ -11,7 +11,9 @@ arrive (no listener yet, a broken connection, an ACL without the channel) leaves
 heartbeat's next renewal to find the loss, within one renewal interval: refused, and the key's
 new holder names the old token (:func:`celery_lease.store.was_preempted`), so the cause is
 ``preempted`` there too, and the old execution's end wakes a newcomer waiting out the grace
-the same way.
+the same way. A body that ends before either told it learns it from its release, which a
+task with a grace waits for (:class:`celery_lease.LeasedTask` does at its end), so its end wakes
+the newcomer too (:func:`loss_event`).
 
 With ``lease_preempt_grace`` the newcomer holds the key (reserved: no third execution takes
 it) but waits, before its body runs, until the old holder ended (its end wakes the newcomer,

@@ -146,14 +146,14 @@ def test_a_take_over_clears_the_newcomers_dedupe_claim_so_the_next_publish_is_qu
         first.get(timeout=30)
 
 
-def test_a_take_over_found_by_the_renewal_is_a_preemption_and_wakes_the_waiting_newcomer(
-        ) -> None:
-    # The notice cannot arrive: the store's user has the preempt commands but no channel, so
-    # the old process cannot subscribe and the newcomer's PUBLISH is refused. The old holder
-    # learns it from its renewal (every second), and its end must wake the newcomer that
-    # waits out a 20 s grace, as on the notice's path.
-    prefix, grace = f"norenew{_tag()}", 20.0
-    job, seen = preempt_app.in_process("redis://x@127.0.0.1:1/0", prefix, 3.0, grace)
+def _without_the_notice(ttl: float, grace: float, old_hold: float
+                        ) -> tuple[dict[tuple[str, str], float], float]:
+    """An old run preempted by a new one in this process, the notice unable to arrive: the
+    store's user has the preempt commands but no channel, so the old process cannot subscribe
+    and the newcomer's PUBLISH is refused. What each run did (monotonic times) and when the
+    newcomer was sent."""
+    prefix = f"nonotice{_tag()}"
+    job, _ = preempt_app.in_process("redis://x@127.0.0.1:1/0", prefix)
     (need,) = acl.needs(job.app)
     with AclRedisServer() as server:
         rule = [r for r in lease_acl("nochan", "pw", prefix, features=sorted(need.features))
@@ -161,16 +161,33 @@ def test_a_take_over_found_by_the_renewal_is_a_preemption_and_wakes_the_waiting_
         with server.client() as admin:
             admin.execute_command("ACL", "SETUSER", *rule)
         job, seen = preempt_app.in_process(f"redis://nochan:pw@{HOST}:{server.port}/0",
-                                           prefix, 3.0, grace)
-        old: list[Any] = []
-        thread = threading.Thread(target=lambda: old.append(job.apply(("t", "old"))))
+                                           prefix, ttl, grace, old_hold)
+        thread = threading.Thread(target=job.apply, args=(("t", "old"),))
         thread.start()
         wait_for(lambda: seen, 10, message="the old run never started")
         taken_at = time.monotonic()
         assert job.apply(("t", "new")).get() == "new"
         thread.join(10)
-    marks = {(run, what): at for run, what, at in seen}
-    assert ("old", "lost preempted") in marks, seen  # not "refused": the new holder names it
+    return {(run, what): at for run, what, at in seen}, taken_at
+
+
+def test_a_take_over_found_by_the_renewal_is_a_preemption_and_wakes_the_waiting_newcomer(
+        ) -> None:
+    # The old holder learns it from its renewal (every second with lease_ttl=3), and its end
+    # must wake the newcomer that waits out a 20 s grace, as on the notice's path.
+    grace = 20.0
+    marks, taken_at = _without_the_notice(3.0, grace, 30.0)
+    assert ("old", "lost preempted") in marks, marks  # not "refused": the new holder names it
     # Woken by the old end (within a renewal interval and a pass), not at the grace's end.
     assert marks["new", "start"] - taken_at < grace / 2
     assert marks["new", "start"] >= marks["old", "lost preempted"]
+
+
+def test_a_take_over_found_only_by_the_release_wakes_the_waiting_newcomer() -> None:
+    # The old body ends (0.5 s) before any renewal (10 s with lease_ttl=30) could tell it: its
+    # release finds the key taken over, and its end wakes the newcomer all the same.
+    grace = 20.0
+    marks, taken_at = _without_the_notice(30.0, grace, 0.5)
+    assert ("old", "end") in marks  # it never learnt it while running
+    assert marks["new", "start"] - taken_at < grace / 2
+    assert marks["new", "start"] >= marks["old", "end"]

@@ -140,13 +140,14 @@ def deduped(tag: str, run: str, hold: float = 30.0, checkpoint: float = 0.0) -> 
     return _body(tag, run, hold, checkpoint, wait_for_newcomer=True)
 
 
-def in_process(url: str, prefix: str, ttl: float = 30.0, grace: float = 0.0
-               ) -> tuple[Any, list[tuple[str, str, float]]]:
+def in_process(url: str, prefix: str, ttl: float = 30.0, grace: float = 0.0,
+               old_hold: float = 30.0) -> tuple[Any, list[tuple[str, str, float]]]:
     """A new app on lease store ``url`` (keys under ``prefix``, ``lease_ttl=ttl``) with one
     preempt task ``job(tag, run)`` (``lease_preempt_grace=grace``), called in the test's own
-    process with ``apply()``: its ``"old"`` run holds ``tag`` until preempted (30 s at most),
-    any other returns at once. Returns the task and what the runs did: ``(run, what,
-    time.monotonic())``, ``what`` being ``"start"`` or ``"lost <cause>"``."""
+    process with ``apply()``: its ``"old"`` run holds ``tag`` until preempted (``old_hold``
+    seconds at most), any other returns at once. Returns the task and what the runs did:
+    ``(run, what, time.monotonic())``, ``what`` being ``"start"``, ``"lost <cause>"`` or
+    ``"end"`` (the old run's body returned)."""
     in_app = Celery(f"preempt-{prefix}", broker="memory://", set_as_current=False)
     in_app.conf.update(lease_backend=url, lease_key_prefix=prefix, lease_ttl=ttl)
     seen: list[tuple[str, str, float]] = []
@@ -156,12 +157,13 @@ def in_process(url: str, prefix: str, ttl: float = 30.0, grace: float = 0.0
     def job(tag: str, run: str) -> str:
         seen.append((run, "start", time.monotonic()))
         try:
-            deadline = time.monotonic() + (30.0 if run == "old" else 0.0)
+            deadline = time.monotonic() + (old_hold if run == "old" else 0.0)
             while time.monotonic() < deadline:
                 time.sleep(0.01)
         except LeaseLost as exc:
             seen.append((run, f"lost {exc.cause}", time.monotonic()))
             raise
+        seen.append((run, "end", time.monotonic()))
         return run
 
     in_app.finalize()
