@@ -808,6 +808,22 @@ def test_preempt_refused_keeps_the_claim_and_a_reserved_free_key(client: redis.R
     assert (granted, answer) == (0, "reserved:queued-1") and client.exists(KEY) == 0
 
 
+def test_preempt_refused_under_maxmemory_leaves_the_holder_and_the_claim(
+        client: redis.Redis) -> None:
+    old = token()
+    acquire(client, old)
+    claim(client, "task-2")
+    value, claimed = client.get(KEY), client.get(CLAIM)
+    limit = client.config_get("maxmemory")["maxmemory"]
+    client.config_set("maxmemory", 1)  # every denyoom command (SET) is refused
+    try:
+        with pytest.raises(redis.exceptions.ResponseError, match="maxmemory"):
+            take_over(client, token(), old, task_id="task-2", claimed=True)
+    finally:
+        client.config_set("maxmemory", limit)
+    assert (client.get(KEY), client.get(CLAIM)) == (value, claimed)  # nothing half-done
+
+
 def test_wake_preempter_leaves_exactly_the_preempted_token_with_its_lifetime(
         client: redis.Redis) -> None:
     wake = wake_key(KEY)
