@@ -7,7 +7,8 @@ a key that changed hands meanwhile is answered as held, and a cooldown record (i
 starts with "cooldown_until_ms") is never taken over. The newcomer's holder JSON gains
 "preempted": the token it replaced, so that an old holder whose notice was lost can tell, from
 its refused renewal, that it was taken over (and wake a newcomer waiting out its grace). A key
-found free is granted as acquire-4.lua grants it (a hand-over reservation honoured). KEYS and
+found free is granted as acquire-4.lua grants it (a hand-over reservation of it honoured: a
+reservation only ever holds a free key). KEYS and
 ARGV 1 to 6 are acquire-4.lua's: an execution whose message claimed the key's waiting slot
 (lease_dedupe) passes the claim key, and the take-over clears the claim when it names this
 task id (includes/clear_claim.lua), in the same script, as a grant does. A repeat with the same
@@ -51,18 +52,18 @@ if cur then
 end
 --@include next_fence.lua
 if not fence then return refusal end
---@include reserved.lua
 local value = ARGV[1] .. ':' .. fence .. ':' .. holder
 if cur then
   redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
-else
+else  -- a free key: as acquire-4.lua, a hand-over's reservation holds it
+  --@include reserved.lua
   redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2])
+  if reserved_for and reserved_for == ARGV[5] then
+    redis.call('HDEL', KEYS[3], 'id', 'due', 'el')
+  end
 end
 local ended = string.match(last, '^%d+:(.+)$')
 redis.call('SET', KEYS[2], ended and (fence .. ';' .. ended) or fence, 'PX', ARGV[4])
-if reserved_for and reserved_for == ARGV[5] then
-  redis.call('HDEL', KEYS[3], 'id', 'due', 'el')
-end
 if KEYS[4] then
   --@include clear_claim.lua
 end
