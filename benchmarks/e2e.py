@@ -25,9 +25,10 @@ variant that skipped a call it must run is reported.
 there ``LeasedTask`` skips a copy that starts while another runs and ``"coalesce"`` folds it
 into the key's pending run. Its workloads are the bursts twice: ``bursts`` interleaved as
 above, and ``bursts_grouped``, each key's requests published back to back (a burst of
-triggers for one key at once), 20 keys x 10, each body 100 ms (:data:`GROUPED_SLEEP_MS`). A batch ends once the worker's queue is empty and it holds no
-message but the report (the report polls for it: a concurrent worker does not run its queue
-in order). Not part of ``python -m benchmarks``.
+triggers for one key at once), 20 keys x 10, each body 100 ms (:data:`GROUPED_SLEEP_MS`). A
+batch ends once the worker's queue is empty and it holds no message but the report (the
+report polls for it: a concurrent worker does not run its queue in order). Not part of
+``python -m benchmarks``.
 """
 
 from __future__ import annotations
