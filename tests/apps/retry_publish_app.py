@@ -76,3 +76,27 @@ def retry_late(self: Any, tag: str) -> int:
     except LeaseLost as exc:
         record("raised", tag=tag, cause=exc.cause)
         raise
+
+
+@app.task(shared=False, bind=True, base=LeasedTask, name="requeue_late",  # type: ignore[untyped-decorator]
+          lease_key=("tag",))
+def requeue_late(self: Any, tag: str, step: int = 0) -> int:
+    """Step 0: as :func:`retry_late`, but publishes step 1 of its own key (a self-requeue)
+    instead of a retry, and records whether that publish returned or raised."""
+    record("start", tag=tag, task_id=self.request.id, step=step)
+    if step:
+        return step
+    lease = self.lease
+    deadline = time.monotonic() + 30.0
+    while not _journal.exists(f"paused:{tag}") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    while lease.expires_in > 0.4:
+        time.sleep(0.01)
+    record("requeueing", tag=tag, expires_in=lease.expires_in)
+    try:
+        successor = self.delay(tag, 1)
+    except LeaseLost as exc:
+        record("raised", tag=tag, cause=exc.cause)
+        raise
+    record("requeued", tag=tag, task_id=successor.id)
+    return step
