@@ -18,6 +18,7 @@ from example_project.chaos.history import (
     History,
     Job,
     Parked,
+    Preemption,
     WorkerSample,
     Write,
 )
@@ -304,6 +305,51 @@ def test_a_grant_after_the_cooldown_or_after_a_failure_or_an_erased_store_is_no_
     assert rules(history) == []
 
 
+def preempted() -> History:
+    """k1's holder a taken over by b at T0 + 1.5 (told at once, cause preempted), then b
+    writes: no violation."""
+    history = clean()
+    a = run("a", FENCE, T0 + 1, None, outcome="lost", lost_cause="preempted",
+            lost_at=T0 + 1.52, released=False)
+    b = run("b", FENCE + 5, T0 + 1.5, T0 + 2.5)
+    history.executions[:2] = [a, b]
+    history.writes[:3] = [write(1, "a", a.fence, T0 + 1.2), write(2, "b", b.fence, T0 + 1.9),
+                          write(3, "b", b.fence, T0 + 2.2)]
+    history.jobs[1].submitted_at = T0 + 1.4
+    history.preemptions = [Preemption("b", "a", "k1", T0 + 1.5, 1)]
+    history.preempt_grace = 0.5
+    return history
+
+
+def test_a_clean_take_over_passes_and_is_counted() -> None:
+    history = preempted()
+    assert rules(history) == []
+    counts = summarize(history, [])
+    assert counts["preemptions"] == 1 and counts["preempted_by_outcome"] == {"lost:preempted": 1}
+
+
+def test_a_preempted_holders_write_accepted_after_the_newcomers_is_found() -> None:
+    history = preempted()
+    history.writes.append(write(4, "a", FENCE, T0 + 2.3))  # the guard let it through
+    assert rules(history) == [(1, "lower-token-accepted"), (9, "preempted-write-accepted")]
+
+
+def test_a_preempted_holder_acting_past_grace_and_a_renewal_interval_is_found() -> None:
+    history = preempted()
+    history.executions[0].lost_at = T0 + 1.5 + 0.5 + 1.0 + 1.6  # grace + TTL/3 + slack + 0.1
+    assert rules(history) == [(9, "overlap-too-long")]
+    history.faults.append(Fault("stop_worker", "w0", T0 + 2.0, T0 + 3.0))  # it was frozen
+    assert rules(history) == []
+
+
+def test_a_preempted_holder_told_with_another_cause_is_found_unless_a_write_told_it() -> None:
+    history = preempted()
+    history.executions[0].lost_cause = "refused"
+    assert rules(history) == [(9, "preempted-not-told-so")]
+    history.writes.insert(1, write(5, "a", FENCE, T0 + 1.55, accepted=False))
+    assert rules(history) == []
+
+
 def limited(n: int, overlapping: int) -> History:
     """The clean history, ``overlapping`` untold executions of limited key ``l1`` running at
     once, under ``lease_limit=n``."""
@@ -323,7 +369,7 @@ def test_n_executions_of_a_limited_key_at_once_are_no_violation() -> None:
 
 
 def test_more_than_n_executions_of_a_limited_key_at_once_are_found() -> None:
-    assert rules(limited(3, 4)) == [(9, "more-than-n")]
+    assert rules(limited(3, 4)) == [(10, "more-than-n")]
 
 
 def test_more_than_n_at_once_told_of_a_loss_or_one_after_another_is_no_violation() -> None:

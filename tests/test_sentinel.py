@@ -365,3 +365,27 @@ def test_a_duplicate_parked_on_an_old_primary_that_stays_writable_is_not_parked(
     # writes: the sentinels do not confirm it, so the park does not count.
     with pytest.raises(store.PrimaryUnconfirmed):
         handoff.park(client, key, "queue", "dup-1", "{}", 10, 60_000)
+
+
+def test_a_release_answered_by_an_old_primary_that_stays_writable_does_not_count(
+    sentinel: SentinelSetup,
+) -> None:
+    client = store.client_for(sentinel.sentinel_url, 1.0, {"master_name": MASTER_NAME})
+    key, token, successor = "lease:{t.job:released}", "a" * 32, "b" * 32
+    assert store.acquire(client, key, token, 30_000, "{}").granted  # its pool: the primary
+    old = sentinel.primary_port()
+    with sentinel.sentinels[0].client() as admin:
+        admin.execute_command("SENTINEL FAILOVER", MASTER_NAME)
+    new = sentinel.wait_failover(old)
+    # The grant never reached the new primary (as one lost in a forced failover), which
+    # granted the key to the next execution; the old primary still has the first token.
+    with sentinel.node_on(new).client() as promoted:
+        promoted.delete(key)
+    other = store.client_for(sentinel.sentinel_url, 0.9, {"master_name": MASTER_NAME})
+    assert store.acquire(other, key, successor, 30_000, "{}").granted
+    assert held_on(sentinel, old, key) is not None
+    # The old primary would answer "released": the sentinels do not confirm it, and the
+    # primary they name does not have the token: the holder learns it had lost its lease.
+    assert store.release(client, key, token) is False
+    holder = held_on(sentinel, new, key)
+    assert holder is not None and holder.token == successor

@@ -31,10 +31,13 @@ its send), so a violation is never an artefact of timing, and each comes with it
 8. Once per window (a campaign with ``lease_cooldown``): no execution was granted its key
    within the cooldown after an execution that succeeded, unless a fault erased the store's
    keys in between.
-9. Never more than N (a campaign with ``lease_limit=N``, the ``limited`` path's keys): no
-   N + 1 executions of one key that each ended normally, none told of a loss, were running
-   at one moment. Properties 2, 3 and 6's "never two running" are about one holder and do
-   not apply to these keys; property 1's grant order does (one counter for all slots).
+9. Newest wins (``lease_on_conflict="preempt"``, :mod:`.preempt_check`): a preempted
+   holder's writes after the newcomer's are refused, it stops within grace + one renewal
+   interval + a slack of the take-over, and it is told with cause ``preempted``.
+10. Never more than N (a campaign with ``lease_limit=N``, the ``limited`` path's keys): no
+    N + 1 executions of one key that each ended normally, none told of a loss, were running
+    at one moment. Properties 2, 3 and 6's "never two running" are about one holder and do
+    not apply to these keys; property 1's grant order does (one counter for all slots).
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ RSS_SLACK = 64 * 1024 * 1024
 
 @dataclass
 class Violation:
-    """One broken promise: the property number (1-9), a rule name, a sentence, the evidence."""
+    """One broken promise: the property number (1-10), a rule name, a sentence, the evidence."""
 
     property: int
     rule: str
@@ -77,7 +80,9 @@ class Violation:
 
 
 def check(history: History) -> list[Violation]:
-    """Every violation of the nine properties in ``history`` (empty: all promises kept)."""
+    """Every violation of the ten properties in ``history`` (empty: all promises kept)."""
+    from .preempt_check import preemptions  # it imports Violation from here
+
     return [
         *fencing_order(history),
         *exclusion(history),
@@ -87,6 +92,7 @@ def check(history: History) -> list[Violation]:
         *dedupe(history),
         *handover(history),
         *cooldown_windows(history),
+        *preemptions(history),
         *never_more_than_n(history),
     ]
 
@@ -111,7 +117,7 @@ def _untold(runs: list[Execution], refused: set[str]) -> list[Execution]:
 
 
 def never_more_than_n(history: History) -> list[Violation]:
-    """Property 9: no more than ``history.limit`` untold executions of a limited key were
+    """Property 10: no more than ``history.limit`` untold executions of a limited key were
     running at one moment. Each ran surely from its ``grant_upper`` (its body had started)
     to its ``body_end`` (its body was still running), so an overlap of those is proven."""
     found: list[Violation] = []
@@ -127,7 +133,7 @@ def never_more_than_n(history: History) -> list[Violation]:
             running = [a for a in done if a.grant_upper <= b.grant_upper < a.body_end]  # type: ignore[operator]
             if len(running) > history.limit:
                 found.append(Violation(
-                    9, "more-than-n", f"{key}: {len(running)} executions were running at "
+                    10, "more-than-n", f"{key}: {len(running)} executions were running at "
                     f"{b.grant_upper:.3f}, above lease_limit={history.limit}: "
                     f"{', '.join(a.token for a in running)}", key,
                     {"running": [_execution(a) for a in running]}))
@@ -433,6 +439,7 @@ def _spread(values: list[float]) -> dict[str, float | None]:
 
 def summarize(history: History, violations: list[Violation]) -> dict[str, Any]:
     """The counts of a run: jobs, executions, skips, losses, faults, stalls, throughput."""
+    from .preempt_check import summary as preempt_summary
     refused = {w.token for w in history.writes if not w.accepted}
     lost = Counter(e.lost_cause or "unknown" for e in history.executions if e.outcome == "lost")
     told_later = sum(1 for e in history.executions
@@ -474,6 +481,7 @@ def summarize(history: History, violations: list[Violation]) -> dict[str, Any]:
         "dedupe_publishes_by_disposition": dict(Counter(
             j.disposition for j in history.jobs if j.disposition is not None)),
         "dedupe_claims_left": len(history.leftover_claims),
+        **preempt_summary(history),
         "violations": len(violations),
         "violations_by_property": dict(Counter(str(v.property) for v in violations)),
     }
