@@ -208,7 +208,7 @@ def release(client: redis.Redis, key: str, token: str) -> bool:
     fencing counter), for :func:`released_last`.
 
     On a Sentinel-managed client a release that found its token counts only once the sentinels
-    confirm the node it was written to (:func:`celery_lease.store.primary.confirm`, as for a
+    confirm the node it was written to (:func:`celery_lease.store.primary.released`, as for a
     grant): a primary demoted by a failover still answers old connections, with the token a
     grant that never replicated left there, while the new primary may have granted the key to
     another execution. Unconfirmed, the release is sent once more, to the primary the
@@ -221,18 +221,8 @@ def release(client: redis.Redis, key: str, token: str) -> bool:
         redis.exceptions.RedisError: on store errors.
     """
     keys, argv = (key, fence_key(key)), (token,)
-    if not primary.managed(client):
-        return _decide(_release, client, key, keys, argv)
-    for _ in (1, 2):
-        before = primary.written_to(client)
-        if not _decide(_release, client, key, keys, argv):
-            return False
-        problem = primary.confirm(client, before)
-        if problem is None:
-            return True
-        logger.warning("lease release of %s not confirmed by the sentinels (%s): sent to the "
-                       "primary they name", key, problem)
-    return False
+    return primary.released(client, key, lambda: _decide(_release, client, key, keys, argv),
+                            bool, False)
 
 
 def revoke(client: redis.Redis, key: str, token: str) -> bool:

@@ -204,13 +204,22 @@ def release_slot(client: redis.Redis, key: str, token: str) -> bool:
     """Delete ``token``'s slot of ``key`` (only it). Answers as
     :func:`celery_lease.store.release` does: True when released, by this call or by an earlier
     one of ``token`` (while no other slot's release was noted since), False when ``token``
-    had no slot there (it expired, or was revoked).
+    had no slot there (it expired, or was revoked). On a Sentinel-managed client a release
+    that found its slot counts only once the sentinels confirm its node, as a plain release
+    (:func:`celery_lease.store.primary.released`).
 
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
+    return primary.released(client, key, lambda: _released(client, key, (token,)), bool, False)
+
+
+def _released(client: redis.Redis, key: str, argv: tuple[Any, ...], wake: bool = False) -> bool:
+    """One ``release_slot-3.lua`` (``wake``: with the key's wake list); a store error names
+    the node it came from."""
+    keys = (key, fence_key(key), wake_key(key)) if wake else (key, fence_key(key))
     try:
-        return bool(_release(client, (key, fence_key(key)), (token,)))
+        return bool(_release(client, keys, argv))
     except RedisError as exc:
         raise routing.note(exc, client, key) from None
 
@@ -231,17 +240,15 @@ def revoke_slot(client: redis.Redis, key: str, token: str) -> bool:
 
 def release_slot_and_wake(client: redis.Redis, key: str, token: str) -> bool:
     """:func:`release_slot`, and wake one hold waiting for ``key``
-    (:func:`celery_lease.store.wait_for_release`), in the same script: a hold's release.
+    (:func:`celery_lease.store.wait_for_release`), in the same script: a hold's release
+    (confirmed on Sentinel as :func:`release_slot` is).
 
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
-    try:
-        return bool(
-            _release(client, (key, fence_key(key), wake_key(key)), (token, WAKE_LIFETIME_MS))
-        )
-    except RedisError as exc:
-        raise routing.note(exc, client, key) from None
+    return primary.released(
+        client, key, lambda: _released(client, key, (token, WAKE_LIFETIME_MS), True), bool, False
+    )
 
 
 @dataclass(frozen=True)
