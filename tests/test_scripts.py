@@ -768,7 +768,8 @@ def test_preempt_refuses_a_holder_it_did_not_see_and_a_cooldown_record(
     acquire(client, third)  # the key changed hands since `seen` was read
     value = client.get(KEY)
     refused = take_over(client, token(), seen)
-    assert refused[:2] == [0, value] and client.pttl(KEY) <= refused[2] <= TTL
+    # The script's PTTL and the later one round to the millisecond each: 1 ms of slack.
+    assert refused[:2] == [0, value] and client.pttl(KEY) <= refused[2] + 1 <= TTL + 1
     release_cooldown(client, third)
     record = client.get(KEY)
     assert take_over(client, token(), third)[:2] == [0, record]
