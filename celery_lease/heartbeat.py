@@ -12,7 +12,10 @@ Each pass, in this order:
    passed during a suspension is seen within a second of resuming.
 
 At each wake-up it also reads the replies of releases written without waiting for them
-(:mod:`celery_lease.store.pending`), so none stays unread for more than a second.
+(:mod:`celery_lease.store.pending`), so none stays unread for more than a second. With no lease
+left it waits a second more before it waits for no time limit: back-to-back executions then
+neither wake it nor hand the GIL over to it (:meth:`Heartbeat.add` notifies only a thread that
+would wake too late).
 
 A round trip is only sent when its timeout ends before the earliest deadline, so the thread is
 never stuck in a call when a deadline passes. A refused renewal (token gone or replaced) loses
@@ -103,10 +106,12 @@ class Heartbeat:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._block_signal = block_signal
-        # Clock seconds the thread wakes at on its own: +inf while it waits for a lease,
-        # -inf while it is not waiting. add() wakes it only when it would wake too late.
+        # Clock seconds the thread wakes at on its own: +inf while it waits for a lease (after
+        # a second with none added), -inf while it is not waiting. add() wakes it only when it
+        # would wake too late.
         self._wake_at = -math.inf
         self._changes = 0  # leases added: a pass planned on an older set plans again
+        self._idle_changes = -1  # _changes at the last wait for a lease (see _pass)
         self.passes = 0  # renewal round trips sent (for tests and benchmarks)
 
     def add(self, lease: Lease) -> None:
@@ -174,7 +179,13 @@ class Heartbeat:
             pending.settle_all(wait=False, until=earliest)
         with self._cond:
             while not self._leases:
-                self._wait(_MAX_SLEEP if pending.has_pending() else None)
+                # Back-to-back executions leave it empty between two of them: a timed wait
+                # then lets add() and wake_for_pending() skip the notification (a wake-up and
+                # two GIL hand-overs per execution); only a second with no lease added ends
+                # in a wait for no time limit.
+                idle = self._changes == self._idle_changes and not pending.has_pending()
+                self._idle_changes = self._changes
+                self._wait(None if idle else _MAX_SLEEP)
                 if pending.has_pending():
                     return
             leases = list(self._leases)
