@@ -257,22 +257,15 @@ class Heartbeat:
             end_renewals(group)
         replied_at = clock.now()
         # Sent per lease per pass: skipped as a whole when nobody listens (10 000 leases).
+        confirmed: list[Lease] | None = None
         if signals.lease_renewed.receivers:
-            rest: list[tuple[Lease, object]] = []
-            for lease, reply in zip(group, replies, strict=True):
-                if lease.retired:
-                    continue
-                if reply != 1:
-                    rest.append((lease, reply))
-                    continue
-                margin = lease.deadline - replied_at
-                lease.confirm(sent_at)
-                signals.lease_renewed.send(
-                    sender=lease.task_name, key=lease.key, token=lease.token,
-                    fencing_token=lease.fencing_token, task_id=lease.task_id,
-                    latency=replied_at - sent_at, margin=margin)
-        else:
-            rest = confirm_renewed(group, replies, sent_at)
+            confirmed, before = [], {id(lease): lease.deadline for lease in group}
+        rest = confirm_renewed(group, replies, sent_at, confirmed)
+        for lease in confirmed or ():
+            signals.lease_renewed.send(
+                sender=lease.task_name, key=lease.key, token=lease.token,
+                fencing_token=lease.fencing_token, task_id=lease.task_id,
+                latency=replied_at - sent_at, margin=before[id(lease)] - replied_at)
         for lease, answer in rest:
             if isinstance(answer, RedisError):
                 self._failed(lease, answer)

@@ -334,11 +334,12 @@ def end_renewals(leases: Sequence[Lease]) -> None:
             over.set()
 
 
-def confirm_renewed(leases: Sequence[Lease], replies: Sequence[object],
-                    sent_at: float) -> list[tuple[Lease, object]]:
+def confirm_renewed(leases: Sequence[Lease], replies: Sequence[object], sent_at: float,
+                    confirmed: list[Lease] | None = None) -> list[tuple[Lease, object]]:
     """:meth:`Lease.confirm` (``sent_at``: clock seconds when sent) for each lease not retired
-    whose reply is ``1``; returns the ``(lease, reply)`` pairs of the others not retired (a
-    refusal or an error), in order, for the caller to handle."""
+    whose reply is ``1``, each appended to ``confirmed`` when given; returns the ``(lease,
+    reply)`` pairs of the others not retired (a refusal or an error), in order, for the caller
+    to handle."""
     rest: list[tuple[Lease, object]] = []
     drift: dict[int, float] = {}  # per options object: its drift_margin, computed once
     for lease, reply in zip(leases, replies, strict=True):
@@ -356,4 +357,6 @@ def confirm_renewed(leases: Sequence[Lease], replies: Sequence[object],
             lease._store_error = None
             lease.deadline = sent_at + lease.ttl - margin
             lease._next_renewal = sent_at + lease.renew_interval
+        if confirmed is not None:
+            confirmed.append(lease)
     return rest
