@@ -297,12 +297,16 @@ _instance_lock = threading.Lock()
 def heartbeat(block_signal: int | None = None) -> Heartbeat:
     """The heartbeat of the calling process (created on first use, and anew after a fork)."""
     global _instance, _instance_pid
-    pid = os.getpid()
-    if _instance is None or _instance_pid != pid:
-        with _instance_lock:
-            if _instance is None or _instance_pid != pid:
-                _instance, _instance_pid = Heartbeat(block_signal), pid
-    return _instance
+    found = _instance
+    # Where forks exist, the fork hook below forgets the parent's instance in the child: no
+    # getpid() call here (three a leased execution). Without the hook, the pid decides.
+    if found is not None and (_FORK_HOOK or _instance_pid == os.getpid()):
+        return found
+    with _instance_lock:
+        pid = os.getpid()
+        if _instance is None or _instance_pid != pid:
+            _instance, _instance_pid = Heartbeat(block_signal), pid
+        return _instance
 
 
 def _after_fork_in_child() -> None:
@@ -313,6 +317,7 @@ def _after_fork_in_child() -> None:
     interrupt.reset_after_fork()  # store clients: celery_lease.store.connection's own fork hook
 
 
-if hasattr(os, "register_at_fork"):
+_FORK_HOOK = hasattr(os, "register_at_fork")
+if _FORK_HOOK:
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
