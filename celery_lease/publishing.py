@@ -74,7 +74,9 @@ def _apply_async(task: Any, holding: Lease | None, args: Any, kwargs: Any,
                 return dedupe.mark(eager.defer(
                     holding.token, task_id, task.name,
                     lambda: publish(task_id=task_id, **options)), "published")
-    if task.app.conf.task_always_eager or not dedupe.enabled(task):
+    # dedupe.enabled first: it is cached, the eager setting's lookup is not (~40 000
+    # instructions a publish).
+    if not dedupe.enabled(task) or task.app.conf.task_always_eager:
         return dedupe.mark(publish(**options), "published")
     if REDELIVERY_HEADER in (options.get("headers") or {}):
         key = None  # a check copy of a running message, never a waiting copy

@@ -107,6 +107,7 @@ class LeasedTask(Task):  # type: ignore[misc]
     _lease_spec_cache: ClassVar[tuple[KeySpec] | None] = None
     _lease_limit_cache: ClassVar[tuple[LimitSpec] | None] = None
     _lease_resolved: ClassVar[tuple[int, LeaseSettings] | None] = None
+    _lease_dedupe_setting: ClassVar[tuple[Any] | None] = None
     #: Wait for the release's reply before the execution's result is stored (the benchmark's
     #: synchronous variant). False: the release is written before, its reply read later
     #: (:mod:`celery_lease.store.pending`), one round trip less on every execution.
@@ -180,6 +181,7 @@ class LeasedTask(Task):  # type: ignore[misc]
         calls it for every leased task of an app).
         """
         cls._lease_resolved = None
+        cls._lease_dedupe_setting = None  # the app's lease_dedupe (celery_lease.dedupe.enabled)
 
     def lease_key_for(self, args: Any = (), kwargs: Mapping[str, Any] | None = None) -> str:
         """The lease key a call with ``args`` and ``kwargs`` takes.
