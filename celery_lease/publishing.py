@@ -14,7 +14,7 @@ from typing import Any
 from celery.utils import uuid
 from kombu.serialization import dumps, loads
 
-from . import dedupe, eager
+from . import debounce, dedupe, eager
 from .conflict import REDELIVERY_HEADER, SUCCESSOR_HEADER
 from .errors import LeaseConfigError
 from .lease import _current
@@ -28,14 +28,17 @@ def apply_async(task: Any, args: Any, kwargs: Any, options: dict[str, Any],
     ``options``; ``publish(**options)`` is Celery's own ``apply_async`` of the call.
 
     Returns:
-        The call's ``AsyncResult`` (the waiting copy's when deduplicated), with
-        ``lease_disposition``.
+        The call's ``AsyncResult`` (the waiting copy's when deduplicated, the burst's with
+        ``lease_debounce``: :func:`celery_lease.debounce.send`), with ``lease_disposition``.
 
     Raises:
         LeaseStoreUnavailable: ``lease_dedupe``, the store could not be asked and
             ``lease_on_store_error`` is ``"fail"``.
         LeaseConfigError: ``lease_dedupe`` and this process has no lease store configured.
     """
+    if debounce.enabled(task) and not debounce.passes(task, options):
+        return debounce.send(task, sent_key(task, args, kwargs, options), args, kwargs,
+                             options, publish)
     holding = _current.get()
     key: str | None = None
     take_over = False

@@ -25,6 +25,7 @@ from . import (
     clock,
     conflict,
     cooldown,
+    debounce,
     eager,
     handoff,
     interrupt,
@@ -254,6 +255,8 @@ class LeasedTask(Task):  # type: ignore[misc]
         claim = lifecycle.Claim()
         ending = "failure"  # how the body ended: which release it sends (lease_cooldown)
         try:
+            if debounce.DEBOUNCE_HEADER in (request.headers or {}) and not request.is_eager:
+                args, kwargs = debounce.on_timer(self, request, args, kwargs)  # or Ignore
             lease = self._acquire(request, args, kwargs, claim)
             if not isinstance(lease, Lease):
                 return lease  # eager mode: a skipped duplicate's marker

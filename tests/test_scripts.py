@@ -779,3 +779,102 @@ def test_wake_preempter_leaves_exactly_the_preempted_token_with_its_lifetime(
     assert run(client, "wake_preempter-1.lua", [wake], [t, 1500]) == 1
     assert client.lrange(wake, 0, -1) == [t]
     assert 0 < client.pttl(wake) <= 1500
+
+
+# --- debounce (lease_debounce) --------------------------------------------------------------
+
+BURST = KEY + ":burst"
+DAY = 86_400_000
+
+
+def trigger(client: redis.Redis, task_id: str, arguments: str, delay: int = 1000,
+            cap: int = 5000) -> Any:
+    return run(client, "debounce-1.lua", [BURST], [task_id, delay, cap, arguments, HOLDER, DAY])
+
+
+def test_debounce_starts_a_burst_stamped_with_the_stores_clock_and_a_lifetime_past_its_cap(
+        client: redis.Redis) -> None:
+    before = micros(client) // 1000
+    assert trigger(client, "b-1", '{"n": 1}') == [1, "b-1", 1000, 1]
+    record = client.hgetall(BURST)
+    assert record["id"] == "b-1" and record["msg"] == '{"n": 1}' and record["n"] == "1"
+    first = int(record["first"])
+    assert before <= first <= micros(client) // 1000
+    assert int(record["due"]) == first + 1000 and int(record["until"]) == first + 5000
+    assert 5000 + DAY - 1000 < client.pttl(BURST) <= 5000 + DAY
+
+
+def test_debounce_joining_keeps_the_first_id_and_the_latest_arguments_and_moves_the_due_time(
+        client: redis.Redis) -> None:
+    trigger(client, "b-1", '{"n": 1}')
+    first_due = int(client.hget(BURST, "due"))
+    time.sleep(0.05)
+    started, task_id, due_in, count = trigger(client, "b-2", '{"n": 2}')
+    assert (started, task_id, count) == (0, "b-1", 2)
+    assert 900 < due_in <= 1000
+    assert client.hget(BURST, "msg") == '{"n": 2}'
+    assert int(client.hget(BURST, "due")) >= first_due + 40
+
+
+def test_debounce_never_moves_the_due_time_past_the_first_publish_plus_the_cap(
+        client: redis.Redis) -> None:
+    trigger(client, "b-1", "{}", delay=200, cap=300)
+    deadline = int(client.hget(BURST, "until"))
+    for _ in range(4):
+        time.sleep(0.1)
+        trigger(client, "x", "{}", delay=200, cap=300)
+        assert int(client.hget(BURST, "due")) <= deadline
+    assert int(client.hget(BURST, "due")) == deadline
+    assert client.pttl(BURST) <= DAY  # the lifetime counts from the deadline, not the publish
+
+
+@pytest.mark.parametrize("foreign", ["list", "hash", "string"])
+def test_debounce_over_a_key_celery_lease_did_not_write_answers_2_and_leaves_it(
+        client: redis.Redis, foreign: str) -> None:
+    {"list": lambda: client.rpush(BURST, "x"), "hash": lambda: client.hset(BURST, "a", "b"),
+     "string": lambda: client.set(BURST, "x")}[foreign]()
+    assert trigger(client, "b-1", "{}")[0] == 2
+    assert client.type(BURST) == foreign
+    assert run(client, "debounce_fire-1.lua", [BURST], ["b-1"]) == [0, "", 0, 0]
+    assert run(client, "debounce_look-1.lua", [BURST], [1000]) == [0, "", "", 0]
+
+
+def test_debounce_fire_tells_an_early_timer_the_time_left_and_a_stale_one_nothing(
+        client: redis.Redis) -> None:
+    trigger(client, "b-1", '{"n": 1}', delay=1000)
+    code, _, left, _ = run(client, "debounce_fire-1.lua", [BURST], ["b-1"])
+    assert code == 1 and 900 < left <= 1000
+    assert run(client, "debounce_fire-1.lua", [BURST], ["other"]) == [0, "", 0, 0]
+    assert client.exists(BURST)
+
+
+def test_debounce_fire_at_the_due_time_deletes_the_burst_so_a_second_timer_does_nothing(
+        client: redis.Redis) -> None:
+    trigger(client, "b-1", '{"n": 1}', delay=50)
+    trigger(client, "b-2", '{"n": 2}', delay=50)
+    time.sleep(0.08)
+    code, arguments, count, waited = run(client, "debounce_fire-1.lua", [BURST], ["b-1"])
+    assert (code, arguments, count) == (2, '{"n": 2}', 2) and waited >= 50
+    assert not client.exists(BURST)
+    assert run(client, "debounce_fire-1.lua", [BURST], ["b-1"]) == [0, "", 0, 0]
+    assert trigger(client, "b-3", "{}")[:2] == [1, "b-3"]  # the next publish: a new burst
+
+
+def test_debounce_look_answers_a_burst_late_past_its_grace_and_writes_nothing(
+        client: redis.Redis) -> None:
+    assert run(client, "debounce_look-1.lua", [BURST], [100]) == [0, "", "", 0]
+    trigger(client, "b-1", '{"n": 1}', delay=50)
+    code, _, _, again = run(client, "debounce_look-1.lua", [BURST], [100])
+    assert code == 1 and 100 < again <= 150
+    time.sleep(0.17)
+    assert run(client, "debounce_look-1.lua", [BURST], [100]) == [2, "b-1", '{"n": 1}', 100]
+    assert client.hget(BURST, "id") == "b-1"
+
+
+def test_watch_keeping_an_earlier_note_never_puts_the_look_off(client: redis.Redis) -> None:
+    index = "lease:{celery-lease:handoff}:index"
+    soon = run(client, "watch-1.lua", [index], [KEY, 1000, DAY])
+    assert run(client, "watch-1.lua", [index], [KEY, 60_000, DAY, "1"]) == soon
+    assert int(client.zscore(index, KEY)) == soon
+    later = run(client, "watch-1.lua", [index], [KEY, 60_000, DAY])
+    assert run(client, "watch-1.lua", [index], [KEY, 500, DAY, "1"]) < later

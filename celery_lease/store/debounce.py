@@ -1,0 +1,189 @@
+"""A key's debounce burst (``lease_debounce``): the store side, one script per decision.
+
+The burst's record is the hash ``<lease key>:burst`` (:func:`celery_lease.keys.burst_key`,
+under the lease's hash tag, so it works on Cluster and Sentinel as the lease does), with the
+burst's task id, the store's clock at its first publish, its due time, its deadline (first
+publish plus ``lease_debounce_max``) and its latest arguments:
+
+- :func:`trigger` (``debounce-1.lua``) decides a publish: start a burst (publish its timer
+  message) or join the waiting one (publish nothing; the caller gets the burst's task id);
+- :func:`fire` (``debounce_fire-1.lua``) decides what a timer message does on a worker:
+  nothing (its burst is gone), publish itself again for the remainder, or run (the record
+  is deleted in the same script, so of two timers of a burst one fires);
+- :func:`look` (``debounce_look-1.lua``) is the crash sweep's: a burst waiting past its due
+  time plus a grace lost its timer, which the sweep publishes again;
+- :func:`read_burst` reads a record back (``celery lease ls``).
+
+Every due time is the store's clock (``TIME``); every write sets the record's lifetime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from redis.exceptions import RedisError
+
+from ..keys import burst_key
+from . import lua, routing
+
+__all__ = ["Burst", "Fire", "Look", "Trigger", "fire", "look", "read_burst", "trigger"]
+
+_trigger = lua.load("debounce-1.lua")
+_fire = lua.load("debounce_fire-1.lua")
+_look = lua.load("debounce_look-1.lua")
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _run(script: lua.Script, client: redis.Redis, key: str, argv: tuple[Any, ...]) -> Any:
+    try:
+        return script(client, (burst_key(key),), argv)
+    except RedisError as exc:
+        raise routing.note(exc, client, key) from None
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """What :func:`trigger` decided for one publish.
+
+    Attributes:
+        started: True when this publish started the burst (publish its timer message).
+        task_id: the burst's task id (every caller's ``AsyncResult``); '' when ``foreign``.
+        due_in: float seconds until the burst is due (0.0 when past due).
+        count: publishes folded into the burst so far (int).
+        foreign: empty, or what the record key holds that celery-lease did not write.
+    """
+
+    started: bool
+    task_id: str
+    due_in: float
+    count: int
+    foreign: str = ""
+
+
+def trigger(client: redis.Redis, key: str, task_id: str, delay_ms: int, cap_ms: int,
+            arguments: str, publisher: str, margin_ms: int) -> Trigger:
+    """Start or join lease ``key``'s burst (one round trip).
+
+    Args:
+        task_id: the task id a new burst takes.
+        delay_ms, cap_ms: ``lease_debounce`` and ``lease_debounce_max``, int milliseconds.
+        arguments: this publish's arguments, serialized (JSON).
+        publisher: the publisher's JSON (:func:`celery_lease.store.holder_json`).
+        margin_ms: how long the record outlives the burst's deadline, int milliseconds.
+
+    Raises:
+        redis.exceptions.RedisError: on store errors (the node noted).
+    """
+    started, answer, due_in, count = _run(
+        _trigger, client, key, (task_id, delay_ms, cap_ms, arguments, publisher, margin_ms))
+    if int(started) == 2:
+        return Trigger(False, "", 0.0, 0, _text(answer))
+    return Trigger(int(started) == 1, _text(answer), int(due_in) / 1000, int(count))
+
+
+@dataclass(frozen=True)
+class Fire:
+    """What :func:`fire` decided for a timer message.
+
+    Attributes:
+        outcome: ``"stale"`` (its burst is gone: do nothing), ``"early"`` (publish it again
+            in ``due_in``) or ``"fire"`` (run with ``arguments``).
+        due_in: ``"early"``: float seconds left.
+        arguments: ``"fire"``: the burst's latest arguments, as :func:`trigger` got them.
+        count: ``"fire"``: the publishes folded into the run (int).
+        waited: ``"fire"``: float seconds since the burst's first publish (store clock).
+    """
+
+    outcome: str
+    due_in: float = 0.0
+    arguments: str = ""
+    count: int = 0
+    waited: float = 0.0
+
+
+def fire(client: redis.Redis, key: str, task_id: str) -> Fire:
+    """Decide what the timer ``task_id`` of lease ``key``'s burst does now (one round trip).
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    code, arguments, number, waited = _run(_fire, client, key, (task_id,))
+    if int(code) == 0:
+        return Fire("stale")
+    if int(code) == 1:
+        return Fire("early", int(number) / 1000)
+    return Fire("fire", 0.0, _text(arguments), int(number), int(waited) / 1000)
+
+
+@dataclass(frozen=True)
+class Look:
+    """What the crash sweep's :func:`look` found.
+
+    Attributes:
+        again_in: float seconds until the key is worth a look again, or None (no burst).
+        lost: the task id of a burst whose timer is late (publish it again), else ''.
+        arguments: the latest arguments of that burst.
+    """
+
+    again_in: float | None
+    lost: str = ""
+    arguments: str = ""
+
+
+def look(client: redis.Redis, key: str, grace_ms: int) -> Look:
+    """The sweep's look at lease ``key``'s burst: is its timer more than ``grace_ms`` int
+    milliseconds past its due time? Writes nothing.
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    code, task_id, arguments, again = _run(_look, client, key, (grace_ms,))
+    if int(code) == 0:
+        return Look(None)
+    if int(code) == 1:
+        return Look(int(again) / 1000)
+    return Look(int(again) / 1000, _text(task_id), _text(arguments))
+
+
+@dataclass(frozen=True)
+class Burst:
+    """A burst record as stored (``celery lease ls``).
+
+    Attributes:
+        task_id: the burst's task id (str).
+        publisher: the first publisher's JSON (str).
+        first: the store's clock at its first publish, epoch float seconds.
+        due: its due time, epoch float seconds (store clock).
+        deadline: first publish plus ``lease_debounce_max``, epoch float seconds.
+        count: publishes folded into it (int).
+    """
+
+    task_id: str
+    publisher: str
+    first: float
+    due: float
+    deadline: float
+    count: int
+
+
+def read_burst(client: redis.Redis, key: str) -> Burst | None:
+    """Lease ``key``'s burst record, or None (none, or not one celery-lease writes).
+
+    Raises:
+        redis.exceptions.RedisError: on store errors other than a key of another type.
+    """
+    try:
+        raw = client.hmget(burst_key(key), ["id", "by", "first", "due", "until", "n"])
+    except redis.exceptions.ResponseError:
+        return None
+    values = [None if v is None else _text(v) for v in raw]
+    numbers = values[2:]
+    if values[0] is None or not all(v is not None and v.isdigit() for v in numbers):
+        return None
+    first, due, deadline, count = (int(v) for v in numbers)  # type: ignore[arg-type]
+    return Burst(values[0], values[1] or "", first / 1000, due / 1000, deadline / 1000, count)
