@@ -42,8 +42,15 @@ from .keys import burst_key
 from .store import debounce as stored
 from .store import handoff as stored_handoff
 
-__all__ = ["DEBOUNCE_HEADER", "RECORD_MARGIN", "enabled", "on_timer", "passes", "send",
-           "sweep_look"]
+__all__ = [
+    "DEBOUNCE_HEADER",
+    "RECORD_MARGIN",
+    "enabled",
+    "on_timer",
+    "passes",
+    "send",
+    "sweep_look",
+]
 
 logger = logging.getLogger("celery_lease")
 
@@ -78,8 +85,14 @@ def _grace_ms(options: LeaseOptions) -> int:
     return options.ttl_ms
 
 
-def send(task: Any, key: str | None, args: Any, kwargs: Any, options: dict[str, Any],
-         publish: Callable[..., Any]) -> Any:
+def send(
+    task: Any,
+    key: str | None,
+    args: Any,
+    kwargs: Any,
+    options: dict[str, Any],
+    publish: Callable[..., Any],
+) -> Any:
     """Start or join the burst of lease ``key`` with this call's arguments; return the burst's
     ``AsyncResult`` (``lease_disposition`` ``"debounced"``; ``"published"`` when ``key`` is
     None, ``"unguarded"`` when the store could not be asked: published at once).
@@ -104,52 +117,91 @@ def send(task: Any, key: str | None, args: Any, kwargs: Any, options: dict[str, 
     config = lease_options.debounce
     assert config is not None
     try:
-        arguments = json.dumps({"task": task.name, "args": list(args or ()),  # type: ignore[no-untyped-call]
-                                "kwargs": dict(kwargs or {})})
+        payload = {"task": task.name, "args": list(args or ()), "kwargs": dict(kwargs or {})}
+        arguments = json.dumps(payload)  # type: ignore[no-untyped-call]
     except TypeError as exc:
-        raise TypeError(f"task {task.name} has lease_debounce, which keeps a burst's latest "
-                        f"arguments as JSON: {exc}") from None
+        raise TypeError(
+            f"task {task.name} has lease_debounce, which keeps a burst's latest "
+            f"arguments as JSON: {exc}"
+        ) from None
     task_id = options.pop("task_id", None) or uuid()
     options.pop("countdown", None)
     options.pop("eta", None)
     publisher = store.holder_json(task.name, task_id, socket.gethostname(), os.getpid())
     try:
-        client = store.client_for(settings.url, lease_options.store_timeout,
-                                  lease_options.backend_options)
-        got = stored.trigger(client, key, task_id, config.delay_ms, config.cap_ms, arguments,
-                             publisher, round(RECORD_MARGIN * 1000))
+        client = store.client_for(
+            settings.url, lease_options.store_timeout, lease_options.backend_options
+        )
+        got = stored.trigger(
+            client,
+            key,
+            task_id,
+            config.delay_ms,
+            config.cap_ms,
+            arguments,
+            publisher,
+            round(RECORD_MARGIN * 1000),
+        )
     except RedisError as exc:
         error = LeaseStoreUnavailable(key, "publish", store.describe(exc))
         if lease_options.on_store_error == "fail":
             raise error from None
-        logger.warning("task %s[%s] published at once, not debounced (the execution lease "
-                       "still guards it): %s", task.name, task_id, error)
+        logger.warning(
+            "task %s[%s] published at once, not debounced (the execution lease "
+            "still guards it): %s",
+            task.name,
+            task_id,
+            error,
+        )
         return _announce(task, key, publish(task_id=task_id, **options), "unguarded")
     if got.foreign:
-        logger.warning("task %s[%s] published at once, not debounced: %s holds %s "
-                       "(`celery lease doctor` says more)", task.name, task_id,
-                       burst_key(key), got.foreign)
+        logger.warning(
+            "task %s[%s] published at once, not debounced: %s holds %s "
+            "(`celery lease doctor` says more)",
+            task.name,
+            task_id,
+            burst_key(key),
+            got.foreign,
+        )
         return _announce(task, key, publish(task_id=task_id, **options), "unguarded")
     if not got.started:
-        logger.debug("lease debounce: task %s joined burst %s (key=%s, %d publishes, due in "
-                     "%.3fs)", task.name, got.task_id, key, got.count, got.due_in)
+        logger.debug(
+            "lease debounce: task %s joined burst %s (key=%s, %d publishes, due in %.3fs)",
+            task.name,
+            got.task_id,
+            key,
+            got.count,
+            got.due_in,
+        )
         return _announce(task, key, task.AsyncResult(got.task_id), "debounced")
     try:  # first the note, so that a timer lost from here on is published again
-        stored_handoff.watch(client, lease_options.key_prefix, key,
-                             config.cap_ms + _grace_ms(lease_options), keep_earlier=True)
+        stored_handoff.watch(
+            client,
+            lease_options.key_prefix,
+            key,
+            config.cap_ms + _grace_ms(lease_options),
+            keep_earlier=True,
+        )
     except RedisError as exc:
-        logger.warning("lease debounce: burst %s of %s not noted for the sweep (a lost timer "
-                       "is not published again): %s", task_id, key, store.describe(exc))
+        logger.warning(
+            "lease debounce: burst %s of %s not noted for the sweep (a lost timer "
+            "is not published again): %s",
+            task_id,
+            key,
+            store.describe(exc),
+        )
     headers = {**(options.get("headers") or {}), DEBOUNCE_HEADER: key}
-    timer = publish(**{**options, "task_id": task_id, "countdown": config.delay,
-                       "headers": headers})
+    timer = publish(
+        **{**options, "task_id": task_id, "countdown": config.delay, "headers": headers}
+    )
     return _announce(task, key, timer, "debounced")
 
 
 def _announce(task: Any, key: str, result: Any, disposition: str) -> Any:
     if signals.lease_published.receivers:
-        signals.lease_published.send(sender=task, key=key, task_id=result.id,
-                                     disposition=disposition)
+        signals.lease_published.send(
+            sender=task, key=key, task_id=result.id, disposition=disposition
+        )
     return dedupe.mark(result, disposition)
 
 
@@ -176,24 +228,42 @@ def on_timer(task: Any, request: Any, args: Any, kwargs: Any) -> tuple[Any, Any]
     except RedisError as exc:
         task._store_error(options, key, exc)
     if decided.outcome == "stale":
-        logger.info("debounce timer %s[%s] not run: its burst already ran (a second timer)",
-                    task.name, request.id)
+        logger.info(
+            "debounce timer %s[%s] not run: its burst already ran (a second timer)",
+            task.name,
+            request.id,
+        )
         raise Ignore()
     if decided.outcome == "early":
-        task.signature_from_request(request, countdown=decided.due_in,
-                                    retries=request.retries).apply_async()
-        logger.debug("debounce timer %s[%s] early: published again for %.3fs", task.name,
-                     request.id, decided.due_in)
+        task.signature_from_request(
+            request, countdown=decided.due_in, retries=request.retries
+        ).apply_async()
+        logger.debug(
+            "debounce timer %s[%s] early: published again for %.3fs",
+            task.name,
+            request.id,
+            decided.due_in,
+        )
         task._event("task-lease-debounced", lease_key=key, lease_due_in=decided.due_in)
         raise Ignore()
     body = json.loads(decided.arguments)  # type: ignore[no-untyped-call]
     latest_args, latest_kwargs = tuple(body["args"]), dict(body["kwargs"])
     request.args, request.kwargs = list(latest_args), latest_kwargs
     request.headers = {k: v for k, v in (request.headers or {}).items() if k != DEBOUNCE_HEADER}
-    logger.info("debounced: task %s[%s] runs for %d publishes of %s (%.3fs after the first)",
-                task.name, request.id, decided.count, key, decided.waited)
-    task._event("task-lease-debounce-fired", lease_key=key, lease_triggers=decided.count,
-                lease_waited=decided.waited)
+    logger.info(
+        "debounced: task %s[%s] runs for %d publishes of %s (%.3fs after the first)",
+        task.name,
+        request.id,
+        decided.count,
+        key,
+        decided.waited,
+    )
+    task._event(
+        "task-lease-debounce-fired",
+        lease_key=key,
+        lease_triggers=decided.count,
+        lease_waited=decided.waited,
+    )
     return latest_args, latest_kwargs
 
 
@@ -212,12 +282,24 @@ def sweep_look(app: Any, client: Any, prefix: str, key: str, options: LeaseOptio
         return False
     try:
         body = json.loads(found.arguments)  # type: ignore[no-untyped-call]
-        app.signature(body["task"], args=body["args"], kwargs=body["kwargs"],
-                      task_id=found.lost, headers={DEBOUNCE_HEADER: key}).apply_async()
+        app.signature(
+            body["task"],
+            args=body["args"],
+            kwargs=body["kwargs"],
+            task_id=found.lost,
+            headers={DEBOUNCE_HEADER: key},
+        ).apply_async()
     except Exception as exc:
-        logger.warning("could not publish again the timer of burst %s of %s (%s: %s): the "
-                       "next sweep look tries again", found.lost, key, type(exc).__name__, exc)
+        logger.warning(
+            "could not publish again the timer of burst %s of %s (%s: %s): the "
+            "next sweep look tries again",
+            found.lost,
+            key,
+            type(exc).__name__,
+            exc,
+        )
         return False
-    logger.warning("lease %s: the timer of burst %s is late (lost?); published again",
-                   key, found.lost)
+    logger.warning(
+        "lease %s: the timer of burst %s is late (lost?); published again", key, found.lost
+    )
     return True

@@ -59,25 +59,39 @@ def resolve(pick: Callable[[str], Any], problems: list[tuple[str, str]]) -> Debo
     delay, cap = pick("lease_debounce"), pick("lease_debounce_max")
     if delay is None:
         if cap is not None:
-            problems.append((f"lease_debounce_max={cap!r}", "has no effect without "
-                             "lease_debounce (the quiet time, float seconds): set "
-                             "lease_debounce too, e.g. lease_debounce=2.0, or drop it"))
+            problems.append(
+                (
+                    f"lease_debounce_max={cap!r}",
+                    "has no effect without "
+                    "lease_debounce (the quiet time, float seconds): set "
+                    "lease_debounce too, e.g. lease_debounce=2.0, or drop it",
+                )
+            )
         return None
     found = len(problems)
     problem = duration_problem(delay)
     if problem is not None:
-        problems.append((f"lease_debounce={delay!r}", f"{problem}, e.g. lease_debounce=2.0 "
-                         f"(or None: no debounce)"))
+        problems.append(
+            (
+                f"lease_debounce={delay!r}",
+                f"{problem}, e.g. lease_debounce=2.0 (or None: no debounce)",
+            )
+        )
     if cap is not None:
         cap_problem = duration_problem(cap)
         if cap_problem is not None:
-            problems.append((f"lease_debounce_max={cap!r}", f"{cap_problem}, e.g. "
-                             f"lease_debounce_max=60.0"))
+            problems.append(
+                (f"lease_debounce_max={cap!r}", f"{cap_problem}, e.g. lease_debounce_max=60.0")
+            )
         elif problem is None and float(cap) < float(delay):
-            problems.append((f"lease_debounce_max={cap!r}", f"is below lease_debounce="
-                             f"{delay!r}: the longest wait cannot be shorter than the quiet "
-                             f"time; set lease_debounce_max >= {float(delay)!r}"))
+            problems.append(
+                (
+                    f"lease_debounce_max={cap!r}",
+                    f"is below lease_debounce="
+                    f"{delay!r}: the longest wait cannot be shorter than the quiet "
+                    f"time; set lease_debounce_max >= {float(delay)!r}",
+                )
+            )
     if len(problems) > found:
         return None
-    return Debounce(float(delay), float(delay) * DEFAULT_CAP_FACTOR if cap is None
-                    else float(cap))
+    return Debounce(float(delay), float(delay) * DEFAULT_CAP_FACTOR if cap is None else float(cap))

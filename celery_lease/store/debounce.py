@@ -65,8 +65,16 @@ class Trigger:
     foreign: str = ""
 
 
-def trigger(client: redis.Redis, key: str, task_id: str, delay_ms: int, cap_ms: int,
-            arguments: str, publisher: str, margin_ms: int) -> Trigger:
+def trigger(
+    client: redis.Redis,
+    key: str,
+    task_id: str,
+    delay_ms: int,
+    cap_ms: int,
+    arguments: str,
+    publisher: str,
+    margin_ms: int,
+) -> Trigger:
     """Start or join lease ``key``'s burst (one round trip).
 
     Args:
@@ -80,7 +88,8 @@ def trigger(client: redis.Redis, key: str, task_id: str, delay_ms: int, cap_ms: 
         redis.exceptions.RedisError: on store errors (the node noted).
     """
     started, answer, due_in, count = _run(
-        _trigger, client, key, (task_id, delay_ms, cap_ms, arguments, publisher, margin_ms))
+        _trigger, client, key, (task_id, delay_ms, cap_ms, arguments, publisher, margin_ms)
+    )
     if int(started) == 2:
         return Trigger(False, "", 0.0, 0, _text(answer))
     return Trigger(int(started) == 1, _text(answer), int(due_in) / 1000, int(count))

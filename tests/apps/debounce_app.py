@@ -1,0 +1,71 @@
+"""A leased task with ``lease_debounce``, for real workers and eager calls
+(``tests/test_debounce.py``).
+
+Configured from ``TEST_BROKER_URL`` / ``TEST_QUEUE`` (broker, results and leases on one
+server), ``LEASE_TTL``, ``LEASE_DEBOUNCE`` and ``LEASE_DEBOUNCE_MAX`` for a worker; an
+in-process test calls :func:`configure`. Every run records ``start`` and ``end`` with its
+argument ``n``, its task id and the store's clock (``TIME``, float seconds) in the Redis list
+``runs:<tag>``. The lease key is the tag.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+
+from celery_lease import LeasedTask
+from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV
+
+BROKER = os.environ.get(BROKER_URL_ENV, "redis://127.0.0.1:1/0")
+
+app = Celery("debounce_app", broker=BROKER, backend=BROKER, set_as_current=False)
+app.conf.update(task_default_queue=os.environ.get(QUEUE_ENV, "celery"), lease_backend=BROKER,
+                lease_ttl=float(os.environ.get("LEASE_TTL", "2.0")),
+                lease_debounce=float(os.environ.get("LEASE_DEBOUNCE", "0.5")),
+                lease_debounce_max=float(os.environ.get("LEASE_DEBOUNCE_MAX", "2.0")),
+                broker_connection_retry_on_startup=True, result_expires=300,
+                worker_prefetch_multiplier=1)
+
+
+def configure(url: str, **conf: Any) -> None:
+    """Point the app at ``url`` (broker, results, leases) before its first leased call."""
+    app.conf.update(broker_url=url, result_backend=url, lease_backend=url, **conf)
+    refresh.forget_lease_settings()
+
+
+def _client() -> redis.Redis:
+    return redis.Redis.from_url(app.conf.lease_backend)
+
+
+def record(tag: str, what: str, n: Any, task_id: str) -> None:
+    """Append one entry to ``runs:<tag>``, stamped with the store's clock."""
+    client = _client()
+    try:
+        seconds, micros = client.time()
+        client.rpush(f"runs:{tag}", json.dumps(
+            {"what": what, "n": n, "id": task_id, "t": seconds + micros / 1e6}))
+    finally:
+        client.close()
+
+
+def runs(tag: str) -> list[dict[str, Any]]:
+    """What ``tag``'s runs recorded, in order."""
+    client = _client()
+    try:
+        return [json.loads(x) for x in client.lrange(f"runs:{tag}", 0, -1)]
+    finally:
+        client.close()
+
+
+@app.task(shared=False, bind=True, base=LeasedTask, name="db.refresh", lease_key=("tag",))
+def refresh(self: Any, tag: str, n: int, seconds: float = 0.0) -> int:
+    """Runs for ``seconds`` and returns ``n``; publishes of one tag are debounced."""
+    record(tag, "start", n, self.request.id)
+    time.sleep(seconds)
+    record(tag, "end", n, self.request.id)
+    return n

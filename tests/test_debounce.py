@@ -1,0 +1,150 @@
+"""Debounce at publish (``lease_debounce``) against a real Redis and real worker processes: a
+burst of publishes of one key runs once, with the latest arguments, no later than the cap
+after its first publish, never beside the key's previous run; a lost timer is published again
+by a live worker's sweep, a double timer runs once."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery.result import AsyncResult
+
+from celery_lease import LeaseConfigError, LeasedTask
+from celery_lease.config import resolve_options
+from celery_lease.debounce import DEBOUNCE_HEADER
+from celery_lease.keys import burst_key
+from tests.apps import debounce_app
+from tests.apps.debounce_app import refresh, runs
+from tests.support.fixtures import WorkerFactory
+from tests.support.waiting import wait_for
+
+APP = "tests.apps.debounce_app"
+DELAY, CAP = 0.5, 2.0
+
+
+@pytest.fixture
+def client(redis_url: str, worker_factory: WorkerFactory) -> Iterator[redis.Redis]:
+    debounce_app.configure(redis_url, task_default_queue=worker_factory.queue,
+                           task_always_eager=False, lease_debounce=DELAY,
+                           lease_debounce_max=CAP)
+    with redis.Redis.from_url(redis_url) as client:
+        yield client
+
+
+def _spans(tag: str) -> list[tuple[float, float, Any]]:
+    starts = {(r["id"], r["n"]): r["t"] for r in runs(tag) if r["what"] == "start"}
+    return sorted((t, next(r["t"] for r in runs(tag) if r["what"] == "end" and
+                          (r["id"], r["n"]) == k), k[1]) for k, t in starts.items())
+
+
+def _never_two_running(tag: str) -> None:
+    for (_, end, _), (start, _, _) in itertools.pairwise(_spans(tag)):
+        assert end <= start, f"two runs of {tag} overlapped: {runs(tag)}"
+
+
+def _now(client: redis.Redis) -> float:
+    seconds, micros = client.time()
+    return float(seconds + micros / 1e6)
+
+
+@pytest.mark.parametrize(("given", "named"), [
+    ({"lease_debounce": 0}, "lease_debounce=0"),
+    ({"lease_debounce": "2"}, "lease_debounce='2'"),
+    ({"lease_debounce": True}, "lease_debounce=True"),
+    ({"lease_debounce": 2.0, "lease_debounce_max": 1.0}, "lease_debounce_max=1.0 (task t) is "
+                                                         "below lease_debounce=2.0"),
+    ({"lease_debounce_max": 5.0}, "lease_debounce_max=5.0 (task t) has no effect without "
+                                  "lease_debounce"),
+])
+def test_bad_debounce_settings_are_refused_naming_the_setting_and_the_fix(
+        given: dict[str, Any], named: str) -> None:
+    with pytest.raises(LeaseConfigError, match=named.replace("(", r"\(").replace(")", r"\)")):
+        resolve_options({}, given, "task t")
+
+
+def test_debounce_settings_are_checked_when_the_task_is_decorated() -> None:
+    app = Celery("decorated", set_as_current=False)
+    app.conf.lease_backend = "redis://127.0.0.1:1/0"
+    with pytest.raises(LeaseConfigError, match="lease_debounce_max=0.5"):
+        @app.task(shared=False, base=LeasedTask, name="d.bad", lease_debounce=1.0,
+                  lease_debounce_max=0.5)
+        def bad() -> None: ...
+        bad.lease_settings()
+
+
+def test_the_cap_defaults_to_ten_times_the_quiet_time() -> None:
+    debounce = resolve_options({}, {"lease_debounce": 1.5}, "task t").debounce
+    assert debounce is not None and (debounce.delay, debounce.cap) == (1.5, 15.0)
+    assert resolve_options({}, {}, "task t").debounce is None
+
+
+def test_a_burst_of_publishes_runs_once_with_the_latest_arguments_and_every_caller_shares_it(
+        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    results = [refresh.delay("a", n) for n in range(5)]
+    last = _now(client)
+    assert {r.lease_disposition for r in results} == {"debounced"}
+    assert len({r.id for r in results}) == 1
+    assert client.llen(worker_factory.queue) == 1  # the burst's one timer message
+    worker_factory(APP)
+    assert [r.get(timeout=30) for r in results] == [4] * 5
+    started = [r for r in runs("a") if r["what"] == "start"]
+    assert [(r["n"], r["id"]) for r in started] == [(4, results[0].id)]
+    assert started[0]["t"] >= last + DELAY - 0.05  # the quiet time after the last publish
+    assert not client.exists(burst_key(refresh.lease_key_for(("a", 0))))
+
+
+def test_a_steady_stream_of_publishes_cannot_put_the_run_off_past_the_cap(
+        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    worker_factory(APP)
+    first = _now(client)
+    results = []
+    for n in itertools.count():  # every 0.2 s, under the quiet time, for 3.5 s
+        results.append(refresh.delay("s", n))
+        if _now(client) - first > 3.5:
+            break
+        wait_for(lambda n=n: _now(client) >= first + 0.2 * (n + 1), 5)
+    served = [r.get(timeout=30) for r in results]
+    spans = _spans("s")
+    assert spans[0][0] <= first + CAP + 1.0  # the first run: by the cap, plus slack
+    assert len(spans) >= 2  # the stream went on past the cap: a second burst
+    assert served == sorted(served)  # each caller is served by a run with later arguments
+    _never_two_running("s")
+
+
+def test_a_burst_due_while_the_previous_run_holds_the_key_waits_for_its_release(
+        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    worker_factory(APP, pool="threads", concurrency=4)
+    first = refresh.delay("h", 0, 2.5)
+    wait_for(lambda: any(r["what"] == "start" for r in runs("h")), 20)
+    second = refresh.delay("h", 1)
+    assert second.id != first.id  # the first burst ran: a new burst
+    assert first.get(timeout=30) == 0 and second.get(timeout=30) == 1
+    assert [n for _, _, n in _spans("h")] == [0, 1]
+    _never_two_running("h")
+
+
+def test_a_lost_timer_is_published_again_by_a_live_workers_sweep_and_runs_once(
+        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    result = refresh.delay("l", 7)
+    assert client.llen(worker_factory.queue) == 1
+    client.delete(worker_factory.queue)  # the timer message is lost
+    worker_factory(APP)
+    assert result.get(timeout=30) == 7
+    assert [n for _, _, n in _spans("l")] == [7]
+
+
+def test_a_second_timer_of_a_burst_does_nothing(
+        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    result = refresh.delay("d", 3)
+    refresh.apply_async(("d", 99), task_id=result.id, headers={
+        DEBOUNCE_HEADER: refresh.lease_key_for(("d", 0))})  # a copy of the timer
+    assert client.llen(worker_factory.queue) == 2
+    worker_factory(APP)
+    assert AsyncResult(result.id, app=debounce_app.app).get(timeout=30) == 3
+    wait_for(lambda: client.llen(worker_factory.queue) == 0, 20)
+    assert [n for _, _, n in _spans("d")] == [3]
