@@ -6,15 +6,19 @@ by a live worker's sweep, a double timer runs once."""
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import redis
 from celery import Celery
 from celery.result import AsyncResult
+from click.testing import CliRunner
 
 from celery_lease import LeaseConfigError, LeasedTask
+from celery_lease.cli import lease
 from celery_lease.config import resolve_options
 from celery_lease.debounce import DEBOUNCE_HEADER
 from celery_lease.keys import burst_key
@@ -70,7 +74,7 @@ def test_bad_debounce_settings_are_refused_naming_the_setting_and_the_fix(
 def test_debounce_settings_are_checked_when_the_task_is_decorated() -> None:
     app = Celery("decorated", set_as_current=False)
     app.conf.lease_backend = "redis://127.0.0.1:1/0"
-    with pytest.raises(LeaseConfigError, match="lease_debounce_max=0.5"):
+    with pytest.raises(LeaseConfigError, match=r"lease_debounce_max=0\.5"):
         @app.task(shared=False, base=LeasedTask, name="d.bad", lease_debounce=1.0,
                   lease_debounce_max=0.5)
         def bad() -> None: ...
@@ -148,3 +152,22 @@ def test_a_second_timer_of_a_burst_does_nothing(
     assert AsyncResult(result.id, app=debounce_app.app).get(timeout=30) == 3
     wait_for(lambda: client.llen(worker_factory.queue) == 0, 20)
     assert [n for _, _, n in _spans("d")] == [3]
+
+
+def test_celery_lease_ls_shows_a_waiting_burst_its_publishes_and_when_it_is_due(
+        client: redis.Redis) -> None:
+    debounce_app.configure(debounce_app.app.conf.lease_backend, lease_debounce=30.0,
+                           lease_debounce_max=60.0)
+    results = [refresh.delay("ls", n) for n in range(3)]
+    obj = SimpleNamespace(app=debounce_app.app)
+    listed = CliRunner().invoke(lease, ["ls", "--json"], obj=obj)
+    assert listed.exit_code == 0, listed.output
+    [shown] = [i for i in json.loads(listed.stdout) if i.get("kind") == "waiting"]
+    assert (shown["task"], shown["task_id"], shown["key"], shown["debounced"]) == (
+        "db.refresh", results[0].id, refresh.lease_key_for(("ls", 0)), 3)
+    assert 25.0 < shown["due_in"] <= 30.0 and shown["lifetime"] == 60.0
+    table = CliRunner().invoke(lease, ["ls", "--wide"], obj=obj).output
+    assert "1 waiting copy" in table and results[0].id in table
+    done = CliRunner().invoke(lease, ["doctor"], obj=obj)
+    assert not any(line.startswith("FAIL") and "burst" in line
+                   for line in done.output.splitlines()), done.output

@@ -10,15 +10,14 @@ argument ``n``, its task id and the store's clock (``TIME``, float seconds) in t
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any
 
-import redis
 from celery import Celery
 
 from celery_lease import LeasedTask
+from tests.support import runs as journal
 from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV
 
 BROKER = os.environ.get(BROKER_URL_ENV, "redis://127.0.0.1:1/0")
@@ -38,28 +37,15 @@ def configure(url: str, **conf: Any) -> None:
     refresh.forget_lease_settings()
 
 
-def _client() -> redis.Redis:
-    return redis.Redis.from_url(app.conf.lease_backend)
-
-
 def record(tag: str, what: str, n: Any, task_id: str) -> None:
     """Append one entry to ``runs:<tag>``, stamped with the store's clock."""
-    client = _client()
-    try:
-        seconds, micros = client.time()
-        client.rpush(f"runs:{tag}", json.dumps(
-            {"what": what, "n": n, "id": task_id, "t": seconds + micros / 1e6}))
-    finally:
-        client.close()
+    url = app.conf.lease_backend
+    journal.record(url, tag, what=what, n=n, id=task_id, t=journal.store_time(url))
 
 
 def runs(tag: str) -> list[dict[str, Any]]:
     """What ``tag``'s runs recorded, in order."""
-    client = _client()
-    try:
-        return [json.loads(x) for x in client.lrange(f"runs:{tag}", 0, -1)]
-    finally:
-        client.close()
+    return journal.read(app.conf.lease_backend, tag)
 
 
 @app.task(shared=False, bind=True, base=LeasedTask, name="db.refresh", lease_key=("tag",))
