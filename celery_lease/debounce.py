@@ -35,7 +35,7 @@ from celery.utils import uuid
 from kombu.utils import json
 from redis.exceptions import RedisError
 
-from . import dedupe, handoff, signals, store
+from . import debounce_eager, dedupe, handoff, signals, store
 from .config import LeaseOptions
 from .errors import LeaseStoreUnavailable
 from .keys import burst_key
@@ -164,6 +164,7 @@ def send(
             got.foreign,
         )
         return _announce(task, key, publish(task_id=task_id, **options), "unguarded")
+    eager = bool(task.app.conf.task_always_eager)  # the timer: a thread, not a message
     if not got.started:
         logger.debug(
             "lease debounce: task %s joined burst %s (key=%s, %d publishes, due in %.3fs)",
@@ -173,7 +174,12 @@ def send(
             got.count,
             got.due_in,
         )
-        return _announce(task, key, task.AsyncResult(got.task_id), "debounced")
+        joined = (debounce_eager.result_of if eager else _published)(task, got.task_id)
+        return _announce(task, key, joined, "debounced")
+    if eager:
+        return _announce(
+            task, key, debounce_eager.arm(task, client, key, task_id, got.due_in), "debounced"
+        )
     try:  # first the note, so that a timer lost from here on is published again
         stored_handoff.watch(
             client,
@@ -195,6 +201,10 @@ def send(
         **{**options, "task_id": task_id, "countdown": config.delay, "headers": headers}
     )
     return _announce(task, key, timer, "debounced")
+
+
+def _published(task: Any, task_id: str) -> Any:
+    return task.AsyncResult(task_id)
 
 
 def _announce(task: Any, key: str, result: Any, disposition: str) -> Any:

@@ -171,3 +171,33 @@ def test_celery_lease_ls_shows_a_waiting_burst_its_publishes_and_when_it_is_due(
     done = CliRunner().invoke(lease, ["doctor"], obj=obj)
     assert not any(line.startswith("FAIL") and "burst" in line
                    for line in done.output.splitlines()), done.output
+
+
+def test_eager_publishes_of_a_burst_run_once_after_the_quiet_time_with_the_latest_arguments(
+        client: redis.Redis) -> None:
+    debounce_app.configure(debounce_app.app.conf.lease_backend, task_always_eager=True)
+    try:
+        first = _now(client)
+        results = [refresh.delay("e", n) for n in range(4)]
+        assert len({r.id for r in results}) == 1 and {r.lease_disposition for r in results} \
+            == {"debounced"}
+        assert not results[0].ready()  # no run yet: it waits for the quiet time
+        assert [r.get(timeout=10) for r in results] == [3] * 4
+        [(start, _, n)] = _spans("e")
+        assert n == 3 and start >= first + DELAY - 0.05
+    finally:
+        debounce_app.configure(debounce_app.app.conf.lease_backend, task_always_eager=False)
+
+
+def test_an_eager_burst_due_while_the_key_is_held_waits_for_the_release(
+        client: redis.Redis) -> None:
+    debounce_app.configure(debounce_app.app.conf.lease_backend, task_always_eager=True)
+    try:
+        holder = refresh.delay("eh", 0, 1.5)
+        wait_for(lambda: any(r["what"] == "start" for r in runs("eh")), 10)  # it started
+        follower = refresh.delay("eh", 1)
+        assert follower.get(timeout=15) == 1 and holder.get(timeout=15) == 0
+        assert [n for _, _, n in _spans("eh")] == [0, 1]
+        _never_two_running("eh")
+    finally:
+        debounce_app.configure(debounce_app.app.conf.lease_backend, task_always_eager=False)

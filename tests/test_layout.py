@@ -20,7 +20,7 @@ LAYERS = {
     **dict.fromkeys(["lifecycle", "heartbeat", "interrupt", "next_instruction", "lease"], 3),
     **dict.fromkeys(["task", "conflict", "dedupe", "handoff", "hold", "hold_core", "hold_async",
                      "hold_options", "hold_shapes", "beat", "beat_leader", "lease_tasks", "eager",
-                     "outage", "cooldown", "preempt", "publishing", "debounce"], 4),
+                     "outage", "cooldown", "preempt", "publishing", "debounce", "debounce_eager"], 4),
     **dict.fromkeys(["cli", "doctor", "doctor_claims", "finding", "inspection", "flower",
                      "metrics", "testing", "worker", "acl", "sweep"], 5),
 }
