@@ -82,7 +82,7 @@ class LeasedTask(Task):  # type: ignore[misc]
     Inside a running execution ``self.lease`` is its :class:`~celery_lease.lease.Lease`.
     Calling the task function directly takes no lease; ``apply()`` and eager mode do. The
     result of ``apply_async`` / ``delay`` carries ``lease_disposition`` (``"published"``,
-    ``"deduplicated"``, ``"unguarded"``).
+    ``"deduplicated"``, ``"debounced"``, ``"unguarded"``).
 
     Raises (at registration): :class:`~celery_lease.errors.LeaseConfigError` for an invalid
     option, naming it and the fix.

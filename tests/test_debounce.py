@@ -17,14 +17,17 @@ from celery import Celery
 from celery.result import AsyncResult
 from click.testing import CliRunner
 
-from celery_lease import LeaseConfigError, LeasedTask
+from celery_lease import LeaseConfigError, LeasedTask, signals
 from celery_lease.cli import lease
 from celery_lease.config import resolve_options
 from celery_lease.debounce import DEBOUNCE_HEADER
+from celery_lease.flower import lease_summary
 from celery_lease.keys import burst_key
 from tests.apps import debounce_app
 from tests.apps.debounce_app import refresh, runs
+from tests.support.events import task_events
 from tests.support.fixtures import WorkerFactory
+from tests.support.received import received
 from tests.support.waiting import wait_for
 
 APP = "tests.apps.debounce_app"
@@ -89,8 +92,11 @@ def test_the_cap_defaults_to_ten_times_the_quiet_time() -> None:
 
 def test_a_burst_of_publishes_runs_once_with_the_latest_arguments_and_every_caller_shares_it(
         client: redis.Redis, worker_factory: WorkerFactory) -> None:
-    results = [refresh.delay("a", n) for n in range(5)]
+    with received(signals.lease_published) as published:  # what metrics count
+        results = [refresh.delay("a", n) for n in range(5)]
     last = _now(client)
+    assert [(p["disposition"], p["task_id"]) for p in published] == \
+        [("debounced", results[0].id)] * 5
     assert {r.lease_disposition for r in results} == {"debounced"}
     assert len({r.id for r in results}) == 1
     assert client.llen(worker_factory.queue) == 1  # the burst's one timer message
@@ -201,3 +207,27 @@ def test_an_eager_burst_due_while_the_key_is_held_waits_for_the_release(
         _never_two_running("eh")
     finally:
         debounce_app.configure(debounce_app.app.conf.lease_backend, task_always_eager=False)
+
+
+def test_an_early_timer_and_the_fired_burst_send_task_events_flower_shows(
+        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    debounce_app.configure(debounce_app.app.conf.lease_backend, lease_debounce=1.0,
+                           lease_debounce_max=5.0)
+    worker_factory(APP, env={"LEASE_DEBOUNCE": "1.0", "LEASE_DEBOUNCE_MAX": "5.0"},
+                   extra_args=("-E",))
+    with task_events(debounce_app.app,
+                     lambda e: e.get("type", "").startswith("task-lease-debounce"),
+                     lambda e: e["type"] == "task-lease-debounce-fired") as seen:
+        first = refresh.delay("ev", 1)
+        wait_for(lambda: _now(client) >= float(client.hget(burst_key(
+            refresh.lease_key_for(("ev", 0))), "first")) / 1000 + 0.5, 10)
+        refresh.delay("ev", 2)  # the due time moves: the timer arrives early
+        assert first.get(timeout=30) == 2
+    assert [e["type"] for e in seen] == ["task-lease-debounced", "task-lease-debounce-fired"]
+    early, fired = seen
+    assert {e["uuid"] for e in seen} == {first.id}
+    assert 0.0 < early["lease_due_in"] <= 1.0 and fired["lease_triggers"] == 2
+    assert fired["lease_waited"] >= 1.4
+    assert lease_summary(SimpleNamespace(**{**fired, "state": "SUCCESS"})) == \
+        "debounced (2 publishes)"
+    assert lease_summary(SimpleNamespace(**early)) == "debounced (waiting)"
