@@ -231,3 +231,45 @@ def test_an_early_timer_and_the_fired_burst_send_task_events_flower_shows(
     assert lease_summary(SimpleNamespace(**{**fired, "state": "SUCCESS"})) == \
         "debounced (2 publishes)"
     assert lease_summary(SimpleNamespace(**early)) == "debounced (waiting)"
+
+
+def test_the_burst_scripts_and_the_sweep_note_run_on_redis_cluster_without_crossslot() -> None:
+    from celery_lease import store
+    from celery_lease.store import debounce as stored
+    from celery_lease.store import handoff as stored_handoff
+    from harness.topologies import cluster_setup
+
+    with cluster_setup() as cluster:
+        url = f"redis://127.0.0.1:{cluster.live()[0].port}/0"
+        cluster_client = store.client_for(url, 2.0, {"cluster": True})
+        for key in [f"lease:{{db:{i}}}" for i in range(6)]:  # spread over the primaries
+            started = stored.trigger(cluster_client, key, "b1", 30, 1000, '{"n": 1}', "{}", 1000)
+            assert started.started and started.task_id == "b1"
+            stored_handoff.watch(cluster_client, "lease", key, 2000, keep_earlier=True)
+            joined = stored.trigger(cluster_client, key, "b2", 30, 1000, '{"n": 2}', "{}", 1000)
+            assert (joined.started, joined.task_id, joined.count) == (False, "b1", 2)
+            assert stored.look(cluster_client, key, 60_000).again_in is not None
+            wait_for(lambda key=key: stored.fire(cluster_client, key, "b1").outcome == "fire", 5)
+            assert stored.read_burst(cluster_client, key) is None
+
+
+def test_arguments_the_json_serializer_takes_reach_the_run_as_the_worker_would_get_them(
+        client: redis.Redis) -> None:
+    debounce_app.configure(debounce_app.app.conf.lease_backend, task_always_eager=True,
+                           lease_debounce=0.05, lease_debounce_max=0.5)
+    try:
+        import datetime
+        import decimal
+        import uuid as uuid_module
+
+        values = [uuid_module.UUID(int=7), datetime.datetime(2026, 12, 2, 1, 2, 3),
+                  decimal.Decimal("1.5"), {"1": [1, 2]}]
+        result = refresh.delay("types", values)
+        assert result.get(timeout=10) == values  # kombu's JSON gives the types back
+        from kombu.exceptions import EncodeError
+
+        with pytest.raises(EncodeError):  # as without lease_debounce: nothing is recorded
+            refresh.delay("types", object())
+        assert not client.exists(burst_key(refresh.lease_key_for(("types", 0))))
+    finally:
+        debounce_app.configure(debounce_app.app.conf.lease_backend, task_always_eager=False)

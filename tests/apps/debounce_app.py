@@ -40,7 +40,8 @@ def configure(url: str, **conf: Any) -> None:
 def record(tag: str, what: str, n: Any, task_id: str) -> None:
     """Append one entry to ``runs:<tag>``, stamped with the store's clock."""
     url = app.conf.lease_backend
-    journal.record(url, tag, what=what, n=n, id=task_id, t=journal.store_time(url))
+    shown = n if isinstance(n, (int, str)) else repr(n)  # a list of UUIDs and dates: its repr
+    journal.record(url, tag, what=what, n=shown, id=task_id, t=journal.store_time(url))
 
 
 def runs(tag: str) -> list[dict[str, Any]]:
