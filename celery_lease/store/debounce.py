@@ -26,7 +26,7 @@ import redis
 from redis.exceptions import RedisError
 
 from ..keys import burst_key
-from . import lua, routing
+from . import lua, primary, routing
 
 __all__ = ["Burst", "Fire", "Look", "Trigger", "fire", "look", "read_burst", "trigger"]
 
@@ -85,11 +85,25 @@ def trigger(
         margin_ms: how long the record outlives the burst's deadline, int milliseconds.
 
     Raises:
+        PrimaryUnconfirmed: a Sentinel-managed client's join the sentinels did not confirm
+            came from the primary they name now (:mod:`celery_lease.store.primary`).
         redis.exceptions.RedisError: on store errors (the node noted).
     """
+    confirmed = primary.managed(client)  # a Sentinel-managed client
+    before = primary.written_to(client) if confirmed else None
     started, answer, due_in, count = _run(
         _trigger, client, key, (task_id, delay_ms, cap_ms, arguments, publisher, margin_ms)
     )
+    if confirmed and int(started) == 0:
+        # A join publishes nothing: the caller relies on the record. One written to a primary
+        # a failover demoted would be lost with it (a lost trigger); on Sentinel it counts
+        # once the sentinels confirm the node, else it is a store error (published at once).
+        try:
+            problem = primary.confirm(client, before)
+        except RedisError as exc:
+            raise routing.note(exc, client, key) from None
+        if problem is not None:
+            raise routing.note(problem, client, key)
     if int(started) == 2:
         return Trigger(False, "", 0.0, 0, _text(answer))
     return Trigger(int(started) == 1, _text(answer), int(due_in) / 1000, int(count))
