@@ -94,16 +94,12 @@ def trigger(
     started, answer, due_in, count = _run(
         _trigger, client, key, (task_id, delay_ms, cap_ms, arguments, publisher, margin_ms)
     )
-    if confirmed and int(started) == 0:
-        # A join publishes nothing: the caller relies on the record. One written to a primary
-        # a failover demoted would be lost with it (a lost trigger); on Sentinel it counts
-        # once the sentinels confirm the node, else it is a store error (published at once).
-        try:
-            problem = primary.confirm(client, before)
-        except RedisError as exc:
-            raise routing.note(exc, client, key) from None
-        if problem is not None:
-            raise routing.note(problem, client, key)
+    # A join publishes nothing: the caller relies on the record. One written to a primary a
+    # failover demoted would be lost with it (a lost trigger); on Sentinel it counts once the
+    # sentinels confirm the node (confirm() never raises), else it is a store error.
+    problem = primary.confirm(client, before) if confirmed and int(started) == 0 else None
+    if problem is not None:
+        raise routing.note(problem, client, key)
     if int(started) == 2:
         return Trigger(False, "", 0.0, 0, _text(answer))
     return Trigger(int(started) == 1, _text(answer), int(due_in) / 1000, int(count))
