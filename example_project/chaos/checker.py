@@ -31,6 +31,10 @@ its send), so a violation is never an artefact of timing, and each comes with it
 8. Once per window (a campaign with ``lease_cooldown``): no execution was granted its key
    within the cooldown after an execution that succeeded, unless a fault erased the store's
    keys in between.
+9. Debounce (``lease_debounce``, :mod:`.checker_debounce`): each burst ran once, with the
+   latest arguments, no later than its cap (plus one TTL and a slack) after its first
+   publish unless a fault or the key's previous run came in between; no burst was left
+   waiting at the end.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .checker_debounce import debounce as debounce_bursts
+from .checker_debounce import lateness
 from .history import Execution, History, Job, Write
 
 __all__ = ["LEASE_ERRORS", "Violation", "check", "summarize"]
@@ -73,7 +79,7 @@ class Violation:
 
 
 def check(history: History) -> list[Violation]:
-    """Every violation of the seven properties in ``history`` (empty: all promises kept)."""
+    """Every violation of the nine properties in ``history`` (empty: all promises kept)."""
     return [
         *fencing_order(history),
         *exclusion(history),
@@ -83,6 +89,7 @@ def check(history: History) -> list[Violation]:
         *dedupe(history),
         *handover(history),
         *cooldown_windows(history),
+        *debounce_bursts(history),
     ]
 
 
@@ -334,6 +341,8 @@ def dedupe(history: History) -> list[Violation]:
     # A claim is written before its message can start and cleared at its grant; one left
     # past its lifetime (or without one) outlived its message by more than its lifetime.
     for claim in history.leftover_claims:
+        if claim.get("debounced"):
+            continue  # a debounce burst: property 9
         if claim["ttl"] < 0 or claim["age"] > claim["lifetime"] + CLAIM_SLACK:
             found.append(Violation(
                 6, "claim-outlived", f"{claim['key']}: the claim of waiting copy "
@@ -428,6 +437,7 @@ def summarize(history: History, violations: list[Violation]) -> dict[str, Any]:
         "dedupe_publishes_by_disposition": dict(Counter(
             j.disposition for j in history.jobs if j.disposition is not None)),
         "dedupe_claims_left": len(history.leftover_claims),
+        "debounce_runs_past_cap_s": _spread(lateness(history)),
         "violations": len(violations),
         "violations_by_property": dict(Counter(str(v.property) for v in violations)),
     }

@@ -163,7 +163,9 @@ class History:
     (``{"key", "pttl", "value"}``); ``keys_without_ttl`` the library's keys that had no expiry;
     ``leftover_claims`` the waiting copies' claims (``lease_dedupe``) still present at the end
     (``{"key", "task_id", "age", "lifetime", "ttl"}``, float seconds);
-    ``cooldown`` the job's ``lease_cooldown`` (float seconds; 0.0: none).
+    ``cooldown`` the job's ``lease_cooldown`` (float seconds; 0.0: none);
+    ``debounce_cap`` the debounce job's ``lease_debounce_max`` (float seconds; 0.0: no
+    debounce jobs): a leftover claim with ``debounced`` above 0 is a burst that never ran.
     """
 
     ttl: float
@@ -180,6 +182,7 @@ class History:
     keys_without_ttl: list[str] = field(default_factory=list)
     leftover_claims: list[dict[str, Any]] = field(default_factory=list)
     cooldown: float = 0.0
+    debounce_cap: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (see :meth:`from_dict`)."""
