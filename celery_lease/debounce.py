@@ -44,6 +44,7 @@ from .store import handoff as stored_handoff
 
 __all__ = [
     "DEBOUNCE_HEADER",
+    "NOW_HEADER",
     "RECORD_MARGIN",
     "enabled",
     "on_timer",
@@ -56,6 +57,9 @@ logger = logging.getLogger("celery_lease")
 
 #: Message header of a burst's timer message; its value is the lease key.
 DEBOUNCE_HEADER = "lease_debounce"
+#: Message header of a publish that could not ask the store, published to run at once: it
+#: fires its own burst if its trigger landed all the same (:func:`on_timer`).
+NOW_HEADER = "lease_debounce_now"
 #: Float seconds a burst's record outlives its deadline (first publish plus cap): a day.
 RECORD_MARGIN = handoff.LINE_LIFETIME
 #: Options of a message that is part of a canvas: folding it would drop that work.
@@ -141,19 +145,24 @@ def send(
             arguments,
             publisher,
             round(RECORD_MARGIN * 1000),
+            _grace_ms(lease_options),
         )
     except RedisError as exc:
         error = LeaseStoreUnavailable(key, "publish", store.describe(exc))
         if lease_options.on_store_error == "fail":
             raise error from None
         logger.warning(
-            "task %s[%s] published at once, not debounced (the execution lease "
+            "task %s[%s] published to run at once, not debounced (the execution lease "
             "still guards it): %s",
             task.name,
             task_id,
             error,
         )
-        return _announce(task, key, publish(task_id=task_id, **options), "unguarded")
+        # Its trigger may have landed all the same (a lost reply): the message then fires
+        # that burst; else it runs as published and leaves a tombstone (debounce_fire-1.lua).
+        headers = {**(options.get("headers") or {}), DEBOUNCE_HEADER: key, NOW_HEADER: "1"}
+        now = publish(**{**options, "task_id": task_id, "headers": headers})
+        return _announce(task, key, now, "unguarded")
     if got.foreign:
         logger.warning(
             "task %s[%s] published at once, not debounced: %s holds %s "
@@ -174,11 +183,24 @@ def send(
             got.count,
             got.due_in,
         )
+        if got.late and not eager:  # its timer was lost: published again, as the sweep does
+            _publish_timer(task.app, task.name, key, got.task_id, args, kwargs)
         joined = (debounce_eager.result_of if eager else _published)(task, got.task_id)
         return _announce(task, key, joined, "debounced")
     if eager:
         return _announce(
-            task, key, debounce_eager.arm(task, client, key, task_id, got.due_in), "debounced"
+            task,
+            key,
+            debounce_eager.arm(
+                task,
+                client,
+                key,
+                task_id,
+                got.due_in,
+                (list(args or ()), dict(kwargs or {})),
+                round(RECORD_MARGIN * 1000),
+            ),
+            "debounced",
         )
     try:  # first the note, so that a timer lost from here on is published again
         stored_handoff.watch(
@@ -205,6 +227,27 @@ def send(
 
 def _published(task: Any, task_id: str) -> Any:
     return task.AsyncResult(task_id)
+
+
+def _publish_timer(app: Any, name: str, key: str, task_id: str, args: Any, kwargs: Any) -> bool:
+    """Publish the timer of burst ``task_id`` of ``key`` again (its arguments are the
+    record's at fire time); True when published. Never raises."""
+    try:
+        app.signature(
+            name, args=args, kwargs=kwargs, task_id=task_id, headers={DEBOUNCE_HEADER: key}
+        ).apply_async()
+    except Exception as exc:
+        logger.warning(
+            "could not publish again the timer of burst %s of %s (%s: %s): the next sweep "
+            "look or publish tries again",
+            task_id,
+            key,
+            type(exc).__name__,
+            exc,
+        )
+        return False
+    logger.warning("lease %s: the timer of burst %s is late (lost?); published again", key, task_id)
+    return True
 
 
 def _announce(task: Any, key: str, result: Any, disposition: str) -> Any:
@@ -234,9 +277,20 @@ def on_timer(task: Any, request: Any, args: Any, kwargs: Any) -> tuple[Any, Any]
     options = settings.options
     try:
         client = store.client_for(settings.url, options.store_timeout, options.backend_options)
-        decided = stored.fire(client, key, request.id)
+        now = NOW_HEADER in (request.headers or {})
+        decided = stored.fire(client, key, request.id, round(RECORD_MARGIN * 1000), now)
     except RedisError as exc:
         task._store_error(options, key, exc)
+    if decided.outcome == "missing":  # published at once; or the store lost the record
+        if not now:
+            logger.warning(
+                "debounce timer %s[%s]: the record of its burst is gone (the "
+                "store lost it?): run with the arguments it was published with",
+                task.name,
+                request.id,
+            )
+        _strip(request)
+        return args, kwargs
     if decided.outcome == "stale":
         logger.info(
             "debounce timer %s[%s] not run: its burst already ran (a second timer)",
@@ -259,7 +313,7 @@ def on_timer(task: Any, request: Any, args: Any, kwargs: Any) -> tuple[Any, Any]
     body = json.loads(decided.arguments)  # type: ignore[no-untyped-call]
     latest_args, latest_kwargs = tuple(body["args"]), dict(body["kwargs"])
     request.args, request.kwargs = list(latest_args), latest_kwargs
-    request.headers = {k: v for k, v in (request.headers or {}).items() if k != DEBOUNCE_HEADER}
+    _strip(request)
     logger.info(
         "debounced: task %s[%s] runs for %d publishes of %s (%.3fs after the first)",
         task.name,
@@ -277,6 +331,12 @@ def on_timer(task: Any, request: Any, args: Any, kwargs: Any) -> tuple[Any, Any]
     return latest_args, latest_kwargs
 
 
+def _strip(request: Any) -> None:
+    """Take the timer's headers off ``request``: a retry of the run is no timer."""
+    headers = request.headers or {}
+    request.headers = {k: v for k, v in headers.items() if k not in (DEBOUNCE_HEADER, NOW_HEADER)}
+
+
 def sweep_look(app: Any, client: Any, prefix: str, key: str, options: LeaseOptions) -> bool:
     """The crash sweep's look at lease ``key``'s burst: publish its timer again when it is a
     TTL past due, and note the key for the next look. Returns True when it published one.
@@ -290,26 +350,5 @@ def sweep_look(app: Any, client: Any, prefix: str, key: str, options: LeaseOptio
     stored_handoff.watch(client, prefix, key, round(found.again_in * 1000), keep_earlier=True)
     if not found.lost:
         return False
-    try:
-        body = json.loads(found.arguments)  # type: ignore[no-untyped-call]
-        app.signature(
-            body["task"],
-            args=body["args"],
-            kwargs=body["kwargs"],
-            task_id=found.lost,
-            headers={DEBOUNCE_HEADER: key},
-        ).apply_async()
-    except Exception as exc:
-        logger.warning(
-            "could not publish again the timer of burst %s of %s (%s: %s): the "
-            "next sweep look tries again",
-            found.lost,
-            key,
-            type(exc).__name__,
-            exc,
-        )
-        return False
-    logger.warning(
-        "lease %s: the timer of burst %s is late (lost?); published again", key, found.lost
-    )
-    return True
+    body = json.loads(found.arguments)  # type: ignore[no-untyped-call]
+    return _publish_timer(app, body["task"], key, found.lost, body["args"], body["kwargs"])

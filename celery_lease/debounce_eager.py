@@ -74,15 +74,19 @@ def result_of(task: Any, task_id: str) -> Any:
     return found if found is not None else task.AsyncResult(task_id)
 
 
-def arm(task: Any, client: Any, key: str, task_id: str, due_in: float) -> BurstResult:
+def arm(
+    task: Any, client: Any, key: str, task_id: str, due_in: float, first: Any, margin_ms: int
+) -> BurstResult:
     """Start the timer thread of the burst ``task_id`` of lease ``key``, due in ``due_in``
-    float seconds; returns the burst's :class:`BurstResult`."""
+    float seconds (``first``: the first publish's ``(args, kwargs)``, run should the store
+    lose the record; ``margin_ms``: the fired burst's tombstone lifetime, int milliseconds);
+    returns the burst's :class:`BurstResult`."""
     result = BurstResult(task_id, task.name)
     with _lock:
         _results[task_id] = result
     thread = threading.Thread(
         target=_timer,
-        args=(task, client, key, result, due_in),
+        args=(task, client, key, result, due_in, first, margin_ms),
         name=f"celery-lease-debounce-{task_id}",
         daemon=True,
     )
@@ -90,12 +94,14 @@ def arm(task: Any, client: Any, key: str, task_id: str, due_in: float) -> BurstR
     return result
 
 
-def _timer(task: Any, client: Any, key: str, result: BurstResult, due_in: float) -> None:
+def _timer(
+    task: Any, client: Any, key: str, result: BurstResult, due_in: float, first: Any, margin_ms: int
+) -> None:
     try:
         while True:
             if result.ended.wait(due_in):
                 return
-            decided = stored.fire(client, key, result.id)
+            decided = stored.fire(client, key, result.id, margin_ms)
             if decided.outcome != "early":
                 break
             due_in = decided.due_in

@@ -334,6 +334,8 @@ def test_a_burst_run_with_the_arguments_of_a_publish_before_the_last_is_found() 
     history = debounced()
     history.executions[-1].job = "job-b1"  # job-b2 was decided surely after job-b1
     assert rules(history) == [(9, "not-latest-arguments")]
+    history.faults.append(Fault("restart_empty", "lease redis", T0 + 1.2, T0 + 1.3))
+    assert rules(history) == []  # the record was lost: the timer ran what it carried
 
 
 def test_a_burst_run_past_its_cap_is_found_unless_a_fault_or_the_previous_run_delayed_it(

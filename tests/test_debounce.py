@@ -105,7 +105,7 @@ def test_a_burst_of_publishes_runs_once_with_the_latest_arguments_and_every_call
     started = [r for r in runs("a") if r["what"] == "start"]
     assert [(r["n"], r["id"]) for r in started] == [(4, results[0].id)]
     assert started[0]["t"] >= last + DELAY - 0.05  # the quiet time after the last publish
-    assert not client.exists(burst_key(refresh.lease_key_for(("a", 0))))
+    assert client.hget(burst_key(refresh.lease_key_for(("a", 0))), "fired") == b"1"
 
 
 def test_a_steady_stream_of_publishes_cannot_put_the_run_off_past_the_cap(
@@ -243,14 +243,18 @@ def test_the_burst_scripts_and_the_sweep_note_run_on_redis_cluster_without_cross
         url = f"redis://127.0.0.1:{cluster.live()[0].port}/0"
         cluster_client = store.client_for(url, 2.0, {"cluster": True})
         for key in [f"lease:{{db:{i}}}" for i in range(6)]:  # spread over the primaries
-            started = stored.trigger(cluster_client, key, "b1", 30, 1000, '{"n": 1}', "{}", 1000)
+            started = stored.trigger(cluster_client, key, "b1", 30, 1000, '{"n": 1}', "{}",
+                                     1000, 9000)
             assert started.started and started.task_id == "b1"
             stored_handoff.watch(cluster_client, "lease", key, 2000, keep_earlier=True)
-            joined = stored.trigger(cluster_client, key, "b2", 30, 1000, '{"n": 2}', "{}", 1000)
+            joined = stored.trigger(cluster_client, key, "b2", 30, 1000, '{"n": 2}', "{}",
+                                    1000, 9000)
             assert (joined.started, joined.task_id, joined.count) == (False, "b1", 2)
             assert stored.look(cluster_client, key, 60_000).again_in is not None
-            wait_for(lambda key=key: stored.fire(cluster_client, key, "b1").outcome == "fire", 5)
-            assert stored.read_burst(cluster_client, key) is None
+            wait_for(lambda key=key: stored.fire(cluster_client, key, "b1", 1000).outcome
+                     == "fire", 5)
+            assert stored.read_burst(cluster_client, key) is None  # a tombstone now
+            assert stored.fire(cluster_client, key, "b1", 1000).outcome == "stale"
 
 
 def test_arguments_the_json_serializer_takes_reach_the_run_as_the_worker_would_get_them(
@@ -270,6 +274,17 @@ def test_arguments_the_json_serializer_takes_reach_the_run_as_the_worker_would_g
 
         with pytest.raises(EncodeError):  # as without lease_debounce: nothing is recorded
             refresh.delay("types", object())
-        assert not client.exists(burst_key(refresh.lease_key_for(("types", 0))))
+        assert not client.exists(burst_key(refresh.lease_key_for(("types", 0)))) or \
+            client.hget(burst_key(refresh.lease_key_for(("types", 0))), "fired")
     finally:
         debounce_app.configure(debounce_app.app.conf.lease_backend, task_always_eager=False)
+
+
+def test_a_timer_whose_record_the_store_lost_runs_with_the_arguments_it_was_published_with(
+        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    result = refresh.delay("w", 5)
+    refresh.delay("w", 6)
+    client.delete(burst_key(refresh.lease_key_for(("w", 0))))  # the store lost the record
+    worker_factory(APP)
+    assert result.get(timeout=30) == 5  # not lost: run as its timer was published
+    assert [n for _, _, n in _spans("w")] == [5]

@@ -788,8 +788,9 @@ DAY = 86_400_000
 
 
 def trigger(client: redis.Redis, task_id: str, arguments: str, delay: int = 1000,
-            cap: int = 5000) -> Any:
-    return run(client, "debounce-1.lua", [BURST], [task_id, delay, cap, arguments, HOLDER, DAY])
+            cap: int = 5000, late: int = 60_000) -> Any:
+    return run(client, "debounce-1.lua", [BURST],
+               [task_id, delay, cap, arguments, HOLDER, DAY, late])
 
 
 def test_debounce_starts_a_burst_stamped_with_the_stores_clock_and_a_lifetime_past_its_cap(
@@ -835,29 +836,42 @@ def test_debounce_over_a_key_celery_lease_did_not_write_answers_2_and_leaves_it(
      "string": lambda: client.set(BURST, "x")}[foreign]()
     assert trigger(client, "b-1", "{}")[0] == 2
     assert client.type(BURST) == foreign
-    assert run(client, "debounce_fire-1.lua", [BURST], ["b-1"]) == [0, "", 0, 0]
+    assert fire(client, "b-1") == [0, "", 0, 0]
     assert run(client, "debounce_look-1.lua", [BURST], [1000]) == [0, "", "", 0]
 
 
 def test_debounce_fire_tells_an_early_timer_the_time_left_and_a_stale_one_nothing(
         client: redis.Redis) -> None:
     trigger(client, "b-1", '{"n": 1}', delay=1000)
-    code, _, left, _ = run(client, "debounce_fire-1.lua", [BURST], ["b-1"])
+    code, _, left, _ = fire(client, "b-1")
     assert code == 1 and 900 < left <= 1000
-    assert run(client, "debounce_fire-1.lua", [BURST], ["other"]) == [0, "", 0, 0]
-    assert client.exists(BURST)
+    assert fire(client, "other") == [0, "", 0, 0]
+    assert client.hget(BURST, "id") == "b-1"
 
 
-def test_debounce_fire_at_the_due_time_deletes_the_burst_so_a_second_timer_does_nothing(
+def fire(client: redis.Redis, task_id: str, now: str = "0", tombstone: int = 5000) -> Any:
+    return run(client, "debounce_fire-1.lua", [BURST], [task_id, now, tombstone])
+
+
+def test_debounce_fire_at_the_due_time_leaves_a_tombstone_so_a_second_timer_does_nothing(
         client: redis.Redis) -> None:
     trigger(client, "b-1", '{"n": 1}', delay=50)
     trigger(client, "b-2", '{"n": 2}', delay=50)
     time.sleep(0.08)
-    code, arguments, count, waited = run(client, "debounce_fire-1.lua", [BURST], ["b-1"])
+    code, arguments, count, waited = fire(client, "b-1")
     assert (code, arguments, count) == (2, '{"n": 2}', 2) and waited >= 50
-    assert not client.exists(BURST)
-    assert run(client, "debounce_fire-1.lua", [BURST], ["b-1"]) == [0, "", 0, 0]
+    assert client.hgetall(BURST) == {"id": "b-1", "fired": "1"}
+    assert 4000 < client.pttl(BURST) <= 5000
+    assert fire(client, "b-1") == [0, "", 0, 0]
     assert trigger(client, "b-3", "{}")[:2] == [1, "b-3"]  # the next publish: a new burst
+    assert "fired" not in client.hgetall(BURST)
+
+
+def test_debounce_fire_of_a_timer_whose_record_the_store_lost_runs_it_as_published(
+        client: redis.Redis) -> None:
+    assert fire(client, "b-1") == [3, "", 0, 0]
+    assert client.hgetall(BURST) == {"id": "b-1", "fired": "1"}  # a second copy: nothing
+    assert fire(client, "b-1") == [0, "", 0, 0]
 
 
 def test_debounce_look_answers_a_burst_late_past_its_grace_and_writes_nothing(
@@ -878,3 +892,32 @@ def test_watch_keeping_an_earlier_note_never_puts_the_look_off(client: redis.Red
     assert int(client.zscore(index, KEY)) == soon
     later = run(client, "watch-1.lua", [index], [KEY, 60_000, DAY])
     assert run(client, "watch-1.lua", [index], [KEY, 500, DAY, "1"]) < later
+
+
+def test_debounce_joining_a_burst_whose_timer_is_late_says_so_to_publish_it_again(
+        client: redis.Redis) -> None:
+    trigger(client, "b-1", '{"n": 1}', delay=20)
+    time.sleep(0.08)
+    assert trigger(client, "b-2", '{"n": 2}', delay=20, late=50) == [3, "b-1", 0, 2]
+    assert client.hget(BURST, "msg") == '{"n": 2}'  # joined all the same
+
+
+def test_debounce_fire_now_fires_its_own_burst_before_its_due_time(client: redis.Redis) -> None:
+    trigger(client, "b-1", '{"n": 1}', delay=60_000)
+    trigger(client, "b-2", '{"n": 2}', delay=60_000)
+    assert fire(client, "b-1", now="1")[:3] == [2, '{"n": 2}', 2]
+    assert client.hget(BURST, "fired") == "1"
+
+
+def test_debounce_fire_now_without_its_trigger_leaves_a_tombstone_its_late_trigger_respects(
+        client: redis.Redis) -> None:
+    assert fire(client, "b-1", now="1") == [3, "", 0, 0]
+    assert client.hgetall(BURST) == {"id": "b-1", "fired": "1"}
+    assert 4000 < client.pttl(BURST) <= 5000
+    assert trigger(client, "b-1", "{}") == [2, "fired", 0, 0]  # its trigger, landing late
+    assert client.hgetall(BURST) == {"id": "b-1", "fired": "1"}
+    assert run(client, "debounce_look-1.lua", [BURST], [0]) == [0, "", "", 0]
+    assert trigger(client, "b-2", '{"n": 2}')[:2] == [1, "b-2"]  # another publish: a burst
+    assert "fired" not in client.hgetall(BURST)
+    assert fire(client, "b-3", now="1") == [0, "", 0, 0]
+    assert client.hget(BURST, "id") == "b-2"  # another burst's record is left alone

@@ -8,8 +8,8 @@ publish plus ``lease_debounce_max``) and its latest arguments:
 - :func:`trigger` (``debounce-1.lua``) decides a publish: start a burst (publish its timer
   message) or join the waiting one (publish nothing; the caller gets the burst's task id);
 - :func:`fire` (``debounce_fire-1.lua``) decides what a timer message does on a worker:
-  nothing (its burst is gone), publish itself again for the remainder, or run (the record
-  is deleted in the same script, so of two timers of a burst one fires);
+  nothing (its burst ran), publish itself again for the remainder, or run (the record
+  becomes a tombstone in the same script, so of two timers of a burst one fires);
 - :func:`look` (``debounce_look-1.lua``) is the crash sweep's: a burst waiting past its due
   time plus a grace lost its timer, which the sweep publishes again;
 - :func:`read_burst` reads a record back (``celery lease ls``).
@@ -55,7 +55,9 @@ class Trigger:
         task_id: the burst's task id (every caller's ``AsyncResult``); '' when ``foreign``.
         due_in: float seconds until the burst is due (0.0 when past due).
         count: publishes folded into the burst so far (int).
-        foreign: empty, or what the record key holds that celery-lease did not write.
+        foreign: empty, or what the record key holds that celery-lease did not write (or
+            ``"fired"``: this task id's burst was run at once already).
+        late: joined a burst whose timer is late (lost): publish it again.
     """
 
     started: bool
@@ -63,6 +65,7 @@ class Trigger:
     due_in: float
     count: int
     foreign: str = ""
+    late: bool = False
 
 
 def trigger(
@@ -74,6 +77,7 @@ def trigger(
     arguments: str,
     publisher: str,
     margin_ms: int,
+    late_ms: int,
 ) -> Trigger:
     """Start or join lease ``key``'s burst (one round trip).
 
@@ -83,6 +87,7 @@ def trigger(
         arguments: this publish's arguments, serialized (JSON).
         publisher: the publisher's JSON (:func:`celery_lease.store.holder_json`).
         margin_ms: how long the record outlives the burst's deadline, int milliseconds.
+        late_ms: how late past its due time a burst's timer counts as lost, int milliseconds.
 
     Raises:
         PrimaryUnconfirmed: a Sentinel-managed client's join the sentinels did not confirm
@@ -92,17 +97,18 @@ def trigger(
     confirmed = primary.managed(client)  # a Sentinel-managed client
     before = primary.written_to(client) if confirmed else None
     started, answer, due_in, count = _run(
-        _trigger, client, key, (task_id, delay_ms, cap_ms, arguments, publisher, margin_ms)
+        _trigger, client, key, (task_id, delay_ms, cap_ms, arguments, publisher, margin_ms, late_ms)
     )
     # A join publishes nothing: the caller relies on the record. One written to a primary a
     # failover demoted would be lost with it (a lost trigger); on Sentinel it counts once the
     # sentinels confirm the node (confirm() never raises), else it is a store error.
-    problem = primary.confirm(client, before) if confirmed and int(started) == 0 else None
+    problem = primary.confirm(client, before) if confirmed and int(started) in (0, 3) else None
     if problem is not None:
         raise routing.note(problem, client, key)
     if int(started) == 2:
         return Trigger(False, "", 0.0, 0, _text(answer))
-    return Trigger(int(started) == 1, _text(answer), int(due_in) / 1000, int(count))
+    code = int(started)
+    return Trigger(code == 1, _text(answer), int(due_in) / 1000, int(count), late=code == 3)
 
 
 @dataclass(frozen=True)
@@ -110,8 +116,9 @@ class Fire:
     """What :func:`fire` decided for a timer message.
 
     Attributes:
-        outcome: ``"stale"`` (its burst is gone: do nothing), ``"early"`` (publish it again
-            in ``due_in``) or ``"fire"`` (run with ``arguments``).
+        outcome: ``"stale"`` (its burst ran, or another replaced it: do nothing),
+            ``"early"`` (publish it again in ``due_in``), ``"fire"`` (run with ``arguments``)
+            or ``"missing"`` (no record at all: run as published).
         due_in: ``"early"``: float seconds left.
         arguments: ``"fire"``: the burst's latest arguments, as :func:`trigger` got them.
         count: ``"fire"``: the publishes folded into the run (int).
@@ -125,15 +132,24 @@ class Fire:
     waited: float = 0.0
 
 
-def fire(client: redis.Redis, key: str, task_id: str) -> Fire:
+def fire(
+    client: redis.Redis, key: str, task_id: str, tombstone_ms: int, now: bool = False
+) -> Fire:
     """Decide what the timer ``task_id`` of lease ``key``'s burst does now (one round trip).
+
+    A fire leaves a tombstone living ``tombstone_ms`` int milliseconds, so a second timer of
+    the burst does nothing; a timer that finds no record at all (the store lost it) is told
+    ``"missing"``: run as published. ``now``: the message is a publish that could not ask the
+    store (run at once): it fires its own burst, if its trigger landed after all, whatever the
+    due time.
 
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
-    code, arguments, number, waited = _run(_fire, client, key, (task_id,))
-    if int(code) == 0:
-        return Fire("stale")
+    argv = (task_id, "1" if now else "0", tombstone_ms)
+    code, arguments, number, waited = _run(_fire, client, key, argv)
+    if int(code) in (0, 3):
+        return Fire("stale" if int(code) == 0 else "missing")
     if int(code) == 1:
         return Fire("early", int(number) / 1000)
     return Fire("fire", 0.0, _text(arguments), int(number), int(waited) / 1000)

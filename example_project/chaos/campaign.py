@@ -435,7 +435,7 @@ def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: 
     jobs_by_task = {job.task_id: job for job in jobs}
     ran_tasks = {r.task_id for r in runs if r.outcome == "ok"}
     for job in jobs:
-        if job.disposition == "debounced":
+        if job.path == "debounce":  # "unguarded" too: it may have fired its own burst
             _resolve_debounced(worker_app.app, job, ran_tasks)
         else:
             _resolve(worker_app.app, job, ran, jobs_by_task)

@@ -239,11 +239,11 @@ def liveness(history: History) -> list[Violation]:
 
 
 def wiped_after(history: History, job: Job) -> bool:
-    """True when a parked ``job`` (coalesce, queue) may have been lost with the store's data:
-    a restart of the store with an empty dataset ended after the job was submitted (the wipe
-    happens somewhere inside the fault's window, so one that began just before the job was
-    parked may still have wiped it)."""
-    return job.path in ("coalesce", "queue") and any(
+    """True when a parked ``job`` (coalesce, queue; a debounce burst's record or its run in
+    the line) may have been lost with the store's data: a restart of the store with an empty
+    dataset ended after the job was submitted (the wipe happens somewhere inside the fault's
+    window, so one that began just before the job was parked may still have wiped it)."""
+    return job.path in ("coalesce", "queue", "debounce") and any(
         f.kind == "restart_empty" and f.ended_at >= job.submitted_at for f in history.faults)
 
 
@@ -269,8 +269,10 @@ def handover(history: History) -> list[Violation]:
             found.append(Violation(
                 7, "run-before-trigger", f"{job.key}: job {job.job}'s covering run "
                 f"{job.covered_by} started before the job was parked", job.key, asdict(job)))
-    first_run = {task_id: min(runs, key=lambda r: r.grant_lower)
-                 for task_id, runs in by_task.items()}
+    # Its first run after its first park (a retried copy may have run before it parked).
+    first_run = {p.task_id: min(later, key=lambda r: r.grant_lower)
+                 for p in parked_at.values()
+                 if (later := [r for r in by_task.get(p.task_id, []) if r.grant_upper >= p.lower])}
     queued = [p for p in parked_at.values() if p.kind == "queue" and p.task_id in first_run]
     for key, waiters in _by_key(queued).items():
         for a in waiters:

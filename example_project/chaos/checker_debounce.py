@@ -8,7 +8,8 @@ burst (the jobs that name one task id):
   (``burst-ran-twice``);
 - **with the latest arguments**: the run's job (the arguments it ran with) is not one whose
   publish was surely decided before another publish of the same burst
-  (``not-latest-arguments``);
+  (``not-latest-arguments``), unless a fault emptied the store in between (the timer then
+  runs with the arguments it was published with);
 - **by the cap**: the run was granted by the burst's first publish plus
   ``lease_debounce_max`` plus :data:`SLACK`, unless a fault, or another execution of the key
   holding it past the cap, came in between (those are counted, not reported:
@@ -43,6 +44,11 @@ def _bursts(history: History) -> dict[str, list[Job]]:
     return found
 
 
+def first_publish(jobs: list[Job]) -> float:
+    """When the first publish of a burst (``jobs``) was surely decided: float seconds."""
+    return min(j.decided_upper or 0.0 for j in jobs)
+
+
 def _excused(history: History, key: str, first: float, run: Execution) -> bool:
     """A fault between the first publish and the grant, or another execution of the key
     holding it past the cap (the burst waits for its release), makes lateness no promise
@@ -62,7 +68,7 @@ def lateness(history: History) -> list[float]:
     for task_id, jobs in _bursts(history).items():
         runs = by_task.get(task_id)
         if runs:
-            first = min(j.decided_upper for j in jobs)  # type: ignore[type-var]
+            first = first_publish(jobs)
             found.append(round(min(r.grant_upper for r in runs) - first  # type: ignore[operator]
                                - history.debounce_cap, 3))
     return found
@@ -77,7 +83,7 @@ def _runs_by_task(history: History) -> dict[str, list[Execution]]:
 
 def debounce(history: History) -> list[Any]:
     """Property 9 (see the module docstring): the violations found."""
-    from .checker import Violation  # the checker imports this module
+    from .checker import ERASING_FAULTS, Violation  # the checker imports this module
 
     if history.debounce_cap <= 0:
         return []
@@ -96,12 +102,15 @@ def debounce(history: History) -> list[Any]:
         ran = next((j for j in jobs if j.job == runs[0].job), None)
         later = [j for j in jobs if ran is not None and j.decided_lower is not None
                  and j.decided_lower > ran.decided_upper]  # type: ignore[operator]
-        if later:
+        since = first_publish(jobs)
+        erased = any(f.kind in ERASING_FAULTS and f.ended_at >= since
+                     and f.started_at <= runs[0].grant_upper for f in history.faults)
+        if later and not erased:  # an emptied store: the timer runs its first arguments
             found.append(Violation(
                 9, "not-latest-arguments", f"{key}: burst {task_id} ran with job {ran.job}'s "
                 f"arguments, but {len(later)} publish(es) of it came surely after", key,
                 {"ran": asdict(ran), "later": [asdict(j) for j in later]}))  # type: ignore[arg-type]
-        first = min(j.decided_upper for j in jobs)  # type: ignore[type-var]
+        first = first_publish(jobs)
         late = runs[0].grant_lower - (first + history.debounce_cap)  # type: ignore[operator]
         if late > history.ttl + SLACK and not _excused(history, key, first, runs[0]):
             found.append(Violation(
