@@ -43,6 +43,7 @@ from .store import debounce as stored
 from .store import handoff as stored_handoff
 
 __all__ = [
+    "AGAIN_HEADER",
     "DEBOUNCE_HEADER",
     "NOW_HEADER",
     "RECORD_MARGIN",
@@ -60,6 +61,9 @@ DEBOUNCE_HEADER = "lease_debounce"
 #: Message header of a publish that could not ask the store, published to run at once: it
 #: fires its own burst if its trigger landed all the same (:func:`on_timer`).
 NOW_HEADER = "lease_debounce_now"
+#: Message header of a timer retried after a store error (its fire's reply may have been
+#: lost): it fires again from its own burst's tombstone, as a redelivered timer does.
+AGAIN_HEADER = "lease_debounce_again"
 #: Float seconds a burst's record outlives its deadline (first publish plus cap): a day.
 RECORD_MARGIN = handoff.LINE_LIFETIME
 #: Options of a message that is part of a canvas: folding it would drop that work.
@@ -277,9 +281,13 @@ def on_timer(task: Any, request: Any, args: Any, kwargs: Any) -> tuple[Any, Any]
     options = settings.options
     try:
         client = store.client_for(settings.url, options.store_timeout, options.backend_options)
-        now = NOW_HEADER in (request.headers or {})
-        decided = stored.fire(client, key, request.id, round(RECORD_MARGIN * 1000), now)
+        headers = request.headers or {}
+        now = NOW_HEADER in headers
+        again = AGAIN_HEADER in headers or bool((request.delivery_info or {}).get("redelivered"))
+        decided = stored.fire(client, key, request.id, round(RECORD_MARGIN * 1000), now, again)
     except RedisError as exc:
+        # The fire may have happened with its reply lost: the retried timer fires again.
+        request.headers = {**(request.headers or {}), AGAIN_HEADER: "1"}
         task._store_error(options, key, exc)
     if decided.outcome == "missing":  # published at once; or the store lost the record
         if not now:
@@ -334,7 +342,8 @@ def on_timer(task: Any, request: Any, args: Any, kwargs: Any) -> tuple[Any, Any]
 def _strip(request: Any) -> None:
     """Take the timer's headers off ``request``: a retry of the run is no timer."""
     headers = request.headers or {}
-    request.headers = {k: v for k, v in headers.items() if k not in (DEBOUNCE_HEADER, NOW_HEADER)}
+    timer = (DEBOUNCE_HEADER, NOW_HEADER, AGAIN_HEADER)
+    request.headers = {k: v for k, v in headers.items() if k not in timer}
 
 
 def sweep_look(app: Any, client: Any, prefix: str, key: str, options: LeaseOptions) -> bool:

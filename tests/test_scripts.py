@@ -849,8 +849,9 @@ def test_debounce_fire_tells_an_early_timer_the_time_left_and_a_stale_one_nothin
     assert client.hget(BURST, "id") == "b-1"
 
 
-def fire(client: redis.Redis, task_id: str, now: str = "0", tombstone: int = 5000) -> Any:
-    return run(client, "debounce_fire-1.lua", [BURST], [task_id, now, tombstone])
+def fire(client: redis.Redis, task_id: str, now: str = "0", tombstone: int = 5000,
+         again: str = "0") -> Any:
+    return run(client, "debounce_fire-1.lua", [BURST], [task_id, now, tombstone, again])
 
 
 def test_debounce_fire_at_the_due_time_leaves_a_tombstone_so_a_second_timer_does_nothing(
@@ -860,9 +861,12 @@ def test_debounce_fire_at_the_due_time_leaves_a_tombstone_so_a_second_timer_does
     time.sleep(0.08)
     code, arguments, count, waited = fire(client, "b-1")
     assert (code, arguments, count) == (2, '{"n": 2}', 2) and waited >= 50
-    assert client.hgetall(BURST) == {"id": "b-1", "fired": "1"}
+    assert client.hget(BURST, "fired") == "1"
     assert 4000 < client.pttl(BURST) <= 5000
     assert fire(client, "b-1") == [0, "", 0, 0]
+    assert run(client, "debounce_look-1.lua", [BURST], [0]) == [0, "", "", 0]
+    # The same timer again (redelivered, or retried after a lost reply): the same run.
+    assert fire(client, "b-1", again="1")[:3] == [2, '{"n": 2}', 2]
     assert trigger(client, "b-3", "{}")[:2] == [1, "b-3"]  # the next publish: a new burst
     assert "fired" not in client.hgetall(BURST)
 
@@ -907,6 +911,7 @@ def test_debounce_fire_now_fires_its_own_burst_before_its_due_time(client: redis
     trigger(client, "b-2", '{"n": 2}', delay=60_000)
     assert fire(client, "b-1", now="1")[:3] == [2, '{"n": 2}', 2]
     assert client.hget(BURST, "fired") == "1"
+    assert fire(client, "other", now="1") == [3, "", 0, 0]  # its trigger joined another
 
 
 def test_debounce_fire_now_without_its_trigger_leaves_a_tombstone_its_late_trigger_respects(
@@ -919,5 +924,5 @@ def test_debounce_fire_now_without_its_trigger_leaves_a_tombstone_its_late_trigg
     assert run(client, "debounce_look-1.lua", [BURST], [0]) == [0, "", "", 0]
     assert trigger(client, "b-2", '{"n": 2}')[:2] == [1, "b-2"]  # another publish: a burst
     assert "fired" not in client.hgetall(BURST)
-    assert fire(client, "b-3", now="1") == [0, "", 0, 0]
+    assert fire(client, "b-3", now="1") == [3, "", 0, 0]  # run as published
     assert client.hget(BURST, "id") == "b-2"  # another burst's record is left alone

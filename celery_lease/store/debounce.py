@@ -133,7 +133,12 @@ class Fire:
 
 
 def fire(
-    client: redis.Redis, key: str, task_id: str, tombstone_ms: int, now: bool = False
+    client: redis.Redis,
+    key: str,
+    task_id: str,
+    tombstone_ms: int,
+    now: bool = False,
+    again: bool = False,
 ) -> Fire:
     """Decide what the timer ``task_id`` of lease ``key``'s burst does now (one round trip).
 
@@ -141,12 +146,13 @@ def fire(
     the burst does nothing; a timer that finds no record at all (the store lost it) is told
     ``"missing"``: run as published. ``now``: the message is a publish that could not ask the
     store (run at once): it fires its own burst, if its trigger landed after all, whatever the
-    due time.
+    due time. ``again``: the same timer again (redelivered after its worker died, or retried
+    after a store error that may have hidden a fire): it fires again from its own tombstone.
 
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
-    argv = (task_id, "1" if now else "0", tombstone_ms)
+    argv = (task_id, "1" if now else "0", tombstone_ms, "1" if again else "0")
     code, arguments, number, waited = _run(_fire, client, key, argv)
     if int(code) in (0, 3):
         return Fire("stale" if int(code) == 0 else "missing")
@@ -213,10 +219,12 @@ def read_burst(client: redis.Redis, key: str) -> Burst | None:
         redis.exceptions.RedisError: on store errors other than a key of another type.
     """
     try:
-        raw = client.hmget(burst_key(key), ["id", "by", "first", "due", "until", "n"])
+        raw = client.hmget(burst_key(key), ["id", "by", "first", "due", "until", "n", "fired"])
     except redis.exceptions.ResponseError:
         return None
-    values = [None if v is None else _text(v) for v in raw]
+    if raw[-1] is not None:  # it ran: a tombstone
+        return None
+    values = [None if v is None else _text(v) for v in raw[:-1]]
     numbers = values[2:]
     if values[0] is None or not all(v is not None and v.isdigit() for v in numbers):
         return None

@@ -8,13 +8,13 @@ publish sends a message (the burst's timer, under the burst's task id). Due time
 store's clock (TIME), so every host reads them alike. The record's lifetime is set in the same
 script: until first + cap, plus ARGV[6]. A join that finds the burst more than ARGV[7] past
 its due time says so: its timer is late (lost), and the publisher publishes it again. A record
-marked fired (a tombstone debounce_fire-1.lua leaves for a publish it ran at once) is no
-burst: another task id starts a new one over it; ARGV[1] itself (that publish's own trigger,
+marked fired (a burst that ran, or the tombstone debounce_fire-1.lua leaves for a publish it
+ran at once) is no burst: another task id starts a new one over it; ARGV[1] itself (that publish's own trigger,
 landing late) writes nothing.
 
 KEYS[1]  the burst record (<lease key>:burst, same hash tag as the lease): a hash with id,
          first, due and until (int ms of the store's clock), msg (the latest arguments), by
-         (the first publisher's JSON), n (publishes so far); or a tombstone: id, fired
+         (the first publisher's JSON), n (publishes so far), fired (once it ran)
 
 ARGV[1]  the task id a new burst takes (the first publish's)
 ARGV[2]  the quiet time, int milliseconds (lease_debounce)
