@@ -17,9 +17,15 @@ for the release, as a queued run does, so two runs of a key never overlap.
 
 Crashes: the record lives until the burst's deadline plus a day; the first publish notes the
 key for the hand-over sweep (:mod:`celery_lease.sweep`), whose pass publishes the timer again
-when a burst is more than one TTL past its due time (:func:`sweep_look`): a lost timer costs at
-most a TTL and a sweep pass; a double timer fires once. Where the idea comes from: lodash's
-``debounce`` with ``maxWait``, and BullMQ's debounced jobs (docs/howto/shaping.md).
+when a burst is more than one TTL past its due time (:func:`sweep_look`), as does a publish
+that joins such a burst: a lost timer costs at most a TTL and a sweep pass. A fire marks the
+record fired (a tombstone): a second timer does nothing, the same timer again (redelivered,
+or retried after a store error: :data:`AGAIN_HEADER`) fires again. A publish that could not
+ask the store runs at once (:data:`NOW_HEADER`), firing its own burst if its trigger landed
+after all; a timer whose record the store lost runs as published.
+
+Where the idea comes from: lodash's ``debounce`` with ``maxWait`` (a maximum wait), and
+BullMQ's debounce mode of deduplication, which has none (docs/howto/shaping.md).
 """
 
 from __future__ import annotations
