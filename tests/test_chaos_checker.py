@@ -358,3 +358,12 @@ def test_a_burst_left_waiting_past_its_cap_is_found() -> None:
     assert rules(history) == [(9, "burst-left-waiting")]
     history.leftover_claims[-1]["age"] = 1.0  # still within its cap: no promise broken
     assert rules(history) == []
+
+
+def test_a_waiter_that_ran_and_retried_before_it_parked_is_ordered_by_its_run_after_the_park(
+        ) -> None:
+    history = handover()
+    # q2 ran once before any park (it asked for a retry), then its retry parked after q1's.
+    history.executions.append(run("q2a", FENCE + 25, T0 + 4.0, T0 + 4.5, key="q1",
+                                  task_id="task-q2", outcome="retry"))
+    assert rules(history) == []
