@@ -926,3 +926,14 @@ def test_debounce_fire_now_without_its_trigger_leaves_a_tombstone_its_late_trigg
     assert "fired" not in client.hgetall(BURST)
     assert fire(client, "b-3", now="1") == [3, "", 0, 0]  # run as published
     assert client.hget(BURST, "id") == "b-2"  # another burst's record is left alone
+
+
+def test_debounce_a_burst_over_a_fired_one_keeps_it_for_its_timer_whose_fire_reply_was_lost(
+        client: redis.Redis) -> None:
+    trigger(client, "b-1", '{"n": 1}', delay=10)
+    time.sleep(0.03)
+    assert fire(client, "b-1")[0] == 2  # its reply lost: the timer is retried, "again"
+    assert trigger(client, "b-2", '{"n": 2}')[:2] == [1, "b-2"]
+    assert fire(client, "b-1", again="1")[:3] == [2, '{"n": 1}', 1]
+    assert fire(client, "b-1") == [0, "", 0, 0]  # not again: a second timer, nothing
+    assert client.hget(BURST, "id") == "b-2"

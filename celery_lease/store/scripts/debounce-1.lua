@@ -9,12 +9,15 @@ store's clock (TIME), so every host reads them alike. The record's lifetime is s
 script: until first + cap, plus ARGV[6]. A join that finds the burst more than ARGV[7] past
 its due time says so: its timer is late (lost), and the publisher publishes it again. A record
 marked fired (a burst that ran, or the tombstone debounce_fire-1.lua leaves for a publish it
-ran at once) is no burst: another task id starts a new one over it; ARGV[1] itself (that publish's own trigger,
-landing late) writes nothing.
+ran at once) is no burst: another task id starts a new one over it, keeping the fired burst's
+id and arguments as prev_id, prev_msg, prev_n (debounce_fire-1.lua: that burst's timer again,
+its fire's reply lost, still runs them); ARGV[1] itself (that publish's own trigger, landing
+late) writes nothing.
 
 KEYS[1]  the burst record (<lease key>:burst, same hash tag as the lease): a hash with id,
          first, due and until (int ms of the store's clock), msg (the latest arguments), by
-         (the first publisher's JSON), n (publishes so far), fired (once it ran)
+         (the first publisher's JSON), n (publishes so far), fired (once it ran), prev_id,
+         prev_msg, prev_n (the fired burst this one replaced)
 
 ARGV[1]  the task id a new burst takes (the first publish's)
 ARGV[2]  the quiet time, int milliseconds (lease_debounce)
@@ -38,15 +41,17 @@ Returns {started, id, due_in, n}:
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local cur = redis.pcall('HMGET', KEYS[1], 'id', 'until', 'n', 'fired', 'due')
+local cur = redis.pcall('HMGET', KEYS[1], 'id', 'until', 'n', 'fired', 'due', 'msg')
 if cur.err then
   if not string.find(cur.err, 'WRONGTYPE', 1, true) then return cur end
   return {2, 'a key of another type', 0, 0}
 end
 local fmt = function(ms) return string.format('%.0f', ms) end
+local prev = false
 if cur[4] then
   if cur[1] == ARGV[1] then return {2, 'fired', 0, 0} end
-  redis.call('DEL', KEYS[1])  -- a tombstone of another publish: start afresh
+  if cur[1] and cur[6] then prev = {'prev_id', cur[1], 'prev_msg', cur[6], 'prev_n', cur[3] or 1} end
+  redis.call('DEL', KEYS[1])  -- a fired burst, or a tombstone of another publish: afresh
 elseif cur[1] then
   local deadline = tonumber(cur[2] or '')
   if not deadline then return {2, 'not a burst record celery-lease writes', 0, 0} end
@@ -65,5 +70,6 @@ local deadline = now + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'first', fmt(now), 'due',
            fmt(now + tonumber(ARGV[2])), 'until', fmt(deadline), 'msg', ARGV[4], 'by', ARGV[5],
            'n', 1)
+if prev then redis.call('HSET', KEYS[1], unpack(prev)) end
 redis.call('PEXPIRE', KEYS[1], fmt(tonumber(ARGV[3]) + tonumber(ARGV[6])))
 return {1, ARGV[1], tonumber(ARGV[2]), 1}

@@ -7,7 +7,8 @@ fires the burst: the record is marked fired (a tombstone, lifetime ARGV[3]) in t
 script, and its latest arguments are answered for the run. So of two timers of one burst (a
 timer published again by the crash sweep) only the first fires. The same timer again
 (ARGV[4] '1': redelivered by the broker after its worker died, or retried after a store error
-that hid this script's reply) fires again from its own tombstone, with the same arguments. A timer that finds no record
+that hid this script's reply) fires again from its own tombstone, with the same arguments, or
+from the prev_* fields a newer burst keeps of it (debounce-1.lua). A timer that finds no record
 at all (the store lost it: restarted empty, or its lifetime passed) runs as it was published
 and leaves a tombstone too. The due time is compared with the store's clock (TIME).
 
@@ -35,7 +36,8 @@ Returns:
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local cur = redis.pcall('HMGET', KEYS[1], 'id', 'due', 'msg', 'n', 'first', 'fired')
+local cur = redis.pcall('HMGET', KEYS[1], 'id', 'due', 'msg', 'n', 'first', 'fired',
+                        'prev_id', 'prev_msg', 'prev_n')
 if cur.err then return {ARGV[2] == '1' and 3 or 0, '', 0, 0} end
 local function fired()
   return {2, cur[3], tonumber(cur[4] or '1') or 1,
@@ -49,7 +51,12 @@ if not cur[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return {3, '', 0, 0}
 end
-if cur[1] ~= ARGV[1] then return {ARGV[2] == '1' and 3 or 0, '', 0, 0} end
+if cur[1] ~= ARGV[1] then
+  if ARGV[4] == '1' and cur[7] == ARGV[1] and cur[8] then  -- its fire's reply was lost
+    return {2, cur[8], tonumber(cur[9] or '1') or 1, 0}
+  end
+  return {ARGV[2] == '1' and 3 or 0, '', 0, 0}
+end
 if cur[6] then  -- fired already: only the same timer again fires it again
   if ARGV[4] == '1' and cur[3] then return fired() end
   return {0, '', 0, 0}
