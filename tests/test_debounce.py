@@ -28,6 +28,7 @@ from tests.apps.debounce_app import refresh, runs
 from tests.support.events import task_events
 from tests.support.fixtures import WorkerFactory
 from tests.support.received import received
+from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_for
 
 APP = "tests.apps.debounce_app"
@@ -288,3 +289,27 @@ def test_a_timer_whose_record_the_store_lost_runs_with_the_arguments_it_was_publ
     worker_factory(APP)
     assert result.get(timeout=30) == 5  # not lost: run as its timer was published
     assert [n for _, _, n in _spans("w")] == [5]
+
+
+def test_publishes_while_the_store_is_paused_run_once_it_answers_and_end_their_burst(
+        client: redis.Redis, redis_url: str, worker_factory: WorkerFactory) -> None:
+    from celery_lease.store import debounce as stored
+
+    with RedisServer() as leases:
+        debounce_app.configure(redis_url, task_default_queue=worker_factory.queue,
+                               lease_backend=leases.url())
+        leases.pause()  # the scripts reach the server; their replies come too late
+        try:
+            first, second = refresh.delay("p", 1), refresh.delay("p", 2)
+        finally:
+            leases.resume()
+        assert (first.lease_disposition, second.lease_disposition) == ("unguarded",) * 2
+        worker_factory(APP, env={"LEASE_BACKEND": leases.url()})
+        # Each runs once: it fires the burst its late trigger started or joined (with that
+        # burst's latest arguments), or, finding none or one fired, runs as published. In
+        # which order the server ran the two late triggers decides which arguments won.
+        assert {first.get(timeout=30), second.get(timeout=30)} <= {1, 2}
+        assert len(_spans("p")) == 2
+        with leases.client() as store_client:
+            assert stored.read_burst(store_client, refresh.lease_key_for(("p", 0))) is None
+    debounce_app.configure(redis_url)

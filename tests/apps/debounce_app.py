@@ -2,7 +2,8 @@
 (``tests/test_debounce.py``).
 
 Configured from ``TEST_BROKER_URL`` / ``TEST_QUEUE`` (broker, results and leases on one
-server), ``LEASE_TTL``, ``LEASE_DEBOUNCE`` and ``LEASE_DEBOUNCE_MAX`` for a worker; an
+server; ``LEASE_BACKEND``: a lease store of its own), ``LEASE_TTL``, ``LEASE_DEBOUNCE`` and
+``LEASE_DEBOUNCE_MAX`` for a worker; an
 in-process test calls :func:`configure`. Every run records ``start`` and ``end`` with its
 argument ``n``, its task id and the store's clock (``TIME``, float seconds) in the Redis list
 ``runs:<tag>``. The lease key is the tag.
@@ -23,7 +24,8 @@ from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV
 BROKER = os.environ.get(BROKER_URL_ENV, "redis://127.0.0.1:1/0")
 
 app = Celery("debounce_app", broker=BROKER, backend=BROKER, set_as_current=False)
-app.conf.update(task_default_queue=os.environ.get(QUEUE_ENV, "celery"), lease_backend=BROKER,
+app.conf.update(task_default_queue=os.environ.get(QUEUE_ENV, "celery"),
+                lease_backend=os.environ.get("LEASE_BACKEND") or BROKER,
                 lease_ttl=float(os.environ.get("LEASE_TTL", "2.0")),
                 lease_debounce=float(os.environ.get("LEASE_DEBOUNCE", "0.5")),
                 lease_debounce_max=float(os.environ.get("LEASE_DEBOUNCE_MAX", "2.0")),
@@ -32,8 +34,9 @@ app.conf.update(task_default_queue=os.environ.get(QUEUE_ENV, "celery"), lease_ba
 
 
 def configure(url: str, **conf: Any) -> None:
-    """Point the app at ``url`` (broker, results, leases) before its first leased call."""
-    app.conf.update(broker_url=url, result_backend=url, lease_backend=url, **conf)
+    """Point the app at ``url`` (broker, results, and leases unless ``lease_backend`` is
+    given) before its first leased call."""
+    app.conf.update(broker_url=url, result_backend=url, **{"lease_backend": url, **conf})
     refresh.forget_lease_settings()
 
 
