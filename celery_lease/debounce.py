@@ -79,8 +79,11 @@ _AGAIN = (DEBOUNCE_HEADER, handoff.HANDOFF_HEADER, "lease_redelivery")
 
 
 def enabled(task: Any) -> bool:
-    """Whether ``task`` (a :class:`~celery_lease.LeasedTask`) has ``lease_debounce``."""
-    return task.lease_settings().options.debounce is not None
+    """Whether ``task`` (a :class:`~celery_lease.LeasedTask`) has ``lease_debounce``, as a task
+    option or the app setting (validated at registration); read without resolving the store,
+    so a publisher of other tasks needs no lease settings."""
+    value = getattr(type(task), "lease_debounce", None)
+    return (task.app.conf.get("lease_debounce") if value is None else value) is not None
 
 
 def passes(task: Any, options: dict[str, Any]) -> bool:

@@ -313,3 +313,22 @@ def test_publishes_while_the_store_is_paused_run_once_it_answers_and_end_their_b
         with leases.client() as store_client:
             assert stored.read_burst(store_client, refresh.lease_key_for(("p", 0))) is None
     debounce_app.configure(redis_url)
+
+
+def test_whether_a_task_debounces_is_known_without_a_lease_store_configured() -> None:
+    from celery_lease import debounce
+
+    app = Celery("publisher", broker="amqp://guest:guest@127.0.0.1:5672//",
+                 set_as_current=False)  # no lease_backend, no Redis broker_url
+
+    @app.task(shared=False, base=LeasedTask, name="p.plain")
+    def plain() -> None: ...
+
+    @app.task(shared=False, base=LeasedTask, name="p.debounced", lease_debounce=1.0)
+    def debounced() -> None: ...
+
+    plain_task, debounced_task = app.tasks[plain.name], app.tasks[debounced.name]
+    assert not debounce.enabled(plain_task)  # a plain publish asks nothing of the store
+    assert debounce.enabled(debounced_task)
+    app.conf.lease_debounce = 2.0
+    assert debounce.enabled(plain_task)
