@@ -332,3 +332,28 @@ def test_whether_a_task_debounces_is_known_without_a_lease_store_configured() ->
     assert debounce.enabled(debounced_task)
     app.conf.lease_debounce = 2.0
     assert debounce.enabled(plain_task)
+
+
+def test_a_join_written_to_an_old_primary_that_stays_writable_is_no_join() -> None:
+    from celery_lease import store
+    from celery_lease.store import debounce as stored
+    from harness.topologies import MASTER_NAME, SentinelSetup
+
+    with SentinelSetup(replication_proxy=True) as setup:
+        sentinel = setup.start()
+        sentinel_client = store.client_for(sentinel.sentinel_url, 1.0,
+                                           {"master_name": MASTER_NAME})
+        key = "lease:{db:sentinel}"
+        started = stored.trigger(sentinel_client, key, "b1", 60_000, 120_000, "{}", "{}",
+                                 1000, 60_000)  # its pool: the primary
+        assert started.started
+        old = sentinel.primary_port()
+        with sentinel.sentinels[0].client() as admin:
+            admin.execute_command("SENTINEL FAILOVER", MASTER_NAME)
+        sentinel.wait_failover(old)
+        # Joined on the old primary, the caller would wait on a burst lost with that node's
+        # writes: the sentinels do not confirm it, so the join does not count (published at
+        # once by the caller).
+        with pytest.raises(store.PrimaryUnconfirmed):
+            stored.trigger(sentinel_client, key, "b2", 60_000, 120_000, "{}", "{}", 1000,
+                           60_000)
