@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from typing import Any
 
@@ -148,16 +149,40 @@ def e2e_rejected(name: str) -> str | None:
     return None
 
 
+_e2e_lock = threading.Lock()  # a threads-pool worker counts from several threads
+
+
 def _e2e_body(run: str, key: str, sleep_ms: float) -> None:
-    counts = _e2e_bodies.setdefault(run, {})
-    counts[key] = counts.get(key, 0) + 1
+    with _e2e_lock:
+        counts = _e2e_bodies.setdefault(run, {})
+        counts[key] = counts.get(key, 0) + 1
     if sleep_ms:
         time.sleep(sleep_ms / 1000)
 
 
-def _e2e_report(run: str) -> None:
-    """Sent after a batch: the worker (solo, in order) has run every body published before."""
-    counts = _e2e_bodies.pop(run, {})
+def _e2e_settled(queue: str, task_id: str) -> bool:
+    """A concurrent (threads) worker has nothing left of a batch: its queue is empty and it
+    holds no message but the report's own, twice in a row 2 ms apart."""
+    from celery.worker import state
+
+    for _ in range(2):
+        if records().llen(queue) or {r.id for r in state.reserved_requests} - {task_id}:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+def _e2e_report(run: str, queue: str = "") -> None:
+    """Sent after a batch: the worker (solo, in order) has run every body published before;
+    with ``queue`` (a concurrent threads worker consuming it), once nothing is left of it."""
+    if queue:
+        from celery import current_task
+
+        deadline = time.monotonic() + 120.0
+        while not _e2e_settled(queue, current_task.request.id) and time.monotonic() < deadline:
+            time.sleep(0.001)
+    with _e2e_lock:
+        counts = _e2e_bodies.pop(run, {})
     records().rpush(f"e2e:{run}:done", json.dumps(
         {"at": time.time(), "bodies": sum(counts.values()), "keys": len(counts),
          "max_per_key": max(counts.values(), default=0)}))

@@ -19,6 +19,16 @@ the worker's plus the broker's redis-server's, over that time. Ratios are taken 
 variant that skipped a call it must run is reported.
 
 ``python -m benchmarks.e2e [--quick]`` runs it alone (its own redis-server and worker).
+
+``python -m benchmarks.e2e --concurrent`` is the variant with a concurrent worker (threads,
+``-c 4``, :data:`CONCURRENCY`) instead of the solo one, where copies of one key can overlap:
+there ``LeasedTask`` skips a copy that starts while another runs and ``"coalesce"`` folds it
+into the key's pending run. Its workloads are the bursts twice: ``bursts`` interleaved as
+above, and ``bursts_grouped``, each key's requests published back to back (a burst of
+triggers for one key at once), 20 keys x 10, each body 100 ms (:data:`GROUPED_SLEEP_MS`). A
+batch ends once the worker's queue is empty and it holds no message but the report (the
+report polls for it: a concurrent worker does not run its queue in order). Not part of
+``python -m benchmarks``.
 """
 
 from __future__ import annotations
@@ -50,11 +60,26 @@ LABELS = {
     "leased_coalesce": 'celery-lease, lease_on_conflict="coalesce"',
 }
 QUEUE = "e2e-solo"
+CONCURRENT_QUEUE = "e2e-concurrent"
+#: The concurrent variant's worker: pool and concurrency.
+CONCURRENCY = ("threads", 4)
 BURST_SLEEP_MS = 2.0
+#: The body of the concurrent variant's grouped bursts, milliseconds: long enough that a key's
+#: ten back-to-back copies are all taken while its first copy runs. A duplicate that finds its
+#: key held costs the worker a few ms of CPU (the conflict, the park or the stored marker):
+#: with 20 ms bodies on 2 shared cores a burst outlasted its first run (coalesce: up to 4
+#: bodies per key); 2 ms bodies rarely overlap at all.
+GROUPED_SLEEP_MS = 100.0
 
 
-def workloads(quick: bool) -> dict[str, dict[str, Any]]:
-    """Workload name -> its calls: ``keys`` x ``copies``, the body's sleep in milliseconds."""
+def workloads(quick: bool, concurrent: bool = False) -> dict[str, dict[str, Any]]:
+    """Workload name -> its calls: ``keys`` x ``copies``, the body's sleep in milliseconds,
+    and (``grouped``) whether each key's copies are published back to back."""
+    if concurrent:
+        bursts = workloads(quick)["bursts"]
+        return {"bursts": bursts,
+                "bursts_grouped": {"keys": max(bursts["keys"] // 5, 4), "copies": 10,
+                                   "sleep_ms": GROUPED_SLEEP_MS, "grouped": True}}
     if quick:
         return {"distinct": {"keys": 150, "copies": 1, "sleep_ms": 0.0},
                 "bursts": {"keys": 20, "copies": 5, "sleep_ms": BURST_SLEEP_MS}}
@@ -75,19 +100,24 @@ def run_batch(app: Celery, records: redis.Redis, worker: Worker, redis_pid: int 
         return (process_cpu(me, children=False), process_cpu(consumer),
                 process_cpu(redis_pid))
 
+    queue = worker.queues[0]
+    if work.get("grouped"):
+        order = [key for key in range(work["keys"]) for _ in range(work["copies"])]
+    else:
+        order = [key for _ in range(work["copies"]) for key in range(work["keys"])]
     cpu0 = cpu()
     started = time.perf_counter()
     published = 0
     with app.producer_or_acquire() as producer:
-        for _ in range(work["copies"]):
-            for key in range(work["keys"]):
-                task_id = uuid.uuid4().hex
-                sent = task.apply_async((run, str(key), work["sleep_ms"]), queue=QUEUE,
-                                        producer=producer, task_id=task_id)
-                # A refused duplicate: None (celery-once, graceful), or the result of the
-                # copy already queued (celery-singleton).
-                published += sent is not None and sent.id == task_id
-        app.tasks["bench.e2e_report"].apply_async((run,), queue=QUEUE, producer=producer)
+        for key in order:
+            task_id = uuid.uuid4().hex
+            sent = task.apply_async((run, str(key), work["sleep_ms"]), queue=queue,
+                                    producer=producer, task_id=task_id)
+            # A refused duplicate: None (celery-once, graceful), or the result of the
+            # copy already queued (celery-singleton).
+            published += sent is not None and sent.id == task_id
+        report_args = (run, queue) if worker.concurrency > 1 else (run,)
+        app.tasks["bench.e2e_report"].apply_async(report_args, queue=queue, producer=producer)
     # BLPOP blocks in the kernel: the publisher's CPU while it waits stays near zero. One
     # second at a time: the records client times out after five.
     deadline = started + 60 + work["keys"] * work["copies"] / 20
@@ -145,30 +175,41 @@ def measure(app: Celery, records: redis.Redis, worker: Worker, redis_pid: int | 
             "published": spread(row["published"] for row in mine),
             "bodies": spread(row["bodies"] for row in mine),
             "max_bodies_per_key": max(row["max_bodies_per_key"] for row in mine),
-            # Every call a variant must run did run (back-to-back calls never skipped).
+            # Every call a variant must run did run (back-to-back calls never skipped; with a
+            # concurrent worker, overlapping copies of a leased key are skipped or coalesced).
             "every_call_ran": all(row["bodies"] == calls for row in mine)
-            if variant in RUN_EVERY_CALL else None,
+            if variant in RUN_EVERY_CALL and (worker.concurrency == 1 or variant == "plain")
+            else None,
         }
     return result
 
 
 def run(app: Celery, records: redis.Redis, worker: Worker, redis_pid: int | None,
-        quick: bool) -> dict[str, Any]:
-    """Benchmark 7 on the solo ``worker`` (consuming :data:`QUEUE`); ``redis_pid`` is the
-    broker's redis-server, whose CPU is counted."""
-    rounds = 1 if quick else 5
+        quick: bool, rounds: int | None = None) -> dict[str, Any]:
+    """Benchmark 7 on the solo ``worker`` (consuming :data:`QUEUE`), or the concurrent
+    variant's (:data:`CONCURRENT_QUEUE`); ``redis_pid`` is the broker's redis-server, whose
+    CPU is counted; ``rounds`` (int) defaults to 1 with ``quick``, else 5."""
+    rounds = rounds or (1 if quick else 5)
+    concurrent = worker.concurrency > 1
     _, skipped = available(app)
     for variant, why in skipped.items():
         print(f"  e2e: {variant} skipped (the installed celery_lease refuses its options: "
               f"{why})", file=sys.stderr, flush=True)
-    return {"pool": worker.pool, "skipped": skipped,
+    pool = f"{worker.pool} (-c {worker.concurrency})" if concurrent else worker.pool
+    return {"pool": pool, "skipped": skipped,
             "workloads": {name: measure(app, records, worker, redis_pid, work, rounds)
-                          for name, work in workloads(quick).items()}}
+                          for name, work in workloads(quick, concurrent).items()}}
 
 
-def start_worker(env: dict[str, str], log_dir: Path, records: redis.Redis) -> Worker:
-    """The benchmark's own solo worker, consuming :data:`QUEUE` only."""
-    return Worker("solo", 1, [QUEUE], env, log_dir, records).start()
+def start_worker(env: dict[str, str], log_dir: Path, records: redis.Redis,
+                 concurrent: bool = False) -> Worker:
+    """The benchmark's own solo worker, consuming :data:`QUEUE` only; with ``concurrent``,
+    the :data:`CONCURRENCY` worker consuming :data:`CONCURRENT_QUEUE`."""
+    pool, concurrency = CONCURRENCY if concurrent else ("solo", 1)
+    worker = Worker(pool, concurrency, [CONCURRENT_QUEUE if concurrent else QUEUE], env, log_dir,
+                    records)
+    worker.start()
+    return worker
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,15 +221,19 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.e2e")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--concurrent", action="store_true",
+                        help=f"a {CONCURRENCY[0]} worker with -c {CONCURRENCY[1]}, bursts only")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds (default 5, quick 1)")
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = parser.parse_args(argv)
     log_dir = Path(tempfile.mkdtemp(prefix="celery-lease-e2e-"))
     with RedisServer() as broker:
         records = broker.client(**client_kwargs())
-        worker = start_worker({"BENCH_BROKER": broker.url()}, log_dir, records)
+        worker = start_worker({"BENCH_BROKER": broker.url()}, log_dir, records, args.concurrent)
         try:
             worker.wait_ready()
-            result = run(make_app(broker.url()), records, worker, broker.pid, args.quick)
+            result = run(make_app(broker.url()), records, worker, broker.pid, args.quick,
+                         args.rounds)
         finally:
             worker.stop()
     if args.out:

@@ -5,7 +5,9 @@ module says which features and key prefixes each store of an app serves, from th
 settings and its registered :class:`~celery_lease.LeasedTask` tasks:
 
 - always task leases and the commands of ``celery lease`` (inspection, ``doctor``);
-- ``min_replicas`` when a task (or the app) sets ``lease_min_replicas``; ``database`` and
+- ``min_replicas`` when a task (or the app) sets ``lease_min_replicas``; ``preempt`` (its
+  commands and the channels ``&<prefix>:preempt:*``) when a task's ``lease_on_conflict`` is
+  ``"preempt"``; ``database`` and
   ``cluster`` from the URL and ``lease_backend_options``;
 - ``hold`` and ``beat``: a worker cannot tell whether its tasks take a hold, nor whether it
   runs beat (``-B``), so a denial there warns at start instead of refusing.
@@ -109,6 +111,8 @@ def needs(app: Any, tasks_only: bool = False) -> list[StoreNeeds]:
             need.features.add("debounce")
         if options.hands_over:
             need.features.add("handoff")
+        if options.on_conflict == "preempt":
+            need.features.add("preempt")
         return need
 
     for task in leased_tasks(app):
@@ -149,7 +153,8 @@ def rules(app: Any, user: str | None = None, password: str = "<password>") -> li
     for need in needs(app):
         names = [f for f in permissions.FEATURES if f in need.features]
         out.append(f"# lease store {safe_url(need.url)}: {', '.join(names)}\n"
-                   + permissions.setuser(user or need.user, password, names, need.patterns))
+                   + permissions.setuser(user or need.user, password, names, need.patterns,
+                                         permissions.channels(names, need.prefixes)))
     return out
 
 
@@ -161,8 +166,11 @@ def _text(found: permissions.Denied, user: str) -> str:
                 f"lease_key_prefix {prefix!r}; grant '~{prefix}:*' (ACL SETUSER {user} "
                 f"'~{prefix}:*')")
     granted = " ".join(f"+{c}" for c in found.commands)
+    prefix = found.key.removesuffix(":" + permissions.PROBE_KEY)
+    # A channel command may be refused for its channel: the fix grants the pattern too.
+    channels = "".join(f" '&{c}'" for c in permissions.channels([feature.name], [prefix]))
     return (f"the ACL user may not run {granted} on {found.key}, which {feature.name} "
-            f"({feature.title}) sends; grant it (ACL SETUSER {user} {granted})")
+            f"({feature.title}) sends; grant it (ACL SETUSER {user} {granted}{channels})")
 
 
 def problems(client: Any, need: StoreNeeds, skip: tuple[str, ...] = ()

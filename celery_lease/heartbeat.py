@@ -240,7 +240,11 @@ class Heartbeat:
                 self._failed(lease, reply)
             else:  # 0: the key is gone; -1: another token holds it
                 self._drop(lease)
-                lease.mark_lost(LostCause.REFUSED)
+                # A take-over whose notice was lost (lease_on_conflict="preempt"): the new
+                # holder names this token, and the loss is a preemption all the same.
+                taken = reply == -1 and lease.options.on_conflict == "preempt" and \
+                    store.was_preempted(lease.client, lease.key, lease.token)
+                lease.mark_lost(LostCause.PREEMPTED if taken else LostCause.REFUSED)
 
     def _failed(self, lease: Lease, error: RedisError) -> None:
         now = clock.now()

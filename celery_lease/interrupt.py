@@ -19,6 +19,11 @@ In each case the exception lands at the first point the runtime allows; where it
 (see the table), :meth:`Lease.check <celery_lease.lease.Lease.check>` raises it as soon as the
 task looks. Every target is disarmed under a lock when the body ends, so an exception can never
 fire in Celery's own code after the body returned, or in the next task.
+
+The library's own work for the body (a publish: a retry, a requeue, a ``lease_dedupe`` claim)
+runs under :class:`HeldBack`: a loss delivered meanwhile is kept and handed over once the work
+is whole. Landing inside, it would leave it half done: Celery's ``Task.retry`` turns it into
+``Reject(requeue=False)``, which drops the message (the fault campaign found it).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import _signal
 import ctypes
 import signal
 import threading
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import Any, Protocol
 
 from kombu.utils.compat import detect_environment
@@ -35,7 +40,7 @@ from kombu.utils.compat import detect_environment
 from . import next_instruction
 from .errors import LeaseLost
 
-__all__ = ["AsyncioTarget", "Target", "for_asyncio_task", "for_current_context"]
+__all__ = ["AsyncioTarget", "HeldBack", "Target", "for_asyncio_task", "for_current_context"]
 
 
 class Target(Protocol):
@@ -52,11 +57,48 @@ class Target(Protocol):
 
 class _OneExecution:
     """A target bound to one running execution: ``running`` turns False at ``finish()``, after
-    which nothing is delivered; ``lock`` orders a delivery against that."""
+    which nothing is delivered; ``lock`` orders a delivery against that. While ``held`` (see
+    :class:`HeldBack`) a delivery is kept in ``kept`` instead of raised."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.running = True
+        self.held = False
+        self.kept: LeaseLost | None = None
+
+    def hold_back(self) -> None:
+        """From here on, keep a delivered loss instead of raising it (the execution's own
+        thread calls it)."""
+        with self.lock:
+            self.held = True
+
+    def let_through(self) -> LeaseLost | None:
+        """Deliver normally again; returns the loss kept meanwhile (raised by no one)."""
+        with self.lock:
+            self.held = False
+            kept, self.kept = self.kept, None
+        return kept
+
+
+class HeldBack:
+    """``with HeldBack(target) as held:`` the block runs whole: a loss delivered to ``target``
+    meanwhile is kept, not raised in it, and is ``held.loss`` (a :class:`LeaseLost`, or None)
+    afterwards. For the library's own work for a body (a publish), never the body's code. A
+    target of no running execution (beat's, a hold's steps) holds nothing back."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target if isinstance(target, _OneExecution) else None
+        self.loss: LeaseLost | None = None
+
+    def __enter__(self) -> HeldBack:
+        if self.target is not None:
+            self.target.hold_back()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.target is not None:
+            self.loss = self.target.let_through()
 
 
 # --- main thread: a signal -------------------------------------------------------------------
@@ -71,6 +113,9 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     # Runs on the main thread, which is the task's thread: `running` cannot change under us.
     if target is not None and target.running and target.error is not None:
         _armed = None
+        if target.held:  # the library's own work for the body (HeldBack): keep it
+            target.kept = target.error
+            return
         # At a backward jump, raising here would skip the frame's own `try` on 3.13.
         if frame is not None and next_instruction.at_backward_jump(frame) and (
                 next_instruction.arm(target.thread_id, target.error, frozenset([frame.f_code]),
@@ -112,6 +157,26 @@ class _SignalTarget(_OneExecution):
             signal.pthread_kill(self.thread_id, self.signum)
             return True
 
+    def hold_back(self) -> None:
+        # On the main thread, as the handler: it sees `held` from here on. A loss signalled
+        # before, and armed for the next instruction (3.12+) but not raised yet, is kept too.
+        self.held = True
+        if next_instruction.disarm(self.thread_id) and self.error is not None:
+            self.kept = self.error
+
+    def let_through(self) -> LeaseLost | None:
+        global _armed
+        # Under the lock: a delivery in progress (error set, signal on its way) is over once
+        # we hold it; one whose handler has not run yet is taken here, and its handler then
+        # finds nothing armed.
+        with self.lock:
+            self.held = False
+            kept, self.kept = self.kept, None
+            if _armed is self:
+                _armed = None
+                kept = kept or self.error
+        return kept
+
     def finish(self) -> None:
         global _armed
         # Not under the lock: the heartbeat holds it while it signals this very thread, and
@@ -136,22 +201,43 @@ class _ThreadTarget(_OneExecution):
     def __init__(self) -> None:
         super().__init__()
         self.thread_id = threading.get_ident()
-        self.sent = False
+        self.sent = False  # an asynchronous exception is set and has not been raised yet
+        self.error: LeaseLost | None = None
 
     def deliver(self, error: LeaseLost) -> bool:
         with self.lock:
             if not self.running:
                 return False
+            if self.held:
+                self.kept = self.kept or error
+                return True
+            self.error = error
             # 3.12+: at the thread's next instruction, wherever it stands (an asynchronous
             # exception can land at a backward jump, past the frame's own `try`, on 3.13).
             if next_instruction.arm(
                     self.thread_id, error, next_instruction.stack_codes(self.thread_id)):
                 return True
-            if _set_async_exc(self.thread_id, _carrier(error)) > 1:  # cannot happen; undo
+            self.sent = True  # before: the thread may raise it (and clear this) at once
+            if _set_async_exc(self.thread_id, _carrier(error, self._raised)) > 1:  # undo
                 _set_async_exc(self.thread_id, None)
+                self.sent = False
                 return False
-            self.sent = True
             return True
+
+    def _raised(self) -> None:
+        self.sent = False  # the carrier was instantiated: it fired, nothing is pending
+
+    def hold_back(self) -> None:
+        with self.lock:
+            # Running this, the thread has not raised a pending exception (or it caught it,
+            # which instantiated the carrier): take it back, keep the loss.
+            if self.sent:
+                _set_async_exc(self.thread_id, None)
+                self.sent = False
+                self.kept = self.error
+            if next_instruction.disarm(self.thread_id):
+                self.kept = self.error
+            self.held = True
 
     def finish(self) -> None:
         with self.lock:
@@ -161,14 +247,19 @@ class _ThreadTarget(_OneExecution):
                 _set_async_exc(self.thread_id, None)
 
 
-def _carrier(error: LeaseLost) -> type[LeaseLost]:
+def _carrier(error: LeaseLost, raised: Any = None) -> type[LeaseLost]:
     """CPython instantiates an asynchronous exception from its class with no arguments, so the
-    details travel in a throwaway subclass whose constructor fills them in."""
+    details travel in a throwaway subclass whose constructor fills them in (and calls
+    ``raised()``: the exception has fired)."""
     args = error.args
-    return type("LeaseLost", (LeaseLost,), {
-        "__init__": lambda self, *_: LeaseLost.__init__(self, *args),
-        "__module__": LeaseLost.__module__,
-    })
+
+    def init(self: LeaseLost, *_: Any) -> None:
+        LeaseLost.__init__(self, *args)
+        if raised is not None:
+            raised()
+
+    return type("LeaseLost", (LeaseLost,), {"__init__": init,
+                                            "__module__": LeaseLost.__module__})
 
 
 # --- gevent / eventlet: throw into the greenlet ----------------------------------------------
@@ -182,18 +273,30 @@ class _GeventTarget(_OneExecution):
 
         self.glet = gevent.getcurrent()
         self.hub = gevent.get_hub()
+        self.sent: LeaseLost | None = None  # scheduled in the hub, not thrown yet
 
     def deliver(self, error: LeaseLost) -> bool:
         if not self.running:
             return False
+        self.sent = error
 
         def throw() -> None:
             # Runs in the hub: nothing else runs between this check and the throw.
-            if self.running and not self.glet.dead:
+            if self.sent is not error:  # taken by let_through() meanwhile
+                return
+            self.sent = None
+            if self.held:
+                self.kept = self.kept or error
+            elif self.running and not self.glet.dead:
                 self.glet.throw(error)
 
         self.hub.loop.run_callback_threadsafe(throw)
         return True
+
+    def let_through(self) -> LeaseLost | None:
+        kept = super().let_through()
+        sent, self.sent = self.sent, None  # its throw() will find nothing
+        return kept or sent
 
     def finish(self) -> None:
         self.running = False
@@ -214,6 +317,9 @@ class _EventletTarget(_OneExecution):
         # Called from the heartbeat greenthread: no switch between the check and the kill.
         if not self.running or self.gt.dead:
             return False
+        if self.held:
+            self.kept = self.kept or error
+            return True
         greenthread.kill(self.gt, error)
         return True
 
@@ -246,7 +352,9 @@ class AsyncioTarget(_OneExecution):
 
     def _cancel(self, error: LeaseLost) -> None:
         # On the loop's thread, like finish(): nothing else runs between the check and cancel.
-        if self.running and not self.task.done() and not self.cancelled:
+        if self.held:
+            self.kept = self.kept or error
+        elif self.running and not self.task.done() and not self.cancelled:
             self.error = error
             self.cancelled = bool(self.task.cancel(CANCEL_MESSAGE))
 

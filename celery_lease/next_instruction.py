@@ -87,13 +87,16 @@ def arm(thread_id: int, error: BaseException, codes: frozenset[CodeType],
     return True
 
 
-def disarm(thread_id: int) -> None:
-    """Drop what is pending for thread ``thread_id``, if anything."""
+def disarm(thread_id: int) -> bool:
+    """Drop what is pending for thread ``thread_id``, if anything. Returns True if something
+    was pending (it will not be raised now)."""
     pending = _pending.pop(thread_id, None)
-    if pending is not None:
-        in_use = set().union(*(p.codes for p in _pending.values()))
-        for code in pending.codes - in_use:
-            _monitoring.set_local_events(_tool, code, 0)
+    if pending is None:
+        return False
+    in_use = set().union(*(p.codes for p in _pending.values()))
+    for code in pending.codes - in_use:
+        _monitoring.set_local_events(_tool, code, 0)
+    return True
 
 
 def _on_instruction(code: CodeType, offset: int) -> None:

@@ -7,8 +7,13 @@ writes are refused from then on. The old holder's process is told at once on its
 (:func:`celery_lease.store.preempt_channel`), which the :class:`Listener` of every process
 running a preempt task subscribes to: it raises ``LeaseLost(cause="preempted")`` in the
 holder's body (:meth:`celery_lease.lease.Lease.mark_lost`). A notification that does not
-arrive (no listener yet, a broken connection) leaves the heartbeat's next renewal to find the
-loss (cause ``refused``), within one renewal interval.
+arrive (no listener yet, a broken connection, an ACL without the channel) leaves the
+heartbeat's next renewal to find the loss, within one renewal interval: refused, and the key's
+new holder names the old token (:func:`celery_lease.store.was_preempted`), so the cause is
+``preempted`` there too, and the old execution's end wakes a newcomer waiting out the grace
+the same way. A body that ends before either told it learns it from its release, which a
+task with a grace waits for (:class:`celery_lease.LeasedTask` does at its end), so its end wakes
+the newcomer too (:func:`loss_event`).
 
 With ``lease_preempt_grace`` the newcomer holds the key (reserved: no third execution takes
 it) but waits, before its body runs, until the old holder ended (its end wakes the newcomer,
@@ -32,6 +37,7 @@ import redis
 from redis.exceptions import RedisError
 
 from . import interrupt, lifecycle, signals, store
+from .dedupe import CLAIM_HEADER
 from .errors import LostCause
 from .heartbeat import heartbeat
 from .lease import Lease
@@ -126,6 +132,7 @@ def take_over(c: Any) -> Lease | None:
     options = settings.options
     client = store.client_for(settings.url, options.store_timeout, options.backend_options)
     hostname = request.hostname or socket.gethostname()
+    claimed = CLAIM_HEADER in (request.headers or {})  # the take-over clears its claim
     for _ in range(ATTEMPTS):
         old = found.holder
         if old.cooldown_until or old.foreign or not old.token:
@@ -134,7 +141,7 @@ def take_over(c: Any) -> Lease | None:
         try:
             got = lifecycle.take(
                 settings, client, key, lifecycle.HolderInfo(task.name, request.id or "", hostname),
-                target, sender=task, claim=c.claim,
+                target, sender=task, claim=c.claim, claimed=claimed,
                 grant=functools.partial(store.take_over, from_token=old.token))
         except RedisError as exc:
             task._store_error(options, key, exc)
@@ -176,8 +183,12 @@ def _told(task: Any, client: redis.Redis, options: Any, lease: Lease, old: store
 def loss_event(lease: Lease, error: Any) -> str:
     """The task event of an execution that ended having lost ``lease`` (``error``, a
     ``LeaseLost``): ``task-lease-preempted`` for a take-over, whose newcomer it then wakes
-    (:func:`end_preempted`), else ``task-lease-lost``."""
-    if error.cause != LostCause.PREEMPTED:
+    (:func:`end_preempted`), else ``task-lease-lost``. A take-over found only by the release
+    (the notice lost, the body ended before a renewal) counts too: the key's holder names
+    the token it replaced (:func:`celery_lease.store.was_preempted`, one ``GET``)."""
+    if error.cause != LostCause.PREEMPTED and not (
+            lease.options.on_conflict == "preempt"
+            and store.was_preempted(lease.client, lease.key, lease.token)):
         return "task-lease-lost"
     end_preempted(lease.client, lease.key, lease.token)
     return "task-lease-preempted"

@@ -4,6 +4,14 @@ A message an execution publishes for its own key (a self-requeue, a retry) is ma
 successor: it runs once that execution ended, on a worker and in eager mode. With
 ``lease_dedupe`` one decision in the lease store comes first (:func:`celery_lease.dedupe.send`).
 Every result carries ``lease_disposition``.
+
+Published from a body that holds a lease, the whole publish runs under
+:class:`~celery_lease.interrupt.HeldBack`: a loss of that lease never lands inside it (it would
+leave a claim without its message, or, inside Celery's ``Task.retry``, become
+``Reject(requeue=False)``, which drops the message). Once the message is out, the loss is
+raised to the body, except for a publish under the execution's own task id (a retry: Celery
+would turn it into that ``Reject``): that execution ends on the retry, its loss recorded
+(:data:`~celery_lease.signals.lease_lost` at the loss, the ``task-lease-lost`` event at its end).
 """
 
 from __future__ import annotations
@@ -17,7 +25,8 @@ from kombu.serialization import dumps, loads
 from . import debounce, dedupe, eager
 from .conflict import REDELIVERY_HEADER, SUCCESSOR_HEADER
 from .errors import LeaseConfigError
-from .lease import _current
+from .interrupt import HeldBack
+from .lease import Lease, _current
 
 __all__ = ["apply_async", "sent_key"]
 
@@ -35,11 +44,25 @@ def apply_async(task: Any, args: Any, kwargs: Any, options: dict[str, Any],
         LeaseStoreUnavailable: ``lease_dedupe``, the store could not be asked and
             ``lease_on_store_error`` is ``"fail"``.
         LeaseConfigError: ``lease_dedupe`` and this process has no lease store configured.
+        LeaseLost: the body's lease was lost while it published (the message is out);
+            not for a publish under the execution's own task id (a retry).
     """
     if debounce.enabled(task) and not debounce.passes(task, options):
         return debounce.send(task, sent_key(task, args, kwargs, options), args, kwargs,
                              options, publish)
     holding = _current.get()
+    if holding is None or holding.retired:
+        return _apply_async(task, None, args, kwargs, options, publish)
+    own_id = bool(task.request.id) and options.get("task_id") == task.request.id
+    with HeldBack(holding.target) as held:
+        result = _apply_async(task, holding, args, kwargs, options, publish)
+    if held.loss is not None and not own_id:
+        raise held.loss
+    return result
+
+
+def _apply_async(task: Any, holding: Lease | None, args: Any, kwargs: Any,
+                 options: dict[str, Any], publish: Callable[..., Any]) -> Any:
     key: str | None = None
     take_over = False
     if holding is not None and not holding.lost and not holding.retired:

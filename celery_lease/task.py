@@ -351,9 +351,9 @@ class LeasedTask(Task):  # type: ignore[misc]
             releaser = handoff.Releaser(options, lease.task_id if handed else "")
             ended = lifecycle.end(lease, sender=self, release=releaser)
             handoff.publish_released(self, lease, releaser.result)
-        else:
-            ended = lifecycle.end(lease, sender=self, wait=self._lease_release_wait,
-                                  release=release)
+        else:  # with a preempt grace a newcomer may wait for this end: learn it at once
+            ended = lifecycle.end(lease, sender=self, release=release,
+                                  wait=self._lease_release_wait or options.preempt_grace > 0)
         error = ended.loss
         if error is not None:
             self._event(preempt.loss_event(lease, error),

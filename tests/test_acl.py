@@ -15,12 +15,23 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_lease import LeaseConfigError, LeasedTask, LeaseStoreUnavailable, acl, hold, store
+from celery_lease import (
+    LeaseConfigError,
+    LeasedTask,
+    LeaseLost,
+    LeaseStoreUnavailable,
+    acl,
+    hold,
+    preempt,
+    signals,
+    store,
+)
 from celery_lease.doctor import check_acl
 from celery_lease.keys import hold_key, wake_key
 from celery_lease.store import permissions
 from celery_lease.worker import check_app
 from harness.topologies import cluster_setup
+from tests.apps.preempt_app import in_process
 from tests.support.redis_server import HOST, RedisServer
 from tests.support.secure import AclRedisServer, lease_acl
 from tests.support.waiting import wait_for
@@ -113,6 +124,67 @@ def test_min_replicas_is_acknowledged_by_a_real_replica_under_the_generated_rule
             assert store.parse_value(plain.get(key)).token == token
         assert store.release(client, key, token)
     assert check_app(app_for(server.lease_url(), lease_min_replicas=1))
+
+
+PREEMPT_PREFIX = "aclpre"  # a prefix of its own: this process's listener on its own channel
+
+
+def test_a_preempt_under_the_generated_rule_tells_the_old_body_at_once_on_its_channel(
+        server: AclRedisServer) -> None:
+    job, _ = in_process("redis://unused@127.0.0.1:1/0", PREEMPT_PREFIX)
+    app = job.app
+    (need,) = acl.needs(app)
+    assert "preempt" in need.features
+    (rule,) = acl.rules(app)
+    assert f"'~{PREEMPT_PREFIX}:*' '&{PREEMPT_PREFIX}:preempt:*' -@all" in rule
+    assert "+publish +subscribe" in rule
+    with server.client() as admin:  # the user `celery lease acl` prints for this app
+        admin.execute_command("ACL", "SETUSER", *lease_acl("preempter", "pw", PREEMPT_PREFIX,
+                                                           features=sorted(need.features)))
+    job, seen = in_process(f"redis://preempter:pw@{HOST}:{server.port}/0", PREEMPT_PREFIX)
+    assert check_app(job.app)  # the start check finds nothing missing, channels included
+    told: list[int] = []
+
+    def on_preempted(sender: object = None, notified: int = 0, **_: object) -> None:
+        told.append(notified)
+
+    signals.lease_preempted.connect(on_preempted, weak=False)
+    old: list[object] = []
+    thread = threading.Thread(target=lambda: old.append(job.apply(("t", "old"))))
+    try:
+        thread.start()
+        wait_for(lambda: seen, 10, message="the old run never started")
+        wait_for(lambda: any(listener.subscribed.is_set() and listener.channel.startswith(
+            f"{PREEMPT_PREFIX}:preempt:") for listener in preempt._listeners.values()), 10,
+            message="the preemption listener never subscribed under the generated rule")
+        assert job.apply(("t", "new")).get() == "new"
+        thread.join(15)
+    finally:
+        signals.lease_preempted.disconnect(on_preempted)
+    assert told == [1]  # PUBLISH allowed on the channel, and the old process listened
+    [result] = old
+    with pytest.raises(LeaseLost) as lost:
+        result.get()  # type: ignore[attr-defined]
+    assert lost.value.cause == "preempted"
+    times = {what: at for run, what, at in seen if run == "old"}
+    started_new = next(at for run, what, at in seen if (run, what) == ("new", "start"))
+    # Told by the notice, not by the renewal 10 s later (lease_ttl=30).
+    assert times["lost preempted"] - started_new < 5.0
+
+
+def test_a_rule_without_the_preempt_channel_refuses_a_worker_with_a_preempt_task(
+        server: AclRedisServer) -> None:
+    job, _ = in_process("redis://unused@127.0.0.1:1/0", PREEMPT_PREFIX)
+    (need,) = acl.needs(job.app)
+    rule = [r for r in lease_acl("nochannel", "pw", PREEMPT_PREFIX,
+                                 features=sorted(need.features)) if not r.startswith("&")]
+    with server.client() as admin:
+        admin.execute_command("ACL", "SETUSER", *rule)
+    job, _ = in_process(f"redis://nochannel:pw@{HOST}:{server.port}/0", PREEMPT_PREFIX)
+    with pytest.raises(LeaseConfigError, match="refusing to start") as err:
+        check_app(job.app)
+    assert "+publish +subscribe" in str(err.value)
+    assert f"'&{PREEMPT_PREFIX}:preempt:*'" in str(err.value) and ":pw@" not in str(err.value)
 
 
 # -- the start check against a rule missing one command ------------------------------------

@@ -5,6 +5,9 @@
 - Several beats with ``LeasedScheduler``: one leader sends; a standby takes over within one
   TTL when the leader is killed or paused; a paused leader that resumes stops sending, goes
   back to standby and can lead again later.
+- A periodic job with ``lease_on_conflict="preempt"`` replaces the run that outlived its
+  period (Kubernetes' ``concurrencyPolicy: Replace``); the fencing guard refuses the replaced
+  run's late write.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import SimpleNamespace
@@ -33,11 +37,13 @@ from celery_lease import LeaseConfigError, LeaseStartRefused, store
 from celery_lease.beat import LeasedScheduler
 from celery_lease.errors import EX_CONFIG
 from harness.waiting import wait_for
+from tests.support import runs as journal
 from tests.support.fixtures import WorkerFactory
 from tests.support.skew import skewed_env
 from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, REPO_ROOT, RESULT_BACKEND_ENV
 
 APP = "tests.apps.ops_app"
+PREEMPT_APP = "tests.apps.preempt_app"
 BEAT_KEY = "lease:{celery.beat:ops_app}"
 
 
@@ -45,16 +51,16 @@ class BeatProcess:
     """One ``celery -A <app> beat`` subprocess with its own schedule file, pidfile and log."""
 
     def __init__(self, env: Mapping[str, str], log_dir: Path, name: str,
-                 leased: bool = True) -> None:
+                 leased: bool = True, app: str = APP) -> None:
         self.env = dict(env)
-        self.name = name
+        self.name, self.app = name, app
         self.log_path = log_dir / f"beat-{name}.log"
         self.dir = log_dir
         self.leased = leased
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> BeatProcess:
-        command = [sys.executable, "-m", "celery", "-A", APP, "beat", "-l", "info",
+        command = [sys.executable, "-m", "celery", "-A", self.app, "beat", "-l", "info",
                    "-s", str(self.dir / f"schedule-{self.name}"),
                    "--pidfile", str(self.dir / f"beat-{self.name}.pid")]
         if self.leased:
@@ -516,3 +522,40 @@ def test_apps_on_one_redis_each_lead_their_own_schedule(
         assert isinstance(info.value, LeaseConfigError)
         with pytest.raises(LeaseStartRefused):  # celery beat's banner instance too
             LeasedScheduler(app=app, lazy=True)
+
+
+def test_two_beats_sending_a_preempt_job_replace_the_run_that_outlived_its_period(
+    redis_url: str, worker_factory: WorkerFactory, beats: list[BeatProcess], tmp_path: Path
+) -> None:
+    # Each run of pre.work holds its key for 30 s; beat sends one every 1.5 s. With "preempt"
+    # each send takes the key over from the run before (newest wins, as Replace does), which
+    # gets LeaseLost(cause="preempted") at once and whose late fenced write is refused.
+    tag, period = f"replace-{uuid.uuid4().hex[:8]}", 1.5
+    env = _env(redis_url, worker_factory.queue, BEAT_PERIOD=str(period), BEAT_TAG=tag)
+    worker = worker_factory(PREEMPT_APP, pool="threads", concurrency=3, env=env)
+    pair = [BeatProcess(env, tmp_path, name, app=PREEMPT_APP).start() for name in ("r1", "r2")]
+    beats += pair
+
+    def logs() -> str:
+        return "\n".join(f"--- {b.name}\n{b.log()[-1500:]}" for b in pair) + \
+            f"\n--- worker\n{worker.log_tail()}"
+
+    def replaced() -> list[dict[str, Any]]:
+        return [r for r in journal.read(redis_url, tag) if r["what"] == "end"]
+
+    wait_for(lambda: len(replaced()) >= 3, 40, interval=0.2, message=logs)
+    for beat in pair:
+        beat.stop()
+    records = journal.read(redis_url, tag)
+    starts = sorted((r for r in records if r["what"] == "start"), key=lambda r: r["at"])
+    by_run = {(r["run"], r["what"]): r for r in records}
+    # One leader sent; every send ran, each with a higher fencing token than the last.
+    assert sum("Sending due task replace" in b.log() for b in pair) == 1, logs()
+    assert [r["fence"] for r in starts] == sorted({r["fence"] for r in starts})
+    for old, new in itertools.pairwise(starts):
+        if (old["run"], "end") not in by_run:
+            continue  # still running (the last one), or not yet recorded
+        assert by_run[old["run"], "lost"]["cause"] == "preempted"
+        # Told at once (its renewal is 10 s away): the overlap is the notice's latency.
+        assert by_run[old["run"], "lost"]["at"] - new["at"] < period
+        assert by_run[old["run"], "end"]["late_write_accepted"] is False  # fenced off

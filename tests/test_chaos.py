@@ -35,7 +35,7 @@ def test_a_short_campaign_injects_many_kinds_of_faults_and_breaks_no_promise(
     assert len(counts["faults_by_kind"]) >= 4, counts["faults_by_kind"]
     assert counts["faults"] >= 8, counts
     assert set(counts["jobs_by_path"]) >= {"delay", "send_task", "retry", "requeue", "beat",
-                                           "probe"}
+                                           "probe", "preempt"}
     assert counts["executions_by_outcome"].get("ok", 0) > 20, counts
     # A job waiting in a key's line when the store restarted empty is lost with the store's
     # data, as the leases are (the checker excuses it and counts it): no other job may be.

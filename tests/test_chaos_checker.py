@@ -18,6 +18,7 @@ from example_project.chaos.history import (
     History,
     Job,
     Parked,
+    Preemption,
     WorkerSample,
     Write,
 )
@@ -327,13 +328,13 @@ def test_a_burst_that_ran_to_its_end_twice_is_found() -> None:
     history = debounced()
     history.executions.append(run("d2", FENCE + 1, T0 + 3.0, T0 + 3.5, key="b1",
                                   job="job-b2", task_id="task-b0"))
-    assert rules(history) == [(9, "burst-ran-twice")]
+    assert rules(history) == [(10, "burst-ran-twice")]
 
 
 def test_a_burst_run_with_the_arguments_of_a_publish_before_the_last_is_found() -> None:
     history = debounced()
     history.executions[-1].job = "job-b1"  # job-b2 was decided surely after job-b1
-    assert rules(history) == [(9, "not-latest-arguments")]
+    assert rules(history) == [(10, "not-latest-arguments")]
     history.faults.append(Fault("restart_empty", "lease redis", T0 + 1.2, T0 + 1.3))
     assert rules(history) == []  # the record was lost: the timer ran what it carried
 
@@ -345,7 +346,7 @@ def test_a_burst_run_past_its_cap_is_found_unless_a_fault_or_the_previous_run_de
     late.grant_lower, late.grant_upper, late.body_end = T0 + 8.0, T0 + 8.01, T0 + 8.5
     history.writes[-1] = write(20, "d", FENCE, T0 + 8.2, key="b1")
     history.faults = []  # the clean history's pause at T0 + 5 would excuse it
-    assert rules(history) == [(9, "ran-past-cap")]
+    assert rules(history) == [(10, "ran-past-cap")]
     history.faults.append(Fault("kill_worker", "w0", T0 + 2.0, T0 + 2.1))
     assert rules(history) == []
 
@@ -355,7 +356,7 @@ def test_a_burst_left_waiting_past_its_cap_is_found() -> None:
     history.leftover_claims.append({"key": "b2", "task_id": "task-x", "age": 9.0,
                                     "lifetime": 2.0, "ttl": 86_400.0, "debounced": 3,
                                     "due_in": 0.0})
-    assert rules(history) == [(9, "burst-left-waiting")]
+    assert rules(history) == [(10, "burst-left-waiting")]
     history.leftover_claims[-1]["age"] = 1.0  # still within its cap: no promise broken
     assert rules(history) == []
 
@@ -366,4 +367,49 @@ def test_a_waiter_that_ran_and_retried_before_it_parked_is_ordered_by_its_run_af
     # q2 ran once before any park (it asked for a retry), then its retry parked after q1's.
     history.executions.append(run("q2a", FENCE + 25, T0 + 4.0, T0 + 4.5, key="q1",
                                   task_id="task-q2", outcome="retry"))
+    assert rules(history) == []
+
+
+def preempted() -> History:
+    """k1's holder a taken over by b at T0 + 1.5 (told at once, cause preempted), then b
+    writes: no violation."""
+    history = clean()
+    a = run("a", FENCE, T0 + 1, None, outcome="lost", lost_cause="preempted",
+            lost_at=T0 + 1.52, released=False)
+    b = run("b", FENCE + 5, T0 + 1.5, T0 + 2.5)
+    history.executions[:2] = [a, b]
+    history.writes[:3] = [write(1, "a", a.fence, T0 + 1.2), write(2, "b", b.fence, T0 + 1.9),
+                          write(3, "b", b.fence, T0 + 2.2)]
+    history.jobs[1].submitted_at = T0 + 1.4
+    history.preemptions = [Preemption("b", "a", "k1", T0 + 1.5, 1)]
+    history.preempt_grace = 0.5
+    return history
+
+
+def test_a_clean_take_over_passes_and_is_counted() -> None:
+    history = preempted()
+    assert rules(history) == []
+    counts = summarize(history, [])
+    assert counts["preemptions"] == 1 and counts["preempted_by_outcome"] == {"lost:preempted": 1}
+
+
+def test_a_preempted_holders_write_accepted_after_the_newcomers_is_found() -> None:
+    history = preempted()
+    history.writes.append(write(4, "a", FENCE, T0 + 2.3))  # the guard let it through
+    assert rules(history) == [(1, "lower-token-accepted"), (9, "preempted-write-accepted")]
+
+
+def test_a_preempted_holder_acting_past_grace_and_a_renewal_interval_is_found() -> None:
+    history = preempted()
+    history.executions[0].lost_at = T0 + 1.5 + 0.5 + 1.0 + 1.6  # grace + TTL/3 + slack + 0.1
+    assert rules(history) == [(9, "overlap-too-long")]
+    history.faults.append(Fault("stop_worker", "w0", T0 + 2.0, T0 + 3.0))  # it was frozen
+    assert rules(history) == []
+
+
+def test_a_preempted_holder_told_with_another_cause_is_found_unless_a_write_told_it() -> None:
+    history = preempted()
+    history.executions[0].lost_cause = "refused"
+    assert rules(history) == [(9, "preempted-not-told-so")]
+    history.writes.insert(1, write(5, "a", FENCE, T0 + 1.55, accepted=False))
     assert rules(history) == []

@@ -119,6 +119,14 @@ def _skipped_and_lost(setup: dict[str, Any]) -> tuple[Any, Any, Any, str]:
     return holder, duplicate, renewed, key
 
 
+def _task_list(flower: Flower) -> dict[str, Any]:
+    """The rows of Flower's task list (the data behind its /tasks table), by task id."""
+    page = flower.post("/tasks/datatable", {
+        "draw": "1", "start": "0", "length": "50", "search[value]": "",
+        "order[0][column]": "0", "order[0][dir]": "desc", "columns[0][data]": "received"})
+    return {row["uuid"]: row for row in page["data"]}
+
+
 def test_flower_shows_a_skipped_duplicate_and_a_lost_lease(flower_setup: dict[str, Any]) -> None:
     flower = flower_setup["flower"]
     holder, duplicate, held, key = _skipped_and_lost(flower_setup)
@@ -150,10 +158,7 @@ def test_flower_shows_a_skipped_duplicate_and_a_lost_lease(flower_setup: dict[st
     assert lost["lease"] == "lost (refused)"
 
     # The task list (the data behind Flower's /tasks table) has the lease column.
-    page = flower.post("/tasks/datatable", {
-        "draw": "1", "start": "0", "length": "50", "search[value]": "",
-        "order[0][column]": "0", "order[0][dir]": "desc", "columns[0][data]": "received"})
-    rows = {row["uuid"]: row for row in page["data"]}
+    rows = _task_list(flower)
     assert rows[duplicate.id]["lease"] == "skipped (lease held)"
     assert rows[holder.id]["lease"] == "lost (refused)"
     assert rows[holder.id]["exception"].startswith(f"LeaseLost: lease {key!r} lost (refused")
@@ -227,3 +232,36 @@ def test_the_task_page_and_the_tasks_list_in_a_browser(
             # A fresh profile each time: nothing cached or remembered between runs.
             _screenshot(chromium, flower.base + path, target, width,
                         tmp_path / f"profile-{page}-{width}", height)
+
+
+def test_flower_shows_a_coalesced_and_a_queued_duplicate(flower_setup: dict[str, Any]) -> None:
+    flower, app, client = flower_setup["flower"], flower_setup["app"], flower_setup["client"]
+    coalesce_holder = app.send_task("ops.hold_coalesce", ("c", 30))
+    queue_holder = app.send_task("ops.hold_queue", ("q", 30))
+    wait_for(lambda: client.llen("started") >= 2, 15, message=flower_setup["worker"].log_tail)
+    coalesced = app.send_task("ops.hold_coalesce", ("c", 30))
+    queued = app.send_task("ops.hold_queue", ("q", 30))
+    marker = coalesced.get(timeout=15)
+    assert marker["lease_coalesced"] is True
+
+    shown = wait_for(lambda: (t := flower.json(f"/api/task/info/{coalesced.id}"))
+                     .get("lease_key") and t, 15, message=lambda: flower.log()[-3000:])
+    assert shown["state"] == "LEASE-COALESCED"
+    assert shown["lease"] == "coalesced (pending run)"
+    assert shown["lease_into"] == marker["into"]
+    assert shown["lease_holder_task_id"] == coalesce_holder.id
+    assert shown["lease_key"].startswith("lease:{ops.hold_coalesce:")
+
+    waiting = wait_for(lambda: (t := flower.json(f"/api/task/info/{queued.id}"))
+                       .get("lease_key") and t, 15, message=lambda: flower.log()[-3000:])
+    assert waiting["state"] == "LEASE-QUEUED"
+    assert waiting["lease"] == "queued (#1)"
+    assert waiting["lease_position"] == 1
+    assert waiting["lease_holder_task_id"] == queue_holder.id
+    assert waiting["lease_key"].startswith("lease:{ops.hold_queue:")
+    assert queued.state == "PENDING"  # its caller's result completes when it has run
+
+    # Both show in the task list's lease column.
+    rows = _task_list(flower)
+    assert rows[coalesced.id]["lease"] == "coalesced (pending run)"
+    assert rows[queued.id]["lease"] == "queued (#1)"

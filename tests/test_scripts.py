@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import redis
 
+from celery_lease import store
 from celery_lease.keys import (
     beat_leader_key,
     claim_key,
@@ -736,9 +737,15 @@ def test_release_cooldown_refused_under_maxmemory_releases_without_a_cooldown(
     assert client.get(FENCE) == f"{fence}:{t}"
 
 
-def take_over(client: redis.Redis, tok: str, old: str, key: str = KEY) -> Any:
-    return run(client, "preempt-2.lua", [key, fence_key(key)],
-               [tok, TTL, HOLDER, COUNTER_TTL, old])
+def take_over(client: redis.Redis, tok: str, old: str, key: str = KEY,
+              task_id: str = "task-2", claimed: bool = False) -> Any:
+    keys = [key, fence_key(key), reservation_key(key), *([claim_key(key)] if claimed else [])]
+    return run(client, "preempt-4.lua", keys, [tok, TTL, HOLDER, COUNTER_TTL, task_id, "0", old])
+
+
+def preempted(holder: str, old: str) -> str:
+    """The holder JSON a take-over from ``old`` writes: ``holder`` naming the token replaced."""
+    return holder[:-1] + f',"preempted":"{old}"}}'
 
 
 def test_preempt_replaces_the_holders_token_and_issues_a_higher_fencing_token(
@@ -747,7 +754,9 @@ def test_preempt_replaces_the_holders_token_and_issues_a_higher_fencing_token(
     fence = int(acquire(client, old)[1])
     granted, new_fence, pttl = take_over(client, new, old)
     assert granted == 1 and int(new_fence) > fence and pttl == TTL
-    assert client.get(KEY) == f"{new}:{new_fence}:{HOLDER}"
+    assert client.get(KEY) == f"{new}:{new_fence}:{preempted(HOLDER, old)}"
+    assert store.parse_value(client.get(KEY)).task_id == "task-1"  # still a holder of ours
+    assert store.was_preempted(client, KEY, old) and not store.was_preempted(client, KEY, new)
     assert TTL - 1000 < client.pttl(KEY) <= TTL
     assert release(client, old) == 0  # the old holder's token no longer holds it
     assert take_over(client, new, old)[:2] == [1, client.get(KEY)]  # a repeat: same grant
@@ -758,7 +767,8 @@ def test_preempt_refuses_a_holder_it_did_not_see_and_a_cooldown_record(
     seen, third = token(), token()
     acquire(client, third)  # the key changed hands since `seen` was read
     value = client.get(KEY)
-    assert take_over(client, token(), seen) == [0, value, client.pttl(KEY)]
+    refused = take_over(client, token(), seen)
+    assert refused[:2] == [0, value] and client.pttl(KEY) <= refused[2] <= TTL
     release_cooldown(client, third)
     record = client.get(KEY)
     assert take_over(client, token(), third)[:2] == [0, record]
@@ -766,9 +776,52 @@ def test_preempt_refuses_a_holder_it_did_not_see_and_a_cooldown_record(
 
 
 def test_preempt_of_a_free_key_grants_it_as_acquire_does(client: redis.Redis) -> None:
-    new = token()
-    granted, fence, _ = take_over(client, new, token())
+    new, gone = token(), token()
+    granted, fence, _ = take_over(client, new, gone)
     assert granted == 1 and client.get(KEY) == f"{new}:{fence}:{HOLDER}"
+    assert not store.was_preempted(client, KEY, gone)  # nothing was taken from it
+
+
+def test_preempt_clears_the_claim_naming_the_newcomer_in_the_same_script(
+        client: redis.Redis) -> None:
+    old = token()
+    acquire(client, old)
+    claim(client, "task-2")  # the newcomer's publish claimed the waiting slot
+    assert take_over(client, token(), old, task_id="task-2", claimed=True)[0] == 1
+    assert client.exists(CLAIM) == 0  # the next publish is queued again
+    claim(client, "task-4")  # a copy published after the newcomer: its claim stays
+    assert take_over(client, token(), client.get(KEY).split(":")[0], task_id="task-3",
+                     claimed=True)[0] == 1
+    assert client.get(CLAIM).endswith(claimer("task-4"))
+
+
+def test_preempt_refused_keeps_the_claim_and_a_reserved_free_key(client: redis.Redis) -> None:
+    third = token()
+    acquire(client, third)
+    claim(client, "task-2")
+    assert take_over(client, token(), token(), task_id="task-2", claimed=True)[0] == 0
+    assert client.get(CLAIM).endswith(claimer("task-2"))  # still waiting: not taken over
+    release(client, third)
+    client.hset(reservation_key(KEY), mapping={"id": "queued-1",
+                                                "due": str(micros(client) // 1000 + 60_000)})
+    granted, answer, _ = take_over(client, token(), third, task_id="task-2")
+    assert (granted, answer) == (0, "reserved:queued-1") and client.exists(KEY) == 0
+
+
+def test_preempt_refused_under_maxmemory_leaves_the_holder_and_the_claim(
+        client: redis.Redis) -> None:
+    old = token()
+    acquire(client, old)
+    claim(client, "task-2")
+    value, claimed = client.get(KEY), client.get(CLAIM)
+    limit = client.config_get("maxmemory")["maxmemory"]
+    client.config_set("maxmemory", 1)  # every denyoom command (SET) is refused
+    try:
+        with pytest.raises(redis.exceptions.ResponseError, match="maxmemory"):
+            take_over(client, token(), old, task_id="task-2", claimed=True)
+    finally:
+        client.config_set("maxmemory", limit)
+    assert (client.get(KEY), client.get(CLAIM)) == (value, claimed)  # nothing half-done
 
 
 def test_wake_preempter_leaves_exactly_the_preempted_token_with_its_lifetime(

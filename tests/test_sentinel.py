@@ -365,3 +365,130 @@ def test_a_duplicate_parked_on_an_old_primary_that_stays_writable_is_not_parked(
     # writes: the sentinels do not confirm it, so the park does not count.
     with pytest.raises(store.PrimaryUnconfirmed):
         handoff.park(client, key, "queue", "dup-1", "{}", 10, 60_000)
+
+
+def fail_over(setup: SentinelSetup, *replicated: str) -> tuple[int, int]:
+    """``SENTINEL FAILOVER`` once every data node has the keys ``replicated``; the ports of the
+    old primary (writable on old connections for about ten seconds more) and the new one."""
+    def everywhere() -> bool:
+        for node in setup.data:
+            with node.client() as client:
+                if client.exists(*replicated) < len(replicated):
+                    return False
+        return True
+
+    if replicated:
+        wait_for(everywhere, 5, message=f"{replicated} never reached the replica")
+    old = setup.primary_port()
+    with setup.sentinels[0].client() as admin:
+        admin.execute_command("SENTINEL FAILOVER", MASTER_NAME)
+    return old, setup.wait_failover(old)
+
+
+
+def granted_elsewhere(setup: SentinelSetup, new: int, key: str, successor: str) -> Any:
+    """Lose ``key``'s grant on the ``new`` primary (as one that never replicated before a
+    forced failover) and grant it there to ``successor``; the client that took it (another
+    worker's: its own pool, which finds the new primary)."""
+    with setup.node_on(new).client() as promoted:
+        promoted.delete(key)
+    other = store.client_for(setup.sentinel_url, 0.9, {"master_name": MASTER_NAME})
+    assert store.acquire(other, key, successor, 30_000, "{}").granted
+    return other
+
+def holding(setup: SentinelSetup, key: str, token: str, info: str = "{}") -> Any:
+    """A Sentinel-managed client whose ``token`` holds ``key`` (its pool: the primary now)."""
+    client = store.client_for(setup.sentinel_url, 1.0, {"master_name": MASTER_NAME})
+    assert store.acquire(client, key, token, 30_000, info).granted
+    return client
+
+
+def test_a_release_answered_by_an_old_primary_that_stays_writable_does_not_count(
+    sentinel: SentinelSetup,
+) -> None:
+    key, token, successor = "lease:{t.job:released}", "a" * 32, "b" * 32
+    client = holding(sentinel, key, token)
+    old, new = fail_over(sentinel)
+    # The grant never reached the new primary (as one lost in a forced failover), which
+    # granted the key to the next execution; the old primary still has the first token.
+    granted_elsewhere(sentinel, new, key, successor)
+    assert held_on(sentinel, old, key) is not None
+    # The old primary would answer "released": the sentinels do not confirm it, and the
+    # primary they name does not have the token: the holder learns it had lost its lease.
+    assert store.release(client, key, token) is False
+    holder = held_on(sentinel, new, key)
+    assert holder is not None and holder.token == successor
+
+
+def test_a_hand_over_answered_by_an_old_primary_that_stays_writable_hands_nothing_over(
+    sentinel: SentinelSetup,
+) -> None:
+    from celery_lease.keys import line_key
+    from celery_lease.store import handoff
+
+    key, token, successor = "lease:{t.job:handed}", "a" * 32, "b" * 32
+    client = holding(sentinel, key, token)
+    assert handoff.park(client, key, "queue", "dup-1", "{}", 10, 60_000).outcome == "parked"
+    _, new = fail_over(sentinel, line_key(key))
+    other = granted_elsewhere(sentinel, new, key, successor)  # the grant never replicated
+    # The old primary would release and hand dup-1 over, to be published while the successor
+    # holds the key: the sentinels do not confirm it, and the new primary has not the token.
+    got = handoff.release_handing_over(client, key, token, 30_000, 60_000, 0)
+    assert got.released is False and got.handed is None and got.expired == ()
+    # dup-1 still waits on the new primary, handed over at the successor's release.
+    after = handoff.release_handing_over(other, key, successor, 30_000, 60_000, 0)
+    assert after.released and after.handed is not None and after.handed.task_id == "dup-1"
+
+
+def test_a_hand_over_answered_by_an_old_primary_is_made_once_on_the_new_one(
+    sentinel: SentinelSetup,
+) -> None:
+    from celery_lease.keys import line_key, reservation_key
+    from celery_lease.store import handoff
+
+    key, token = "lease:{t.job:handed_once}", "a" * 32
+    client = holding(sentinel, key, token)
+    assert handoff.park(client, key, "queue", "dup-1", "{}", 10, 60_000).outcome == "parked"
+    _, new = fail_over(sentinel, key, line_key(key))
+    with sentinel.node_on(new).client() as promoted:
+        # The lines differ: the new primary lost dup-1's park, and dup-2 was parked there since.
+        promoted.delete(line_key(key))
+        assert handoff.park(promoted, key, "queue", "dup-2", "{}", 10, 60_000).outcome == "parked"
+        # The old primary's answer (dup-1 handed over there) does not count: the release is sent
+        # to the new primary, which hands the key over to its own line's head, once.
+        got = handoff.release_handing_over(client, key, token, 30_000, 60_000, 0)
+        assert got.released and got.handed is not None and got.handed.task_id == "dup-2"
+        assert promoted.get(key) is None
+        assert promoted.hget(reservation_key(key), "id") == b"dup-2"
+        assert promoted.llen(line_key(key)) == 0
+        again = handoff.release_handing_over(client, key, token, 30_000, 60_000, 0)
+        assert again.released and again.handed is None  # a repeat hands nothing over again
+
+
+def test_a_cooldown_release_answered_by_an_old_primary_that_stays_writable_does_not_count(
+    sentinel: SentinelSetup,
+) -> None:
+    key, token, successor = "lease:{t.job:cooled}", "a" * 32, "b" * 32
+    info = store.holder_json("t.job", "w1", "host", 1)
+    client = holding(sentinel, key, token, info)  # a cooldown extends the holder JSON
+    _, new = fail_over(sentinel)
+    granted_elsewhere(sentinel, new, key, successor)  # the grant never replicated
+    # The old primary would write the cooldown and answer "released": not confirmed, and the
+    # new primary has not the token: the holder learns it had lost its lease.
+    assert store.release_into_cooldown(client, key, token, 60_000) is False
+    holder = held_on(sentinel, new, key)
+    assert holder is not None and holder.token == successor and holder.cooldown_until == 0.0
+
+
+def test_a_cooldown_written_on_an_old_primary_is_written_on_the_new_one(
+    sentinel: SentinelSetup,
+) -> None:
+    key, token = "lease:{t.job:cooled_once}", "a" * 32
+    info = store.holder_json("t.job", "w1", "host", 1)
+    client = holding(sentinel, key, token, info)  # a cooldown extends the holder JSON
+    _, new = fail_over(sentinel, key)
+    # Written on the old primary alone, the cooldown would vanish with that node's writes and
+    # a copy could start at once on the new one: the release is sent there too.
+    assert store.release_into_cooldown(client, key, token, 60_000) is True
+    holder = held_on(sentinel, new, key)
+    assert holder is not None and holder.token == token and holder.cooldown_until > 0.0

@@ -35,6 +35,7 @@ from .preempt import (
     take_over,
     wait_preempted_end,
     wake_preempter,
+    was_preempted,
 )
 from .protocol import (
     FENCE_COUNTER_EXTRA_MS,
@@ -94,4 +95,5 @@ __all__ = [
     "wait_for_release",
     "wait_preempted_end",
     "wake_preempter",
+    "was_preempted",
 ]

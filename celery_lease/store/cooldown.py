@@ -11,12 +11,13 @@ it held as by any holder; ``celery lease ls`` lists it and ``celery lease releas
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import redis
 from redis.exceptions import RedisError
 
 from ..keys import fence_key
-from . import lua, routing
+from . import lua, primary, routing
 from .protocol import FENCE_COUNTER_EXTRA_MS
 
 __all__ = ["release_into_cooldown"]
@@ -40,14 +41,24 @@ def release_into_cooldown(client: redis.Redis, key: str, token: str, cooldown_ms
     The idea: sidekiq-unique-jobs' ``until_expired`` lock and Oban's uniqueness ``period``
     (docs/howto/shaping.md compares them).
 
+    On a Sentinel-managed client a release that found its token counts only once the sentinels
+    confirm the node that answered it, as :func:`celery_lease.store.release` does
+    (:func:`celery_lease.store.primary.released`): a cooldown written on a primary a failover
+    demoted would be lost with it, and its "released" may hide a loss; it is sent again to
+    the primary they name (token-checked: a repeat writes nothing), whose answer counts.
+
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
-    try:
-        reply = _release_cooldown(client, (key, fence_key(key)),
-                                  (token, cooldown_ms, FENCE_COUNTER_EXTRA_MS))
-    except RedisError as exc:
-        raise routing.note(exc, client, key) from None
+    keys, argv = (key, fence_key(key)), (token, cooldown_ms, FENCE_COUNTER_EXTRA_MS)
+
+    def send() -> Any:
+        try:
+            return _release_cooldown(client, keys, argv)
+        except RedisError as exc:
+            raise routing.note(exc, client, key) from None
+
+    reply = primary.released(client, key, send, bool, 0)  # 1 and a refusal's text: released
     if isinstance(reply, (bytes, str)):  # released, the record refused: the server's reason
         text = reply.decode() if isinstance(reply, bytes) else reply
         logger.warning("lease %s released without its cooldown: the store refused the "

@@ -164,14 +164,33 @@ def release_handing_over(client: redis.Redis, key: str, token: str, reserve_ms: 
         ran: the releasing execution's task id when it is a handed-over run (noted, so that
             a second copy of it is refused), else ''.
 
+    On a Sentinel-managed client a release that found its token counts only once the sentinels
+    confirm the node that answered it, as :func:`celery_lease.store.release` does
+    (:func:`celery_lease.store.primary.released`): one answered by a primary a failover
+    demoted is sent again to the primary they name, and only that answer is returned, with
+    the run it handed over and the waiters it found expired (the first answer's are dropped:
+    they came from a line the new primary may not have, and publishing both could run a
+    handed-over run twice). Token-checked, so the second send hands the key over only where
+    the first never arrived; where it did, it finds the token gone and hands nothing over
+    (the reservation the first wrote is published by the crash sweep once due). Unconfirmed
+    twice, or not holding the key on the new primary: ``released=False`` and nothing handed
+    over (what waits there is handed over by that primary's holder, or by the sweep).
+
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
-    reply = _run(_release, client, key, (key, fence_key(key), line_key(key), reservation_key(key)),
-                 (token, reserve_ms, lifetime_ms, timeout_ms, ran))
-    if not isinstance(reply, list):
-        return HandOff(bool(reply))
-    return _handoff(reply)
+    keys = (key, fence_key(key), line_key(key), reservation_key(key))
+    argv = (token, reserve_ms, lifetime_ms, timeout_ms, ran)
+
+    def send() -> HandOff:
+        reply = _run(_release, client, key, keys, argv)
+        return _handoff(reply) if isinstance(reply, list) else HandOff(bool(reply))
+
+    return primary.released(client, key, send, _found, HandOff(False))
+
+
+def _found(got: HandOff) -> bool:
+    return got.released
 
 
 def recover(client: redis.Redis, key: str, reserve_ms: int, lifetime_ms: int,

@@ -10,8 +10,9 @@ A feature's commands are those it sends itself and, for each script it runs, ``E
 every ``redis.call('X'`` / ``redis.pcall('X'`` in the script's assembled source (Redis checks
 a script's commands against the user's ACL as it runs them): a command added to a script is
 in the list without anyone writing it down. Keys: every command names keys under a
-``lease_key_prefix`` (``~<prefix>:*``); nothing is published or subscribed, so no channel
-(``&``) is needed (``reset`` leaves none).
+``lease_key_prefix`` (``~<prefix>:*``). Channels: only ``preempt`` publishes and subscribes,
+on ``<prefix>:preempt:*`` (:attr:`Feature.channels`, ``&<prefix>:preempt:*`` in the rule);
+without it the rule grants none (``reset`` leaves none).
 
 Checking without running: :func:`denied` asks the server, in one ``EVAL`` of
 ``scripts/acl_check-1.lua``, whether the user may run each command on a key under each prefix
@@ -32,8 +33,8 @@ from redis.exceptions import NoPermissionError, ResponseError
 
 from . import lua, routing
 
-__all__ = ["DEFAULT_FEATURES", "FEATURES", "PROBE_KEY", "Denied", "Feature", "commands",
-           "denied", "script_commands", "setuser"]
+__all__ = ["DEFAULT_FEATURES", "FEATURES", "PROBE_KEY", "Denied", "Feature", "channels",
+           "commands", "denied", "script_commands", "setuser"]
 
 _CALL = re.compile(r"redis\.p?call\(\s*['\"]([A-Za-z]+)['\"]")
 
@@ -54,12 +55,15 @@ class Feature:
         title: what it is, for the documentation and messages.
         sent: the commands it sends itself, lower case, ``|`` before a subcommand.
         scripts: the scripts (``scripts/*.lua``) it runs.
+        channels: the pub/sub channel patterns it publishes or subscribes to, ``{prefix}``
+            standing for each ``lease_key_prefix`` (:func:`channels`).
     """
 
     name: str
     title: str
     sent: tuple[str, ...] = ()
     scripts: tuple[str, ...] = ()
+    channels: tuple[str, ...] = ()
 
     @property
     def commands(self) -> tuple[str, ...]:
@@ -90,7 +94,8 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("preempt", "lease_on_conflict='preempt': the take-over, the notice published to the "
             "old holder's process (a channel <prefix>:preempt:*, which the ACL user needs as "
             "&<prefix>:preempt:*), and the wait out of lease_preempt_grace",
-            ("publish", "subscribe", "blpop"), ("preempt-2.lua", "wake_preempter-1.lua")),
+            ("publish", "subscribe", "blpop"), ("preempt-4.lua", "wake_preempter-1.lua"),
+            ("{prefix}:preempt:*",)),
     Feature("beat", "LeasedScheduler: the leader lease and the last-run record, stamped "
             "and read on the store's clock; a stopping leader wakes a standby blocked on "
             "its release", ("blpop",), ("record_run-1.lua", "last_runs-1.lua",
@@ -132,6 +137,9 @@ _SHAPES = {
     "hgetall": "HGETALL %k", "scan": "SCAN 0",
     "multi": "MULTI", "exec": "EXEC", "ping": "PING", "wait": "WAIT 0 0", "select": "SELECT 0",
     "cluster|slots": "CLUSTER SLOTS", "command": "COMMAND", "asking": "ASKING",
+    # %p: the prefix; a channel is checked as the & patterns are (redis.acl_check_cmd does).
+    "publish": "PUBLISH %p:preempt:" + PROBE_KEY + " 1",
+    "subscribe": "SUBSCRIBE %p:preempt:" + PROBE_KEY,
 }
 _CHECK = lua.load("acl_check-1.lua")
 
@@ -155,17 +163,34 @@ def commands(features: Iterable[str]) -> tuple[str, ...]:
                                for c in f.commands))
 
 
+def channels(features: Iterable[str], prefixes: Iterable[str]) -> list[str]:
+    """The pub/sub channel patterns ``features`` need under each of ``prefixes`` (the
+    ``lease_key_prefix`` values), each once, sorted: ``["lease:preempt:*"]`` for ``preempt``
+    under ``lease``; empty for the others.
+
+    Raises:
+        KeyError: an unknown feature name.
+    """
+    wanted = set(features)
+    unknown = wanted - FEATURES.keys()
+    if unknown:
+        raise KeyError(f"unknown feature(s) {sorted(unknown)}; known: {sorted(FEATURES)}")
+    return sorted({c.format(prefix=p) for f in wanted for c in FEATURES[f].channels
+                   for p in prefixes})
+
+
 def setuser(user: str, password: str, features: Iterable[str],
-            patterns: Sequence[str]) -> str:
+            patterns: Sequence[str], channel_patterns: Sequence[str] = ()) -> str:
     """The ``redis-cli ACL SETUSER`` command giving ``user`` exactly the permissions of
-    ``features`` on the key ``patterns`` (``"lease:*"``): one line per feature, each adding
+    ``features`` on the key ``patterns`` (``"lease:*"``) and the pub/sub
+    ``channel_patterns`` (:func:`channels`, ``&`` each): one line per feature, each adding
     the commands the features before it did not have, ``\\`` at each line's end.
 
     Raises:
         KeyError: an unknown feature name.
     """
     head = ["redis-cli ACL SETUSER", user, "reset on", f"'>{password}'",
-            *(f"'~{p}'" for p in patterns), "-@all"]
+            *(f"'~{p}'" for p in patterns), *(f"'&{c}'" for c in channel_patterns), "-@all"]
     wanted, seen, lines = {"tasks", *features}, set[str](), []
     for feature in FEATURES.values():
         if feature.name not in wanted:
@@ -215,7 +240,7 @@ def denied(client: Any, features: Iterable[str], prefixes: Iterable[str]
         try:
             node = routing.owner(client, key)
             reply = node.execute_command(*_CHECK.args(
-                (key,), [_shape(c) for c in names], by_sha=False))
+                (key,), [_shape(c).replace("%p", prefix) for c in names], by_sha=False))
         except NoPermissionError as exc:  # the probe itself: EVAL, or the key, is refused
             text = str(exc).lower()
             return [Denied("tasks", () if "key" in text else ("eval",), key)]

@@ -1,7 +1,9 @@
 """Newest wins (``lease_on_conflict="preempt"``): the store's side of taking a lease over.
 
-- :func:`take_over`: one script (``scripts/preempt-2.lua``) replaces the holder's token with the
+- :func:`take_over`: one script (``scripts/preempt-4.lua``) replaces the holder's token with the
   newcomer's and issues a higher fencing token;
+- :func:`was_preempted`: whether a refused renewal was a take-over (the newcomer's holder JSON
+  names the token it replaced), for an old holder whose notice was lost;
 - :func:`publish_preempted` / :func:`subscribe` / :func:`next_message`: the notification the
   old holder's process listens to (``PUBLISH`` on the channel its holder value names), so that
   ``LeaseLost`` lands at once rather than at its next renewal (the fallback);
@@ -11,21 +13,22 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 import redis
 from redis.exceptions import RedisError
 
-from ..keys import fence_key, wake_key
+from ..keys import claim_key, fence_key, reservation_key, wake_key
 from . import lua, routing
 from .protocol import FENCE_COUNTER_EXTRA_MS, WAKE_LIFETIME_MS, AcquireResult
 from .value import Holder, parse_value
 
 __all__ = ["next_message", "preempt_channel", "publish_preempted", "subscribe", "take_over",
-           "wait_preempted_end", "wake_preempter"]
+           "wait_preempted_end", "wake_preempter", "was_preempted"]
 
-_take_over = lua.load("preempt-2.lua")
+_take_over = lua.load("preempt-4.lua")
 _wake_preempter = lua.load("wake_preempter-1.lua")
 
 
@@ -43,24 +46,50 @@ def take_over(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: st
     :func:`celery_lease.store.acquire`, whose arguments and answer it shares (so
     :func:`celery_lease.lifecycle.take` can send it, with its same-token retry).
     ``min_replicas`` is not waited for: the take-over is answered by the primary alone;
-    ``task_id`` and ``handed_over`` (hand-over policies) do not apply to ``"preempt"``, and a
-    ``claimed`` message's claim (``lease_dedupe``) is not cleared: it lapses with its lifetime.
+    ``handed_over`` does not apply to ``"preempt"``; a ``claimed`` message's claim
+    (``lease_dedupe``) is cleared by the take-over when it names ``task_id``, in the same
+    script, as :func:`celery_lease.store.acquire` clears it.
 
-    Not granted when the key changed hands since ``from_token`` was seen, or holds a cooldown
-    record (``lease_cooldown``): the answer then names the holder found.
+    Not granted when the key changed hands since ``from_token`` was seen, holds a cooldown
+    record (``lease_cooldown``), or is free but reserved for another task id (a hand-over): the
+    answer then names the holder found.
 
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
-    argv = (token, ttl_ms, holder, ttl_ms + FENCE_COUNTER_EXTRA_MS, from_token)
+    keys: tuple[str, ...] = (key, fence_key(key), reservation_key(key))
+    if claimed:
+        keys = (*keys, claim_key(key))
+    argv = (token, ttl_ms, holder, ttl_ms + FENCE_COUNTER_EXTRA_MS, task_id, "0", from_token)
     try:
-        granted, value, pttl = _take_over(client, (key, fence_key(key)), argv)
+        granted, value, pttl = _take_over(client, keys, argv)
     except RedisError as exc:
         raise routing.note(exc, client, key) from None
     if granted and b":" not in value:
         return AcquireResult(True, Holder(token, int(value)), ttl_ms / 1000)
     return AcquireResult(bool(granted), parse_value(value),
                          (int(pttl) if int(pttl) >= 0 else ttl_ms) / 1000)
+
+
+def was_preempted(client: redis.Redis, key: str, token: str) -> bool:
+    """True when lease ``key`` is now held by an execution that took it over from ``token``
+    (its holder JSON's ``"preempted"``, written by ``preempt-4.lua``): a renewal of ``token``
+    refused because of a take-over, not an expiry. One ``GET``; False for anything else (a
+    free key, another value, a store error: the loss then stays ``refused``)."""
+    try:
+        value = client.get(key)
+    except RedisError:
+        return False
+    if not isinstance(value, bytes | str):
+        return False
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+    _, _, rest = text.partition(":")
+    _, _, meta = rest.partition(":")
+    try:
+        info = json.loads(meta)
+    except ValueError:
+        return False
+    return isinstance(info, dict) and info.get("preempted") == token
 
 
 def publish_preempted(client: redis.Redis, channel: str, token: str) -> int:

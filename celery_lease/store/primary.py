@@ -22,22 +22,31 @@ failover's leader has seen it promoted, before redis-py's own discovery does):
   tried again until the lease's deadline, when the holder gets ``LeaseLost``), and the client
   is told to look for the primary again, so the next write goes to the new one.
 
+A release (:func:`released`: the plain one, the hand-over's and the cooldown's) counts the same
+way, but never raises for it: one unconfirmed is sent once more, to the primary the sentinels
+name, and only that answer counts, or else the release answers "not released".
+
 Standalone and cluster clients have nothing to confirm here (a cluster node that lost its
 slots answers ``MOVED``); :func:`managed` is False for them and costs one attribute read.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
 from .. import clock
 from .errors import PrimaryUnconfirmed
 
-__all__ = ["Address", "confirm", "managed", "written_to"]
+__all__ = ["Address", "confirm", "managed", "released", "written_to"]
+
+logger = logging.getLogger("celery_lease")
 
 Address = tuple[str, int]
+Reply = TypeVar("Reply")
 
 
 def managed(client: Any) -> bool:
@@ -94,6 +103,45 @@ def confirm(client: Any, before: Address | None) -> PrimaryUnconfirmed | None:
     return PrimaryUnconfirmed(
         f"written to {before[0]}:{before[1]}, but the sentinels name {', '.join(others)} as "
         f"primary now (a failover): the write does not count")
+
+
+def released(client: Any, key: str, send: Callable[[], Reply], found: Callable[[Reply], bool],
+             lost: Reply) -> Reply:
+    """The answer of a token-checked release of lease ``key`` that counts: ``send()``'s reply,
+    once the sentinels confirm the node it was written to when ``found(reply)`` (the token was
+    there: the release deleted the key, now or earlier); ``lost`` when they do not, twice.
+
+    A primary demoted by a failover still answers old connections, with a token whose grant
+    never replicated, while the new primary may have granted the key to another execution:
+    its "released" may hide a loss. So an unconfirmed release is sent once more (``send()``
+    again, token-checked: where the first one landed on the counted primary, the second finds
+    the token gone and changes nothing), to the primary the sentinels name (:func:`confirm`
+    told the pool to look for it), and only that reply counts, confirmed in turn. An earlier
+    reply is dropped with everything it answered (a hand-over's run, a cooldown): a caller
+    acts on one reply only. A reply with ``found`` False is final at once: nothing is
+    confirmed for it. Used by :func:`celery_lease.store.release`,
+    :func:`celery_lease.store.handoff.release_handing_over` and
+    :func:`celery_lease.store.release_into_cooldown`.
+
+    Costs nothing but one attribute read on a standalone or cluster client (``send()`` once),
+    one round trip to the sentinels per release on a Sentinel-managed one.
+
+    Raises:
+        redis.exceptions.RedisError: what ``send()`` raises (a store error).
+    """
+    if not managed(client):
+        return send()
+    for _ in (1, 2):
+        before = written_to(client)
+        reply = send()
+        if not found(reply):
+            return reply
+        problem = confirm(client, before)
+        if problem is None:
+            return reply
+        logger.warning("lease release of %s not confirmed by the sentinels (%s): sent to the "
+                       "primary they name", key, problem)
+    return lost
 
 
 def _ask_all(sentinels: list[Any], service: str, budget: float) -> list[Address | None]:

@@ -214,10 +214,22 @@ def release(client: redis.Redis, key: str, token: str) -> bool:
     A release also notes ``token`` as the last execution that ended with this key (beside the
     fencing counter), for :func:`released_last`.
 
+    On a Sentinel-managed client a release that found its token counts only once the sentinels
+    confirm the node it was written to (:func:`celery_lease.store.primary.released`, as for a
+    grant): a primary demoted by a failover still answers old connections, with the token a
+    grant that never replicated left there, while the new primary may have granted the key to
+    another execution. Unconfirmed, the release is sent once more, to the primary the
+    sentinels name (token-checked: harmless), and that answer counts once confirmed in turn;
+    otherwise it answers False: the holder cannot confirm it held its lease to the end, and
+    records it as a loss (:func:`celery_lease.lifecycle.end`) instead of ending silently
+    (with ``lease_min_replicas=0`` such a holder may have run beside the next one).
+
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
-    return _decide(_release, client, key, (key, fence_key(key)), (token,))
+    keys, argv = (key, fence_key(key)), (token,)
+    return primary.released(client, key, lambda: _decide(_release, client, key, keys, argv),
+                            bool, False)
 
 
 def revoke(client: redis.Redis, key: str, token: str) -> bool:

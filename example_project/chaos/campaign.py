@@ -59,6 +59,7 @@ class Settings:
     beat sends the job for, each every ``beat_period``; ``sentinel``: the lease store is a
     Sentinel set-up, and ``failover`` is a fault; ``drain``: how long to wait for the last
     jobs after the nemesis stops; ``cooldown``: the job's ``lease_cooldown`` (0: none);
+    ``preempt_grace``: the preempt job's ``lease_preempt_grace`` (its keys ``p0``..``p4``);
     ``broker_url``: an existing Redis for the broker and results (default: RabbitMQ at
     ``CHAOS_AMQP_URL`` or :data:`DEFAULT_AMQP_URL`, results on a private Redis).
     """
@@ -78,6 +79,11 @@ class Settings:
     log_dir: str | None = None
     broker_url: str | None = None
     cooldown: float = 0.0
+    preempt_grace: float = 0.5
+
+
+#: Keys of the preempt job: few, so that its copies meet (each meeting is a take-over).
+PREEMPT_KEYS = 5
 
 
 def _pid_tree(pid: int) -> list[int]:
@@ -190,10 +196,12 @@ class _Producer(threading.Thread):
         while not self.halt.is_set():
             key = f"k{self.rng.randrange(self.settings.keys)}"
             path = self.rng.choices(["delay", "send_task", "retry", "requeue", "dedupe",
-                                     "coalesce", "queue", "debounce"],
-                                    weights=[4, 3, 2, 1, 3, 2, 2, 2])[0]
+                                     "coalesce", "queue", "preempt", "debounce"],
+                                    weights=[4, 3, 2, 1, 3, 2, 2, 2, 2])[0]
             if path in ("coalesce", "queue"):  # their own keys: their own leases
                 key = path[0] + key[1:]
+            elif path == "preempt":
+                key = f"p{int(key[1:]) % PREEMPT_KEYS}"
             try:
                 # 2 to 8 writes 0.3 s apart: some jobs end before their first renewal (at
                 # TTL/3), others renew once or more.
@@ -211,8 +219,10 @@ class _Producer(threading.Thread):
                                 mode=path if path in ("retry", "requeue") else "plain",
                                 by_name=path == "send_task")
                 if self.rng.random() < self.settings.duplicates:
-                    # A hand-over job's duplicate is one of its own (the same lease).
-                    self.submit(key, path if path in ("coalesce", "queue") else "duplicate")
+                    # A hand-over or preempt job's duplicate is one of its own (the same
+                    # lease): a preempt duplicate takes the key over from its original.
+                    own = path in ("coalesce", "queue", "preempt")
+                    self.submit(key, path if own else "duplicate")
             except Exception as exc:  # the broker is never faulted: worth reporting
                 self.errors.append(repr(exc))
             next_at += period
@@ -310,6 +320,7 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
            "CHAOS_QUEUE": queue, "CHAOS_DSN": dsn, "CHAOS_LEASE_URL": lease_url,
            "CHAOS_LEASE_OPTIONS": json.dumps(getattr(store, "options", {})),
            "CHAOS_TTL": str(settings.ttl), "CHAOS_COOLDOWN": str(settings.cooldown),
+           "CHAOS_PREEMPT_GRACE": str(settings.preempt_grace),
            "CHAOS_BEAT_KEYS": ",".join(f"k{i}" for i in range(min(settings.beat_keys,
                                                                    settings.keys))),
            "CHAOS_BEAT_PERIOD": str(settings.beat_period)}
@@ -431,6 +442,7 @@ def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: 
             sampler: _Sampler, started: float,
             nemesis_end: float) -> History:
     writes, runs, jobs, parked = db.load(dsn)
+    preemptions = db.load_preemptions(dsn)
     ran = {r.job for r in runs if r.outcome == "ok"}
     jobs_by_task = {job.task_id: job for job in jobs}
     ran_tasks = {r.task_id for r in runs if r.outcome == "ok"}
@@ -467,4 +479,5 @@ def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: 
                    finished_at=time.time(), writes=writes, executions=runs, jobs=jobs,
                    parked=parked, workers=samples, leftover_leases=leftover,
                    keys_without_ttl=no_ttl, leftover_claims=claims, cooldown=settings.cooldown,
+                   preemptions=preemptions, preempt_grace=settings.preempt_grace,
                    debounce_cap=worker_app.DEBOUNCE_CAP)

@@ -31,10 +31,13 @@ its send), so a violation is never an artefact of timing, and each comes with it
 8. Once per window (a campaign with ``lease_cooldown``): no execution was granted its key
    within the cooldown after an execution that succeeded, unless a fault erased the store's
    keys in between.
-9. Debounce (``lease_debounce``, :mod:`.checker_debounce`): each burst ran once, with the
-   latest arguments, no later than its cap (plus one TTL and a slack) after its first
-   publish unless a fault or the key's previous run came in between; no burst was left
-   waiting at the end.
+9. Newest wins (``lease_on_conflict="preempt"``, :mod:`.preempt_check`): a preempted
+   holder's writes after the newcomer's are refused, it stops within grace + one renewal
+   interval + a slack of the take-over, and it is told with cause ``preempted``.
+10. Debounce (``lease_debounce``, :mod:`.checker_debounce`): each burst ran once, with the
+    latest arguments, no later than its cap (plus one TTL and a slack) after its first
+    publish unless a fault or the key's previous run came in between; no burst was left
+    waiting at the end.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ RSS_SLACK = 64 * 1024 * 1024
 
 @dataclass
 class Violation:
-    """One broken promise: the property number (1-7), a rule name, a sentence, the evidence."""
+    """One broken promise: the property number (1-10), a rule name, a sentence, the evidence."""
 
     property: int
     rule: str
@@ -79,7 +82,9 @@ class Violation:
 
 
 def check(history: History) -> list[Violation]:
-    """Every violation of the nine properties in ``history`` (empty: all promises kept)."""
+    """Every violation of the ten properties in ``history`` (empty: all promises kept)."""
+    from .preempt_check import preemptions  # it imports Violation from here
+
     return [
         *fencing_order(history),
         *exclusion(history),
@@ -89,6 +94,7 @@ def check(history: History) -> list[Violation]:
         *dedupe(history),
         *handover(history),
         *cooldown_windows(history),
+        *preemptions(history),
         *debounce_bursts(history),
     ]
 
@@ -344,7 +350,7 @@ def dedupe(history: History) -> list[Violation]:
     # past its lifetime (or without one) outlived its message by more than its lifetime.
     for claim in history.leftover_claims:
         if claim.get("debounced"):
-            continue  # a debounce burst: property 9
+            continue  # a debounce burst: property 10
         if claim["ttl"] < 0 or claim["age"] > claim["lifetime"] + CLAIM_SLACK:
             found.append(Violation(
                 6, "claim-outlived", f"{claim['key']}: the claim of waiting copy "
@@ -398,6 +404,7 @@ def _spread(values: list[float]) -> dict[str, float | None]:
 
 def summarize(history: History, violations: list[Violation]) -> dict[str, Any]:
     """The counts of a run: jobs, executions, skips, losses, faults, stalls, throughput."""
+    from .preempt_check import summary as preempt_summary
     refused = {w.token for w in history.writes if not w.accepted}
     lost = Counter(e.lost_cause or "unknown" for e in history.executions if e.outcome == "lost")
     told_later = sum(1 for e in history.executions
@@ -440,6 +447,7 @@ def summarize(history: History, violations: list[Violation]) -> dict[str, Any]:
             j.disposition for j in history.jobs if j.disposition is not None)),
         "dedupe_claims_left": len(history.leftover_claims),
         "debounce_runs_past_cap_s": _spread(lateness(history)),
+        **preempt_summary(history),
         "violations": len(violations),
         "violations_by_property": dict(Counter(str(v.property) for v in violations)),
     }

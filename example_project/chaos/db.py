@@ -20,10 +20,10 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import sql
 
-from .history import Execution, Job, Parked, Write
+from .history import Execution, Job, Parked, Preemption, Write
 
 __all__ = ["DEFAULT_ADMIN_DSN", "Recorder", "create_database", "drop_database", "load",
-           "unfinished"]
+           "load_preemptions", "unfinished"]
 
 #: Where the run's database is created (``CHAOS_PG_DSN`` overrides): the machine's server.
 DEFAULT_ADMIN_DSN = "host=localhost port=5432 user=postgres dbname=postgres"
@@ -50,6 +50,8 @@ CREATE TABLE jobs (job TEXT PRIMARY KEY, key TEXT NOT NULL, path TEXT NOT NULL,
 CREATE TABLE parked (id BIGSERIAL PRIMARY KEY, task_id TEXT NOT NULL, key TEXT NOT NULL,
                      kind TEXT NOT NULL, covering TEXT NOT NULL,
                      park_lower DOUBLE PRECISION, park_upper DOUBLE PRECISION);
+CREATE TABLE preemptions (token TEXT PRIMARY KEY, preempted TEXT NOT NULL, key TEXT NOT NULL,
+                          at DOUBLE PRECISION NOT NULL, notified INTEGER NOT NULL);
 """
 
 # One statement: the guard, and the attempt recorded with the guard's answer.
@@ -201,6 +203,13 @@ class Recorder:
             (parked.task_id, parked.key, parked.kind, parked.into, parked.lower,
              parked.upper)))
 
+    def preempted(self, taken: Preemption) -> None:
+        """Record a take-over (``lease_on_conflict="preempt"``)."""
+        self._run(lambda conn: conn.execute(
+            "INSERT INTO preemptions (token, preempted, key, at, notified)"
+            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (token) DO NOTHING",
+            (taken.token, taken.preempted, taken.key, taken.at, taken.notified)))
+
     def close(self) -> None:
         """Close the idle connections."""
         with self._lock:
@@ -237,3 +246,10 @@ def load(dsn: str) -> tuple[list[Write], list[Execution], list[Job], list[Parked
             "SELECT task_id, key, kind, covering, park_lower, park_upper FROM parked"
             " ORDER BY id")]
     return writes, runs, jobs, parked
+
+
+def load_preemptions(dsn: str) -> list[Preemption]:
+    """Read the take-overs recorded in ``dsn``, in the order they were recorded."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return [Preemption(*row) for row in conn.execute(
+            "SELECT token, preempted, key, at, notified FROM preemptions ORDER BY at")]

@@ -11,7 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Execution", "Fault", "History", "Job", "Parked", "WorkerSample", "Write"]
+__all__ = ["Execution", "Fault", "History", "Job", "Parked", "Preemption", "WorkerSample",
+           "Write"]
 
 
 @dataclass
@@ -119,6 +120,21 @@ class Parked:
 
 
 @dataclass
+class Preemption:
+    """A take-over (``lease_on_conflict="preempt"``), recorded by the newcomer's process when
+    the ``lease_preempted`` signal arrived: the script had run by ``at``, and after the
+    newcomer's own ``grant_lower``. ``token`` is the newcomer's, ``preempted`` the replaced
+    holder's; ``notified`` how many processes got the notice (0: the old holder learns it at
+    its renewal, or its release)."""
+
+    token: str
+    preempted: str
+    key: str
+    at: float
+    notified: int
+
+
+@dataclass
 class Fault:
     """One injected fault: its kind, what it hit, and when it started and was healed."""
 
@@ -164,6 +180,8 @@ class History:
     ``leftover_claims`` the waiting copies' claims (``lease_dedupe``) still present at the end
     (``{"key", "task_id", "age", "lifetime", "ttl"}``, float seconds);
     ``cooldown`` the job's ``lease_cooldown`` (float seconds; 0.0: none);
+    ``preemptions`` the take-overs of the preempt job, whose ``lease_preempt_grace`` is
+    ``preempt_grace`` (float seconds);
     ``debounce_cap`` the debounce job's ``lease_debounce_max`` (float seconds; 0.0: no
     debounce jobs): a leftover claim with ``debounced`` above 0 is a burst that never ran.
     """
@@ -183,6 +201,8 @@ class History:
     leftover_claims: list[dict[str, Any]] = field(default_factory=list)
     cooldown: float = 0.0
     debounce_cap: float = 0.0
+    preemptions: list[Preemption] = field(default_factory=list)
+    preempt_grace: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (see :meth:`from_dict`)."""
@@ -192,7 +212,7 @@ class History:
     def from_dict(cls, data: dict[str, Any]) -> History:
         """Rebuild a history saved with :meth:`to_dict`."""
         lists = {"writes": Write, "executions": Execution, "jobs": Job, "faults": Fault,
-                 "workers": WorkerSample, "parked": Parked}
+                 "workers": WorkerSample, "parked": Parked, "preemptions": Preemption}
         fields = {k: v for k, v in data.items() if k not in lists}
         built = {name: [kind(**row) for row in data.get(name, [])]
                  for name, kind in lists.items()}

@@ -5,6 +5,7 @@ faulted; ``CHAOS_RESULT_URL``: the result backend, never faulted; ``CHAOS_QUEUE`
 queue; ``CHAOS_LEASE_URL``: the lease store, reached through the nemesis' proxy;
 ``CHAOS_DSN``: the run's PostgreSQL database; ``CHAOS_TTL``: the lease TTL in float
 seconds; ``CHAOS_COOLDOWN``: the job's ``lease_cooldown`` in float seconds (0 or unset: none);
+``CHAOS_PREEMPT_GRACE``: the preempt job's ``lease_preempt_grace``, float seconds;
 ``CHAOS_LEASE_OPTIONS``: ``lease_backend_options`` as JSON, e.g. the Sentinel
 ``master_name``; ``CHAOS_BEAT_KEYS``, ``CHAOS_BEAT_PERIOD``: the keys beat sends the job for,
 comma-separated, every that many float seconds). The job uses the public API of
@@ -33,7 +34,7 @@ from celery_lease import Lease, LeasedTask, LeaseLost
 from celery_lease import signals as lease_signals
 
 from .db import Recorder
-from .history import Execution, Job, Parked
+from .history import Execution, Job, Parked, Preemption
 
 #: Name of the job task (the producer sends it by name too).
 JOB_TASK = "example_project.chaos.worker_app.chaos_job"
@@ -49,6 +50,9 @@ DEBOUNCE_DELAY, DEBOUNCE_CAP = 0.5, 2.0
 #: of those names): a duplicate is parked in its key's line and handed the key later.
 HANDOFF_TASKS = {"coalesce": "example_project.chaos.worker_app.chaos_coalesce",
                  "queue": "example_project.chaos.worker_app.chaos_queue"}
+#: The same job with ``lease_on_conflict="preempt"`` (submission path ``preempt``, keys of its
+#: own): a copy that starts while the key is held takes it over, newest wins.
+PREEMPT_TASK = "example_project.chaos.worker_app.chaos_preempt"
 #: Prefix of every lease key of a campaign (the leak check scans it).
 LEASE_PREFIX = "chaos-lease"
 #: Visibility timeout of a Redis broker (float seconds): a dead worker's message comes back
@@ -143,6 +147,15 @@ lease_signals.lease_coalesced.connect(_record_park, weak=False)
 lease_signals.lease_queued.connect(_record_park, weak=False)
 
 
+@lease_signals.lease_preempted.connect  # type: ignore[untyped-decorator]
+def _record_preempted(sender: Any = None, token: str = "", preempted_token: str = "",
+                      notified: int = 0, **_: Any) -> None:
+    """Record a take-over, once the newcomer holds the key (before its body runs)."""
+    request = getattr(sender, "request", None)
+    key = (getattr(request, "kwargs", None) or {}).get("key", "")
+    recorder().preempted(Preemption(token, preempted_token, key, time.time(), notified))
+
+
 @lease_signals.lease_lost.connect  # type: ignore[untyped-decorator]
 def _on_lost(sender: Any = None, token: str = "", **_: Any) -> None:
     _lost_at.setdefault(token, time.time())
@@ -152,7 +165,8 @@ def _on_lost(sender: Any = None, token: str = "", **_: Any) -> None:
 def _on_released(sender: Any = None, token: str = "", released: bool | None = None,
                  **_: Any) -> None:
     _lost_at.pop(token, None)
-    if getattr(sender, "name", None) in (JOB_TASK, DEDUPE_TASK, *HANDOFF_TASKS.values()):
+    if getattr(sender, "name", None) in (JOB_TASK, DEDUPE_TASK, PREEMPT_TASK,
+                                         *HANDOFF_TASKS.values()):
         # None (the release's reply is read later, off the execution's path) says nothing:
         # recorded as None, never as False ("the store no longer had the token").
         recorder().execution_released(token, released)
@@ -199,6 +213,8 @@ def submit(key: str, path: str, writes: int = 3, step: float = 0.3, mode: str = 
             result = task.apply_async(kwargs=kwargs, task_id=job.task_id)
             recorder().job_published(job.job, result.lease_disposition, result.id, lower,
                                      time.time())
+        elif path == "preempt":
+            chaos_preempt.apply_async(kwargs=kwargs, task_id=job.task_id)
         elif path in HANDOFF_TASKS:
             app.tasks[HANDOFF_TASKS[path]].apply_async(kwargs=kwargs, task_id=job.task_id)
         else:
@@ -264,6 +280,15 @@ def chaos_coalesce(self: LeasedTask, key: str, job: str, writes: int = 3, step: 
 def chaos_queue(self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3,
                 mode: str = "plain") -> dict[str, Any]:
     """The job, its duplicates waiting in line per key."""
+    return run_job(self, key, job, writes, step, mode)
+
+
+@app.task(base=ChaosJob, bind=True, lease_key=("key",), name=PREEMPT_TASK,  # type: ignore[untyped-decorator]
+          lease_on_conflict="preempt",
+          lease_preempt_grace=float(os.environ.get("CHAOS_PREEMPT_GRACE") or 0))
+def chaos_preempt(self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3,
+                  mode: str = "plain") -> dict[str, Any]:
+    """The job, newest wins: a copy that starts while the key is held takes it over."""
     return run_job(self, key, job, writes, step, mode)
 
 

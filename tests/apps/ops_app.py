@@ -101,6 +101,20 @@ def hold(self: Any, name: str, seconds: float) -> str:
     return name
 
 
+@app.task(shared=False, base=LeasedTask, bind=True, name="ops.hold_coalesce",  # type: ignore[untyped-decorator]
+          lease_key=("name",), lease_on_conflict="coalesce")
+def hold_coalesce(self: Any, name: str, seconds: float) -> str:
+    """:func:`hold`, its duplicates coalesced into the key's pending run."""
+    return hold.run(name, seconds)  # type: ignore[no-any-return]
+
+
+@app.task(shared=False, base=LeasedTask, bind=True, name="ops.hold_queue",  # type: ignore[untyped-decorator]
+          lease_key=("name",), lease_on_conflict="queue")
+def hold_queue(self: Any, name: str, seconds: float) -> str:
+    """:func:`hold`, its duplicates waiting in the key's line."""
+    return hold.run(name, seconds)  # type: ignore[no-any-return]
+
+
 @app.task(shared=False, bind=True, name="ops.tick")
 def tick(self: Any, tag: str = "x") -> None:
     """A plain task beat sends: records which beat process sent it (``origin``)."""

@@ -1,7 +1,9 @@
 """Leased tasks with ``lease_on_conflict="preempt"``, for ``tests/test_preempt.py`` and the
 preemption benchmark, run by real workers.
 
-Configured from ``TEST_BROKER_URL`` / ``TEST_RESULT_BACKEND`` / ``TEST_QUEUE``. Every body
+Configured from ``TEST_BROKER_URL`` / ``TEST_RESULT_BACKEND`` / ``TEST_QUEUE``; with
+``BEAT_PERIOD`` (float seconds), beat sends ``pre.work`` for the tag ``BEAT_TAG`` every period,
+each send a run of its own name, holding its key far longer than the period. Every body
 records, in the Redis list ``runs:<tag>``, its start (``"start"``, its fencing token), the
 moment it caught ``LeaseLost`` (``"lost"``, its cause) and its end (``"end"``), and its
 worker the execution's start before the lease is asked for (``"prerun"``); the newcomer's
@@ -15,10 +17,12 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from typing import Any
 
 import redis
 from celery import Celery
+from celery.beat import BeatLazyFunc
 from celery.signals import task_prerun
 
 from celery_lease import LeasedTask, LeaseLost, current_lease
@@ -40,6 +44,18 @@ app.conf.update(task_default_queue=os.environ.get(QUEUE_ENV, "celery"), lease_ba
                 worker_prefetch_multiplier=1)
 
 
+def beat_run_name() -> str:
+    """A name of its own for each run beat sends (drawn at each send)."""
+    return f"beat-{uuid.uuid4().hex[:8]}"
+
+
+if os.environ.get("BEAT_PERIOD"):
+    app.conf.update(beat_max_loop_interval=1.0, beat_schedule={"replace": {
+        "task": "pre.work", "schedule": float(os.environ["BEAT_PERIOD"]),
+        "kwargs": {"tag": os.environ.get("BEAT_TAG", "beat"),
+                   "run": BeatLazyFunc(beat_run_name)}}})
+
+
 def _note(tag: str, what: str, **fields: Any) -> None:
     journal.record(app.conf.lease_backend, tag, what=what, at=time.time(), **fields)
 
@@ -52,6 +68,8 @@ def runs(tag: str) -> list[dict[str, Any]]:
 @lease_signals.lease_preempted.connect  # type: ignore[untyped-decorator]
 def _on_preempted(sender: Any = None, key: str = "", fencing_token: int = 0,
                   preempted_fencing_token: int = 0, **_: Any) -> None:
+    if not getattr(sender, "name", "").startswith("pre."):
+        return  # in_process()'s task: its test reads what it recorded itself
     journal.record(app.conf.lease_backend, f"took-over:{key}", at=time.time(),
                    fence=fencing_token, old=preempted_fencing_token)
 
@@ -75,8 +93,8 @@ def _fenced() -> RedisFencedStore:
 def _body(tag: str, run: str, hold: float, checkpoint: float, wait_for_newcomer: bool) -> str:
     lease = current_lease()
     assert lease is not None
+    _fenced().write(tag, run, lease.fencing_token)  # first: "start" says it is written
     _note(tag, "start", run=run, fence=lease.fencing_token)
-    _fenced().write(tag, run, lease.fencing_token)
     try:
         deadline = time.time() + hold
         while time.time() < deadline:
@@ -84,10 +102,13 @@ def _body(tag: str, run: str, hold: float, checkpoint: float, wait_for_newcomer:
     except LeaseLost as exc:
         _note(tag, "lost", run=run, cause=exc.cause)
         time.sleep(checkpoint)  # the checkpoint a grace leaves time for
-        starts = [r for r in runs(tag) if r["what"] == "start"]
-        while wait_for_newcomer and len(starts) < 2 and time.time() < deadline:
+
+        def newer() -> list[dict[str, Any]]:  # a newcomer's start: it has written
+            return [r for r in runs(tag) if r["what"] == "start"
+                    and r["fence"] > lease.fencing_token]
+
+        while wait_for_newcomer and not newer() and time.time() < deadline:
             time.sleep(0.02)  # the newcomer writes first, then this late write
-            starts = [r for r in runs(tag) if r["what"] == "start"]
         accepted = _fenced().write(tag, f"late {run}", lease.fencing_token)
         _note(tag, "end", run=run, late_write_accepted=accepted)
         raise
@@ -109,3 +130,41 @@ def graceful(tag: str, run: str, hold: float = 30.0, checkpoint: float = 0.0) ->
     """As :func:`work`, with a grace of :data:`GRACE` seconds for a preempted holder, whose
     late write does not wait for the newcomer (which waits for it)."""
     return _body(tag, run, hold, checkpoint, wait_for_newcomer=False)
+
+
+@app.task(shared=False, base=LeasedTask, name="pre.deduped", lease_key=("tag",),
+          lease_on_conflict="preempt", lease_dedupe=True)
+def deduped(tag: str, run: str, hold: float = 30.0, checkpoint: float = 0.0) -> str:
+    """As :func:`work`, with ``lease_dedupe``: a publish while a copy waits to start
+    publishes nothing."""
+    return _body(tag, run, hold, checkpoint, wait_for_newcomer=True)
+
+
+def in_process(url: str, prefix: str, ttl: float = 30.0, grace: float = 0.0,
+               old_hold: float = 30.0) -> tuple[Any, list[tuple[str, str, float]]]:
+    """A new app on lease store ``url`` (keys under ``prefix``, ``lease_ttl=ttl``) with one
+    preempt task ``job(tag, run)`` (``lease_preempt_grace=grace``), called in the test's own
+    process with ``apply()``: its ``"old"`` run holds ``tag`` until preempted (``old_hold``
+    seconds at most), any other returns at once. Returns the task and what the runs did:
+    ``(run, what, time.monotonic())``, ``what`` being ``"start"``, ``"lost <cause>"`` or
+    ``"end"`` (the old run's body returned)."""
+    in_app = Celery(f"preempt-{prefix}", broker="memory://", set_as_current=False)
+    in_app.conf.update(lease_backend=url, lease_key_prefix=prefix, lease_ttl=ttl)
+    seen: list[tuple[str, str, float]] = []
+
+    @in_app.task(base=LeasedTask, shared=False, name="inproc.preempt", lease_key=("tag",),
+                 lease_on_conflict="preempt", lease_preempt_grace=grace)
+    def job(tag: str, run: str) -> str:
+        seen.append((run, "start", time.monotonic()))
+        try:
+            deadline = time.monotonic() + (old_hold if run == "old" else 0.0)
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+        except LeaseLost as exc:
+            seen.append((run, f"lost {exc.cause}", time.monotonic()))
+            raise
+        seen.append((run, "end", time.monotonic()))
+        return run
+
+    in_app.finalize()
+    return job, seen

@@ -26,8 +26,10 @@ SYSTEM_REDIS = "/usr/bin/redis-server"
 def lease_acl(user: str, password: str, prefix: str = "lease",
               features: Sequence[str] = permissions.DEFAULT_FEATURES) -> list[str]:
     """``ACL SETUSER`` arguments for a user with exactly the permissions of ``features``
-    (:mod:`celery_lease.store.permissions`, the list docs/deploying.md shows) on ``prefix``."""
-    return [user, "reset", "on", f">{password}", f"~{prefix}:*", "-@all",
+    (:mod:`celery_lease.store.permissions`, the list docs/deploying.md shows) on ``prefix``,
+    its channel patterns included."""
+    return [user, "reset", "on", f">{password}", f"~{prefix}:*",
+            *(f"&{c}" for c in permissions.channels(features, [prefix])), "-@all",
             *(f"+{c}" for c in permissions.commands(features))]
 
 

@@ -1,5 +1,5 @@
 --[[
-The next fencing token of a key (acquire-4.lua, preempt-2.lua): max(counter + 1, server time in
+The next fencing token of a key (acquire-4.lua, preempt-4.lua): max(counter + 1, server time in
 microseconds), refused for a counter this library did not write (another type, a value that
 does not start with digits, digits at or above 2^53 - 1).
 
