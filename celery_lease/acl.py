@@ -117,7 +117,9 @@ def needs(app: Any, tasks_only: bool = False) -> list[StoreNeeds]:
 
     for task in leased_tasks(app):
         options, url, _ = task.lease_settings()
-        add(options, url)
+        need = add(options, url)
+        if need is not None and task._lease_limit_spec() not in (None, 1):
+            need.features.add("limit")
     if not found and not tasks_only:
         options = app_options(app)
         add(options, resolve_backend(options, app.conf, "app settings"))

@@ -220,8 +220,11 @@ def _print_leases(found: list[LeaseInfo], wide: bool) -> None:
     task = {id(i): "(unknown holder)" if i.foreign else
             f"{i.task or '?'} (cooldown)" if i.cooldown_until else i.task or "?" for i in found}
     lines = any(i.waiting or i.reserved_for for i in found)  # a column only when it says more
-    extra = (lambda i: (_waiting(i),)) if lines else (lambda i: ())
-    head: tuple[str, ...] = ("WAITING",) if lines else ()
+    limited = any(i.limit > 1 for i in found)  # SLOTS: used/N of a lease_limit key
+    head: tuple[str, ...] = ("SLOTS",) * limited + ("WAITING",) * lines
+
+    def extra(i: LeaseInfo) -> tuple[str, ...]:
+        return (f"{i.used}/{i.limit}",) * limited + (_waiting(i),) * lines
     if wide:
         rows = [(task[id(i)], i.task_id or "?", i.host or "?", str(i.pid),
                  str(i.fencing_token), _human(i.ttl), *extra(i), i.key) for i in found]
@@ -337,7 +340,7 @@ def release(ctx: click.Context, key: str, assume_yes: bool, url: str | None,
               f"prefix of its own (lease_key_prefix)", 1)
     if not assume_yes and not click.confirm("Release it?", default=False):
         _fail("not released", 1)
-    if store.revoke(client, key, current.token):
+    if (store.revoke_slot if current.limit > 1 else store.revoke)(client, key, current.token):
         click.echo(f"released {key}")
         return
     now = read_lease(client, key)

@@ -78,9 +78,9 @@ TASK_OPTIONS = (
 )
 
 #: Settings read elsewhere (the beat leader lease, celery_lease.beat; lease_tasks,
-#: celery_lease.lease_tasks) and the task-only option.
+#: celery_lease.lease_tasks) and the task-only options (lease_limit: celery_lease.limit).
 OTHER_NAMES = ("lease_key", "lease_tasks", "lease_beat_scheduler", "lease_beat_ttl",
-               "lease_beat_renew_interval", "lease_beat_key")
+               "lease_beat_renew_interval", "lease_beat_key", "lease_limit")
 
 ON_CONFLICT = ("skip", "retry", "fail", "coalesce", "queue", "preempt")
 #: The policies whose release hands the key over to a waiting run (retry waits in line too).

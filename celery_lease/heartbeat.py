@@ -215,7 +215,8 @@ class Heartbeat:
         try:
             replies = store.renew_many(
                 group[0].client, [(x.key, x.token, x.options.ttl_ms) for x in group],
-                max(x.options.min_replicas for x in group))
+                max(x.options.min_replicas for x in group),
+                [i for i, x in enumerate(group) if x.limit > 1])  # lease_limit's slots
             self.passes += 1
         except RedisError as exc:
             replies = [exc] * len(group)

@@ -215,7 +215,8 @@ class Hold(HoldCore):
 def hold(name: str, *, ttl: float | None = None, url: str | None = None, app: Any = None,
          on_conflict: str | None = None, timeout: float | None = None,
          blocking: bool | None = None,
-         renew_interval: float | None = None, key_prefix: str | None = None) -> Hold:
+         renew_interval: float | None = None, key_prefix: str | None = None,
+         limit: int = 1) -> Hold:
     """A lease on ``name`` for a block of code: ``with hold(name) as lease:`` or ``@hold(name)``
     (held for the real run of each shape of callable: :meth:`Hold.__call__`).
 
@@ -239,6 +240,9 @@ def hold(name: str, *, ttl: float | None = None, url: str | None = None, app: An
             the three together, and the combinations refused: :mod:`celery_lease.hold_options`.
         renew_interval: float seconds between renewals (default: ``ttl / 3``).
         key_prefix: overrides ``lease_key_prefix``.
+        limit: up to this many holders at once (int >= 1; default 1, the plain lease), each
+            in a slot of its own that expires on its own (:mod:`celery_lease.limit`); a hold
+            waiting for a slot is woken by a slot's release.
 
     Entering returns the :class:`~celery_lease.lease.Lease` (``fencing_token``, ``check()``).
     A loss raises :class:`LeaseLost` in the thread or greenlet that entered the block (a
@@ -250,12 +254,14 @@ def hold(name: str, *, ttl: float | None = None, url: str | None = None, app: An
             and ``blocking`` in which one would do nothing (here); an invalid setting,
             or no Redis URL from ``url``, ``app`` or the current app (on entry, or at the first
             call of a decorated function, before anything is sent).
-        LeaseKeyError: an invalid ``name`` (here).
+        LeaseKeyError: an invalid ``name`` (here); LeaseConfigError for a ``limit`` that is
+            not an int >= 1 (here).
         LeaseConflict: (on entry) held elsewhere, and not or no longer waited for.
         LeaseStoreUnavailable: (on entry) the store could not be reached.
         LeaseLost: the lease was lost while held.
     """
     return Hold(name, ttl=ttl, url=url, app=app, on_conflict=on_conflict, timeout=timeout,
-                blocking=blocking, renew_interval=renew_interval, key_prefix=key_prefix)
+                blocking=blocking, renew_interval=renew_interval, key_prefix=key_prefix,
+                limit=limit)
 
 

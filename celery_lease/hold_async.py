@@ -219,7 +219,7 @@ class AsyncHold:
 def hold_async(name: str, **options: Any) -> AsyncHold:
     """``async with hold_async(name, ...) as lease:``, the asyncio form of
     :func:`celery_lease.hold` (same arguments: ``ttl``, ``url``, ``app``, ``on_conflict``,
-    ``timeout``, ``blocking``, ``renew_interval``, ``key_prefix``; a ``timeout`` or
+    ``timeout``, ``blocking``, ``renew_interval``, ``key_prefix``, ``limit``; a ``timeout`` or
     ``blocking=True`` waits, as :mod:`celery_lease.hold_options` says).
 
     A loss cancels the task that entered the block and surfaces there as

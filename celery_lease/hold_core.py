@@ -61,12 +61,17 @@ class HoldCore:
     def __init__(self, name: str, *, ttl: float | None = None, url: str | None = None,
                  app: Any = None, on_conflict: str | None = None, timeout: float | None = None,
                  blocking: bool | None = None, renew_interval: float | None = None,
-                 key_prefix: str | None = None) -> None:
+                 key_prefix: str | None = None, limit: int = 1) -> None:
+        if type(limit) is not int or limit < 1:  # no arguments here for a callable to read
+            raise LeaseConfigError(f"limit={limit!r} (hold {name!r}) must be a whole number of "
+                                   f"holders >= 1 at once, e.g. limit=3")
+        self.limit = limit
         self.waiting = hold_options.resolve(name, on_conflict, blocking, timeout)
         # Kept resolved: a copy (fresh()) re-reads them without a second deprecation warning.
         self._params: dict[str, Any] = dict(
             ttl=ttl, url=url, app=app, on_conflict=self.waiting.on_conflict,
-            timeout=self.waiting.timeout, renew_interval=renew_interval, key_prefix=key_prefix)
+            timeout=self.waiting.timeout, renew_interval=renew_interval, key_prefix=key_prefix,
+            limit=limit)
         hold_key(DEFAULT_PREFIX, name)  # a bad name fails here, at once
         self.name = name
         self.on_conflict = self.waiting.on_conflict
@@ -118,9 +123,11 @@ class HoldCore:
             LeaseStoreUnavailable: the store could not be reached.
         """
         holder = _holder()
+        # Above 1, one of the key's slots (store.slots); its task id is no reason to refuse.
+        grant = store.slot_grant(self.limit, same_task_id=False) if self.limit > 1 else None
         try:
             return lifecycle.take(self.settings, self.client, self.key, holder, target,
-                                  sender=holder.task_name, claim=claim)
+                                  sender=holder.task_name, claim=claim, grant=grant)
         except RedisError as exc:
             raise LeaseStoreUnavailable(self.key, "acquire", store.describe(exc)) from None
 
@@ -154,8 +161,10 @@ class HoldCore:
 
 
 def end(lease: Lease, *, sender: Any) -> lifecycle.Ending:
-    """:func:`celery_lease.lifecycle.end` with the release that wakes a waiting hold."""
-    return lifecycle.end(lease, sender=sender, release=store.release_and_wake)
+    """:func:`celery_lease.lifecycle.end` with the release that wakes a waiting hold (of one
+    slot only, for a hold with a ``limit`` above 1)."""
+    release = store.release_slot_and_wake if lease.limit > 1 else store.release_and_wake
+    return lifecycle.end(lease, sender=sender, release=release)
 
 
 def _settings(name: str, app: Any, url: str | None, ttl: float | None,

@@ -83,6 +83,8 @@ class LeaseInfo:
         cooldown_until: for a cooldown record (``lease_cooldown``: the execution named here
             ended, and the key stays taken until then), float seconds since the epoch on the
             store's clock; 0.0 for a lease a running execution holds.
+        limit, used: for one slot of a limited key (``lease_limit``, one entry per live slot),
+            the key's N and how many of its slots are held (ints); 1 and 1 for a plain lease.
     """
 
     key: str
@@ -98,10 +100,12 @@ class LeaseInfo:
     waiting: int = 0
     reserved_for: str = ""
     cooldown_until: float = 0.0
+    limit: int = 1
+    used: int = 1
 
 
-def _info(key: str, value: records.Found | str, pttl: int) -> LeaseInfo:
-    holder = store.parse_value(value)
+def _info(key: str, value: records.Found | str | store.Holder, pttl: int) -> LeaseInfo:
+    holder = value if isinstance(value, store.Holder) else store.parse_value(value)
     # A worker records its node name (celery@web1), beat and eager calls the host name.
     node = holder.hostname if "@" in holder.hostname else ""
     return LeaseInfo(key=key, task=holder.task_name, task_id=holder.task_id,
@@ -111,12 +115,24 @@ def _info(key: str, value: records.Found | str, pttl: int) -> LeaseInfo:
                      foreign=holder.foreign, cooldown_until=holder.cooldown_until)
 
 
+def _slots(client: redis.Redis, key: str) -> list[LeaseInfo] | None:
+    """One entry per live slot of a limited key (``lease_limit``), or None when ``key`` is
+    not a hash of slots."""
+    found = store.read_slots(client, key)
+    if found is None:
+        return None
+    limit, slots = found
+    return [replace(_info(key, s.holder, round(s.ttl * 1000)), limit=limit, used=len(slots))
+            for s in slots]
+
+
 def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
 def read_lease(client: redis.Redis, key: str) -> LeaseInfo | None:
-    """The lease stored at ``key``, or ``None`` when the key is absent.
+    """The lease stored at ``key``, or ``None`` when the key is absent (for a limited key,
+    the holder whose slot ends first, with :attr:`LeaseInfo.used` and :attr:`LeaseInfo.limit`).
 
     Raises:
         redis.exceptions.RedisError: on store errors.
@@ -124,6 +140,9 @@ def read_lease(client: redis.Redis, key: str) -> LeaseInfo | None:
     value, pttl = records.read(client, key)
     if value is None:
         return None
+    slots = _slots(client, key) if value == OtherType("hash") else None
+    if slots:  # a limited key: the holder whose slot ends first, with used/N
+        return slots[0]
     return _info(key, value, pttl)
 
 
@@ -154,7 +173,11 @@ def scan_leases(client: redis.Redis, prefix: str, count: int = SCAN_COUNT,
         if key.endswith((LINE_SUFFIX, RESERVED_SUFFIX)):
             handing.add(key.rpartition(":")[0])
         elif not is_internal(key):
-            held[key] = _info(key, value, pttl)
+            slots = _slots(client, key) if value == OtherType("hash") else None
+            if slots is None:
+                held[key] = _info(key, value, pttl)
+            else:  # a limited key: each of its holders (none listed once all slots ended)
+                yield from slots
     for key in sorted(handing):
         line, handed = handoff.read_line(client, key)
         first = handed or (line[0] if line else None)
@@ -222,7 +245,8 @@ def scan_foreign(client: redis.Redis, prefix: str, count: int = SCAN_COUNT
                 break
         else:
             holder = store.parse_value(value)
-            if holder.foreign:
+            if holder.foreign and not (value == OtherType("hash") and
+                                       store.read_slots(client, key) is not None):
                 yield key, holder.foreign
 
 

@@ -49,6 +49,8 @@ class Lease:
             of the acquire.
         confirmed_at: deadline-clock seconds of the send of the last confirmed grant or renewal.
         deadline: deadline-clock seconds at which the lease counts as lost locally.
+        limit: the key's ``lease_limit`` this lease holds one slot of (int; 1, the plain
+            lease; set at the grant by :func:`celery_lease.lifecycle.take`).
 
     State and who changes it: the execution that took it and the heartbeat thread both act on
     a lease, only through its methods, and every change happens under the lease's own lock
@@ -56,6 +58,8 @@ class Lease:
     float fields are read without the lock: a reader sees the old or the new value, both of
     which were true a moment ago.
     """
+
+    limit: int = 1
 
     def __init__(
         self,

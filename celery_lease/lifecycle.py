@@ -165,7 +165,9 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
         handed_over: the execution is a run a hand-over release published (its copy that
             already ran is refused: :func:`celery_lease.store.acquire`).
         grant: the script that grants it, called as :func:`celery_lease.store.acquire` is
-            (default; a take-over from a preempted holder: :func:`celery_lease.store.take_over`).
+            (default; a take-over from a preempted holder: :func:`celery_lease.store.take_over`;
+            one slot of a limited key: :func:`celery_lease.store.slot_grant`, whose ``limit``
+            the lease keeps and whose ``release`` frees what an interrupted take got).
 
     Returns:
         The granted :class:`~celery_lease.lease.Lease`, or the
@@ -202,6 +204,8 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
             key=key, token=token, fencing_token=found.holder.fencing_token,
             task_name=holder.task_name, task_id=holder.task_id, options=options,
             client=client, target=target, sent_at=sent_at)
+        if grant is not None:
+            lease.limit = getattr(grant, "limit", 1)  # a slot of a limited key (lease_limit)
         if claim is not None:
             claim.lease = lease
         heartbeat(settings.signum).add(lease)
@@ -216,14 +220,15 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
         return lease
     except BaseException:
         _undo_take(client, key, token, target, lease if sent else None, sent,
-                   sender if announced else None)
+                   sender if announced else None, getattr(grant, "release", store.release))
         if claim is not None:
             claim.lease = None
         raise
 
 
 def _undo_take(client: redis.Redis, key: str, token: str, target: Target, lease: Lease | None,
-               sent: bool, sender: Any) -> None:
+               sent: bool, sender: Any,
+               release: Callable[[redis.Redis, str, str], bool] = store.release) -> None:
     """After an exit interrupted :func:`take`: finish ``target``, unregister ``lease`` and
     release ``token`` if the acquire was ``sent`` (it may have been granted, its reply lost or
     never read). Best effort: a release that fails leaves the key to its TTL. A lease whose
@@ -232,17 +237,18 @@ def _undo_take(client: redis.Redis, key: str, token: str, target: Target, lease:
         target.finish()
     finally:
         if lease is not None:
-            _release_after_exit(lease, store.release)
+            _release_after_exit(lease, release)
             if sender is not None:
                 announce_end(lease, None, None, sender=sender)
         elif sent:
-            _abandon(client, key, token)
+            _abandon(client, key, token, release)
 
 
-def _abandon(client: redis.Redis, key: str, token: str) -> None:
+def _abandon(client: redis.Redis, key: str, token: str,
+             release: Callable[[redis.Redis, str, str], bool] = store.release) -> None:
     """Best effort: release a grant whose reply may have been lost (else it lapses)."""
     try:
-        store.release(client, key, token)
+        release(client, key, token)
     except Exception as exc:
         logger.warning("release after an interrupted acquire failed (it expires within its "
                        "TTL): key=%s error=%s", key, store.describe(exc))

@@ -49,6 +49,7 @@ from .errors import LeaseKeyError, LeaseLost, LeaseStoreUnavailable
 from .handoff import HANDOFF_HEADER
 from .keys import KeySpec, build_key, validate_lease_key
 from .lease import Lease, _current
+from .limit import LimitSpec, check_limit, limit_for
 from .names import check_task_names
 
 __all__ = ["SKIPPED_MARKER", "LeasedTask", "is_skipped"]
@@ -101,9 +102,11 @@ class LeasedTask(Task):  # type: ignore[misc]
     lease_dedupe: bool | None = None
     lease_dedupe_ttl: float | None = None
     lease_key: KeySpec = None
+    lease_limit: LimitSpec = None
 
     _lease_signature: ClassVar[inspect.Signature | None] = None
     _lease_spec_cache: ClassVar[tuple[KeySpec] | None] = None
+    _lease_limit_cache: ClassVar[tuple[LimitSpec] | None] = None
     _lease_resolved: ClassVar[tuple[int, LeaseSettings] | None] = None
     #: Wait for the release's reply before the execution's result is stored (the benchmark's
     #: synchronous variant). False: the release is written before, its reply read later
@@ -120,7 +123,8 @@ class LeasedTask(Task):  # type: ignore[misc]
         given = {n for k in cls.__mro__[:cls.__mro__.index(LeasedTask)] for n in vars(k)}
         check_task_names(given, app.conf, where)
         check_process_settings(app.conf, "app.conf")
-        resolve_options(app.conf, cls._lease_task_options(), where)
+        check_limit(cls._lease_limit_spec(),
+                    resolve_options(app.conf, cls._lease_task_options(), where), where)
         cls._lease_signature = _run_signature(cls)
         sig = cls._lease_signature
         validate_lease_key(cls._lease_key_spec(), lambda: list(sig.parameters), where)
@@ -138,6 +142,13 @@ class LeasedTask(Task):  # type: ignore[misc]
         spec = spec.__func__ if isinstance(spec, (staticmethod, classmethod)) else spec
         cls._lease_spec_cache = (spec,)
         return spec
+
+    @classmethod
+    def _lease_limit_spec(cls) -> LimitSpec:
+        """``lease_limit`` read unbound (as ``lease_key``), kept for :meth:`_acquire`."""
+        spec = inspect.getattr_static(cls, "lease_limit")
+        cls._lease_limit_cache = (getattr(spec, "__func__", spec),)  # a staticmethod's own
+        return cls._lease_limit_cache[0]
 
     @classmethod
     def _lease_task_options(cls) -> dict[str, Any]:
@@ -323,11 +334,16 @@ class LeasedTask(Task):  # type: ignore[misc]
         handed_over = HANDOFF_HEADER in headers
         claimed = CLAIM_HEADER in headers  # its publish claimed the key's waiting slot
         first_conflict = None
+        cached = cls._lease_limit_cache  # set at registration (on_bound): no call here
+        spec = cached[0] if cached is not None else cls._lease_limit_spec()
+        limit = 1 if spec is None else limit_for(spec, args, kwargs, f"task {self.name}")
+        grant = store.slot_grant(limit) if limit > 1 else None  # 1: the plain lease
         for attempt in itertools.count():
             target = interrupt.for_current_context(signum)
             try:
                 got = lifecycle.take(settings, client, key, holder, target, sender=self,
-                                     claim=claim, claimed=claimed, handed_over=handed_over)
+                                     claim=claim, claimed=claimed, handed_over=handed_over,
+                                     grant=grant)
             except RedisError as exc:
                 self._store_error(options, key, exc)
             if not isinstance(got, Lease):
@@ -346,7 +362,9 @@ class LeasedTask(Task):  # type: ignore[misc]
         # the socket (or done, with wait) by then.
         options = lease.options
         release = cooldown.release_for(options, ending)
-        if options.hands_over and release is store.release:  # no cooldown: hand the key over
+        if lease.limit > 1:  # one slot of a limited key: no hand-over, no cooldown
+            ended = lifecycle.end(lease, sender=self, release=store.release_slot)
+        elif options.hands_over and release is store.release:  # no cooldown: hand it over
             handed = HANDOFF_HEADER in (self.request.headers or {})
             releaser = handoff.Releaser(options, lease.task_id if handed else "")
             ended = lifecycle.end(lease, sender=self, release=releaser)

@@ -328,13 +328,13 @@ def test_a_burst_that_ran_to_its_end_twice_is_found() -> None:
     history = debounced()
     history.executions.append(run("d2", FENCE + 1, T0 + 3.0, T0 + 3.5, key="b1",
                                   job="job-b2", task_id="task-b0"))
-    assert rules(history) == [(10, "burst-ran-twice")]
+    assert rules(history) == [(11, "burst-ran-twice")]
 
 
 def test_a_burst_run_with_the_arguments_of_a_publish_before_the_last_is_found() -> None:
     history = debounced()
     history.executions[-1].job = "job-b1"  # job-b2 was decided surely after job-b1
-    assert rules(history) == [(10, "not-latest-arguments")]
+    assert rules(history) == [(11, "not-latest-arguments")]
     history.faults.append(Fault("restart_empty", "lease redis", T0 + 1.2, T0 + 1.3))
     assert rules(history) == []  # the record was lost: the timer ran what it carried
 
@@ -346,7 +346,7 @@ def test_a_burst_run_past_its_cap_is_found_unless_a_fault_or_the_previous_run_de
     late.grant_lower, late.grant_upper, late.body_end = T0 + 8.0, T0 + 8.01, T0 + 8.5
     history.writes[-1] = write(20, "d", FENCE, T0 + 8.2, key="b1")
     history.faults = []  # the clean history's pause at T0 + 5 would excuse it
-    assert rules(history) == [(10, "ran-past-cap")]
+    assert rules(history) == [(11, "ran-past-cap")]
     history.faults.append(Fault("kill_worker", "w0", T0 + 2.0, T0 + 2.1))
     assert rules(history) == []
 
@@ -356,7 +356,7 @@ def test_a_burst_left_waiting_past_its_cap_is_found() -> None:
     history.leftover_claims.append({"key": "b2", "task_id": "task-x", "age": 9.0,
                                     "lifetime": 2.0, "ttl": 86_400.0, "debounced": 3,
                                     "due_in": 0.0})
-    assert rules(history) == [(10, "burst-left-waiting")]
+    assert rules(history) == [(11, "burst-left-waiting")]
     history.leftover_claims[-1]["age"] = 1.0  # still within its cap: no promise broken
     assert rules(history) == []
 
@@ -413,3 +413,35 @@ def test_a_preempted_holder_told_with_another_cause_is_found_unless_a_write_told
     assert rules(history) == [(9, "preempted-not-told-so")]
     history.writes.insert(1, write(5, "a", FENCE, T0 + 1.55, accepted=False))
     assert rules(history) == []
+
+
+def limited(n: int, overlapping: int) -> History:
+    """The clean history, ``overlapping`` untold executions of limited key ``l1`` running at
+    once, under ``lease_limit=n``."""
+    history = clean()
+    history.limit = n
+    for i in range(overlapping):
+        token = f"l{i}"
+        history.executions.append(
+            run(token, FENCE + 20 + i, T0 + 3 + i * 0.1, T0 + 5, key="l1"))
+        history.jobs.append(Job(f"job-{token}", "l1", "limited", f"task-{token}",
+                                T0 + 2.9 + i * 0.1, "ran"))
+    return history
+
+
+def test_n_executions_of_a_limited_key_at_once_are_no_violation() -> None:
+    assert rules(limited(3, 3)) == []
+
+
+def test_more_than_n_executions_of_a_limited_key_at_once_are_found() -> None:
+    assert rules(limited(3, 4)) == [(10, "more-than-n")]
+
+
+def test_more_than_n_at_once_told_of_a_loss_or_one_after_another_is_no_violation() -> None:
+    told = limited(3, 4)
+    told.executions[-1].outcome = "lost"
+    assert rules(told) == []
+    apart = limited(3, 3)
+    apart.executions.append(run("l9", FENCE + 40, T0 + 5.5, T0 + 6, key="l1"))
+    apart.jobs.append(Job("job-l9", "l1", "limited", "task-l9", T0 + 5.4, "ran"))
+    assert rules(apart) == []

@@ -768,7 +768,8 @@ def test_preempt_refuses_a_holder_it_did_not_see_and_a_cooldown_record(
     acquire(client, third)  # the key changed hands since `seen` was read
     value = client.get(KEY)
     refused = take_over(client, token(), seen)
-    assert refused[:2] == [0, value] and client.pttl(KEY) <= refused[2] <= TTL
+    # The script's PTTL and the later one round to the millisecond each: 1 ms of slack.
+    assert refused[:2] == [0, value] and client.pttl(KEY) <= refused[2] + 1 <= TTL + 1
     release_cooldown(client, third)
     record = client.get(KEY)
     assert take_over(client, token(), third)[:2] == [0, record]
@@ -832,6 +833,192 @@ def test_wake_preempter_leaves_exactly_the_preempted_token_with_its_lifetime(
     assert run(client, "wake_preempter-1.lua", [wake], [t, 1500]) == 1
     assert client.lrange(wake, 0, -1) == [t]
     assert 0 < client.pttl(wake) <= 1500
+
+
+# --- the slots of a limited key (lease_limit=N) ---------------------------------------------
+
+def take_slot(client: redis.Redis, tok: str, limit: int = 3, ttl: int = TTL,
+              task_id: str = "", claimed: bool = False) -> Any:
+    same = f',"id":"{task_id}",' if task_id else ""
+    return run(client, "acquire_slot-3.lua", [KEY, FENCE, *([CLAIM] if claimed else [])],
+               [tok, ttl, HOLDER, ttl + FENCE_COUNTER_EXTRA_MS, limit, same, task_id])
+
+
+def release_slot(client: redis.Redis, tok: str, wake: bool = False) -> Any:
+    if wake:
+        return run(client, "release_slot-3.lua", [KEY, FENCE, wake_key(KEY)], [tok, 1500])
+    return run(client, "release_slot-3.lua", [KEY, FENCE], [tok])
+
+
+def slot_deadline(client: redis.Redis, tok: str) -> int:
+    return int(client.hget(KEY, tok).split(":", 1)[0])
+
+
+def server_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return seconds * 1000 + micros // 1000
+
+
+def test_acquire_slot_grants_n_slots_each_with_its_own_deadline_and_refuses_the_next(
+        client: redis.Redis) -> None:
+    toks = [token() for _ in range(4)]
+    before = server_ms(client)
+    fences = [take_slot(client, t) for t in toks[:3]]
+    assert [f[0] for f in fences] == [1, 1, 1] and [f[2] for f in fences] == [TTL] * 3
+    assert [int(f[1]) for f in fences] == sorted({int(f[1]) for f in fences})  # increasing
+    for t, (_, fence, _) in zip(toks, fences, strict=False):
+        due, rest = client.hget(KEY, t).split(":", 1)
+        assert before + TTL <= int(due) <= server_ms(client) + TTL
+        assert rest == f"{fence}:{HOLDER}"
+    assert client.hget(KEY, "n") == "3" and 0 < client.pttl(KEY) <= TTL
+    granted, value, pttl = take_slot(client, toks[3])
+    first = value.split(":", 1)[0]  # the holder whose slot ends first
+    assert granted == 0 and first in toks[:3] and 0 < pttl <= TTL
+    assert slot_deadline(client, first) == min(slot_deadline(client, t) for t in toks[:3])
+    assert value == f"{first}:{fences[toks.index(first)][1]}:{HOLDER}"
+    assert client.hlen(KEY) == 4  # the refusal wrote nothing
+
+
+def test_a_repeated_acquire_slot_is_granted_again_with_the_same_fencing_token(
+        client: redis.Redis) -> None:
+    t = token()
+    _, fence, _ = take_slot(client, t)
+    granted, value, pttl = take_slot(client, t)
+    assert granted == 1 and value == f"{t}:{fence}:{HOLDER}" and 0 < pttl <= TTL
+    assert client.hlen(KEY) == 2
+
+
+def test_an_expired_slot_frees_at_its_own_deadline_and_is_deleted_by_the_next_acquire(
+        client: redis.Redis) -> None:
+    short, long_ = token(), token()
+    take_slot(client, short, limit=2, ttl=300)
+    take_slot(client, long_, limit=2)
+    assert take_slot(client, token(), limit=2)[0] == 0
+    time.sleep(0.35)
+    late = token()
+    assert take_slot(client, late, limit=2)[0] == 1
+    assert client.hexists(KEY, short) is False and client.hexists(KEY, long_)
+    assert client.hlen(KEY) == 3
+
+
+def test_a_lower_limit_evicts_no_holder_and_refuses_until_enough_have_ended(
+        client: redis.Redis) -> None:
+    toks = [token() for _ in range(3)]
+    for t in toks:
+        take_slot(client, t, limit=3)
+    assert take_slot(client, token(), limit=2)[0] == 0
+    assert all(client.hexists(KEY, t) for t in toks)
+    release_slot(client, toks[0])
+    assert take_slot(client, token(), limit=2)[0] == 0
+    release_slot(client, toks[1])
+    assert take_slot(client, token(), limit=2)[0] == 1 and client.hget(KEY, "n") == "2"
+
+
+def test_acquire_slot_refuses_a_task_id_that_holds_a_live_slot_already(
+        client: redis.Redis) -> None:
+    first = token()
+    take_slot(client, first, task_id="task-1")
+    granted, value, _ = take_slot(client, token(), task_id="task-1")
+    assert granted == 0 and value.startswith(f"{first}:")
+    assert take_slot(client, token(), task_id="task-2")[0] == 1
+
+
+def test_acquire_slot_issues_fencing_tokens_above_the_plain_leases_and_the_plain_lease_waits(
+        client: redis.Redis) -> None:
+    plain = token()
+    _, plain_fence, _ = acquire(client, plain)
+    granted, value, pttl = take_slot(client, token())
+    assert granted == 0 and value == client.get(KEY) and 0 < pttl <= TTL
+    release(client, plain)
+    _, fence, _ = take_slot(client, token())
+    assert int(fence) > int(plain_fence)
+    granted, value, _ = acquire(client, token())
+    assert granted == 0 and value == ""  # a hash of slots holds the key for the plain lease
+
+
+def test_slot_renewal_moves_only_its_own_deadline_and_refuses_an_ended_slot(
+        client: redis.Redis) -> None:
+    mine, other = token(), token()
+    take_slot(client, mine, ttl=1000)
+    take_slot(client, other, ttl=1000)
+    others = client.hget(KEY, other)
+    assert run(client, "renew_slots.lua", [KEY, KEY], [60_000, mine, token()]) == "12"
+    assert slot_deadline(client, mine) >= server_ms(client) + 59_000
+    assert client.hget(KEY, other) == others and client.pttl(KEY) > 59_000
+    assert run(client, "renew_slot-1.lua", [KEY], [other, 60_000]) == 1
+    release_slot(client, other)
+    assert run(client, "renew_slot-1.lua", [KEY], [other, 60_000]) == -1
+    client.set("lease:{t}:plain", f"{token()}:1:{HOLDER}", px=TTL)
+    assert run(client, "renew_slots.lua", [KEY, "lease:{t}:plain", "lease:{t}:gone"],
+               [TTL, mine, mine, mine]) == "120"
+    assert run(client, "renew_slot-1.lua", ["lease:{t}:gone"], [mine, TTL]) == 0
+    # The plain renewal does not renew a slot: a hash is another type for it.
+    assert run(client, "renew_many.lua", [KEY], [TTL, f"{mine}:"]) == "2"
+
+
+def test_renewal_of_a_slot_past_its_deadline_is_refused(client: redis.Redis) -> None:
+    mine = token()
+    take_slot(client, mine, ttl=300)
+    take_slot(client, token(), ttl=5000)  # keeps the hash alive past the first deadline
+    time.sleep(0.35)
+    assert run(client, "renew_slots.lua", [KEY], [TTL, mine]) == "2"
+    assert run(client, "renew_slot-1.lua", [KEY], [mine, TTL]) == -1
+
+
+def test_release_slot_deletes_only_its_own_slot_and_the_last_one_deletes_the_key(
+        client: redis.Redis) -> None:
+    a, b = token(), token()
+    take_slot(client, a)
+    take_slot(client, b)
+    assert release_slot(client, a) == 1 and client.hexists(KEY, b)
+    assert client.get(FENCE).endswith(f":{a}")
+    assert release_slot(client, a) == 1  # a repeat whose reply was lost
+    assert release_slot(client, token()) == 0
+    assert release_slot(client, b, wake=True) == 1
+    assert client.exists(KEY) == 0
+    assert client.lrange(wake_key(KEY), 0, -1) == ["1"] and 0 < client.pttl(wake_key(KEY)) <= 1500
+
+
+def test_release_slot_of_a_plain_lease_answers_0_and_leaves_it(client: redis.Redis) -> None:
+    t = token()
+    acquire(client, t)
+    value = client.get(KEY)
+    assert release_slot(client, t) == 0 and client.get(KEY) == value
+
+
+def test_slot_renewals_set_the_deadline_never_add_to_it(client: redis.Redis) -> None:
+    mine = token()
+    take_slot(client, mine, ttl=TTL)
+    for _ in range(5):
+        assert run(client, "renew_slots.lua", [KEY], [TTL, mine]) == "1"
+        assert run(client, "renew_slot-1.lua", [KEY], [mine, TTL]) == 1
+    assert slot_deadline(client, mine) - server_ms(client) <= TTL
+    assert client.pttl(KEY) <= TTL
+
+
+def test_revoke_slot_deletes_only_that_slot_and_notes_no_end(client: redis.Redis) -> None:
+    a, b = token(), token()
+    take_slot(client, a)
+    take_slot(client, b)
+    counter = client.get(FENCE)
+    assert run(client, "revoke_slot-1.lua", [KEY], [a]) == 1
+    assert client.hexists(KEY, a) is False and client.hexists(KEY, b)
+    assert client.get(FENCE) == counter  # not noted as ended: a redelivery runs again
+    assert run(client, "revoke_slot-1.lua", [KEY], [a]) == 0
+    assert run(client, "revoke_slot-1.lua", [KEY], [b]) == 1 and client.exists(KEY) == 0
+
+
+def test_a_slot_granted_to_a_claimed_message_clears_its_claim_and_a_refusal_keeps_it(
+        client: redis.Redis) -> None:
+    claim(client, "w1")
+    take_slot(client, token(), limit=1 + 1, task_id="w0")
+    assert take_slot(client, token(), limit=2, task_id="w2", claimed=True)[0] == 1
+    assert client.exists(CLAIM) == 1  # it names w1, not w2
+    assert take_slot(client, token(), limit=2, task_id="w1", claimed=True)[0] == 0
+    assert client.exists(CLAIM) == 1  # refused: the copy goes on waiting
+    client.delete(KEY)
+    assert take_slot(client, token(), limit=2, task_id="w1", claimed=True)[0] == 1
+    assert client.exists(CLAIM) == 0
 
 
 # --- debounce (lease_debounce) --------------------------------------------------------------

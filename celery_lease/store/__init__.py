@@ -7,6 +7,7 @@ Nothing above this package builds a Redis command; it calls these functions:
   script in ``scripts/*.lua`` (:mod:`.lua`); the release into a cooldown (:mod:`.cooldown`);
 - what is stored (:mod:`.value`: a lease's value; :mod:`.records`: reading leases back for
   ``celery lease ls``, and beat's last-run record);
+- the slots of a limited key, up to N holders at once (:mod:`.slots`, ``lease_limit``);
 - the claim of a task's waiting copy, decided at publish (:mod:`.claims`, ``lease_dedupe``);
 - the client (:mod:`.connection`, :mod:`.url`), its topologies (:mod:`.topology`) and where
   each command goes on them (:mod:`.routing`), the raw connection path of a standalone client
@@ -53,6 +54,16 @@ from .protocol import (
     wait_for_release,
 )
 from .renewal import RENEW_BATCH, renew_many
+from .slots import (
+    Slot,
+    SlotsFull,
+    acquire_slot,
+    read_slots,
+    release_slot,
+    release_slot_and_wake,
+    revoke_slot,
+    slot_grant,
+)
 from .value import Holder, holder_json, parse_counter, parse_value
 
 __all__ = [
@@ -68,7 +79,10 @@ __all__ = [
     "Holder",
     "NotReplicated",
     "PrimaryUnconfirmed",
+    "Slot",
+    "SlotsFull",
     "acquire",
+    "acquire_slot",
     "claim",
     "client_for",
     "describe",
@@ -82,13 +96,18 @@ __all__ = [
     "permanent_error",
     "preempt_channel",
     "publish_preempted",
+    "read_slots",
     "release",
     "release_and_wake",
     "release_into_cooldown",
+    "release_slot",
+    "release_slot_and_wake",
     "released_last",
     "renew_many",
     "reset_clients",
     "revoke",
+    "revoke_slot",
+    "slot_grant",
     "subscribe",
     "take_over",
     "unclaim",

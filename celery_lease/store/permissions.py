@@ -106,6 +106,10 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
             ("revoke-1.lua",)),
     Feature("doctor", "celery lease doctor: latency and clock", ("ping", "time", "info")),
     Feature("min_replicas", "lease_min_replicas above 0: WAIT after each acquire", ("wait",)),
+    Feature("limit", "lease_limit above 1 (and hold(limit=)): the slots of a limited key, "
+            "taken, renewed and released one by one, listed by celery lease ls",
+            ("hgetall", "time"), ("acquire_slot-3.lua", "renew_slots.lua", "renew_slot-1.lua",
+                                  "release_slot-3.lua", "revoke_slot-1.lua")),
     Feature("dedupe", "lease_dedupe: the waiting copy's claim, decided at publish, cleared by "
             "the acquire that grants it, removed when its message will not run", (),
             ("claim-2.lua", "acquire-4.lua", "unclaim-1.lua")),
@@ -134,7 +138,8 @@ _SHAPES = {
     "lindex": "LINDEX %k 0", "lset": "LSET %k 0 1", "lpop": "LPOP %k", "llen": "LLEN %k",
     "zadd": "ZADD %k 1 m", "zrangebyscore": "ZRANGEBYSCORE %k 0 1", "zscore": "ZSCORE %k m",
     "zrem": "ZREM %k m", "exists": "EXISTS %k", "lrange": "LRANGE %k 0 -1",
-    "hgetall": "HGETALL %k", "scan": "SCAN 0",
+    "hgetall": "HGETALL %k", "scan": "SCAN 0", "hget": "HGET %k f", "hlen": "HLEN %k",
+    "hexists": "HEXISTS %k f",
     "multi": "MULTI", "exec": "EXEC", "ping": "PING", "wait": "WAIT 0 0", "select": "SELECT 0",
     "cluster|slots": "CLUSTER SLOTS", "command": "COMMAND", "asking": "ASKING",
     # %p: the prefix; a channel is checked as the & patterns are (redis.acl_check_cmd does).

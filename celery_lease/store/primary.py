@@ -41,7 +41,7 @@ from redis.exceptions import RedisError
 from .. import clock
 from .errors import PrimaryUnconfirmed
 
-__all__ = ["Address", "confirm", "managed", "released", "written_to"]
+__all__ = ["Address", "confirm", "confirmed_grant", "managed", "released", "written_to"]
 
 logger = logging.getLogger("celery_lease")
 
@@ -207,3 +207,29 @@ def _rediscover(pool: Any) -> None:
         pool.get_master_address()  # drops idle connections to the old primary when it moved
     except RedisError:
         pool.reset()  # no primary found yet: every connection is made afresh
+
+
+def confirmed_grant(client: Any, send: Callable[[], Any]) -> Any:
+    """``send()`` a grant's script (its reply ``[granted, ...]``) and, for a Sentinel-managed
+    ``client``, count a grant only once :func:`confirm` says it landed on the primary the
+    sentinels name: a grant whose write found the new primary as it went is sent once more,
+    where it can be confirmed (the script recognises its own token). Returns the reply.
+
+    Raises:
+        PrimaryUnconfirmed: the grant could not be confirmed; the caller releases the token
+            (it may hold the key), as :func:`celery_lease.lifecycle.take` does.
+        redis.exceptions.RedisError: what ``send`` raises.
+    """
+    if not managed(client):
+        return send()
+    for attempt in (1, 2):
+        before = written_to(client)
+        reply = send()
+        if not reply[0]:
+            break
+        problem = confirm(client, before)
+        if problem is None:
+            break
+        if not (problem.moved_during_write and attempt == 1):
+            raise problem
+    return reply

@@ -125,22 +125,15 @@ def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
         keys = (*keys, claim_key(key))
     argv = (token, ttl_ms, holder, ttl_ms + FENCE_COUNTER_EXTRA_MS, task_id,
             "1" if handed_over else "0")
-    confirmed = primary.managed(client)
     try:
-        for attempt in (1, 2):
-            before = primary.written_to(client) if confirmed else None
-            if min_replicas > 0:
-                granted, value, pttl = _acquire_replicated(client, keys, argv, min_replicas)
-            else:
-                granted, value, pttl = _acquire(client, keys, argv)
-            if not (confirmed and granted):
-                break
-            problem = primary.confirm(client, before)
-            if problem is None:
-                break
-            if not (problem.moved_during_write and attempt == 1):
-                raise problem  # the caller releases the token (lifecycle.take's _abandon)
-            # The write found the new primary as it went: again, where it can be confirmed.
+        if min_replicas > 0:
+            granted, value, pttl = primary.confirmed_grant(
+                client, lambda: _acquire_replicated(client, keys, argv, min_replicas))
+        elif primary.managed(client):  # the caller releases an unconfirmed grant's token
+            granted, value, pttl = primary.confirmed_grant(
+                client, lambda: _acquire(client, keys, argv))
+        else:
+            granted, value, pttl = _acquire(client, keys, argv)
     except RedisError as exc:
         raise routing.note(exc, client, key) from None
     if granted and b":" not in value:  # a fresh grant answers with the fencing token alone

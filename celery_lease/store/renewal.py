@@ -4,7 +4,9 @@ A standalone or Sentinel client renews with ``scripts/renew_many.lua``, up to
 :data:`RENEW_BATCH` leases per call, every call of a pass in one pipeline; a cluster client
 with ``scripts/renew-1.lua`` per lease, grouped by the primary that owns each key's slot
 (:func:`celery_lease.store.routing.send_many`). A renewal sets the lifetime back to the TTL
-(``PEXPIRE``: sets, never adds) only while the token matches, so it is safe to repeat.
+(``PEXPIRE``: sets, never adds) only while the token matches, so it is safe to repeat. The
+slots of limited keys (``lease_limit``, :mod:`.slots`) go in the same round trip, with scripts
+of their own (``renew_slots.lua``, ``renew_slot-1.lua``): only the token's own deadline moves.
 
 A renewal counts only where it is known to survive a failover: with ``min_replicas`` above 0
 each primary's renewals are followed by ``WAIT`` on the same connection, and one that fewer
@@ -17,7 +19,7 @@ client, the sentinels must confirm that the renewals landed on the primary they 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import redis
 from redis.exceptions import AskError, MovedError, NoScriptError, RedisError
@@ -33,11 +35,14 @@ RENEW_BATCH = 1000
 
 _renew = lua.load("renew-1.lua")
 _renew_many = lua.load("renew_many.lua")
+_renew_slot = lua.load("renew_slot-1.lua")
+_renew_slots = lua.load("renew_slots.lua")
 _BATCH_REPLY = {ord("1"): 1, ord("0"): 0, ord("2"): -1}
 
 
 def renew_many(
-    client: redis.Redis, leases: Sequence[tuple[str, str, int]], min_replicas: int = 0
+    client: redis.Redis, leases: Sequence[tuple[str, str, int]], min_replicas: int = 0,
+    slots: Collection[int] = (),
 ) -> list[int | RedisError]:
     """Renew many leases in one round trip per primary (a pipeline of conditional renewals).
 
@@ -52,6 +57,8 @@ def renew_many(
         min_replicas: int; when above 0, a renewal counts only once that many replicas of its
             primary acknowledged it (``WAIT`` in the same round trip, at most half the store
             timeout); one that fewer acknowledged is a :class:`NotReplicated` entry.
+        slots: the indexes in ``leases`` of slots of limited keys (``lease_limit``), renewed
+            by their own scripts in the same round trip.
 
     Returns:
         One entry per lease: ``1`` renewed, ``0`` key absent, ``-1`` held by another token, or
@@ -64,12 +71,13 @@ def renew_many(
         redis.exceptions.RedisError: the round trip itself failed (connection, timeout).
     """
     before = primary.written_to(client)
+    slots = frozenset(slots)
     if min_replicas > 0:
-        out = _renew_replicated(client, leases, min_replicas)
+        out = _renew_replicated(client, leases, min_replicas, slots)
     elif not routing.is_cluster(client):
-        out = _renew_batched(client, leases)
+        out = _renew_batched(client, leases, slots)
     else:
-        out = _renew_cluster(client, leases)
+        out = _renew_cluster(client, leases, slots)
     if before is not None and 1 in out:
         problem = primary.confirm(client, before)
         if problem is not None:
@@ -78,10 +86,16 @@ def renew_many(
     return out
 
 
-def _renew_cluster(client: redis.Redis, leases: Sequence[tuple[str, str, int]]
-                   ) -> list[int | RedisError]:
+def _one(slots: frozenset[int], i: int) -> lua.Script:
+    """The script that renews lease ``i`` alone: ``renew_slot-1.lua`` for a slot."""
+    return _renew_slot if i in slots else _renew
+
+
+def _renew_cluster(client: redis.Redis, leases: Sequence[tuple[str, str, int]],
+                   slots: frozenset[int]) -> list[int | RedisError]:
     """:func:`renew_many` on a cluster: ``renew-1.lua`` per lease, one round trip per primary."""
-    commands = [_renew.args((key,), (token, ttl_ms)) for key, token, ttl_ms in leases]
+    commands = [_one(slots, i).args((key,), (token, ttl_ms))
+                for i, (key, token, ttl_ms) in enumerate(leases)]
     try:
         replies = routing.send_many(client, commands)
         stale = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
@@ -90,17 +104,17 @@ def _renew_cluster(client: redis.Redis, leases: Sequence[tuple[str, str, int]]
             # refused go again, as EVAL (which caches the script there), to their own primary.
             # Not SCRIPT LOAD on every primary: on a cluster with a primary down it stops at
             # that one, and the primaries after it would never get the script back.
-            again = routing.send_many(client, [_renew.args((leases[i][0],), leases[i][1:],
-                                                            by_sha=False) for i in stale])
+            again = routing.send_many(client, [_one(slots, i).args(
+                (leases[i][0],), leases[i][1:], by_sha=False) for i in stale])
             for i, reply in zip(stale, again, strict=True):
                 replies[i] = reply
     except RedisError as exc:
         raise routing.note(exc, client, None) from None
     out: list[int | RedisError] = []
-    for (key, token, ttl_ms), reply in zip(leases, replies, strict=True):
+    for i, ((key, token, ttl_ms), reply) in enumerate(zip(leases, replies, strict=True)):
         if isinstance(reply, (MovedError, AskError)):
             try:  # redis-py follows the redirection (ASKING first for ASK)
-                reply = _renew(client, (key,), (token, ttl_ms))
+                reply = _one(slots, i)(client, (key,), (token, ttl_ms))
             except RedisError as exc:
                 reply = exc
         out.append(routing.note(reply, client, key) if isinstance(reply, RedisError)
@@ -108,29 +122,32 @@ def _renew_cluster(client: redis.Redis, leases: Sequence[tuple[str, str, int]]
     return out
 
 
-def _renew_batched(client: redis.Redis, leases: Sequence[tuple[str, str, int]]
-                   ) -> list[int | RedisError]:
+def _renew_batched(client: redis.Redis, leases: Sequence[tuple[str, str, int]],
+                   slots: frozenset[int]) -> list[int | RedisError]:
     """:func:`renew_many` on one primary: the batch script, per TTL and per
-    :data:`RENEW_BATCH` leases, all calls in one pipeline (one round trip)."""
-    order: dict[int, list[int]] = {}
+    :data:`RENEW_BATCH` leases (slots apart, ``renew_slots.lua``), all calls in one pipeline
+    (one round trip)."""
+    order: dict[tuple[int, bool], list[int]] = {}
     for i, (_, _, ttl_ms) in enumerate(leases):
-        order.setdefault(ttl_ms, []).append(i)
-    chunks = [(ttl_ms, idx[at:at + RENEW_BATCH])
-              for ttl_ms, idx in order.items() for at in range(0, len(idx), RENEW_BATCH)]
-    calls = [([leases[i][0] for i in chunk], [ttl_ms, *(leases[i][1] + ":" for i in chunk)])
-             for ttl_ms, chunk in chunks]
+        order.setdefault((ttl_ms, i in slots), []).append(i)
+    chunks = [(ttl_ms, slot, idx[at:at + RENEW_BATCH]) for (ttl_ms, slot), idx in order.items()
+              for at in range(0, len(idx), RENEW_BATCH)]
+    calls = [(_renew_slots if slot else _renew_many, [leases[i][0] for i in chunk],
+              [ttl_ms, *(leases[i][1] if slot else leases[i][1] + ":" for i in chunk)])
+             for ttl_ms, slot, chunk in chunks]
     send = functools.partial(wire.call_many if wire.usable(client) else routing.send_many,
                              client)
     try:
-        replies = send([_renew_many.args(keys, argv) for keys, argv in calls])
+        replies = send([script.args(keys, argv) for script, keys, argv in calls])
         if any(isinstance(r, NoScriptError) for r in replies):
             # The server lost its scripts: EVAL caches the script again (not SCRIPT LOAD,
             # which the minimal ACL in docs/deploying.md does not grant).
-            replies = send([_renew_many.args(keys, argv, by_sha=False) for keys, argv in calls])
+            replies = send([script.args(keys, argv, by_sha=False)
+                            for script, keys, argv in calls])
     except RedisError as exc:
         raise routing.note(exc, client, None) from None
     out: list[int | RedisError] = [0] * len(leases)
-    for (_, chunk), reply in zip(chunks, replies, strict=True):
+    for (_, _, chunk), reply in zip(chunks, replies, strict=True):
         if isinstance(reply, RedisError):  # e.g. OOM, BUSY: every lease of the call got it
             for i in chunk:
                 out[i] = routing.note(reply, client, leases[i][0])
@@ -141,7 +158,7 @@ def _renew_batched(client: redis.Redis, leases: Sequence[tuple[str, str, int]]
 
 
 def _renew_replicated(client: redis.Redis, leases: Sequence[tuple[str, str, int]],
-                      min_replicas: int) -> list[int | RedisError]:
+                      min_replicas: int, slots: frozenset[int]) -> list[int | RedisError]:
     """:func:`renew_many` with ``WAIT``: per primary, its renewals and then ``WAIT
     min_replicas`` in one pipeline on one connection (``WAIT`` counts that connection's
     writes)."""
@@ -162,7 +179,8 @@ def _renew_replicated(client: redis.Redis, leases: Sequence[tuple[str, str, int]
             pipe = node.pipeline(transaction=False)  # type: ignore[attr-defined]
             for i in indexes:
                 key, token, ttl_ms = leases[i]
-                pipe.execute_command(*_renew.args((key,), (token, ttl_ms), by_sha=by_sha))
+                pipe.execute_command(*_one(slots, i).args((key,), (token, ttl_ms),
+                                                          by_sha=by_sha))
             pipe.execute_command("WAIT", min_replicas, wait_ms)
             return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
 

@@ -60,6 +60,7 @@ class Settings:
     Sentinel set-up, and ``failover`` is a fault; ``drain``: how long to wait for the last
     jobs after the nemesis stops; ``cooldown``: the job's ``lease_cooldown`` (0: none);
     ``preempt_grace``: the preempt job's ``lease_preempt_grace`` (its keys ``p0``..``p4``);
+    ``limit``: the ``lease_limit`` of a limited job sent on keys of its own (0: none);
     ``broker_url``: an existing Redis for the broker and results (default: RabbitMQ at
     ``CHAOS_AMQP_URL`` or :data:`DEFAULT_AMQP_URL`, results on a private Redis).
     """
@@ -80,6 +81,7 @@ class Settings:
     broker_url: str | None = None
     cooldown: float = 0.0
     preempt_grace: float = 0.5
+    limit: int = 0
 
 
 #: Keys of the preempt job: few, so that its copies meet (each meeting is a take-over).
@@ -196,9 +198,10 @@ class _Producer(threading.Thread):
         while not self.halt.is_set():
             key = f"k{self.rng.randrange(self.settings.keys)}"
             path = self.rng.choices(["delay", "send_task", "retry", "requeue", "dedupe",
-                                     "coalesce", "queue", "preempt", "debounce"],
-                                    weights=[4, 3, 2, 1, 3, 2, 2, 2, 2])[0]
-            if path in ("coalesce", "queue"):  # their own keys: their own leases
+                                     "coalesce", "queue", "preempt", "limited", "debounce"],
+                                    weights=[4, 3, 2, 1, 3, 2, 2, 2,
+                                             4 if self.settings.limit else 0, 2])[0]
+            if path in ("coalesce", "queue", "limited"):  # their own keys: their own leases
                 key = path[0] + key[1:]
             elif path == "preempt":
                 key = f"p{int(key[1:]) % PREEMPT_KEYS}"
@@ -219,9 +222,10 @@ class _Producer(threading.Thread):
                                 mode=path if path in ("retry", "requeue") else "plain",
                                 by_name=path == "send_task")
                 if self.rng.random() < self.settings.duplicates:
-                    # A hand-over or preempt job's duplicate is one of its own (the same
-                    # lease): a preempt duplicate takes the key over from its original.
-                    own = path in ("coalesce", "queue", "preempt")
+                    # A hand-over, preempt or limited job's duplicate is one of its own
+                    # (the same lease): a preempt duplicate takes the key over from its
+                    # original.
+                    own = path in ("coalesce", "queue", "preempt", "limited")
                     self.submit(key, path if own else "duplicate")
             except Exception as exc:  # the broker is never faulted: worth reporting
                 self.errors.append(repr(exc))
@@ -321,6 +325,7 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
            "CHAOS_LEASE_OPTIONS": json.dumps(getattr(store, "options", {})),
            "CHAOS_TTL": str(settings.ttl), "CHAOS_COOLDOWN": str(settings.cooldown),
            "CHAOS_PREEMPT_GRACE": str(settings.preempt_grace),
+           "CHAOS_LIMIT": str(settings.limit),
            "CHAOS_BEAT_KEYS": ",".join(f"k{i}" for i in range(min(settings.beat_keys,
                                                                    settings.keys))),
            "CHAOS_BEAT_PERIOD": str(settings.beat_period)}
@@ -455,8 +460,9 @@ def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: 
     try:
         leftover = []
         for key in _lease_keys(leases, worker_app.LEASE_PREFIX):
-            leftover.append({"key": key, "pttl": leases.pttl(key),
-                             "value": _text(leases.get(key))})
+            value = leases.get(key) if leases.type(key) == b"string" else \
+                leases.hgetall(key)  # a hash of slots (lease_limit)
+            leftover.append({"key": key, "pttl": leases.pttl(key), "value": _text(value)})
         # Every key has a lifetime, the beat's last-run record included (ten periods).
         no_ttl = [_text(k) for k in leases.scan_iter(match=f"{worker_app.LEASE_PREFIX}*")
                   if leases.ttl(k) == -1]
@@ -480,4 +486,4 @@ def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: 
                    parked=parked, workers=samples, leftover_leases=leftover,
                    keys_without_ttl=no_ttl, leftover_claims=claims, cooldown=settings.cooldown,
                    preemptions=preemptions, preempt_grace=settings.preempt_grace,
-                   debounce_cap=worker_app.DEBOUNCE_CAP)
+                   limit=settings.limit, debounce_cap=worker_app.DEBOUNCE_CAP)

@@ -34,7 +34,11 @@ its send), so a violation is never an artefact of timing, and each comes with it
 9. Newest wins (``lease_on_conflict="preempt"``, :mod:`.preempt_check`): a preempted
    holder's writes after the newcomer's are refused, it stops within grace + one renewal
    interval + a slack of the take-over, and it is told with cause ``preempted``.
-10. Debounce (``lease_debounce``, :mod:`.checker_debounce`): each burst ran once, with the
+10. Never more than N (a campaign with ``lease_limit=N``, the ``limited`` path's keys): no
+    N + 1 executions of one key that each ended normally, none told of a loss, were running
+    at one moment. Properties 2, 3 and 6's "never two running" are about one holder and do
+    not apply to these keys; property 1's grant order does (one counter for all slots).
+11. Debounce (``lease_debounce``, :mod:`.checker_debounce`): each burst ran once, with the
     latest arguments, no later than its cap (plus one TTL and a slack) after its first
     publish unless a fault or the key's previous run came in between; no burst was left
     waiting at the end.
@@ -68,7 +72,7 @@ RSS_SLACK = 64 * 1024 * 1024
 
 @dataclass
 class Violation:
-    """One broken promise: the property number (1-10), a rule name, a sentence, the evidence."""
+    """One broken promise: the property number (1-11), a rule name, a sentence, the evidence."""
 
     property: int
     rule: str
@@ -82,7 +86,7 @@ class Violation:
 
 
 def check(history: History) -> list[Violation]:
-    """Every violation of the ten properties in ``history`` (empty: all promises kept)."""
+    """Every violation of the eleven properties in ``history`` (empty: all promises kept)."""
     from .preempt_check import preemptions  # it imports Violation from here
 
     return [
@@ -95,8 +99,52 @@ def check(history: History) -> list[Violation]:
         *handover(history),
         *cooldown_windows(history),
         *preemptions(history),
+        *never_more_than_n(history),
         *debounce_bursts(history),
     ]
+
+
+def limited_keys(history: History) -> set[str]:
+    """The keys of the ``limited`` path (``lease_limit``): up to ``history.limit`` at once."""
+    return {job.key for job in history.jobs if job.path == "limited"}
+
+
+def _single(history: History) -> dict[str, list[Execution]]:
+    """The executions per key, the keys of one holder at a time only (not ``limited``)."""
+    limited = limited_keys(history)
+    return {k: v for k, v in _by_key(history.executions).items() if k not in limited}
+
+
+def _untold(runs: list[Execution], refused: set[str]) -> list[Execution]:
+    """The executions that ended normally and were never told of a loss (no refused write,
+    not refused at release), by grant time."""
+    return sorted((e for e in runs if e.outcome == "ok" and e.body_end is not None
+                   and e.token not in refused and e.released is not False),
+                  key=lambda e: e.grant_upper)
+
+
+def never_more_than_n(history: History) -> list[Violation]:
+    """Property 10: no more than ``history.limit`` untold executions of a limited key were
+    running at one moment. Each ran surely from its ``grant_upper`` (its body had started)
+    to its ``body_end`` (its body was still running), so an overlap of those is proven."""
+    found: list[Violation] = []
+    if history.limit <= 0:
+        return found
+    refused = {w.token for w in history.writes if not w.accepted}
+    limited = limited_keys(history)
+    for key, runs in _by_key(history.executions).items():
+        if key not in limited:
+            continue
+        done = _untold(runs, refused)
+        for b in done:
+            running = [a for a in done if a.grant_upper <= b.grant_upper < a.body_end]  # type: ignore[operator]
+            if len(running) > history.limit:
+                found.append(Violation(
+                    10, "more-than-n", f"{key}: {len(running)} executions were running at "
+                    f"{b.grant_upper:.3f}, above lease_limit={history.limit}: "
+                    f"{', '.join(a.token for a in running)}", key,
+                    {"running": [_execution(a) for a in running]}))
+    return found
 
 
 def _by_key(items: Iterable[Any]) -> dict[str, list[Any]]:
@@ -166,7 +214,7 @@ def exclusion(history: History) -> list[Violation]:
     """Property 2: no renewal of a holder was confirmed after a later holder was granted."""
     found: list[Violation] = []
     accepted = Counter(w.token for w in history.writes if w.accepted)
-    for key, runs in _by_key(history.executions).items():
+    for key, runs in _single(history).items():
         later = _first_later_grant(runs)
         for a in runs:
             b = later.get(a.token)
@@ -186,7 +234,7 @@ def silent_losers(history: History) -> list[Violation]:
     """Property 3: a body still running when its key was granted to another was told."""
     found: list[Violation] = []
     refused = {w.token for w in history.writes if not w.accepted}
-    for key, runs in _by_key(history.executions).items():
+    for key, runs in _single(history).items():
         later = _first_later_grant(runs)
         for a in runs:
             b = later.get(a.token)
@@ -319,12 +367,10 @@ def dedupe(history: History) -> list[Violation]:
     """Property 6: never two running; folds served by later runs; claims end in time."""
     found: list[Violation] = []
     refused = {w.token for w in history.writes if not w.accepted}
-    for key, runs in _by_key(history.executions).items():
+    for key, runs in _single(history).items():
         # Ended normally and never told of a loss (no refused write, not refused at release):
         # two such bodies running at one moment is what the lease exists to prevent.
-        done = sorted((e for e in runs if e.outcome == "ok" and e.body_end is not None
-                       and e.token not in refused and e.released is not False),
-                      key=lambda e: e.grant_upper)
+        done = _untold(runs, refused)
         for i, a in enumerate(done):
             for b in done[i + 1:]:
                 if b.grant_upper >= a.body_end:  # type: ignore[operator]
@@ -350,7 +396,7 @@ def dedupe(history: History) -> list[Violation]:
     # past its lifetime (or without one) outlived its message by more than its lifetime.
     for claim in history.leftover_claims:
         if claim.get("debounced"):
-            continue  # a debounce burst: property 10
+            continue  # a debounce burst: property 11
         if claim["ttl"] < 0 or claim["age"] > claim["lifetime"] + CLAIM_SLACK:
             found.append(Violation(
                 6, "claim-outlived", f"{claim['key']}: the claim of waiting copy "

@@ -1,4 +1,4 @@
-"""Property 10 of the checker: ``lease_debounce`` kept its word.
+"""Property 11 of the checker: ``lease_debounce`` kept its word.
 
 Every publish of the debounce job recorded its burst's task id (``Job.folded_onto``) and a
 bracket around its decision in the store (``decided_lower``, ``decided_upper``). For each
@@ -82,7 +82,7 @@ def _runs_by_task(history: History) -> dict[str, list[Execution]]:
 
 
 def debounce(history: History) -> list[Any]:
-    """Property 10 (see the module docstring): the violations found."""
+    """Property 11 (see the module docstring): the violations found."""
     from .checker import ERASING_FAULTS, Violation  # the checker imports this module
 
     if history.debounce_cap <= 0:
@@ -94,7 +94,7 @@ def debounce(history: History) -> list[Any]:
         runs = sorted(by_task.get(task_id, []), key=lambda e: e.grant_upper)
         done = [e for e in runs if e.outcome == "ok"]
         if len(done) > 1:
-            found.append(Violation(10, "burst-ran-twice", f"{key}: burst {task_id} ran to its "
+            found.append(Violation(11, "burst-ran-twice", f"{key}: burst {task_id} ran to its "
                                    f"end {len(done)} times", key,
                                    {"runs": [asdict(e) for e in done]}))
         if not runs:
@@ -107,21 +107,21 @@ def debounce(history: History) -> list[Any]:
                      and f.started_at <= runs[0].grant_upper for f in history.faults)
         if later and not erased:  # an emptied store: the timer runs its first arguments
             found.append(Violation(
-                10, "not-latest-arguments", f"{key}: burst {task_id} ran with job {ran.job}'s "
+                11, "not-latest-arguments", f"{key}: burst {task_id} ran with job {ran.job}'s "
                 f"arguments, but {len(later)} publish(es) of it came surely after", key,
                 {"ran": asdict(ran), "later": [asdict(j) for j in later]}))  # type: ignore[arg-type]
         first = first_publish(jobs)
         late = runs[0].grant_lower - (first + history.debounce_cap)  # type: ignore[operator]
         if late > history.ttl + SLACK and not _excused(history, key, first, runs[0]):
             found.append(Violation(
-                10, "ran-past-cap", f"{key}: burst {task_id} was granted {late:.3f}s past its "
+                11, "ran-past-cap", f"{key}: burst {task_id} was granted {late:.3f}s past its "
                 f"first publish plus lease_debounce_max={history.debounce_cap:g}", key,
                 {"run": asdict(runs[0]), "first_publish": first}))
     for claim in history.leftover_claims:
         limit = claim.get("lifetime", 0.0) + history.ttl + SLACK
         if claim.get("debounced") and claim["age"] > limit:
             found.append(Violation(
-                10, "burst-left-waiting", f"{claim['key']}: burst {claim['task_id']} is still "
+                11, "burst-left-waiting", f"{claim['key']}: burst {claim['task_id']} is still "
                 f"waiting {claim['age']:.1f}s after its first publish (cap "
                 f"{claim['lifetime']:g}s)", claim["key"], dict(claim)))
     return found

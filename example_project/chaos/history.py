@@ -181,7 +181,8 @@ class History:
     (``{"key", "task_id", "age", "lifetime", "ttl"}``, float seconds);
     ``cooldown`` the job's ``lease_cooldown`` (float seconds; 0.0: none);
     ``preemptions`` the take-overs of the preempt job, whose ``lease_preempt_grace`` is
-    ``preempt_grace`` (float seconds);
+    ``preempt_grace`` (float seconds); ``limit`` the limited job's ``lease_limit`` (int; 0:
+    no limited job);
     ``debounce_cap`` the debounce job's ``lease_debounce_max`` (float seconds; 0.0: no
     debounce jobs): a leftover claim with ``debounced`` above 0 is a burst that never ran.
     """
@@ -203,6 +204,7 @@ class History:
     debounce_cap: float = 0.0
     preemptions: list[Preemption] = field(default_factory=list)
     preempt_grace: float = 0.0
+    limit: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (see :meth:`from_dict`)."""

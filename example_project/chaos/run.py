@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--cooldown", type=float, default=0.0,
                         help="the job's lease_cooldown, seconds (default 0: none); the checker "
                              "then proves no execution starts within it after a success")
+    parser.add_argument("--limit", type=int, default=0,
+                        help="also send a job with lease_limit=N on keys of its own (default "
+                             "0: none); the checker then proves never more than N ran at once")
     parser.add_argument("--json", type=Path, help="write violations and counts here")
     parser.add_argument("--history", type=Path, help="save the whole recorded history here")
     parser.add_argument("--check", type=Path, help="re-check a saved history; run nothing")
@@ -90,8 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.workers < 1 or args.keys < 1 or args.duration <= 0 or args.rate <= 0:
             sys.stderr.write("--workers, --keys, --duration and --rate must be positive\n")
             return 2
-        if args.beats < 0 or args.cooldown < 0:
-            sys.stderr.write("--beats and --cooldown must be 0 or more\n")
+        if args.beats < 0 or args.cooldown < 0 or args.limit < 0:
+            sys.stderr.write("--beats, --cooldown and --limit must be 0 or more\n")
+            return 2
+        if args.limit and args.cooldown:
+            sys.stderr.write("--limit and --cooldown cannot go together (lease_limit refuses "
+                             "lease_cooldown)\n")
             return 2
         from .campaign import Settings, run_campaign
 
@@ -99,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         history = run_campaign(Settings(
             duration=args.duration, workers=args.workers, keys=args.keys, seed=args.seed,
             ttl=args.ttl, rate=args.rate, broker_url=args.redis_url, beats=args.beats,
-            sentinel=args.sentinel, cooldown=args.cooldown))
+            sentinel=args.sentinel, cooldown=args.cooldown, limit=args.limit))
         if args.history is not None:
             args.history.write_text(json.dumps(history.to_dict(), default=str) + "\n")
     violations, _ = report(history, args.json)

@@ -8,7 +8,8 @@ seconds; ``CHAOS_COOLDOWN``: the job's ``lease_cooldown`` in float seconds (0 or
 ``CHAOS_PREEMPT_GRACE``: the preempt job's ``lease_preempt_grace``, float seconds;
 ``CHAOS_LEASE_OPTIONS``: ``lease_backend_options`` as JSON, e.g. the Sentinel
 ``master_name``; ``CHAOS_BEAT_KEYS``, ``CHAOS_BEAT_PERIOD``: the keys beat sends the job for,
-comma-separated, every that many float seconds). The job uses the public API of
+comma-separated, every that many float seconds; ``CHAOS_LIMIT``: the ``lease_limit`` of the
+limited job, an int, 0 or unset: no limited job). The job uses the public API of
 celery-lease (``LeasedTask``, ``self.lease``, ``LeaseLost``, the signals) and one private
 switch: it waits for its release's reply (``_lease_release_wait``), see :class:`ChaosJob`.
 
@@ -53,6 +54,11 @@ HANDOFF_TASKS = {"coalesce": "example_project.chaos.worker_app.chaos_coalesce",
 #: The same job with ``lease_on_conflict="preempt"`` (submission path ``preempt``, keys of its
 #: own): a copy that starts while the key is held takes it over, newest wins.
 PREEMPT_TASK = "example_project.chaos.worker_app.chaos_preempt"
+#: The same job with ``lease_limit`` (``CHAOS_LIMIT`` executions per key at once; the
+#: ``limited`` submission path, keys of its own): it makes no fenced writes (N holders share
+#: the key by design); the checker holds it to "never more than N" instead.
+LIMITED_TASK = "example_project.chaos.worker_app.chaos_limited"
+LIMIT = int(os.environ.get("CHAOS_LIMIT") or 0)
 #: Prefix of every lease key of a campaign (the leak check scans it).
 LEASE_PREFIX = "chaos-lease"
 #: Visibility timeout of a Redis broker (float seconds): a dead worker's message comes back
@@ -165,7 +171,7 @@ def _on_lost(sender: Any = None, token: str = "", **_: Any) -> None:
 def _on_released(sender: Any = None, token: str = "", released: bool | None = None,
                  **_: Any) -> None:
     _lost_at.pop(token, None)
-    if getattr(sender, "name", None) in (JOB_TASK, DEDUPE_TASK, PREEMPT_TASK,
+    if getattr(sender, "name", None) in (JOB_TASK, DEDUPE_TASK, PREEMPT_TASK, LIMITED_TASK,
                                          *HANDOFF_TASKS.values()):
         # None (the release's reply is read later, off the execution's path) says nothing:
         # recorded as None, never as False ("the store no longer had the token").
@@ -215,6 +221,8 @@ def submit(key: str, path: str, writes: int = 3, step: float = 0.3, mode: str = 
                                      time.time())
         elif path == "preempt":
             chaos_preempt.apply_async(kwargs=kwargs, task_id=job.task_id)
+        elif path == "limited":
+            app.tasks[LIMITED_TASK].apply_async(kwargs=kwargs, task_id=job.task_id)
         elif path in HANDOFF_TASKS:
             app.tasks[HANDOFF_TASKS[path]].apply_async(kwargs=kwargs, task_id=job.task_id)
         else:
@@ -292,6 +300,15 @@ def chaos_preempt(self: LeasedTask, key: str, job: str, writes: int = 3, step: f
     return run_job(self, key, job, writes, step, mode)
 
 
+if LIMIT:  # lease_limit refuses a cooldown: a campaign runs one or the other
+    @app.task(base=ChaosJob, bind=True, lease_key=("key",), name=LIMITED_TASK,  # type: ignore[untyped-decorator]
+              lease_limit=LIMIT)
+    def chaos_limited(self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3,
+                      mode: str = "plain") -> dict[str, Any]:
+        """The job, up to ``CHAOS_LIMIT`` at once per key, without fenced writes."""
+        return run_job(self, key, job, writes, step, mode)
+
+
 def run_job(self: LeasedTask, key: str, job: str, writes: int, step: float,
             mode: str) -> dict[str, Any]:
     """Make ``writes`` fenced writes to ``key``, ``step`` float seconds apart; record it all.
@@ -317,6 +334,8 @@ def run_job(self: LeasedTask, key: str, job: str, writes: int, step: float,
         for _ in range(writes):
             time.sleep(step)  # the work before each effect
             lease.check()  # the pool may not interrupt a blocking call: look before writing
+            if self.name == LIMITED_TASK:  # N holders at once: no single writer to fence
+                continue
             if not rec.fenced_write(key, job, lease.token, lease.fencing_token, worker):
                 raise lease.lose()  # a later holder wrote: stop acting as the holder
             confirmed = confirmed_since(lease) or confirmed

@@ -1,0 +1,26 @@
+--[[
+Renew many slots of limited keys (lease_limit=N, acquire_slot-3.lua) of one TTL in one call,
+each as renew_slot-1.lua does: only the token's own slot, token-checked. The client sends them
+in the same pipeline as the plain leases' renew_many.lua (one round trip per pass for every
+lease of a process), at most RENEW_BATCH (1 000) per call. One character per slot in the
+reply. A refused write (maxmemory, an ACL without HSET) is the reply of the whole call: every
+slot of the call retries, the plain leases are not concerned.
+
+KEYS[1..n]    the lease keys (hashes of slots)
+ARGV[1]       the lifetime, int milliseconds (the TTL)
+ARGV[2..n+1]  the holders' tokens, in the order of KEYS
+
+Returns a string of n characters, one per slot in the order of KEYS:
+  '1'  renewed
+  '0'  the key is absent
+  '2'  no live slot of this token there (it ended, expired or was deleted), or a key of another
+       type than a hash: held by another
+]]
+--@include renew_slot.lua
+local out = {}
+for i, key in ipairs(KEYS) do
+  local done = renew_slot(key, ARGV[i + 1], ARGV[1])
+  if type(done) == 'table' then return done end
+  out[i] = done
+end
+return table.concat(out)

@@ -1,0 +1,66 @@
+"""The leased tasks of the ``lease_limit`` tests, on the fault tests' app (``lease_app``: same
+environment, same ``journal``).
+
+Each task counts the executions of its tag running at once in the broker's Redis
+(``running:<tag>``, ``INCR`` at the start, ``DECR`` at the end) and journals the count it saw at
+its start, so a test reads the most that ever ran at once.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from celery_lease import LeasedTask, LeaseLost
+from tests.apps.lease_app import _journal, app, record
+
+__all__ = ["app"]
+
+
+#: What every task here shares: a bound leased task, its key the tag.
+_COMMON: dict[str, Any] = {"shared": False, "bind": True, "base": LeasedTask, "lease_key": ("tag",)}
+
+
+def _run(task: Any, tag: str, seconds: float, mode: str) -> str:
+    running = _journal.incr(f"running:{tag}")
+    record("start", tag, running=running, limit=task.lease.limit)
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            time.sleep(0.02 if mode == "chunks" else min(0.2, seconds))
+            task.lease.check()
+    except LeaseLost as exc:
+        record("lost", tag, cause=exc.cause)
+        raise
+    finally:
+        _journal.decr(f"running:{tag}")
+    record("end", tag)
+    return tag
+
+
+@app.task(**_COMMON, name="limit.retry", lease_limit=3, lease_on_conflict="retry", max_retries=0)
+def limited_retry(self: Any, tag: str, seconds: float, mode: str = "sleep") -> str:
+    """Up to 3 at once per tag; the others look again (using up no retry: max_retries=0)."""
+    return _run(self, tag, seconds, mode)
+
+
+@app.task(**_COMMON, name="limit.skip", lease_limit=3)
+def limited_skip(self: Any, tag: str, seconds: float, mode: str = "sleep") -> str:
+    """Up to 3 at once per tag; the others are skipped."""
+    return _run(self, tag, seconds, mode)
+
+
+def _tenant_limit(tenant: str, seconds: float) -> int:
+    return 2 if tenant == "small" else 4
+
+
+@app.task(**{**_COMMON, "lease_key": ("tenant",)}, name="limit.tenant", lease_limit=_tenant_limit)
+def per_tenant(self: Any, tenant: str, seconds: float) -> str:
+    """2 at once for tenant ``small``, 4 for any other (a callable limit)."""
+    return _run(self, tenant, seconds, "sleep")
+
+
+@app.task(**_COMMON, name="limit.dedupe", lease_limit=2, lease_dedupe=True)
+def limited_dedupe(self: Any, tag: str, seconds: float, mode: str = "sleep") -> str:
+    """Up to 2 at once per tag, and at most one copy waiting (``lease_dedupe``)."""
+    return _run(self, tag, seconds, mode)
