@@ -58,7 +58,7 @@ logger = logging.getLogger("celery_lease")
 CLAIM_HEADER = "lease_claimed"
 
 #: The values of ``result.lease_disposition``.
-DISPOSITIONS = ("published", "deduplicated", "unguarded")
+DISPOSITIONS = ("published", "deduplicated", "debounced", "unguarded")
 
 #: Options of a message that is part of a canvas (linked work, a group or chord member, a
 #: chain's next task published by its parent, whose frozen task id a caller already holds):

@@ -25,6 +25,7 @@ from . import (
     clock,
     conflict,
     cooldown,
+    debounce,
     eager,
     handoff,
     interrupt,
@@ -82,7 +83,7 @@ class LeasedTask(Task):  # type: ignore[misc]
     Inside a running execution ``self.lease`` is its :class:`~celery_lease.lease.Lease`.
     Calling the task function directly takes no lease; ``apply()`` and eager mode do. The
     result of ``apply_async`` / ``delay`` carries ``lease_disposition`` (``"published"``,
-    ``"deduplicated"``, ``"unguarded"``).
+    ``"deduplicated"``, ``"debounced"``, ``"unguarded"``).
 
     Raises (at registration): :class:`~celery_lease.errors.LeaseConfigError` for an invalid
     option, naming it and the fix.
@@ -267,6 +268,8 @@ class LeasedTask(Task):  # type: ignore[misc]
         claim = lifecycle.Claim()
         ending = "failure"  # how the body ended: which release it sends (lease_cooldown)
         try:
+            if debounce.DEBOUNCE_HEADER in (request.headers or {}) and not request.is_eager:
+                args, kwargs = debounce.on_timer(self, request, args, kwargs)  # or Ignore
             lease = self._acquire(request, args, kwargs, claim)
             if not isinstance(lease, Lease):
                 return lease  # eager mode: a skipped duplicate's marker
