@@ -327,9 +327,7 @@ def on_timer(task: Any, request: Any, args: Any, kwargs: Any) -> tuple[Any, Any]
         )
         task._event("task-lease-debounced", lease_key=key, lease_due_in=decided.due_in)
         raise Ignore()
-    body = json.loads(decided.arguments)  # type: ignore[no-untyped-call]
-    latest_args, latest_kwargs = tuple(body["args"]), dict(body["kwargs"])
-    request.args, request.kwargs = list(latest_args), latest_kwargs
+    latest_args, latest_kwargs = handoff.adopt(request, decided.arguments)
     _strip(request)
     logger.info(
         "debounced: task %s[%s] runs for %d publishes of %s (%.3fs after the first)",

@@ -11,6 +11,11 @@ at once (acknowledged; no worker slot held, no retry used up):
   caller's ``AsyncResult`` completes later with the real result; ``lease_queue_max`` bounds
   the line and ``lease_queue_timeout`` the wait (past either, ``LeaseConflict``).
 
+A ``coalesce`` duplicate that arrives after a release handed the key to the pending run, but
+before that run starts, joins it all the same (its arguments replace the run's): the run's
+grant answers them and the run takes them (:func:`adopt`), so a burst runs at most two bodies
+(one running, one pending). A queued run's reservation is never joined: queue runs every copy.
+
 The holder's release (:class:`Releaser`, one token-checked script) reserves the key for the
 next run and the releasing worker publishes it (:func:`publish`). The crash sweep
 (:mod:`celery_lease.sweep`) publishes what a dead holder or releaser left. Where the idea
@@ -36,8 +41,9 @@ from .config import LeaseOptions
 from .errors import LeaseConflict
 from .store import handoff as stored
 
-__all__ = ["COALESCED_MARKER", "HANDOFF_HEADER", "LINE_LIFETIME", "Releaser", "follow",
-           "is_coalesced", "lifetime_ms", "message_of", "park", "publish", "publish_handoff"]
+__all__ = ["COALESCED_MARKER", "HANDOFF_HEADER", "LINE_LIFETIME", "Releaser", "adopt",
+           "follow", "is_coalesced", "lifetime_ms", "message_of", "mode_of", "park",
+           "publish", "publish_handoff"]
 
 logger = logging.getLogger("celery_lease")
 
@@ -100,6 +106,28 @@ def lifetime_ms(options: LeaseOptions) -> int:
     return round(max(LINE_LIFETIME, (options.queue_timeout or 0.0) + 2 * options.ttl) * 1000)
 
 
+def mode_of(options: LeaseOptions) -> str:
+    """The line policy of a task with ``options``: ``"coalesce"``, or ``"queue"`` (queue, and
+    retry and debounce, which wait in the line as queue does)."""
+    return "coalesce" if options.on_conflict == "coalesce" else "queue"
+
+
+def adopt(request: Any, message: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Make ``request`` run with the arguments of ``message`` (JSON with ``args`` and
+    ``kwargs``: a burst's latest, :mod:`celery_lease.debounce`; or the latest duplicate that
+    joined a handed-over coalesced run, answered by its grant) and return them as
+    ``(args, kwargs)``. ``request`` carries them from here on, so a copy of it parked in the
+    key's line or retried runs them too.
+
+    Raises:
+        ValueError: ``message`` is not JSON; KeyError: it has no ``args`` or ``kwargs``.
+    """
+    body = json.loads(message)  # type: ignore[no-untyped-call]
+    args, kwargs = tuple(body["args"]), dict(body["kwargs"])
+    request.args, request.kwargs = list(args), kwargs
+    return args, kwargs
+
+
 def message_of(task: Any, request: Any, task_id: str, key: str) -> str:
     """The message that runs ``request`` again later under ``task_id``, serialized (JSON).
 
@@ -125,7 +153,7 @@ def park(task: Any, request: Any, options: LeaseOptions, client: redis.Redis, ke
         redis.exceptions.RedisError: on store errors.
         TypeError: the message cannot be serialized.
     """
-    mode = "coalesce" if options.on_conflict == "coalesce" else "queue"
+    mode = mode_of(options)
     task_id = uuid() if mode == "coalesce" else request.id
     message = message_of(task, request, task_id, key)
     stored.watch(client, options.key_prefix, key,
@@ -152,7 +180,8 @@ class Releaser:
         options = self.options
         timeout = round((options.queue_timeout or 0.0) * 1000)
         got = stored.release_handing_over(client, key, token, options.ttl_ms,
-                                          lifetime_ms(options), timeout, self.ran)
+                                          lifetime_ms(options), timeout, self.ran,
+                                          mode_of(options))
         if self.result is None or self.result.handed is None:
             self.result = got
         return got.released

@@ -52,6 +52,9 @@ class Lease:
         deadline: deadline-clock seconds at which the lease counts as lost locally.
         limit: the key's ``lease_limit`` this lease holds one slot of (int; 1, the plain
             lease; set at the grant by :func:`celery_lease.lifecycle.take`).
+        joined: the latest message (JSON str) of a duplicate that joined this handed-over
+            ``coalesce`` run before it started, whose arguments the run takes
+            (:attr:`celery_lease.store.AcquireResult.joined`); else None.
 
     State and who changes it: the execution that took it and the heartbeat thread both act on
     a lease, only through its methods, and every change happens under the lease's own lock
@@ -64,7 +67,7 @@ class Lease:
     # Slots: one is made per execution (and 10 000 may be held): a third less to build.
     __slots__ = ("_in_flight", "_lost", "_next_renewal", "_renew_args", "_renewal_over",
                  "_retired", "_state", "_store_error", "acquired_at", "client", "confirmed_at",
-                 "deadline", "fencing_token", "key", "limit", "options", "pid",
+                 "deadline", "fencing_token", "joined", "key", "limit", "options", "pid",
                  "renew_interval", "target", "task_id", "task_name", "token", "ttl")
 
     def __init__(
@@ -79,6 +82,7 @@ class Lease:
         client: redis.Redis,
         target: Target,
         sent_at: float,
+        joined: str | None = None,
     ) -> None:
         self.key = key
         self.token = token
@@ -103,6 +107,7 @@ class Lease:
         # What a renewal sends (celery_lease.store.renew_many), built once, not every pass.
         self._renew_args = (key, token, options.ttl_ms)
         self.limit = 1  # set by the grant of a slot (lease_limit)
+        self.joined = joined  # the latest message of a duplicate that joined (coalesce)
         # Set when the renewal on the wire ends; made by a stop_renewing() that waits for it.
         self._renewal_over: threading.Event | None = None
 

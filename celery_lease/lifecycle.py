@@ -203,7 +203,7 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
         lease = Lease(
             key=key, token=token, fencing_token=found.holder.fencing_token,
             task_name=holder.task_name, task_id=holder.task_id, options=options,
-            client=client, target=target, sent_at=sent_at)
+            client=client, target=target, sent_at=sent_at, joined=found.joined)
         if grant is not None:
             lease.limit = getattr(grant, "limit", 1)  # a slot of a limited key (lease_limit)
         if claim is not None:

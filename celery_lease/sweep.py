@@ -85,7 +85,8 @@ def _look(app: Any, client: Any, prefix: str, key: str, score: int,
           options: LeaseOptions) -> int:
     """The hand-over look at one key; 1 when it published a run."""
     got = stored.recover(client, key, options.ttl_ms, handoff.lifetime_ms(options),
-                         round((options.queue_timeout or 0.0) * 1000))
+                         round((options.queue_timeout or 0.0) * 1000),
+                         handoff.mode_of(options))
     margin = round(options.renew_interval * 500)
     logger.debug("lease sweep looked at %s: wait %s ms, handed %s", key, got.wait_ms,
                  got.handed and got.handed.task_id)

@@ -273,6 +273,8 @@ class LeasedTask(Task):  # type: ignore[misc]
             lease = self._acquire(request, args, kwargs, claim)
             if not isinstance(lease, Lease):
                 return lease  # eager mode: a skipped duplicate's marker
+            if lease.joined is not None:  # a duplicate joined this handed-over run: its args
+                args, kwargs = handoff.adopt(request, lease.joined)
             reset = _current.set(lease)
             try:
                 result = self.run(*args, **kwargs)

@@ -17,6 +17,7 @@ import redis
 from celery.result import AsyncResult
 
 from celery_lease import LeaseConflict, follow, is_coalesced, store
+from celery_lease.handoff import publish
 from celery_lease.store import handoff as stored
 from tests.apps import handoff_app
 from tests.apps.handoff_app import coalesced, queued, retried, runs
@@ -217,3 +218,85 @@ def test_a_pending_run_whose_holder_lost_its_lease_is_handed_over_by_the_sweep(
     redis.Redis.from_url(redis_url).delete(coalesced.lease_key_for(("gone", 0)))  # erased
     assert follow(marker, timeout=30, app=app) == 1
     assert [r["n"] for r in _started("gone")] == [0, 1]
+
+
+def _reserve_by_hand(app: Any, client: Any, tag: str, mode: str) -> tuple[str, stored.Waiting]:
+    """Hold ``tag``'s key by hand, park a pending run of ``n=1`` and release, reserving the key
+    for it as a ``mode`` release does; the run is not published (the caller publishes it)."""
+    key, token = coalesced.lease_key_for((tag, 1)), uuid.uuid4().hex
+    assert store.acquire(client, key, token, 2000, "{}").granted
+    run_id = f"pending-{tag}"
+    message = json.dumps({"task": "ho.coalesced", "args": [tag, 1], "kwargs": {},
+                          "options": {"queue": app.conf.task_default_queue,
+                                      "headers": {"lease_handoff": key}}})
+    stored.watch(client, "lease", key, 2000)
+    assert stored.park(client, key, "coalesce", run_id, message, 10, 60_000).task_id == run_id
+    handed = stored.release_handing_over(client, key, token, 2000, 60_000, 0, mode=mode).handed
+    assert handed is not None and handed.task_id == run_id
+    return key, handed
+
+
+def test_a_coalesce_copy_that_arrives_while_the_key_is_reserved_joins_the_run_it_gets_its_args(
+        app: Any, redis_url: str, worker_factory: WorkerFactory) -> None:
+    worker_factory(APP, pool="threads", concurrency=2)
+    client = store.client_for(redis_url, 2.0)
+    _, handed = _reserve_by_hand(app, client, "join", "coalesce")
+    marker = coalesced.delay("join", 2).get(timeout=20)  # the key is reserved: it joins
+    assert is_coalesced(marker) and marker["into"] == handed.task_id
+    assert _started("join") == []
+    # The run, published with the arguments it had at the hand-over (n=1), takes the latest.
+    assert json.loads(handed.message)["args"] == ["join", 1]
+    publish(app, handed, marker["key"], by="test")
+    assert AsyncResult(handed.task_id, app=app).get(timeout=20) == 2
+    assert [(r["n"], r["id"]) for r in _started("join")] == [(2, handed.task_id)]
+    wait_for(lambda: _waiting_state(redis_url) == [], 10, message="pending state left behind")
+
+
+def test_a_joined_run_whose_publish_was_lost_is_published_by_the_sweep_with_the_joined_args(
+        app: Any, redis_url: str, worker_factory: WorkerFactory) -> None:
+    worker_factory(APP, pool="threads", concurrency=2, env={"LEASE_TTL": "2.0"})
+    client = store.client_for(redis_url, 2.0)
+    _, handed = _reserve_by_hand(app, client, "swept", "coalesce")
+    assert coalesced.delay("swept", 3).get(timeout=20)["into"] == handed.task_id
+    assert AsyncResult(handed.task_id, app=app).get(timeout=30) == 3  # never published by hand
+    assert [r["n"] for r in _started("swept")] == [3]
+
+
+def test_a_queue_reservation_is_not_joined_by_a_coalesce_copy(
+        app: Any, redis_url: str, worker_factory: WorkerFactory) -> None:
+    worker_factory(APP, pool="threads", concurrency=2)
+    client = store.client_for(redis_url, 2.0)
+    key, handed = _reserve_by_hand(app, client, "nojoin", "queue")
+    marker = coalesced.delay("nojoin", 2).get(timeout=20)
+    assert is_coalesced(marker) and marker["into"] != handed.task_id  # a pending run of its own
+    publish(app, handed, key, by="test")
+    assert AsyncResult(handed.task_id, app=app).get(timeout=20) == 1  # its own arguments
+    assert follow(marker, timeout=20, app=app) == 2
+    assert [r["n"] for r in _started("nojoin")] == [1, 2]
+    _never_two_running("nojoin")
+
+
+def test_copies_that_keep_arriving_through_the_hand_over_run_at_most_two_bodies(
+        app: Any, redis_url: str, worker_factory: WorkerFactory) -> None:
+    worker_factory(APP, pool="threads", concurrency=2)
+    holder = coalesced.delay("burst", 0, 1.5)
+    wait_for(lambda: _started("burst"), 20, message="the holder never started")
+    first = coalesced.delay("burst", 1)  # parked while the holder runs: the pending run
+    wait_for(lambda: any(r["what"] == "accepted" for r in runs("burst")), 20)
+    # The other thread is kept busy past the holder's end, so the later copies are taken by
+    # the holder's thread after its release handed the key over, before the pending run.
+    coalesced.delay("busy", 0, 6.0)
+    wait_for(lambda: _started("busy"), 20, message="the other thread never got busy")
+    later = [coalesced.delay("burst", n) for n in range(2, 11)]
+    assert not [r for r in runs("burst") if r["what"] == "end"], "sent too late to test"
+    markers = [d.get(timeout=30) for d in [first, *later]]
+    assert all(is_coalesced(m) for m in markers)
+    assert len({m["into"] for m in markers}) == 1  # all joined the one pending run
+    assert holder.get(timeout=20) == 0
+    assert [follow(m, timeout=20, app=app) for m in markers] == [10] * 10
+    assert [r["n"] for r in _started("burst")] == [0, 10]  # two bodies: the latest arguments
+    ended = max(r["t"] for r in runs("burst") if r["what"] == "end" and r["n"] == 0)
+    joined = [r for r in runs("burst") if r["what"] == "accepted" and r["t"] > ended]
+    assert joined, "no copy arrived after the hand-over: nothing tested"
+    print(f"coalesce: {len(joined)} copies joined the pending run after the hand-over")
+    _never_two_running("burst")

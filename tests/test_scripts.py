@@ -1177,3 +1177,80 @@ def test_debounce_a_burst_over_a_fired_one_keeps_it_for_its_timer_whose_fire_rep
     assert fire(client, "b-1", again="1")[:3] == [2, '{"n": 1}', 1]
     assert fire(client, "b-1") == [0, "", 0, 0]  # not again: a second timer, nothing
     assert client.hget(BURST, "id") == "b-2"
+
+
+# --- a coalesce duplicate joins the run handed the key, until that run starts ----------------
+
+def _hand_over(client: redis.Redis, policy: str, message: str) -> str:
+    """Hold KEY, park one duplicate (``policy``), release handing the key to it; its id."""
+    line, reserved = f"{KEY}:line", reservation_key(KEY)
+    holder = token()
+    assert acquire(client, holder)[0] == 1
+    assert run(client, "park-3.lua", [KEY, line, reserved],
+               [policy, "run-b", message, 10, 60_000])[:2] == [1, "run-b"]
+    handed = run(client, "release_handoff-4.lua", [KEY, FENCE, line, reserved],
+                 [holder, 5000, 60_000, 0, "", policy])
+    assert handed[0] == 1 and handed[1].startswith("run-b\n")
+    assert client.hget(reserved, "kind") == policy
+    return "run-b"
+
+
+def _take(client: redis.Redis, task_id: str) -> Any:
+    return run(client, "acquire-4.lua", [KEY, FENCE, reservation_key(KEY)],
+               [token(), TTL, HOLDER, COUNTER_TTL, task_id, "1"])
+
+
+def test_a_coalesce_duplicate_joins_the_reserved_run_and_its_grant_answers_the_latest_message(
+        client: redis.Redis) -> None:
+    line, reserved = f"{KEY}:line", reservation_key(KEY)
+    pending = _hand_over(client, "coalesce", '{"args": [1]}')
+    for n in (2, 3):  # after the hand-over, before the run starts: each joins it
+        assert run(client, "park-3.lua", [KEY, line, reserved],
+                   ["coalesce", f"fresh-{n}", f'{{"args": [{n}]}}', 10, 60_000]) == [
+            1, pending, 1]
+    assert client.exists(line) == 0  # no second pending run
+    assert client.hget(reserved, "el").endswith('\n{"args": [3]}')
+    assert 0 < client.pttl(reserved) <= 60_000
+    assert _take(client, "intruder")[1] == f"reserved:{pending}"  # still reserved
+    granted = _take(client, pending)
+    assert granted[0] == 1 and granted[2] == TTL and granted[3] == '{"args": [3]}'
+    assert client.hmget(reserved, "id", "el", "kind", "new") == [None] * 4
+    client.delete(KEY)  # once it started, a duplicate opens a new pending run, as before
+    assert acquire(client, token())[0] == 1
+    assert run(client, "park-3.lua", [KEY, line, reserved],
+               ["coalesce", "run-c", "mc", 10, 60_000]) == [1, "run-c", 1]
+
+
+def test_a_reserved_run_nobody_joined_is_granted_with_no_message_as_an_ordinary_grant(
+        client: redis.Redis) -> None:
+    pending = _hand_over(client, "coalesce", "mb")
+    assert len(_take(client, pending)) == 3
+
+
+def test_a_queue_reservation_is_never_joined_by_a_coalesce_duplicate(
+        client: redis.Redis) -> None:
+    line, reserved = f"{KEY}:line", reservation_key(KEY)
+    _hand_over(client, "queue", "mb")
+    assert run(client, "park-3.lua", [KEY, line, reserved],
+               ["coalesce", "run-c", "mc", 10, 60_000]) == [1, "run-c", 1]
+    assert client.hget(reserved, "el").endswith("\nmb") and client.hget(reserved, "new") is None
+    assert len(_take(client, "run-b")) == 3
+
+
+def test_a_joined_reservation_handed_over_again_keeps_the_latest_message_and_a_new_one_is_fresh(
+        client: redis.Redis) -> None:
+    line, reserved = f"{KEY}:line", reservation_key(KEY)
+    _hand_over(client, "coalesce", "mb")
+    run(client, "park-3.lua", [KEY, line, reserved], ["coalesce", "x", "latest", 10, 60_000])
+    client.hset(reserved, "due", "1")  # its publish was lost: the sweep hands it over again
+    again = run(client, "release_handoff-4.lua", [KEY, FENCE, line, reserved],
+                ["", 5000, 60_000, 0, "", "coalesce"])
+    assert again[0] == 1 and again[1].startswith("run-b\n") and again[1].endswith("\nlatest")
+    client.hdel(reserved, "id")  # (it started: its grant ended the reservation)
+    holder = token()
+    assert acquire(client, holder)[0] == 1
+    run(client, "park-3.lua", [KEY, line, reserved], ["coalesce", "run-d", "md", 10, 60_000])
+    run(client, "release_handoff-4.lua", [KEY, FENCE, line, reserved],
+        [holder, 5000, 60_000, 0, "", "coalesce"])
+    assert client.hget(reserved, "new") is None  # a fresh hand-over: nobody joined it yet
+    assert len(_take(client, "run-d")) == 3

@@ -6,6 +6,9 @@ pending run, whose message each later duplicate replaces; ``queue`` appends, up 
 The holder's token-checked release (:func:`release_handing_over`, ``release_handoff-4.lua``)
 reserves the key, in the same script, for the next element's task id (``<key>:reserved``,
 honoured by ``acquire-4.lua``) and answers that element for the releasing worker to publish.
+A ``coalesce`` duplicate that arrives before that run starts joins it (its message replaces
+the reserved one; the run's grant answers it, :attr:`celery_lease.store.AcquireResult.joined`);
+a queued run's reservation is never joined.
 
 Crashes are picked up by the sweep (:func:`recover`): keys with a line are noted in a sorted
 set per prefix (:func:`watch`, :func:`take_due`, :func:`forget`), scored with the store's
@@ -70,7 +73,8 @@ class Parked:
         outcome: ``"parked"``, ``"free"`` (the key was free: nothing written) or ``"full"``.
         task_id: the task id of the run that covers the duplicate (parked), else ''.
         length: the line's length after the park (or when found full), int.
-        joined: coalesce: a pending run existed, whose message this one replaced.
+        joined: coalesce: a pending run existed (in the line, or handed the key and not
+            started yet), whose message this one replaced.
     """
 
     outcome: str
@@ -153,7 +157,8 @@ def _handoff(reply: list[Any]) -> HandOff:
 
 
 def release_handing_over(client: redis.Redis, key: str, token: str, reserve_ms: int,
-                         lifetime_ms: int, timeout_ms: int, ran: str = "") -> HandOff:
+                         lifetime_ms: int, timeout_ms: int, ran: str = "",
+                         mode: str = "queue") -> HandOff:
     """Release ``key`` if ``token`` holds it, and hand it over to the next waiting run (the
     reservation holds the key for ``reserve_ms`` int milliseconds). Safe to repeat: a repeat
     answers ``released=True`` and hands nothing over again.
@@ -163,6 +168,8 @@ def release_handing_over(client: redis.Redis, key: str, token: str, reserve_ms: 
         timeout_ms: the wait timeout, int milliseconds (0: none).
         ran: the releasing execution's task id when it is a handed-over run (noted, so that
             a second copy of it is refused), else ''.
+        mode: the line's policy, ``"coalesce"`` (a later duplicate may join the reserved run)
+            or ``"queue"``.
 
     On a Sentinel-managed client a release that found its token counts only once the sentinels
     confirm the node that answered it, as :func:`celery_lease.store.release` does
@@ -180,7 +187,7 @@ def release_handing_over(client: redis.Redis, key: str, token: str, reserve_ms: 
         redis.exceptions.RedisError: on store errors.
     """
     keys = (key, fence_key(key), line_key(key), reservation_key(key))
-    argv = (token, reserve_ms, lifetime_ms, timeout_ms, ran)
+    argv = (token, reserve_ms, lifetime_ms, timeout_ms, ran, mode)
 
     def send() -> HandOff:
         reply = _run(_release, client, key, keys, argv)
@@ -194,9 +201,10 @@ def _found(got: HandOff) -> bool:
 
 
 def recover(client: redis.Redis, key: str, reserve_ms: int, lifetime_ms: int,
-            timeout_ms: int) -> HandOff:
+            timeout_ms: int, mode: str = "queue") -> HandOff:
     """The crash sweep's look at ``key``: hand it over only if nobody holds it and no
-    reservation is due (``release_handoff-4.lua`` without a token).
+    reservation is due (``release_handoff-4.lua`` without a token); ``mode`` as for
+    :func:`release_handing_over`.
 
     Returns:
         ``wait_ms`` set: held or reserved, look again then; ``handed`` set: publish it;
@@ -206,7 +214,7 @@ def recover(client: redis.Redis, key: str, reserve_ms: int, lifetime_ms: int,
         redis.exceptions.RedisError: on store errors.
     """
     reply = _run(_release, client, key, (key, fence_key(key), line_key(key), reservation_key(key)),
-                 ("", reserve_ms, lifetime_ms, timeout_ms, ""))
+                 ("", reserve_ms, lifetime_ms, timeout_ms, "", mode))
     code = int(reply[0])
     if code == 0:
         return HandOff(True, wait_ms=int(reply[1]))

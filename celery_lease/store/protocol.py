@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -77,11 +77,15 @@ class AcquireResult:
         granted: True when this token holds the lease now.
         holder: the holder (this token when granted).
         remaining: the lifetime left on the server, float seconds.
+        joined: a grant to a handed-over ``coalesce`` run that a later duplicate joined
+            before it started (``park-3.lua``): that duplicate's message (JSON str, with
+            ``args`` and ``kwargs``: the latest, which the run takes); else None.
     """
 
     granted: bool
     holder: Holder
     remaining: float
+    joined: str | None = field(default=None, kw_only=True)
 
 
 def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
@@ -94,7 +98,8 @@ def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
 
     A free key that a hand-over release reserved for another task id (``coalesce``,
     ``queue``: :mod:`celery_lease.store.handoff`) is refused as held by that task id (host
-    ``(reserved)``); the reserved ``task_id`` takes it and ends the reservation.
+    ``(reserved)``); the reserved ``task_id`` takes it and ends the reservation (and gets the
+    latest message of a coalesced run that a later duplicate joined: ``joined``).
 
     Args:
         task_id: the task id of the execution taking the lease ('' for none).
@@ -127,16 +132,19 @@ def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
             "1" if handed_over else "0")
     try:
         if min_replicas > 0:
-            granted, value, pttl = primary.confirmed_grant(
+            granted, value, pttl, *joined = primary.confirmed_grant(
                 client, lambda: _acquire_replicated(client, keys, argv, min_replicas))
         elif primary.managed(client):  # the caller releases an unconfirmed grant's token
-            granted, value, pttl = primary.confirmed_grant(
+            granted, value, pttl, *joined = primary.confirmed_grant(
                 client, lambda: _acquire(client, keys, argv))
         else:
-            granted, value, pttl = _acquire(client, keys, argv)
+            granted, value, pttl, *joined = _acquire(client, keys, argv)
     except RedisError as exc:
         raise routing.note(exc, client, key) from None
     if granted and b":" not in value:  # a fresh grant answers with the fencing token alone
+        if joined:  # the reserved run a later duplicate joined: its latest message
+            return AcquireResult(True, granted_holder(token, int(value)), ttl_ms / 1000,
+                                 joined=joined[0].decode("utf-8", "replace"))
         return _granted(granted_holder(token, int(value)), ttl_ms / 1000)
     if not granted and value.startswith((b"reserved:", b"ran:")):
         kind, _, reserved_for = value.decode("utf-8", "replace").partition(":")

@@ -7,7 +7,9 @@ even when the counter was evicted or the server restarted empty. The checks come
 writes, and SET, the only write refused under maxmemory, is the first write: a refused grant
 leaves nothing behind, and no key without a lifetime. A free key reserved for another task id
 (a run handed the key by release_handoff-4.lua, includes/reserved.lua) counts as held; the
-reserved task id takes it and ends the reservation. An execution whose message claimed the key's
+reserved task id takes it and ends the reservation; when a later duplicate joined that
+coalesced run (park-3.lua), the grant also answers the duplicate's message, whose arguments
+the run takes (an ordinary grant answers no more than before). An execution whose message claimed the key's
 waiting slot at publish (lease_dedupe) passes the claim key: a grant clears the claim when it
 names this task id (includes/clear_claim.lua), in the same script, so execution makes no round
 trip more; a refused grant keeps it (the copy goes on waiting).
@@ -30,6 +32,8 @@ exactly) refuses the grant, answered as held by an unknown holder: it is never o
 
 Returns {granted, answer, pttl}:
   {1, fence, ARGV[2]}  granted now; answer is the fencing token alone (digits)
+  {1, fence, ARGV[2], message}  granted now to the reserved run a later duplicate joined:
+                       message is the latest one kept (its arguments win)
   {1, value, pttl}     the key holds this token already (a repeat); answer is the whole value
   {0, value, pttl}     held by another token; value is "<token>:<fencing token>:<holder JSON>"
                        and pttl its lifetime left, int milliseconds (-1: none)
@@ -53,10 +57,15 @@ redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2])
 -- for a repeat of that release sent after its reply was lost (see released_before.lua).
 local ended = string.match(last, '^%d+:(.+)$')
 redis.call('SET', KEYS[2], ended and (fence .. ';' .. ended) or fence, 'PX', ARGV[4])
+local latest = false
 if reserved_for == ARGV[5] then  -- the reserved run starts: its reservation ends
-  redis.call('HDEL', KEYS[3], 'id', 'due', 'el')
+  if joined then
+    latest = string.match(redis.call('HGET', KEYS[3], 'el') or '', '^[^\n]*\n%d*\n(.*)$')
+  end
+  redis.call('HDEL', KEYS[3], 'id', 'due', 'el', 'kind', 'new')
 end
 if KEYS[4] then
   --@include clear_claim.lua
 end
+if latest then return {1, fence, tonumber(ARGV[2]), latest} end
 return {1, fence, tonumber(ARGV[2])}

@@ -3,13 +3,18 @@ Park a duplicate that found its key held (lease_on_conflict "coalesce" or "queue
 line, unless the key is free by now (no holder, no reservation due): then nothing is written
 and the caller tries the key again. "coalesce" keeps one element, the key's pending run: a
 first duplicate adds it under a new task id, a later one replaces its message (the latest
-arguments win) and its accepted time, keeping its task id. "queue" appends the duplicate, under
+arguments win) and its accepted time, keeping its task id. A "coalesce" duplicate that finds
+the line empty and the key reserved for a coalesced run that has not started yet (kind
+"coalesce", written by release_handoff-4.lua; the run's grant clears the reservation) joins
+that run instead: it replaces the reserved element's message and accepted time and marks it
+new, so the run's grant answers it (acquire-4.lua) and the run takes these arguments; a
+reservation for a queued run is never joined. "queue" appends the duplicate, under
 its own task id, unless the line already holds ARGV[4] elements. The element is stamped with
 the store's clock (TIME), for the wait timeout. The line's lifetime is set at every park.
 
 KEYS[1]  the lease key
 KEYS[2]  the line key (same hash tag)
-KEYS[3]  the reservation hash key (same hash tag)
+KEYS[3]  the reservation hash key: id, due, el, kind, new (same hash tag)
 
 ARGV[1]  "coalesce" or "queue"
 ARGV[2]  the task id of a new element (coalesce: a fresh id; queue: the duplicate's own)
@@ -19,6 +24,7 @@ ARGV[5]  the line's lifetime, int milliseconds
 
 Returns:
   {1, id, length}  parked: id is the task id of the run that covers it, length the line's
+                   (1 for a join of the reserved run)
   {0, 0}           the key is free: nothing written
   {-1, length}     the line is full (queue): nothing written
 ]]
@@ -38,6 +44,12 @@ if ARGV[1] == 'coalesce' then
     redis.call('LSET', KEYS[2], 0, id .. '\n' .. stamp .. '\n' .. ARGV[3])
     redis.call('PEXPIRE', KEYS[2], ARGV[5])
     return {1, id, 1}
+  end
+  local r = redis.pcall('HMGET', KEYS[3], 'id', 'kind')
+  if not r.err and r[1] and r[2] == 'coalesce' then  -- the handed-over run, not started
+    redis.call('HSET', KEYS[3], 'el', r[1] .. '\n' .. stamp .. '\n' .. ARGV[3], 'new', '1')
+    redis.call('PEXPIRE', KEYS[3], ARGV[5])
+    return {1, r[1], 1}
   end
 else
   local length = redis.call('LLEN', KEYS[2])

@@ -8,7 +8,10 @@ in one step with what frees the key:
   not lapse while workers look.
 Then reserve the key for the next run and answer its element, which the caller publishes: a
 reservation not yet taken is handed over again (its run published again, same task id);
-otherwise the head of the line is. While the reservation is due every other task id finds the
+otherwise the head of the line is, and the reservation notes its kind (ARGV[6]): a coalesced
+run's reservation is joined by the duplicates that arrive before it starts (park-3.lua; their
+latest message replaces el and sets new, which the run's grant answers: acquire-4.lua), a
+queued run's never is. While the reservation is due every other task id finds the
 key held (acquire-4.lua), so no third execution starts in between. Line elements older than
 the wait timeout are taken out on the way and answered, for their callers to fail. The
 reservation is written before the element leaves the line (LINDEX, HSET, then LPOP): one the
@@ -19,7 +22,8 @@ first reply lost) answers as release-2.lua does and hands nothing over again.
 KEYS[1]  the lease key
 KEYS[2]  the fencing counter key (same hash tag)
 KEYS[3]  the line key: a list of elements "<task id>\n<ms accepted>\n<message>" (same hash tag)
-KEYS[4]  the reservation hash key: id, due (ms of the store's clock), el (same hash tag)
+KEYS[4]  the reservation hash key: id, due (ms of the store's clock), el, kind, new (a later
+         duplicate joined: park-3.lua), ran (same hash tag)
 
 ARGV[1]  the holder's token; empty for the crash sweep's look
 ARGV[2]  how long the reservation holds the key, int milliseconds
@@ -27,6 +31,8 @@ ARGV[3]  the lifetime of the line and the reservation, int milliseconds
 ARGV[4]  the wait timeout of a line element, int milliseconds (0: none)
 ARGV[5]  the releasing holder's task id when it is a handed-over run, noted as having run to
          its release (a second copy of it is then refused: acquire-4.lua); else ''
+ARGV[6]  the line's policy, the kind noted in a new reservation: "coalesce" or "queue"
+         (absent: "queue", as a caller that predates it means)
 
 Returns:
   {1, element, now, expired...}  released now (or, for the sweep, free): element is the run
@@ -80,8 +86,9 @@ while not handed do
     redis.call('LPOP', KEYS[3])
   else
     local id = string.match(el, '^([^\n]*)\n') or ''
-    local wrote = redis.pcall('HSET', KEYS[4], 'id', id, 'el', el)
+    local wrote = redis.pcall('HSET', KEYS[4], 'id', id, 'el', el, 'kind', ARGV[6] or 'queue')
     if type(wrote) == 'table' then break end
+    redis.call('HDEL', KEYS[4], 'new')
     handed = el
     redis.call('LPOP', KEYS[3])
   end

@@ -9,7 +9,8 @@ that started and died did not release, and runs again. A reservation key of anot
 not ours and is ignored.
 
 KEYS[3]  the reservation hash key: id, due (ms of the store's clock), el (the line element),
-         ran (the task id of the last handed-over run that released the key)
+         kind, new ('1': a later duplicate joined the reserved run: el holds its message,
+         park-3.lua), ran (the task id of the last handed-over run that released the key)
 ARGV[5]  the task id of the execution taking the lease
 ARGV[6]  '1' for a handed-over run
 
@@ -17,14 +18,16 @@ Uses now (microseconds of TIME), defined before the include.
 
 Defines:
   reserved_for  the task id the key is reserved for, or false
+  joined        the reserved run takes the key and a later duplicate joined it (new)
 
 Returns (from the including script), when the key is not this execution's to take:
   {0, 'reserved:<id>', ms}  reserved for another task id for ms milliseconds more
   {0, 'ran:<id>', 0}        this handed-over run already ran to its release
 ]]
-local reservation = redis.pcall('HMGET', KEYS[3], 'id', 'due', 'ran')
+local reservation = redis.pcall('HMGET', KEYS[3], 'id', 'due', 'ran', 'new')
 if reservation.err then reservation = {} end
 local reserved_for = reservation[1] or false
+local joined = reserved_for == ARGV[5] and reservation[4] == '1'
 if ARGV[6] == '1' and reservation[3] == ARGV[5] and reserved_for ~= ARGV[5] then
   return {0, 'ran:' .. ARGV[5], 0}
 end
