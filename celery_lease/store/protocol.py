@@ -160,7 +160,7 @@ def _granted(holder: Holder, remaining: float) -> AcquireResult:
     """``AcquireResult(True, holder, remaining)`` without the frozen dataclass's ``__init__``
     (once per execution; the same object, as :func:`~celery_lease.store.value.granted_holder`)."""
     result: AcquireResult = object.__new__(AcquireResult)
-    result.__dict__.update(granted=True, holder=holder, remaining=remaining)
+    result.__dict__.update(granted=True, holder=holder, remaining=remaining, joined=None)
     return result
 
 
