@@ -60,7 +60,7 @@ redis.call('SET', KEYS[2], ended and (fence .. ';' .. ended) or fence, 'PX', ARG
 local latest = false
 if reserved_for == ARGV[5] then  -- the reserved run starts: its reservation ends
   if joined then
-    latest = string.match(redis.call('HGET', KEYS[3], 'el') or '', '^[^\n]*\n%d*\n(.*)$')
+    latest = string.match(redis.call('HMGET', KEYS[3], 'el')[1] or '', '^[^\n]*\n%d*\n(.*)$')
   end
   redis.call('HDEL', KEYS[3], 'id', 'due', 'el', 'kind', 'new')
 end

@@ -86,9 +86,9 @@ while not handed do
     redis.call('LPOP', KEYS[3])
   else
     local id = string.match(el, '^([^\n]*)\n') or ''
-    local wrote = redis.pcall('HSET', KEYS[4], 'id', id, 'el', el, 'kind', ARGV[6] or 'queue')
+    local wrote = redis.pcall('HSET', KEYS[4], 'id', id, 'el', el, 'kind', ARGV[6] or 'queue',
+                              'new', '0')
     if type(wrote) == 'table' then break end
-    redis.call('HDEL', KEYS[4], 'new')
     handed = el
     redis.call('LPOP', KEYS[3])
   end
