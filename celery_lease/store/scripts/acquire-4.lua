@@ -9,10 +9,10 @@ leaves nothing behind, and no key without a lifetime. A free key reserved for an
 (a run handed the key by release_handoff-4.lua, includes/reserved.lua) counts as held; the
 reserved task id takes it and ends the reservation; when a later duplicate joined that
 coalesced run (park-3.lua), the grant also answers the duplicate's message, whose arguments
-the run takes (an ordinary grant answers no more than before). An execution whose message claimed the key's
-waiting slot at publish (lease_dedupe) passes the claim key: a grant clears the claim when it
-names this task id (includes/clear_claim.lua), in the same script, so execution makes no round
-trip more; a refused grant keeps it (the copy goes on waiting).
+the run takes (an ordinary grant answers no more than before). An execution whose message
+claimed the key's waiting slot at publish (lease_dedupe) passes the claim key: a grant clears
+the claim when it names this task id (includes/clear_claim.lua), in the same script, so
+execution makes no round trip more; a refused grant keeps it (the copy goes on waiting).
 
 KEYS[1]  the lease key
 KEYS[2]  the fencing counter key (same hash tag)
