@@ -26,9 +26,10 @@ its send), so a violation is never an artefact of timing, and each comes with it
    coalesced job's covering run ran, and did not start before the trigger was parked), FIFO
    (a waiter parked surely before another started surely before it; not for the ``limited``
    path's keys, whose queued runs start on up to N workers at once) and no lost waiter
-   (property 4's unresolved jobs, the ``limited`` path's queued copies included). Never two running is properties 2 and 3, which hold for
-   these keys too. A store that restarted empty loses what waited in it: jobs submitted
-   before such a fault ended and not run are excused, and counted.
+   (property 4's unresolved jobs, the ``limited`` path's queued copies included). Never two
+   running is properties 2 and 3, which hold for these keys too. A store that restarted
+   empty loses what waited in it: jobs submitted before such a fault ended and not run are
+   excused, and counted.
 8. Once per window (a campaign with ``lease_cooldown``): no execution was granted its key
    within the cooldown after an execution that succeeded, unless a fault erased the store's
    keys in between.
