@@ -1061,6 +1061,8 @@ def test_a_slots_release_reserves_the_freed_slot_for_the_lines_head_which_only_i
     park_slot(client, "queue", "q2", "m2")
     reply = release_slot_handoff(client, a)
     assert reply[0] == 1 and reply[2] == 1 and reply[3].startswith("q1\n")
+    again = release_slot_handoff(client, a)  # its reply was lost: nothing was published
+    assert again[2] == 1 and again[3] == reply[3]  # the untaken reservation, answered again
     assert client.hget(KEY, a) is None and client.lrange(LINE_OF_KEY, 0, -1)[0].startswith("q2")
     due = int(client.hget(KEY, "r:q1").split(":", 1)[0])
     assert 0 < due - server_ms(client) <= 5000 and client.pttl(KEY) >= 4000

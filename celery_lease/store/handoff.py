@@ -184,7 +184,9 @@ def release_handing_over(client: redis.Redis, key: str, token: str, reserve_ms: 
             a second copy of it is refused), else ''.
         limit: the key's ``lease_limit``: above 1, ``token``'s slot is released and each slot
             then free is reserved for the head of the line (``release_slot_handoff-4.lua``;
-            ``handed``, then ``more``), for ``reserve_ms`` each.
+            ``handed``, then ``more``), for ``reserve_ms`` each; a repeat (its first reply
+            lost, so nothing was published) answers again the reservations it made that no
+            run has taken yet.
 
     On a Sentinel-managed client a release that found its token counts only once the sentinels
     confirm the node that answered it, as :func:`celery_lease.store.release` does

@@ -11,7 +11,7 @@ write refused under maxmemory, is the first write: a refused grant leaves nothin
 hash's lifetime is set to its latest slot deadline in the same script (PEXPIRE), so no key is
 ever left without one. A lower N than the slots held never evicts a holder: it refuses until
 enough of them have ended. A slot a hand-over reserved (release_slot_handoff-4.lua: a field
-"r:<task id>" holding "<due ms>:<line element>") counts as held until its due time, except by
+"r:<task id>" holding "<due ms>:<releasing token>:<line element>") counts as held until its due time, except by
 that task id, whose grant takes it (deletes the field). An execution whose message claimed the key's waiting slot at publish
 (lease_dedupe) passes the claim key: its grant deletes the claim when it names this task id, in
 the same script (the copy runs now: the next publish is queued again); a refusal keeps it.
@@ -19,7 +19,7 @@ the same script (the copy runs now: the next publish is queued again); a refusal
 Stored at KEYS[1] (a hash):
   <token>  "<deadline, ms of the store's clock>:<fencing token>:<holder JSON>"
   n        the N of the last grant (for celery lease ls: used/N)
-  r:<id>   a slot reserved for handed-over run <id>: "<due, ms>:<line element>"
+  r:<id>   a slot reserved for handed-over run <id>: "<due, ms>:<token>:<line element>"
 
 KEYS[1]  the lease key, a hash of slots
 KEYS[2]  the key's one fencing counter, under the same hash tag

@@ -4,16 +4,18 @@ runs waiting in the key's line (lease_on_conflict "coalesce", "queue" or "retry"
 delete this token's field, and only it (token-checked, as release_slot-3.lua), note the token
 as the last to end, then, while fewer than N slots are held (includes/count_slots.lua: slots
 and reservations past their deadline are deleted first), reserve a slot for the head of the
-line: a field "r:<task id>" holding "<due ms>:<element>", which acquire_slot-3.lua counts as
-held for every other execution until its due time and lets that task id take. Usually one slot
-is handed over (the one freed); more when holders died without a release. The caller publishes
-each handed run. Line elements older than the wait timeout are taken out on the way and
-answered, for their callers to fail. The reservation is written before its element leaves the
-line (LINDEX, HSET, then LPOP): one the store refuses (OOM) leaves the line as it was. The hash's
-lifetime is raised to cover a reservation. A run the crash sweep handed over the N=1 way
-(release_handoff-4.lua's reservation hash) clears that reservation at its release (ARGV[5]), so
-the sweep does not publish it again. A repeated release (its first reply lost) answers as
-release_slot-3.lua does and hands nothing over. HDEL and DEL are not refused under maxmemory.
+line: a field "r:<task id>" holding "<due ms>:<token>:<element>" (the releasing token), which
+acquire_slot-3.lua counts as held for every other execution until its due time and lets that
+task id take. Usually one slot is handed over (the one freed); more when holders died without a
+release. The caller publishes each handed run. Line elements older than the wait timeout are
+taken out on the way and answered, for their callers to fail. The reservation is written before
+its element leaves the line (LINDEX, HSET, then LPOP): one the store refuses (OOM) leaves the
+line as it was. The hash's lifetime is raised to cover a reservation. A run the crash sweep
+handed over the N=1 way (release_handoff-4.lua's reservation hash) clears that reservation at
+its release (ARGV[5]), so the sweep does not publish it again. A repeated release (its first
+reply lost, so nothing it handed over was published) answers again the reservations it made
+that no run has taken yet (the releasing token in each), for the caller to publish; else as
+release_slot-3.lua does. HDEL and DEL are not refused under maxmemory.
 
 KEYS[1]  the lease key, a hash of slots
 KEYS[2]  the fencing counter key (same hash tag)
@@ -31,19 +33,38 @@ Returns:
   {1, now, count, handed..., expired...}  released now: now the store's clock (int ms), count
                                           the number of handed elements that follow, then the
                                           elements past their wait timeout
-  1  released by an earlier release of ARGV[1] (a repeat)
+  {1, now, count, handed...}  a repeat whose earlier release's reservations are still untaken
+  1  released by an earlier release of ARGV[1] (a repeat), nothing left to publish again
   0  ARGV[1] had no slot there (it expired, was revoked, or the key is of another type)
 ]]
 if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local mark = ':' .. ARGV[1] .. ':'
 if redis.pcall('HDEL', KEYS[1], ARGV[1]) ~= 1 then
-  --@include released_before.lua
+  local function released_before()
+    --@include released_before.lua
+  end
+  if released_before() == 0 then return 0 end
+  -- A repeat: its first reply was lost, so what it handed over was never published; the
+  -- reservations it made that no run has taken yet are answered again, for publishing.
+  local again, fields = {1, now_ms, 0}, redis.pcall('HGETALL', KEYS[1])
+  if fields.err then return 1 end
+  for i = 1, #fields, 2 do
+    local due, rest = string.match(fields[i + 1], '^(%d+)(:.*)$')
+    if string.sub(fields[i], 1, 2) == 'r:' and due and tonumber(due) > now_ms and
+        string.sub(rest, 1, #mark) == mark then
+      again[#again + 1] = string.sub(rest, #mark + 1)
+      again[3] = again[3] + 1
+    end
+  end
+  if again[3] == 0 then return 1 end
+  return again
 end
 --@include note_ended.lua
 if ARGV[5] ~= '' and redis.pcall('HGET', KEYS[4], 'id') == ARGV[5] then
   redis.pcall('HDEL', KEYS[4], 'id', 'el', 'due')
 end
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 --@include count_slots.lua
 local live = count_slots(KEYS[1], now_ms)
 local handed, expired = {}, {}
@@ -51,7 +72,7 @@ local due = string.format('%.0f', now_ms + tonumber(ARGV[2]))
 --@include line_head.lua
 while live < tonumber(ARGV[6]) do
   local el, id = line_head(KEYS[3], now_ms, tonumber(ARGV[4]), expired)
-  if not el or type(redis.pcall('HSET', KEYS[1], 'r:' .. id, due .. ':' .. el,
+  if not el or type(redis.pcall('HSET', KEYS[1], 'r:' .. id, due .. mark .. el,
                                 'n', ARGV[6])) == 'table' then
     break
   end
