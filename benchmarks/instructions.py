@@ -58,7 +58,7 @@ STEPS = {
     "settle_none": "previous releases' replies, none pending (pending.settle_all)",
     "acquire": "acquire: the script call, one round trip (store.acquire)",
     "interrupt": "interrupt set-up and finish (for_current_context, finish)",
-    "lease_object": "the Lease object (its condition variable, deadlines)",
+    "lease_object": "the Lease object (its lock, deadlines, renewal arguments)",
     "heartbeat": "heartbeat registration and removal (add, remove)",
     "release": "release written, then its reply read (pending.write, settle_all)",
     "signals_logs": "signals, debug logs and records (lease_acquired, announce_end...)",

@@ -1,4 +1,5 @@
-"""The cost of a publish with and without ``lease_dedupe``: round trips and time per publish.
+"""The cost of a publish with and without ``lease_dedupe`` and ``lease_debounce``: round trips
+and time per publish.
 
 Two private redis-servers, one the broker, one the lease store, so each server's own counts
 (``INFO commandstats``) say what a publish sends it: the broker's commands (each a round trip
@@ -9,7 +10,10 @@ whose body never runs (no worker):
 - ``plain``: ``lease_dedupe`` off: the broker publish only;
 - ``dedupe, published``: every publish a new key, so each claims and is published;
 - ``dedupe, deduplicated``: every publish the same key, whose copy is waiting: nothing is
-  published, the waiting copy's result is returned.
+  published, the waiting copy's result is returned;
+- ``debounce, new burst``: every publish a new key (``lease_debounce``): the burst's script,
+  the sweep's note, and the timer's publish to the broker;
+- ``debounce, joined``: every publish the same key, whose burst waits: its script only.
 
 Rounds interleave the variants; the figure is the median over rounds of each round's mean
 time per publish (microseconds). The execution side is timed too: an acquire and a release,
@@ -51,8 +55,9 @@ def _per_publish(before: dict[str, int], after: dict[str, int], n: int) -> dict[
             "commands_inside_scripts": (sum(calls.values()) - scripts) / n if scripts else 0.0}
 
 
-def make_tasks(broker_url: str, lease_url: str) -> tuple[Any, Any]:
-    """The same task without and with ``lease_dedupe``, in an app without a result backend."""
+def make_tasks(broker_url: str, lease_url: str) -> tuple[Any, Any, Any]:
+    """The same task without and with ``lease_dedupe``, and with ``lease_debounce``, in an app
+    without a result backend."""
     app = Celery("bench_publish", broker=broker_url, set_as_current=False)
     app.conf.update(lease_backend=lease_url, task_default_queue="bench-publish")
 
@@ -65,18 +70,25 @@ def make_tasks(broker_url: str, lease_url: str) -> tuple[Any, Any]:
     def dedupe(n: int) -> None:
         """Never runs: no worker."""
 
-    return plain, dedupe
+    @app.task(base=LeasedTask, name="bench.debounce", lease_key=("n",),  # type: ignore[untyped-decorator]
+              lease_debounce=600.0, shared=False)
+    def debounce(n: int) -> None:
+        """Never runs: no worker."""
+
+    return plain, dedupe, debounce
 
 
 def measure(publishes: int = 2000, rounds: int = 5) -> dict[str, Any]:
     """Round trips to each server and microseconds per publish, for every variant."""
     with RedisServer() as broker, RedisServer() as lease_store:
-        plain, dedupe = make_tasks(broker.url(), lease_store.url())
+        plain, dedupe, debounce = make_tasks(broker.url(), lease_store.url())
         counters = {"broker": broker.client(), "lease store": lease_store.client()}
         variants: dict[str, Variant] = {
             "plain": lambda i: plain.delay(i),
             "dedupe, published": lambda i: dedupe.delay(i),
             "dedupe, deduplicated": lambda i: dedupe.delay(-1),
+            "debounce, new burst": lambda i: debounce.delay(i),
+            "debounce, joined": lambda i: debounce.delay(-1),
         }
         for variant in variants.values():  # connections made, scripts loaded
             for i in range(-50, 0):

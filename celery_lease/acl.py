@@ -107,6 +107,8 @@ def needs(app: Any, tasks_only: bool = False) -> list[StoreNeeds]:
             need.features.add("min_replicas")
         if options.dedupe:
             need.features.add("dedupe")
+        if options.debounce is not None:
+            need.features.add("debounce")
         if options.hands_over:
             need.features.add("handoff")
         if options.on_conflict == "preempt":

@@ -245,15 +245,16 @@ def _print_leases(found: list[LeaseInfo], wide: bool) -> None:
 
 
 def _print_waiting(waiting: list[ClaimInfo], wide: bool) -> None:
-    rows = [(c.task or "?", c.task_id, _human(c.age), _human(c.ttl), c.key) for c in waiting]
+    rows = [(c.task or "?", c.task_id, _human(c.age), _human(c.due_in if c.debounced else c.ttl),
+             c.key) for c in waiting]  # a debounce burst: until it is due
     headers = ("WAITING TASK", "TASK ID", "AGE", "TIME LEFT", "KEY")
     if wide:
         click.echo(_table(headers, rows))
     else:
         click.echo(_table(headers, rows, width=shutil.get_terminal_size().columns,
                           shrink_first=("TASK ID", "KEY")))
-    click.echo(f"{len(waiting)} waiting cop{'y' if len(waiting) == 1 else 'ies'} (lease_dedupe: "
-               f"published, not started; later publishes of the key return their result)")
+    click.echo(f"{len(waiting)} waiting cop{'y' if len(waiting) == 1 else 'ies'} (lease_dedupe, "
+               f"lease_debounce: not started; later publishes of the key return their result)")
 
 
 def _parse_arg(text: str) -> Any:

@@ -18,28 +18,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from . import timing
+from . import debounce_settings, timing
 from .errors import LeaseConfigError
 from .keys import DEFAULT_PREFIX
 from .signal_setting import resolve_signal
 from .store import url as backend_url
 from .timing import MIN_STORE_TIMEOUT, MIN_TTL
 
-__all__ = [
-    "BEAT_WHERE",
-    "DEFAULTS",
-    "HANDOFF_POLICIES",
-    "MIN_STORE_TIMEOUT",
-    "MIN_TTL",
-    "TASK_OPTIONS",
-    "LeaseOptions",
-    "LeaseSettings",
-    "beat_options",
-    "beat_settings",
-    "resolve_backend",
-    "resolve_options",
-    "resolve_settings",
-]
+__all__ = ["BEAT_WHERE", "DEFAULTS", "HANDOFF_POLICIES", "MIN_STORE_TIMEOUT", "MIN_TTL",
+           "TASK_OPTIONS", "LeaseOptions", "LeaseSettings", "beat_options", "beat_settings",
+           "resolve_backend", "resolve_options", "resolve_settings"]
 
 logger = logging.getLogger("celery_lease")
 
@@ -64,6 +52,7 @@ DEFAULTS: dict[str, Any] = {
     "lease_preempt_grace": 0.0,  # float seconds a preempted holder may checkpoint
     "lease_require_noeviction": False,
     "lease_signal": "SIGUSR2",
+    **debounce_settings.DEFAULTS,  # lease_debounce, lease_debounce_max: float seconds
 }
 
 #: The settings a task may override with a task option of the same name.
@@ -85,6 +74,7 @@ TASK_OPTIONS = (
     "lease_cooldown",
     "lease_cooldown_after",
     "lease_preempt_grace",
+    *debounce_settings.DEFAULTS,
 )
 
 #: Settings read elsewhere (the beat leader lease, celery_lease.beat; lease_tasks,
@@ -128,6 +118,8 @@ class LeaseOptions:
         cooldown_after: which endings start it: ``"success"`` or ``"any"`` (a failure too).
         preempt_grace: float seconds (>= 0) a holder taken over by ``"preempt"`` may use to
             checkpoint before the newcomer's body starts.
+        debounce: ``lease_debounce`` and ``lease_debounce_max``
+            (:class:`~celery_lease.debounce_settings.Debounce`), or None.
     """
 
     backend: str | None
@@ -147,10 +139,11 @@ class LeaseOptions:
     preempt_grace: float = 0.0
     queue_max: int = 100
     queue_timeout: float | None = None
+    debounce: debounce_settings.Debounce | None = None
 
     @property
-    def hands_over(self) -> bool:  # True when the release hands the key over
-        return self.on_conflict in HANDOFF_POLICIES
+    def hands_over(self) -> bool:  # True when the release hands the key over (a burst waits)
+        return self.on_conflict in HANDOFF_POLICIES or self.debounce is not None
 
     @property
     def ttl_ms(self) -> int:
@@ -276,6 +269,7 @@ def resolve_options(
             timing.duration_problem(value)
         if problem is not None:
             problems.append((f"{name}={value!r}", f"{problem}, e.g. {name}=60.0"))
+    debounce = debounce_settings.resolve(pick, problems)
     if problems:
         raise LeaseConfigError(_refusal(where, problems))
     return LeaseOptions(
@@ -296,6 +290,7 @@ def resolve_options(
         cooldown=None if cooldown is None else float(cooldown),
         cooldown_after=pick("lease_cooldown_after"),
         preempt_grace=float(grace),
+        debounce=debounce,
     )
 
 

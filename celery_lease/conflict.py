@@ -103,6 +103,8 @@ def _policy(c: Conflict) -> str:
         return "successor"  # published by the holder itself (a retry): run once it ends
     if holder.task_id and holder.task_id == request.id:
         return "redelivered"  # same message again while it runs: not ours, not stored
+    if c.options.debounce is not None:
+        return "queue"  # a burst that fired waits for the previous run's release, in line
     if c.options.on_conflict in ("skip", "coalesce") and (request.chain or request.callbacks):
         # A skipped (or coalesced) link would leave the rest of its chain waiting forever
         # (Ignore sends nothing on): fail it instead, so the chain's result raises

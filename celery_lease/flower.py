@@ -16,7 +16,12 @@ Leased tasks send these task events (see :class:`~celery_lease.LeasedTask`):
   (``refused``, ``deadline`` or ``store_error``), ``lease_holder`` (this execution),
   ``fencing_token`` and ``lease_late`` (float seconds); ``task-lease-preempted`` with the
   same fields (cause ``preempted``) when a newer execution took the key over
-  (``lease_on_conflict="preempt"``).
+  (``lease_on_conflict="preempt"``);
+- ``task-lease-debounced`` (a ``lease_debounce`` timer that arrived before its burst was due
+  and was published again for the remainder): ``lease_key``, ``lease_due_in`` (float
+  seconds); ``task-lease-debounce-fired`` (the burst runs now): ``lease_key``,
+  ``lease_triggers`` (the publishes folded into the run), ``lease_waited`` (float seconds
+  since the first).
 
 Renewals send no event. Celery's event state turns each event into the task's state
 (``LEASE-SKIPPED``, ``LEASE-COALESCED``, ``LEASE-QUEUED``, ``LEASE-LOST``; a later
@@ -56,10 +61,13 @@ LEASE_FIELDS = (
     "lease_remaining",
     "lease_late",
     "fencing_token",
+    "lease_due_in",
+    "lease_triggers",
+    "lease_waited",
 )
 
 #: Fields holding float seconds: shown rounded to the millisecond.
-DURATIONS = ("lease_remaining", "lease_late")
+DURATIONS = ("lease_remaining", "lease_late", "lease_due_in", "lease_waited")
 
 #: The column Flower's tasks list gets (slug -> header label).
 COLUMN = ("lease", "Lease")
@@ -76,7 +84,8 @@ def lease_summary(task: Any) -> str | None:
     """A few words on the lease outcome of a ``celery.events.state.Task``, or ``None``.
 
     ``"skipped (lease held)"`` for a refused duplicate, ``"coalesced (pending run)"`` and
-    ``"queued (#<position>)"`` for a parked one, ``"lost (<cause>)"`` for an execution
+    ``"queued (#<position>)"`` for a parked one, ``"debounced (<n> publishes)"`` for a
+    burst's run (``"debounced (waiting)"`` before it), ``"lost (<cause>)"`` for an execution
     that lost its lease. Kept this short (no key, holder or token: they are long unbreakable
     words, and the task page shows them) so the column never pushes the others off the
     tasks list.
@@ -91,6 +100,10 @@ def lease_summary(task: Any) -> str | None:
         return f"{'queued' if waiting else 'waited in line'} (#{fields['lease_position']})"
     if fields.get("state") == "LEASE-SKIPPED" or "lease_remaining" in fields:
         return "skipped (lease held)"
+    if fields.get("lease_triggers"):
+        return f"debounced ({fields['lease_triggers']} publishes)"
+    if "lease_due_in" in fields:
+        return "debounced (waiting)"
     return f"lost ({fields.get('lease_cause') or '?'})"
 
 

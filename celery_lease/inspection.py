@@ -20,6 +20,7 @@ from . import store
 from .config import LeaseOptions, resolve_backend, resolve_options
 from .errors import LeaseConfigError
 from .keys import (
+    BURST_SUFFIX,
     CLAIM_SUFFIX,
     DEFAULT_PREFIX,
     FENCE_SUFFIX,
@@ -31,7 +32,7 @@ from .keys import (
     is_internal,
 )
 from .lease_tasks import leased_runner
-from .store import handoff, records, topology
+from .store import debounce, handoff, records, topology
 from .store.value import OtherType
 from .task import LeasedTask
 
@@ -222,7 +223,8 @@ _INTERNAL = ((FENCE_SUFFIX, lambda v: store.parse_counter(v) is not None, "a fen
              (CLAIM_SUFFIX, lambda v: store.parse_claim(v) is not None, "a waiting-copy claim"),
              (LINE_SUFFIX, lambda v: v == OtherType("list"), "a line of waiting runs"),
              (RESERVED_SUFFIX, lambda v: v == OtherType("hash"), "a hand-over reservation"),
-             (INDEX_SUFFIX, lambda v: v == OtherType("zset"), "the hand-over sweep's index"))
+             (INDEX_SUFFIX, lambda v: v == OtherType("zset"), "the hand-over sweep's index"),
+             (BURST_SUFFIX, lambda v: v == OtherType("hash"), "a debounce burst record"))
 
 
 def scan_foreign(client: redis.Redis, prefix: str, count: int = SCAN_COUNT
@@ -250,7 +252,8 @@ def scan_foreign(client: redis.Redis, prefix: str, count: int = SCAN_COUNT
 
 @dataclass(frozen=True)
 class ClaimInfo:
-    """The claim of a waiting copy (``lease_dedupe``): a message published, not started.
+    """The claim of a waiting copy (``lease_dedupe``): a message published, not started; or a
+    debounce burst waiting for its due time (``lease_debounce``: ``debounced`` > 0).
 
     Attributes:
         key: the lease key whose waiting copy it names (str).
@@ -261,6 +264,8 @@ class ClaimInfo:
         age: float seconds since it was claimed, on the store's clock.
         lifetime: the lifetime it was given, float seconds.
         ttl: float seconds left on the server (-1.0 for a key without expiry).
+        debounced: a burst: the publishes folded into it (int); 0 for a claim.
+        due_in: a burst: float seconds until it is due (0.0 when past due).
     """
 
     key: str
@@ -271,28 +276,50 @@ class ClaimInfo:
     age: float
     lifetime: float
     ttl: float
+    debounced: int = 0
+    due_in: float = 0.0
 
 
 def scan_claims(client: redis.Redis, prefix: str, count: int = SCAN_COUNT
                 ) -> Iterator[ClaimInfo]:
-    """Every waiting copy's claim under ``prefix``, found with ``SCAN`` as
-    :func:`scan_leases` finds leases; a claim key celery-lease did not write is left out
-    (:func:`scan_foreign` names it).
+    """Every waiting copy's claim under ``prefix``, and every debounce burst, found with
+    ``SCAN`` as :func:`scan_leases` finds leases; a claim or burst key celery-lease did not
+    write is left out (:func:`scan_foreign` names it).
 
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
     now: float | None = None
     for key, value, pttl in _scan(client, prefix, count, None):
+        if now is None and key.endswith((CLAIM_SUFFIX, BURST_SUFFIX)):
+            now = topology.server_time(client)[0]  # the store's clock, as the stamps
+        if key.endswith(BURST_SUFFIX) and now is not None:
+            burst = _burst(client, key.removesuffix(BURST_SUFFIX), pttl, now)
+            if burst is not None:
+                yield burst
         found = store.parse_claim(value) if key.endswith(CLAIM_SUFFIX) else None
-        if found is None:
+        if found is None or now is None:
             continue
-        if now is None:  # the store's clock, as the claim's stamp
-            now = topology.server_time(client)[0]
         yield ClaimInfo(key=key.removesuffix(CLAIM_SUFFIX), task=found.task_name,
                         task_id=found.task_id, host=found.hostname, pid=found.pid,
                         age=max(now - found.claimed_at, 0.0), lifetime=found.lifetime,
                         ttl=pttl / 1000 if pttl >= 0 else -1.0)
+
+
+def _burst(client: redis.Redis, key: str, pttl: int, now: float) -> ClaimInfo | None:
+    """The :class:`ClaimInfo` of lease ``key``'s debounce burst, or None."""
+    burst = debounce.read_burst(client, key)
+    if burst is None:
+        return None
+    try:
+        by = json.loads(burst.publisher)
+        task, host, pid = str(by["task"]), str(by["host"]), int(by["pid"])
+    except (ValueError, KeyError, TypeError):
+        task, host, pid = "", "", 0
+    return ClaimInfo(key=key, task=task, task_id=burst.task_id, host=host, pid=pid,
+                     age=max(now - burst.first, 0.0), lifetime=burst.deadline - burst.first,
+                     ttl=pttl / 1000 if pttl >= 0 else -1.0, debounced=burst.count,
+                     due_in=max(burst.due - now, 0.0))
 
 
 def _kind(value: records.Found) -> str:

@@ -40,6 +40,7 @@ from .key_encoding import Unencodable, encode, encode_value, tagged
 
 __all__ = [
     "BEAT_TASK_NAME",
+    "BURST_SUFFIX",
     "CLAIM_SUFFIX",
     "DEFAULT_PREFIX",
     "FENCE_SUFFIX",
@@ -52,6 +53,7 @@ __all__ = [
     "KeySpec",
     "beat_leader_key",
     "build_key",
+    "burst_key",
     "claim_key",
     "encode_value",
     "fence_key",
@@ -74,11 +76,13 @@ BEAT_TASK_NAME = "celery.beat"
 #: last-run record, a hold's wake list, the claim of a task's waiting copy.
 FENCE_SUFFIX, LAST_RUN_SUFFIX, WAKE_SUFFIX = ":fence", ":last-run", ":wake"
 CLAIM_SUFFIX = ":waiting"
+#: The suffix of a key's debounce burst record (``lease_debounce``).
+BURST_SUFFIX = ":burst"
 #: The suffixes of a key's line of waiting runs, its hand-over reservation, and the sweep index.
 LINE_SUFFIX, RESERVED_SUFFIX, INDEX_SUFFIX = ":line", ":reserved", ":index"
 #: Suffixes of the keys written beside leases that are not leases themselves.
 INTERNAL_SUFFIXES = (FENCE_SUFFIX, LAST_RUN_SUFFIX, WAKE_SUFFIX, CLAIM_SUFFIX, LINE_SUFFIX,
-                     RESERVED_SUFFIX, INDEX_SUFFIX)
+                     RESERVED_SUFFIX, INDEX_SUFFIX, BURST_SUFFIX)
 #: The task name part of every hold key: ``<prefix>:{hold:<name>}``.
 HOLD_PREFIX = "hold:"
 
@@ -232,6 +236,11 @@ def fence_key(key: str) -> str:
 def claim_key(key: str) -> str:
     """The claim of lease ``key``'s waiting copy (``lease_dedupe``; same hash tag)."""
     return key + CLAIM_SUFFIX
+
+
+def burst_key(key: str) -> str:
+    """The record of lease ``key``'s debounce burst (``lease_debounce``; same hash tag)."""
+    return key + BURST_SUFFIX
 
 
 def beat_leader_key(prefix: str, app_name: str) -> str:

@@ -287,7 +287,9 @@ def announce_end(lease: Lease, loss: LeaseLost | None, released: bool | None, *,
         signals.lease_released.send(
             sender=sender, key=lease.key, token=lease.token, fencing_token=lease.fencing_token,
             task_id=lease.task_id, held=held, released=released)
-    return Ending(loss, released, held)
+    ending: Ending = object.__new__(Ending)  # without the frozen __init__: once an execution
+    ending.__dict__.update(loss=loss, released=released, held=held)
+    return ending
 
 
 def end(lease: Lease, *, sender: Any, wait: bool = True,

@@ -12,8 +12,9 @@ Metrics (``task`` is the task name; ``celery.beat`` for a beat leader lease):
 - ``celery_lease_acquired_total`` (counter, ``task``).
 - ``celery_lease_conflicts_total`` (counter, ``task``, ``policy``): refused duplicates.
 - ``celery_lease_publishes_total`` (counter, ``task``, ``disposition``): publishes of tasks
-  with ``lease_dedupe``: ``published``, ``deduplicated``, ``unguarded`` (counted where they
-  are published: a web process, beat, a worker).
+  with ``lease_dedupe`` or ``lease_debounce``: ``published``, ``deduplicated``,
+  ``debounced`` (every publish of a burst), ``unguarded`` (counted where they are published:
+  a web process, beat, a worker).
 - ``celery_lease_coalesced_total`` (counter, ``task``): duplicates coalesced into a pending
   run (``lease_on_conflict="coalesce"``).
 - ``celery_lease_queued_total`` (counter, ``task``): duplicates parked in a key's line

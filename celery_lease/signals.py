@@ -84,12 +84,13 @@ lease_released = Signal(name="lease_released")
 #: learns it at its next renewal).
 lease_preempted = Signal(name="lease_preempted")
 
-#: A publish of a task with ``lease_dedupe`` was decided (sent in the publishing process, once
-#: per ``apply_async``). Extra: ``disposition`` (``"published"``, ``"deduplicated"`` or
-#: ``"unguarded"``: the store could not be asked or holds what celery-lease did not write, and
-#: the message was published without a claim), ``task_id`` (str: the id the returned result
-#: names, the waiting copy's when deduplicated), ``key`` (str; ``""`` when the arguments give
-#: no key, the message then published to fail at execution). For metrics.
+#: A publish of a task with ``lease_dedupe`` or ``lease_debounce`` was decided (sent in the
+#: publishing process, once per ``apply_async``). Extra: ``disposition`` (``"published"``,
+#: ``"deduplicated"``, ``"debounced"``: a publish of a burst, or ``"unguarded"``: the store
+#: could not be asked or holds what celery-lease did not write, and the message was published
+#: without a claim or debounce), ``task_id`` (str: the id the returned result names, the
+#: waiting copy's when deduplicated, the burst's when debounced), ``key`` (str; ``""`` when
+#: the arguments give no key, the message then published to fail at execution). For metrics.
 lease_published = Signal(name="lease_published")
 
 #: A publish of a task with ``lease_dedupe`` published nothing: a copy of the same key was

@@ -1,5 +1,6 @@
 """The crash sweep: hand over what a dead holder (or a releasing worker that died before it
-published) left waiting, for ``lease_on_conflict="coalesce"`` and ``"queue"``.
+published) left waiting, for ``lease_on_conflict="coalesce"`` and ``"queue"``; and publish
+again the lost timer of a ``lease_debounce`` burst (:func:`celery_lease.debounce.sweep_look`).
 
 Every worker whose app has such a task runs one sweep thread in its main process
 (:class:`HandoffSweep`, a bootstep added when the first such task is registered). A duplicate
@@ -30,7 +31,7 @@ from typing import Any
 from celery import bootsteps
 from redis.exceptions import RedisError
 
-from . import handoff, store
+from . import debounce, handoff, store
 from .config import LeaseOptions
 from .inspection import leased_tasks
 from .store import handoff as stored
@@ -64,7 +65,8 @@ def _options_for(key: str, tasks: dict[str, LeaseOptions]) -> LeaseOptions:
 
 
 def sweep_once(app: Any, client: Any, prefix: str, tasks: dict[str, LeaseOptions]) -> int:
-    """One pass over the keys due under ``prefix``; returns how many runs it published.
+    """One pass over the keys due under ``prefix``; returns how many runs (and debounce
+    timers) it published.
 
     Raises:
         redis.exceptions.RedisError: on store errors.
@@ -73,25 +75,32 @@ def sweep_once(app: Any, client: Any, prefix: str, tasks: dict[str, LeaseOptions
     published = 0
     for key, score in stored.take_due(client, prefix, BATCH, ahead):
         options = _options_for(key, tasks)
-        got = stored.recover(client, key, options.ttl_ms, handoff.lifetime_ms(options),
-                             round((options.queue_timeout or 0.0) * 1000))
-        margin = round(options.renew_interval * 500)
-        logger.debug("lease sweep looked at %s: wait %s ms, handed %s", key, got.wait_ms,
-                     got.handed and got.handed.task_id)
-        if got.wait_ms is not None:
-            stored.watch(client, prefix, key, got.wait_ms + margin)
-            continue
-        if got.handed is None:
-            handoff.publish_handoff(app, got, key, options, by="sweep")
-            stored.forget(client, prefix, key, score)
-            continue
-        logger.warning("lease %s: its holder or releaser is gone; handing the key over to "
-                       "the waiting run %s", key, got.handed.task_id)
-        # Looked at again once its reservation is due: it is handed over again if not taken.
-        stored.watch(client, prefix, key, options.ttl_ms + margin)
-        if handoff.publish_handoff(app, got, key, options, by="sweep") is not None:
-            published += 1
+        published += _look(app, client, prefix, key, score, options)
+        if options.debounce is not None:  # after: its note is kept if sooner than the above
+            published += debounce.sweep_look(app, client, prefix, key, options)
     return published
+
+
+def _look(app: Any, client: Any, prefix: str, key: str, score: int,
+          options: LeaseOptions) -> int:
+    """The hand-over look at one key; 1 when it published a run."""
+    got = stored.recover(client, key, options.ttl_ms, handoff.lifetime_ms(options),
+                         round((options.queue_timeout or 0.0) * 1000))
+    margin = round(options.renew_interval * 500)
+    logger.debug("lease sweep looked at %s: wait %s ms, handed %s", key, got.wait_ms,
+                 got.handed and got.handed.task_id)
+    if got.wait_ms is not None:
+        stored.watch(client, prefix, key, got.wait_ms + margin)
+        return 0
+    if got.handed is None:
+        handoff.publish_handoff(app, got, key, options, by="sweep")
+        stored.forget(client, prefix, key, score)
+        return 0
+    logger.warning("lease %s: its holder or releaser is gone; handing the key over to "
+                   "the waiting run %s", key, got.handed.task_id)
+    # Looked at again once its reservation is due: it is handed over again if not taken.
+    stored.watch(client, prefix, key, options.ttl_ms + margin)
+    return int(handoff.publish_handoff(app, got, key, options, by="sweep") is not None)
 
 
 class Sweep:

@@ -25,6 +25,7 @@ from . import (
     clock,
     conflict,
     cooldown,
+    debounce,
     eager,
     handoff,
     interrupt,
@@ -82,7 +83,7 @@ class LeasedTask(Task):  # type: ignore[misc]
     Inside a running execution ``self.lease`` is its :class:`~celery_lease.lease.Lease`.
     Calling the task function directly takes no lease; ``apply()`` and eager mode do. The
     result of ``apply_async`` / ``delay`` carries ``lease_disposition`` (``"published"``,
-    ``"deduplicated"``, ``"unguarded"``).
+    ``"deduplicated"``, ``"debounced"``, ``"unguarded"``).
 
     Raises (at registration): :class:`~celery_lease.errors.LeaseConfigError` for an invalid
     option, naming it and the fix.
@@ -107,6 +108,7 @@ class LeasedTask(Task):  # type: ignore[misc]
     _lease_spec_cache: ClassVar[tuple[KeySpec] | None] = None
     _lease_limit_cache: ClassVar[tuple[LimitSpec] | None] = None
     _lease_resolved: ClassVar[tuple[int, LeaseSettings] | None] = None
+    _lease_dedupe_setting: ClassVar[tuple[Any] | None] = None
     #: Wait for the release's reply before the execution's result is stored (the benchmark's
     #: synchronous variant). False: the release is written before, its reply read later
     #: (:mod:`celery_lease.store.pending`), one round trip less on every execution.
@@ -180,6 +182,7 @@ class LeasedTask(Task):  # type: ignore[misc]
         calls it for every leased task of an app).
         """
         cls._lease_resolved = None
+        cls._lease_dedupe_setting = None  # the app's lease_dedupe (celery_lease.dedupe.enabled)
 
     def lease_key_for(self, args: Any = (), kwargs: Mapping[str, Any] | None = None) -> str:
         """The lease key a call with ``args`` and ``kwargs`` takes.
@@ -265,6 +268,8 @@ class LeasedTask(Task):  # type: ignore[misc]
         claim = lifecycle.Claim()
         ending = "failure"  # how the body ended: which release it sends (lease_cooldown)
         try:
+            if debounce.DEBOUNCE_HEADER in (request.headers or {}) and not request.is_eager:
+                args, kwargs = debounce.on_timer(self, request, args, kwargs)  # or Ignore
             lease = self._acquire(request, args, kwargs, claim)
             if not isinstance(lease, Lease):
                 return lease  # eager mode: a skipped duplicate's marker

@@ -86,7 +86,8 @@ def test_the_publish_benchmark_counts_one_lease_store_round_trip_per_dedupe_publ
     trips = {name: (v["broker"]["round_trips"], v["lease store"]["round_trips"])
              for name, v in found.items()}
     assert trips == {"plain": (1.0, 0.0), "dedupe, published": (1.0, 1.0),
-                     "dedupe, deduplicated": (0.0, 1.0)}
+                     "dedupe, deduplicated": (0.0, 1.0), "debounce, new burst": (1.0, 2.0),
+                     "debounce, joined": (0.0, 1.0)}
     assert all(_number(v["us_per_publish"]["median"]) for v in found.values())
 
 

@@ -305,6 +305,71 @@ def test_a_grant_after_the_cooldown_or_after_a_failure_or_an_erased_store_is_no_
     assert rules(history) == []
 
 
+def debounced() -> History:
+    """A burst of three publishes of b1 (decided at T0 + 0.5, + 0.8, + 1.1) run once with the
+    last one's arguments at T0 + 1.7, under a cap of 2 s: no violation."""
+    history = clean()
+    history.debounce_cap = 2.0
+    for n, at in enumerate((0.5, 0.8, 1.1)):
+        history.jobs.append(Job(f"job-b{n}", "b1", "debounce", f"task-b{n}", T0 + at, "ran",
+                                disposition="debounced", folded_onto="task-b0",
+                                decided_lower=T0 + at, decided_upper=T0 + at + 0.01))
+    history.executions.append(run("d", FENCE, T0 + 1.7, T0 + 2.5, key="b1", job="job-b2",
+                                  task_id="task-b0"))
+    history.writes.append(write(20, "d", FENCE, T0 + 2.0, key="b1"))
+    return history
+
+
+def test_a_clean_debounce_history_passes() -> None:
+    assert rules(debounced()) == []
+
+
+def test_a_burst_that_ran_to_its_end_twice_is_found() -> None:
+    history = debounced()
+    history.executions.append(run("d2", FENCE + 1, T0 + 3.0, T0 + 3.5, key="b1",
+                                  job="job-b2", task_id="task-b0"))
+    assert rules(history) == [(11, "burst-ran-twice")]
+
+
+def test_a_burst_run_with_the_arguments_of_a_publish_before_the_last_is_found() -> None:
+    history = debounced()
+    history.executions[-1].job = "job-b1"  # job-b2 was decided surely after job-b1
+    assert rules(history) == [(11, "not-latest-arguments")]
+    history.faults.append(Fault("restart_empty", "lease redis", T0 + 1.2, T0 + 1.3))
+    assert rules(history) == []  # the record was lost: the timer ran what it carried
+
+
+def test_a_burst_run_past_its_cap_is_found_unless_a_fault_or_the_previous_run_delayed_it(
+        ) -> None:
+    history = debounced()
+    late = history.executions[-1]
+    late.grant_lower, late.grant_upper, late.body_end = T0 + 8.0, T0 + 8.01, T0 + 8.5
+    history.writes[-1] = write(20, "d", FENCE, T0 + 8.2, key="b1")
+    history.faults = []  # the clean history's pause at T0 + 5 would excuse it
+    assert rules(history) == [(11, "ran-past-cap")]
+    history.faults.append(Fault("kill_worker", "w0", T0 + 2.0, T0 + 2.1))
+    assert rules(history) == []
+
+
+def test_a_burst_left_waiting_past_its_cap_is_found() -> None:
+    history = debounced()
+    history.leftover_claims.append({"key": "b2", "task_id": "task-x", "age": 9.0,
+                                    "lifetime": 2.0, "ttl": 86_400.0, "debounced": 3,
+                                    "due_in": 0.0})
+    assert rules(history) == [(11, "burst-left-waiting")]
+    history.leftover_claims[-1]["age"] = 1.0  # still within its cap: no promise broken
+    assert rules(history) == []
+
+
+def test_a_waiter_that_ran_and_retried_before_it_parked_is_ordered_by_its_run_after_the_park(
+        ) -> None:
+    history = handover()
+    # q2 ran once before any park (it asked for a retry), then its retry parked after q1's.
+    history.executions.append(run("q2a", FENCE + 25, T0 + 4.0, T0 + 4.5, key="q1",
+                                  task_id="task-q2", outcome="retry"))
+    assert rules(history) == []
+
+
 def preempted() -> History:
     """k1's holder a taken over by b at T0 + 1.5 (told at once, cause preempted), then b
     writes: no violation."""

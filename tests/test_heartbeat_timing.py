@@ -155,3 +155,32 @@ def test_a_failed_renewal_is_retried_after_a_third_of_an_interval_until_the_dead
 def _no_leftovers(client: redis.Redis) -> Iterator[None]:
     yield
     client.flushdb()
+
+
+def test_an_emptied_heartbeat_waits_a_second_before_it_waits_for_no_time_limit(
+    client: redis.Redis,
+) -> None:
+    # Between back-to-back executions the set is empty for a moment: a timed wait there lets
+    # the next add() (and the release's wake_for_pending) go without waking the thread; an
+    # idle process still ends in a wait without a time limit (no wake-up every second).
+    import math
+    import time
+
+    beat = Heartbeat()
+    lease = take(client, "emptied", sent_at=clock.now(), ttl=30.0)
+    beat.add(lease)
+    beat.remove(lease)
+    deadline = time.monotonic() + 10.0
+    while not (math.isfinite(beat._wake_at) and beat._wake_at <= clock.now() + 1.0):
+        assert time.monotonic() < deadline, "the emptied heartbeat never waited a second"
+        time.sleep(0.005)
+    while beat._wake_at != math.inf:
+        assert time.monotonic() < deadline, "the idle heartbeat never waited without a limit"
+        time.sleep(0.01)
+    again = take(client, "again", sent_at=clock.now(), ttl=30.0)
+    beat.add(again)  # a wait without a limit is notified: the lease is planned at once
+    while not math.isfinite(beat._wake_at):
+        assert time.monotonic() < deadline, "add() did not wake the idle heartbeat"
+        time.sleep(0.005)
+    assert beat.held() == [again]
+    beat.remove(again)

@@ -16,11 +16,13 @@ PACKAGE = Path(celery_lease.__file__).parent
 LAYERS = {
     **dict.fromkeys(["keys", "key_encoding", "errors", "signals", "clock"], 0),
     "store": 1,
-    **dict.fromkeys(["config", "names", "timing", "signal_setting", "limit"], 2),
+    **dict.fromkeys(["config", "names", "timing", "signal_setting", "limit",
+                     "debounce_settings"], 2),
     **dict.fromkeys(["lifecycle", "heartbeat", "interrupt", "next_instruction", "lease"], 3),
     **dict.fromkeys(["task", "conflict", "dedupe", "handoff", "hold", "hold_core", "hold_async",
                      "hold_options", "hold_shapes", "beat", "beat_leader", "lease_tasks", "eager",
-                     "outage", "cooldown", "preempt", "publishing"], 4),
+                     "outage", "cooldown", "preempt", "publishing", "debounce",
+                     "debounce_eager"], 4),
     **dict.fromkeys(["cli", "doctor", "doctor_claims", "finding", "inspection", "flower",
                      "metrics", "testing", "worker", "acl", "sweep"], 5),
 }

@@ -136,3 +136,17 @@ def test_a_release_that_finds_the_key_gone_reports_the_loss(app: Celery, wait: b
     if wait:
         assert ending.released is False and ending.loss is not None
         assert ending.loss.cause == "refused"
+
+
+def test_the_ending_end_returns_is_the_one_its_class_builds(app: Celery) -> None:
+    # end() builds its Ending without the frozen dataclass's __init__: the same object.
+    settings = resolve_settings(app.conf, {}, "test")
+    client = store.client_for(settings.url, settings.options.store_timeout)
+    lease = lifecycle.take(settings, client, "lease:{t:ending}",
+                           lifecycle.HolderInfo("t", "f", "h"), NoTarget(), sender="t")
+    assert isinstance(lease, Lease)
+    ending = lifecycle.end(lease, sender="t")
+    assert ending == lifecycle.Ending(None, True, ending.held)
+    assert repr(ending) == repr(lifecycle.Ending(None, True, ending.held))
+    with pytest.raises(AttributeError):
+        ending.held = 0.0  # type: ignore[misc]  # still frozen

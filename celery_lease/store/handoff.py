@@ -256,14 +256,17 @@ def read_line(client: redis.Redis, key: str) -> tuple[list[Waiting], Waiting | N
     return elements, handed
 
 
-def watch(client: redis.Redis, prefix: str, key: str, delay_ms: int) -> None:
-    """Note ``key`` for the sweep to look at in ``delay_ms`` int milliseconds (store clock).
+def watch(client: redis.Redis, prefix: str, key: str, delay_ms: int,
+          keep_earlier: bool = False) -> None:
+    """Note ``key`` for the sweep to look at in ``delay_ms`` int milliseconds (store clock);
+    ``keep_earlier``: unless it is noted for sooner already (a debounce burst's note).
 
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
     index = handoff_index_key(prefix)
-    _run(_watch, client, index, (index,), (key, max(int(delay_ms), 0), INDEX_LIFETIME_MS))
+    _run(_watch, client, index, (index,), (key, max(int(delay_ms), 0), INDEX_LIFETIME_MS,
+                                           "1" if keep_earlier else "0"))
 
 
 def take_due(client: redis.Redis, prefix: str, limit: int, ahead_ms: int) -> list[tuple[str, int]]:

@@ -205,11 +205,13 @@ def settle_all(wait: bool = True, until: float = math.inf) -> None:
     if not _pending:
         return
     with _lock:
-        items = list(_pending)
+        items = _pending[:]
     for item in items:
         item.settle(wait, until)
-    with _lock:
-        _pending[:] = [item for item in _pending if not item.done]
+    with _lock:  # usually one item (a solo worker, a prefork child): no comprehension's frame
+        for item in items:
+            if item.done and item in _pending:
+                _pending.remove(item)
 
 
 def _after_fork_in_child() -> None:

@@ -115,6 +115,10 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("dedupe", "lease_dedupe: the waiting copy's claim, decided at publish, cleared by "
             "the acquire that grants it, removed when its message will not run", (),
             ("claim-2.lua", "acquire-4.lua", "unclaim-1.lua")),
+    Feature("debounce", "lease_debounce: the burst's record, decided at publish, read by its "
+            "timer on a worker and by the crash sweep (the hand-over's index notes the key)",
+            ("hmget",), ("debounce-1.lua", "debounce_fire-1.lua", "debounce_look-1.lua",
+                         "watch-1.lua", "sweep_due-1.lua", "unwatch-1.lua")),
     Feature("database", "a lease_backend database other than 0", ("select",)),
     Feature("cluster", "Redis Cluster (redis-py's cluster client)",
             ("cluster|slots", "command", "asking")),

@@ -127,14 +127,26 @@ def _renew_batched(client: redis.Redis, leases: Sequence[tuple[str, str, int]],
     """:func:`renew_many` on one primary: the batch script, per TTL and per
     :data:`RENEW_BATCH` leases (slots apart, ``renew_slots.lua``), all calls in one pipeline
     (one round trip)."""
-    order: dict[tuple[int, bool], list[int]] = {}
-    for i, (_, _, ttl_ms) in enumerate(leases):
-        order.setdefault((ttl_ms, i in slots), []).append(i)
-    chunks = [(ttl_ms, slot, idx[at:at + RENEW_BATCH]) for (ttl_ms, slot), idx in order.items()
-              for at in range(0, len(idx), RENEW_BATCH)]
-    calls = [(_renew_slots if slot else _renew_many, [leases[i][0] for i in chunk],
-              [ttl_ms, *(leases[i][1] if slot else leases[i][1] + ":" for i in chunk)])
-             for ttl_ms, slot, chunk in chunks]
+    ttls = {ttl_ms for _, _, ttl_ms in leases}
+    chunks: list[tuple[int, bool, Sequence[int]]]
+    if len(ttls) == 1 and not slots:  # the usual pass: one TTL, in order, no sorting
+        ttl = ttls.pop()
+        spans = [range(at, min(at + RENEW_BATCH, len(leases)))
+                 for at in range(0, len(leases), RENEW_BATCH)]
+        chunks = [(ttl, False, span) for span in spans]
+        calls = [(_renew_many, [key for key, _, _ in leases[span.start:span.stop]],
+                  [ttl, *[token + ":" for _, token, _ in leases[span.start:span.stop]]])
+                 for span in spans]
+    else:
+        order: dict[tuple[int, bool], list[int]] = {}
+        for i, (_, _, ttl_ms) in enumerate(leases):
+            order.setdefault((ttl_ms, i in slots), []).append(i)
+        chunks = [(ttl_ms, slot, idx[at:at + RENEW_BATCH])
+                  for (ttl_ms, slot), idx in order.items()
+                  for at in range(0, len(idx), RENEW_BATCH)]
+        calls = [(_renew_slots if slot else _renew_many, [leases[i][0] for i in chunk],
+                  [ttl_ms, *(leases[i][1] if slot else leases[i][1] + ":" for i in chunk)])
+                 for ttl_ms, slot, chunk in chunks]
     send = functools.partial(wire.call_many if wire.usable(client) else routing.send_many,
                              client)
     try:
@@ -151,6 +163,9 @@ def _renew_batched(client: redis.Redis, leases: Sequence[tuple[str, str, int]],
         if isinstance(reply, RedisError):  # e.g. OOM, BUSY: every lease of the call got it
             for i in chunk:
                 out[i] = routing.note(reply, client, leases[i][0])
+            continue
+        if isinstance(chunk, range) and len(reply) == len(chunk):  # in order: one slice
+            out[chunk.start:chunk.stop] = map(_BATCH_REPLY.__getitem__, reply)
             continue
         for i, code in zip(chunk, reply, strict=True):
             out[i] = _BATCH_REPLY[code]

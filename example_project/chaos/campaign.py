@@ -198,9 +198,9 @@ class _Producer(threading.Thread):
         while not self.halt.is_set():
             key = f"k{self.rng.randrange(self.settings.keys)}"
             path = self.rng.choices(["delay", "send_task", "retry", "requeue", "dedupe",
-                                     "coalesce", "queue", "preempt", "limited"],
+                                     "coalesce", "queue", "preempt", "limited", "debounce"],
                                     weights=[4, 3, 2, 1, 3, 2, 2, 2,
-                                             4 if self.settings.limit else 0])[0]
+                                             4 if self.settings.limit else 0, 2])[0]
             if path in ("coalesce", "queue", "limited"):  # their own keys: their own leases
                 key = path[0] + key[1:]
             elif path == "preempt":
@@ -209,7 +209,9 @@ class _Producer(threading.Thread):
                 # 2 to 8 writes 0.3 s apart: some jobs end before their first renewal (at
                 # TTL/3), others renew once or more.
                 writes = self.rng.randint(2, 8)
-                if path == "dedupe":  # a burst of publishes of one key, some retrying
+                if path == "debounce":  # publishes of one key spread in time, in a thread
+                    self._debounce(f"b{key[1:]}", writes)
+                elif path == "dedupe":  # a burst of publishes of one key, some retrying
                     mode = self.rng.choice(["plain", "plain", "retry", "requeue"])
                     # Keys of their own ("d3"): the fenced rows and the history are per key.
                     for _ in range(self.rng.randint(1, 3)):
@@ -229,6 +231,39 @@ class _Producer(threading.Thread):
                 self.errors.append(repr(exc))
             next_at += period
             self.halt.wait(max(0.0, next_at - time.monotonic()))
+
+
+    def _debounce(self, key: str, writes: int) -> None:
+        """Publish the debounce job for ``key`` 1 to 4 times, 0.1 to 0.4 s apart (under the
+        quiet time: one burst), or, one time in five, every 0.3 s for 3 s (past the cap: a
+        stream the cap must cut), from a thread of its own; some jobs retry once."""
+        count, gap = (10, 0.3) if self.rng.random() < 0.2 else (self.rng.randint(1, 4), None)
+        gaps = [gap or self.rng.uniform(0.1, 0.4) for _ in range(count)]
+        mode = self.rng.choice(["plain", "plain", "plain", "retry"])
+
+        def publish() -> None:
+            for pause in gaps:
+                try:
+                    self.submit(key, "debounce", writes=writes, mode=mode)
+                except Exception as exc:
+                    self.errors.append(repr(exc))
+                if self.halt.wait(pause):
+                    return
+
+        threading.Thread(target=publish, daemon=True, name=f"debounce-{key}").start()
+
+
+def _resolve_debounced(app: Any, job: Job, ran_tasks: set[str]) -> None:
+    """A ``lease_debounce`` job ends as its burst's run (the task id every publish got)."""
+    burst = job.folded_onto or job.task_id
+    if burst in ran_tasks:
+        job.resolution, job.detail = "ran", f"in burst {burst}"
+        return
+    result = app.AsyncResult(burst)
+    if result.state == "FAILURE" and type(result.result).__name__ in LEASE_ERRORS:
+        job.resolution, job.detail = "failed_lease", f"burst {burst}: {result.result}"
+    else:
+        job.detail = f"burst {burst}: state {result.state}"
 
 
 def _resolve(app: Any, job: Job, ran: set[str], jobs_by_task: dict[str, Job]) -> None:
@@ -415,8 +450,12 @@ def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: 
     preemptions = db.load_preemptions(dsn)
     ran = {r.job for r in runs if r.outcome == "ok"}
     jobs_by_task = {job.task_id: job for job in jobs}
+    ran_tasks = {r.task_id for r in runs if r.outcome == "ok"}
     for job in jobs:
-        _resolve(worker_app.app, job, ran, jobs_by_task)
+        if job.path == "debounce":  # "unguarded" too: it may have fired its own burst
+            _resolve_debounced(worker_app.app, job, ran_tasks)
+        else:
+            _resolve(worker_app.app, job, ran, jobs_by_task)
     leases = store.client()
     try:
         leftover = []
@@ -447,4 +486,4 @@ def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: 
                    parked=parked, workers=samples, leftover_leases=leftover,
                    keys_without_ttl=no_ttl, leftover_claims=claims, cooldown=settings.cooldown,
                    preemptions=preemptions, preempt_grace=settings.preempt_grace,
-                   limit=settings.limit)
+                   limit=settings.limit, debounce_cap=worker_app.DEBOUNCE_CAP)

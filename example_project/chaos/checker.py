@@ -40,6 +40,10 @@ its send), so a violation is never an artefact of timing, and each comes with it
     N + 1 executions of one key that each ended normally, none told of a loss, were running
     at one moment. Properties 2, 3 and 6's "never two running" are about one holder and do
     not apply to these keys; property 1's grant order does (one counter for all slots).
+11. Debounce (``lease_debounce``, :mod:`.checker_debounce`): each burst ran once, with the
+    latest arguments, no later than its cap (plus one TTL and a slack) after its first
+    publish unless a fault or the key's previous run came in between; no burst was left
+    waiting at the end.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .checker_debounce import debounce as debounce_bursts
+from .checker_debounce import lateness
 from .history import Execution, History, Job, Write
 
 __all__ = ["LEASE_ERRORS", "Violation", "check", "summarize"]
@@ -68,7 +74,7 @@ RSS_SLACK = 64 * 1024 * 1024
 
 @dataclass
 class Violation:
-    """One broken promise: the property number (1-10), a rule name, a sentence, the evidence."""
+    """One broken promise: the property number (1-11), a rule name, a sentence, the evidence."""
 
     property: int
     rule: str
@@ -82,7 +88,7 @@ class Violation:
 
 
 def check(history: History) -> list[Violation]:
-    """Every violation of the ten properties in ``history`` (empty: all promises kept)."""
+    """Every violation of the eleven properties in ``history`` (empty: all promises kept)."""
     from .preempt_check import preemptions  # it imports Violation from here
 
     return [
@@ -96,6 +102,7 @@ def check(history: History) -> list[Violation]:
         *cooldown_windows(history),
         *preemptions(history),
         *never_more_than_n(history),
+        *debounce_bursts(history),
     ]
 
 
@@ -288,11 +295,12 @@ def liveness(history: History) -> list[Violation]:
 
 
 def wiped_after(history: History, job: Job) -> bool:
-    """True when a parked ``job`` (coalesce, queue) may have been lost with the store's data:
-    a restart of the store with an empty dataset ended after the job was submitted (the wipe
-    happens somewhere inside the fault's window, so one that began just before the job was
-    parked may still have wiped it)."""
-    return job.path in ("coalesce", "queue", "limited") and any(
+    """True when a parked ``job`` (coalesce, queue, a limited job's queued copy; a debounce
+    burst's record or its run in the line) may have been lost with the store's data: a restart
+    of the store with an empty dataset ended after the job was submitted (the wipe happens
+    somewhere inside the fault's window, so one that began just before the job was parked may
+    still have wiped it)."""
+    return job.path in ("coalesce", "queue", "debounce", "limited") and any(
         f.kind == "restart_empty" and f.ended_at >= job.submitted_at for f in history.faults)
 
 
@@ -318,8 +326,10 @@ def handover(history: History) -> list[Violation]:
             found.append(Violation(
                 7, "run-before-trigger", f"{job.key}: job {job.job}'s covering run "
                 f"{job.covered_by} started before the job was parked", job.key, asdict(job)))
-    first_run = {task_id: min(runs, key=lambda r: r.grant_lower)
-                 for task_id, runs in by_task.items()}
+    # Its first run after its first park (a retried copy may have run before it parked).
+    first_run = {p.task_id: min(later, key=lambda r: r.grant_lower)
+                 for p in parked_at.values()
+                 if (later := [r for r in by_task.get(p.task_id, []) if r.grant_upper >= p.lower])}
     # A limited key's line is handed over in order too, one slot at a time, but its runs then
     # start on N workers at once: their start order is no promise (only none lost, property 4).
     limited = limited_keys(history)
@@ -392,6 +402,8 @@ def dedupe(history: History) -> list[Violation]:
     # A claim is written before its message can start and cleared at its grant; one left
     # past its lifetime (or without one) outlived its message by more than its lifetime.
     for claim in history.leftover_claims:
+        if claim.get("debounced"):
+            continue  # a debounce burst: property 11
         if claim["ttl"] < 0 or claim["age"] > claim["lifetime"] + CLAIM_SLACK:
             found.append(Violation(
                 6, "claim-outlived", f"{claim['key']}: the claim of waiting copy "
@@ -487,6 +499,7 @@ def summarize(history: History, violations: list[Violation]) -> dict[str, Any]:
         "dedupe_publishes_by_disposition": dict(Counter(
             j.disposition for j in history.jobs if j.disposition is not None)),
         "dedupe_claims_left": len(history.leftover_claims),
+        "debounce_runs_past_cap_s": _spread(lateness(history)),
         **preempt_summary(history),
         "violations": len(violations),
         "violations_by_property": dict(Counter(str(v.property) for v in violations)),

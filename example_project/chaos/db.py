@@ -182,13 +182,14 @@ class Recorder:
 
     def job_published(self, job: str, disposition: str, task_id: str, lower: float,
                       upper: float) -> None:
-        """Record what the publish of a ``lease_dedupe`` job decided, in ``[lower, upper]``:
-        its disposition and the task id its result names."""
+        """Record what the publish of a ``lease_dedupe`` (or ``lease_debounce``) job decided,
+        in ``[lower, upper]``: its disposition and the task id its result names (the burst's,
+        for every publish of a burst)."""
         self._run(lambda conn: conn.execute(
             "UPDATE jobs SET disposition = %s, folded_onto = %s, decided_lower = %s,"
             " decided_upper = %s WHERE job = %s",
-            (disposition, task_id if disposition == "deduplicated" else None, lower, upper,
-             job)))
+            (disposition, task_id if disposition in ("deduplicated", "debounced") else None,
+             lower, upper, job)))
 
     def job_unsent(self, job: str) -> None:
         """Forget a job whose send raised: its sender was told, so it promised nothing."""

@@ -182,7 +182,9 @@ class History:
     ``cooldown`` the job's ``lease_cooldown`` (float seconds; 0.0: none);
     ``preemptions`` the take-overs of the preempt job, whose ``lease_preempt_grace`` is
     ``preempt_grace`` (float seconds); ``limit`` the limited job's ``lease_limit`` (int; 0:
-    no limited job).
+    no limited job);
+    ``debounce_cap`` the debounce job's ``lease_debounce_max`` (float seconds; 0.0: no
+    debounce jobs): a leftover claim with ``debounced`` above 0 is a burst that never ran.
     """
 
     ttl: float
@@ -199,6 +201,7 @@ class History:
     keys_without_ttl: list[str] = field(default_factory=list)
     leftover_claims: list[dict[str, Any]] = field(default_factory=list)
     cooldown: float = 0.0
+    debounce_cap: float = 0.0
     preemptions: list[Preemption] = field(default_factory=list)
     preempt_grace: float = 0.0
     limit: int = 0

@@ -43,6 +43,10 @@ JOB_TASK = "example_project.chaos.worker_app.chaos_job"
 DEDUPE_TASK = "example_project.chaos.worker_app.chaos_dedupe_job"
 #: ``lease_dedupe_ttl`` of the dedupe job, float seconds: a waiting copy's claim lapses then.
 DEDUPE_TTL = 10.0
+#: The same job with ``lease_debounce`` (keys ``b0``...): a burst of publishes runs once.
+DEBOUNCE_TASK = "example_project.chaos.worker_app.chaos_debounce_job"
+#: ``lease_debounce`` and ``lease_debounce_max`` of the debounce job, float seconds.
+DEBOUNCE_DELAY, DEBOUNCE_CAP = 0.5, 2.0
 #: The same job with ``lease_on_conflict`` ``"coalesce"`` and ``"queue"`` (submission paths
 #: of those names): a duplicate is parked in its key's line and handed the key later.
 HANDOFF_TASKS = {"coalesce": "example_project.chaos.worker_app.chaos_coalesce",
@@ -197,7 +201,8 @@ def recorder() -> Recorder:
 def submit(key: str, path: str, writes: int = 3, step: float = 0.3, mode: str = "plain",
            parent: str | None = None, by_name: bool = False, dedupe: bool = False) -> Job:
     """Record a job, then send it (``chaos_job.apply_async``, or ``send_task`` by name; with
-    ``dedupe``, ``chaos_dedupe_job.apply_async``, whose decision is recorded as well).
+    ``dedupe``, ``chaos_dedupe_job.apply_async``, whose decision is recorded as well; the
+    path ``debounce``: ``chaos_debounce_job.apply_async``, recorded the same way).
 
     Sent from inside a running job of the same key (a self-requeue), ``apply_async`` marks the
     message as the holder's successor, which celery-lease runs once the holder has ended.
@@ -209,9 +214,10 @@ def submit(key: str, path: str, writes: int = 3, step: float = 0.3, mode: str = 
     try:
         if by_name:
             app.send_task(JOB_TASK, kwargs=kwargs, task_id=job.task_id)
-        elif dedupe:
+        elif dedupe or path == "debounce":
             lower = time.time()
-            result = chaos_dedupe_job.apply_async(kwargs=kwargs, task_id=job.task_id)
+            task = chaos_dedupe_job if dedupe else chaos_debounce_job
+            result = task.apply_async(kwargs=kwargs, task_id=job.task_id)
             recorder().job_published(job.job, result.lease_disposition, result.id, lower,
                                      time.time())
         elif path == "preempt":
@@ -258,6 +264,15 @@ def chaos_job(self: LeasedTask, key: str, job: str, writes: int = 3, step: float
 def chaos_dedupe_job(self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3,
                      mode: str = "plain") -> dict[str, Any]:
     """The job with ``lease_dedupe`` (:func:`run_job`); a requeue sends a dedupe job."""
+    return run_job(self, key, job, writes, step, mode)
+
+
+@app.task(base=ChaosJob, bind=True, lease_key=("key",), name=DEBOUNCE_TASK,  # type: ignore[untyped-decorator]
+          max_retries=3, lease_debounce=DEBOUNCE_DELAY, lease_debounce_max=DEBOUNCE_CAP)
+def chaos_debounce_job(self: LeasedTask, key: str, job: str, writes: int = 3,
+                       step: float = 0.3, mode: str = "plain") -> dict[str, Any]:
+    """The job with ``lease_debounce`` (:func:`run_job`): the run's ``job`` is its burst's
+    latest publish."""
     return run_job(self, key, job, writes, step, mode)
 
 

@@ -1,0 +1,69 @@
+--[[
+Decide what a debounce timer message does when a worker receives it (lease_debounce): a timer
+of a burst that is no longer waiting (it ran, or another burst replaced it) does nothing; one
+that arrives before the burst's due time (later publishes moved it) is told how long is left,
+to publish itself again for the remainder under the same task id; one at or past the due time
+fires the burst: the record is marked fired (a tombstone, lifetime ARGV[3]) in the same
+script, and its latest arguments are answered for the run. So of two timers of one burst (a
+timer published again by the crash sweep) only the first fires. The same timer again
+(ARGV[4] '1': redelivered by the broker after its worker died, or retried after a store error
+that hid this script's reply) fires again from its own tombstone, with the same arguments, or
+from the prev_* fields a newer burst keeps of it (debounce-1.lua). A timer that finds no record
+at all (the store lost it: restarted empty, or its lifetime passed) runs as it was published
+and leaves a tombstone too. The due time is compared with the store's clock (TIME).
+
+With ARGV[2] '1' the message is a publish that could not ask the store and was published to
+run at once: it fires its own burst whatever the due time, if its trigger landed after all;
+else it runs as published (if no record is there, its tombstone keeps its trigger, should it
+land later still, from starting a burst under a task id that already ran).
+
+KEYS[1]  the burst record (<lease key>:burst, see debounce-1.lua)
+
+ARGV[1]  the timer's task id
+ARGV[2]  '1' for a message published at once (see above), else '0'
+ARGV[3]  the tombstone's lifetime, int milliseconds
+ARGV[4]  '1' for the same timer again (redelivered, or retried after a store error)
+
+Returns:
+  {0, '', 0, 0}           no burst of ARGV[1] waits (a tombstone of it, or another burst's
+                          record): do nothing
+  {1, '', ms, 0}          early: the burst is due in ms milliseconds
+  {2, msg, n, waited}     fire: msg the latest arguments, n the publishes folded into the
+                          run, waited int ms since the burst's first publish
+  {3, '', 0, 0}           no record at all (or, with ARGV[2], another burst's): run as
+                          published
+]]
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cur = redis.pcall('HMGET', KEYS[1], 'id', 'due', 'msg', 'n', 'first', 'fired',
+                        'prev_id', 'prev_msg', 'prev_n')
+if cur.err then return {ARGV[2] == '1' and 3 or 0, '', 0, 0} end
+local function fired()
+  return {2, cur[3], tonumber(cur[4] or '1') or 1,
+          math.max(now - (tonumber(cur[5] or '') or now), 0)}
+end
+if not cur[1] then
+  if redis.call('EXISTS', KEYS[1]) == 1 then  -- not ours
+    return {ARGV[2] == '1' and 3 or 0, '', 0, 0}
+  end
+  redis.call('HSET', KEYS[1], 'id', ARGV[1], 'fired', 1)
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return {3, '', 0, 0}
+end
+if cur[1] ~= ARGV[1] then
+  if ARGV[4] == '1' and cur[7] == ARGV[1] and cur[8] then  -- its fire's reply was lost
+    return {2, cur[8], tonumber(cur[9] or '1') or 1, 0}
+  end
+  return {ARGV[2] == '1' and 3 or 0, '', 0, 0}
+end
+if cur[6] then  -- fired already: only the same timer again fires it again
+  if ARGV[4] == '1' and cur[3] then return fired() end
+  return {0, '', 0, 0}
+end
+if not cur[3] then return {0, '', 0, 0} end
+local due = tonumber(cur[2] or '0') or 0
+if due > now and ARGV[2] ~= '1' then return {1, '', due - now, 0} end
+redis.call('HSET', KEYS[1], 'fired', 1)
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return fired()
