@@ -151,8 +151,6 @@ def _retry(c: Conflict) -> Any:
     countdown = max(c.found.remaining, 0.05)
     if c.request.is_eager:
         return _wait_eagerly(c)
-    if isinstance(c.found, store.SlotsFull):
-        return _retry_limited(c)
     try:
         parked = _park(c)
     except LeaseConflict:  # the message cannot be kept in Redis: Celery's retry keeps it
@@ -167,18 +165,6 @@ def _retry(c: Conflict) -> Any:
                 "position %d; it runs once the holder releases (no retry used up)",
                 c.task.name, c.request.id, c.key, c.found.holder.task_id or "?", parked.length)
     raise Retry(f"waiting for the holder of {c.key} (position {parked.length})", c.error)
-
-
-def _retry_limited(c: Conflict) -> NoReturn:
-    """``retry`` on a limited key (``lease_limit``): no line hands one of N slots over, so
-    the copy is published again to look once more after the time left of the slot that ends
-    first, at most ``lease_renew_interval`` (state RETRY meanwhile; it uses up no retry)."""
-    wait = max(0.05, min(c.found.remaining, c.options.renew_interval))
-    c.task.signature_from_request(c.request, countdown=wait, retries=c.request.retries,
-                                  ).apply_async()
-    logger.info("retry: task %s[%s] finds all slots of lease %s held: looks again in %.3fs "
-                "(no retry used up)", c.task.name, c.request.id, c.key, wait)
-    raise Retry(f"all slots of {c.key} held: again in {wait:.3f}s", c.error)
 
 
 def _wait_eagerly(c: Conflict) -> Any:
@@ -243,7 +229,9 @@ def _handed_over(c: Conflict) -> NoReturn:
 def _park(c: Conflict) -> store.handoff.Parked | None:
     """Park the duplicate; None when the key was free by then (take it again)."""
     try:
-        parked = handoff.park(c.task, c.request, c.options, c.client, c.key, c.found.remaining)
+        limit = c.found.limit if isinstance(c.found, store.SlotsFull) else 1
+        parked = handoff.park(c.task, c.request, c.options, c.client, c.key, c.found.remaining,
+                              limit)
     except TypeError as exc:
         raise LeaseConflict(c.key, c.found.holder.task_id, c.found.holder.where,
                             c.found.remaining, f"held, and this duplicate cannot be kept to "

@@ -17,7 +17,10 @@ grant answers them and the run takes them (:func:`adopt`), so a burst runs at mo
 (one running, one pending). A queued run's reservation is never joined: queue runs every copy.
 
 The holder's release (:class:`Releaser`, one token-checked script) reserves the key for the
-next run and the releasing worker publishes it (:func:`publish`). The crash sweep
+next run and the releasing worker publishes it (:func:`publish`). With ``lease_limit=N``
+(N > 1) the line is the key's too: a duplicate parks once all N slots are held, and each
+slot's release reserves the freed slot for the line's head (coalesce: at most one pending run
+per key, which takes the first slot that frees). The crash sweep
 (:mod:`celery_lease.sweep`) publishes what a dead holder or releaser left. Where the idea
 comes from: trailing runs of BullMQ's ``keepLastIfActive`` and Temporal's ``BUFFER_ONE``, and
 the parked waiters of Solid Queue's ``:block`` (docs/howto/shaping.md).
@@ -144,10 +147,11 @@ def message_of(task: Any, request: Any, task_id: str, key: str) -> str:
 
 
 def park(task: Any, request: Any, options: LeaseOptions, client: redis.Redis, key: str,
-         remaining: float) -> stored.Parked:
+         remaining: float, limit: int = 1) -> stored.Parked:
     """Park ``request`` in ``key``'s line (its policy: coalesce; queue, and retry, which waits
     in the line as queue does) and note the key for the crash sweep, first (a note without a
-    line is harmless, a line without one is not).
+    line is harmless, a line without one is not). ``limit`` (``lease_limit``, int): above 1
+    the duplicate parks only while all its slots are held (else ``"free"``: take one).
 
     Raises:
         redis.exceptions.RedisError: on store errors.
@@ -159,7 +163,7 @@ def park(task: Any, request: Any, options: LeaseOptions, client: redis.Redis, ke
     stored.watch(client, options.key_prefix, key,
                  round((remaining + options.renew_interval) * 1000))
     return stored.park(client, key, mode, task_id, message, options.queue_max,
-                       lifetime_ms(options))
+                       lifetime_ms(options), limit)
 
 
 class Releaser:
@@ -171,8 +175,9 @@ class Releaser:
             answered one (a repeat hands nothing over), or None.
     """
 
-    def __init__(self, options: LeaseOptions, ran: str = "") -> None:
+    def __init__(self, options: LeaseOptions, ran: str = "", limit: int = 1) -> None:
         self.options = options
+        self.limit = limit  # above 1: one slot's release hands the freed slot over
         self.ran = ran  # the task id of a handed-over run, noted at its release
         self.result: stored.HandOff | None = None
 
@@ -180,8 +185,8 @@ class Releaser:
         options = self.options
         timeout = round((options.queue_timeout or 0.0) * 1000)
         got = stored.release_handing_over(client, key, token, options.ttl_ms,
-                                          lifetime_ms(options), timeout, self.ran,
-                                          mode_of(options))
+                                          lifetime_ms(options), timeout, self.ran, self.limit,
+                                          mode=mode_of(options))
         if self.result is None or self.result.handed is None:
             self.result = got
         return got.released
@@ -234,6 +239,8 @@ def publish_handoff(app: Any, got: stored.HandOff | None, key: str, options: Lea
         return None
     for waiting in got.expired:
         fail_expired(app, waiting, key, got.now_ms, options.queue_timeout)
+    for waiting in got.more:  # a limited key: more slots than the one released were free
+        publish(app, waiting, key, by=by)
     return None if got.handed is None else publish(app, got.handed, key, by=by)
 
 

@@ -5,10 +5,12 @@ tenant, 2 for another). 1, the default, is the plain lease, unchanged in cost an
 above 1 the key is a set of individually leased slots (:mod:`celery_lease.store.slots`).
 
 The limit is checked at the earliest moment: its type at decoration, and the settings it cannot
-be combined with (a hand-over, a cooldown and a preemption keep one holder's state at the
-key) at decoration too, for a callable as for an int above 1; a callable's
+be combined with (a cooldown and a preemption keep one holder's state at the key) at
+decoration too, for a callable as for an int above 1; a callable's
 answer is checked at each execution (:class:`~celery_lease.errors.LeaseConfigError` naming
-the option, before the body runs).
+the option, before the body runs). The hand-over policies work with it: ``queue``, ``retry``
+and ``coalesce`` wait in the key's line once all N slots are held, and each slot's release
+hands the freed slot to the line's head (:mod:`celery_lease.handoff`).
 
 Where the idea comes from: Sidekiq Enterprise's concurrent limiter and Oban Pro's partitioned
 ``global_limit`` (docs/howto/shaping.md compares them), made of leases that each expire on
@@ -35,15 +37,10 @@ LimitSpec = int | Callable[..., int] | None
 def _refused(options: LeaseOptions) -> list[str]:
     """The settings of ``options`` that a limit above 1 cannot work with, each with why."""
     found = []
-    if options.on_conflict in ("coalesce", "queue"):
-        found.append(
-            f"lease_on_conflict={options.on_conflict!r} (its line hands the key to "
-            f"one run: use 'retry', 'skip' or 'fail')"
-        )
     if options.on_conflict == "preempt":
         found.append(
             "lease_on_conflict='preempt' (which of N holders would it take over? "
-            "use 'retry', 'skip' or 'fail')"
+            "use 'queue', 'retry', 'coalesce', 'skip' or 'fail')"
         )
     if options.cooldown is not None:
         found.append("lease_cooldown (a cooldown record is one holder's; drop it)")
@@ -64,8 +61,7 @@ def check_limit(
     Raises:
         LeaseConfigError: ``spec`` is not an int >= 1 (a bool, a float, 0, a string) nor a
             callable, or a limit other than 1 goes with a setting it cannot work with
-            (``lease_on_conflict`` ``"coalesce"``, ``"queue"`` or ``"preempt"``,
-            ``lease_cooldown``), naming each and the fix.
+            (``lease_on_conflict="preempt"``, ``lease_cooldown``), naming each and the fix.
     """
     if spec is None or (spec == 1 and type(spec) is int):
         return

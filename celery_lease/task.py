@@ -366,11 +366,11 @@ class LeasedTask(Task):  # type: ignore[misc]
         # the socket (or done, with wait) by then.
         options = lease.options
         release = cooldown.release_for(options, ending)
-        if lease.limit > 1:  # one slot of a limited key: no hand-over, no cooldown
+        if lease.limit > 1 and not options.hands_over:  # one slot: no cooldown either
             ended = lifecycle.end(lease, sender=self, release=store.release_slot)
-        elif options.hands_over and release is store.release:  # no cooldown: hand it over
-            handed = HANDOFF_HEADER in (self.request.headers or {})
-            releaser = handoff.Releaser(options, lease.task_id if handed else "")
+        elif options.hands_over and (release is store.release or lease.limit > 1):
+            handed = HANDOFF_HEADER in (self.request.headers or {})  # hand the key (slot) over
+            releaser = handoff.Releaser(options, lease.task_id if handed else "", lease.limit)
             ended = lifecycle.end(lease, sender=self, release=releaser)
             handoff.publish_released(self, lease, releaser.result)
         else:  # with a preempt grace a newcomer may wait for this end: learn it at once

@@ -173,8 +173,6 @@ def test_a_limit_that_is_not_a_whole_number_of_executions_is_refused_at_decorati
 @pytest.mark.parametrize(
     ("option", "value"),
     [
-        ("lease_on_conflict", "queue"),
-        ("lease_on_conflict", "coalesce"),
         ("lease_on_conflict", "preempt"),
         ("lease_cooldown", 5.0),
     ],
@@ -398,3 +396,48 @@ def test_with_lease_dedupe_a_limited_key_keeps_one_waiting_copy_whose_grant_clea
     assert sent[0].get(timeout=30) == "dd"
     again = limited_dedupe.apply_async(("dd", 0.3))  # the claim was cleared by the grant
     assert again.lease_disposition == "published" and again.get(timeout=30) == "dd"
+
+
+def _started_at_a_release(rig: Rig, tag: str, first: int = 2, within: float = 0.5) -> None:
+    """Every start after the ``first`` began within ``within`` seconds after an end."""
+    starts, ends = rig.journal(tag, "start"), rig.journal(tag, "end")
+    for start in sorted(starts, key=lambda e: e["t"])[first:]:
+        gaps = [start["t"] - end["t"] for end in ends if end["t"] <= start["t"] + 0.05]
+        assert gaps and min(gaps) < within, (start, ends)
+
+
+@pytest.mark.parametrize("rig", ["threads"], indirect=True)
+@pytest.mark.parametrize("name", ["limit.queue", "limit.retry_line"])
+def test_with_limit_two_every_waiting_duplicate_runs_at_a_release_never_more_than_two(
+    rig: Rig, name: str
+) -> None:
+    _worker(rig, 8)
+    tag = name.replace(".", "-")
+    sent = [rig.send(name, tag, 0.4, n) for n in range(6)]
+    assert [r.get(timeout=60) for r in sent] == [tag] * 6  # each ran; retry used none
+    starts = rig.journal(tag, "start")
+    assert len(starts) == 6 and max(s["running"] for s in starts) == 2
+    assert len({s["fence"] for s in starts}) == 6 and rig.journal(tag, "lost") == []
+    _started_at_a_release(rig, tag)  # handed a slot at once, not a renew interval later
+    wait_for(lambda: rig.leases.exists(starts[0]["key"], f"{starts[0]['key']}:line") == 0, 10)
+
+
+@pytest.mark.parametrize("rig", ["threads"], indirect=True)
+def test_with_limit_two_coalesce_runs_one_more_after_a_release_with_the_latest_arguments(
+    rig: Rig,
+) -> None:
+    from celery_lease import follow, is_coalesced
+
+    _worker(rig, 8)
+    tag = "coalesce-two"
+    running = [rig.send("limit.coalesce", tag, 1.0, n) for n in (1, 2)]
+    rig.wait_event(tag, "start", count=2)
+    late = [rig.send("limit.coalesce", tag, 0.2, n) for n in (3, 4, 5)]
+    markers = [r.get(timeout=30) for r in late]
+    assert all(is_coalesced(m) for m in markers) and len({m["into"] for m in markers}) == 1
+    assert follow(markers[0], timeout=30, app=rig.app) == tag
+    assert [r.get(timeout=30) for r in running] == [tag, tag]
+    starts = rig.journal(tag, "start")
+    assert sorted(s["seq"] for s in starts) == [1, 2, 5]  # one more run, the latest arguments
+    assert max(s["running"] for s in starts) == 2
+    _started_at_a_release(rig, tag)

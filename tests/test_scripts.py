@@ -1021,6 +1021,98 @@ def test_a_slot_granted_to_a_claimed_message_clears_its_claim_and_a_refusal_keep
     assert client.exists(CLAIM) == 0
 
 
+# --- waiting in a limited key's line (lease_limit=N with queue, retry, coalesce) ------------
+
+LINE_OF_KEY, RESERVED_OF_KEY = f"{KEY}:line", reservation_key(KEY)
+
+
+def park_slot(client: redis.Redis, mode: str, task_id: str, message: str, limit: int = 2,
+              most: int = 10) -> Any:
+    return run(client, "park_slot-2.lua", [KEY, LINE_OF_KEY],
+               [mode, task_id, message, most, 60_000, limit])
+
+
+def release_slot_handoff(client: redis.Redis, tok: str, limit: int = 2, reserve: int = 5000,
+                         timeout: int = 0, ran: str = "") -> Any:
+    return run(client, "release_slot_handoff-4.lua",
+               [KEY, FENCE, LINE_OF_KEY, RESERVED_OF_KEY],
+               [tok, reserve, 60_000, timeout, ran, limit])
+
+
+def test_park_slot_parks_only_while_all_n_slots_are_held_and_writes_nothing_otherwise(
+        client: redis.Redis) -> None:
+    first = token()
+    take_slot(client, first, limit=2)
+    assert park_slot(client, "queue", "q1", "m1") == [0, 0]  # one slot free: take it
+    assert client.exists(LINE_OF_KEY) == 0
+    take_slot(client, token(), limit=2)
+    assert park_slot(client, "queue", "q1", "m1") == [1, "q1", 1]
+    assert park_slot(client, "queue", "q2", "m2") == [1, "q2", 2]
+    assert park_slot(client, "queue", "q3", "m3", most=2) == [-1, 2]  # lease_queue_max
+    assert 0 < client.pttl(LINE_OF_KEY) <= 60_000
+    assert park_slot(client, "coalesce", "p1", "x", limit=3) == [0, 0]  # a higher N: free
+
+
+def test_a_slots_release_reserves_the_freed_slot_for_the_lines_head_which_only_it_takes(
+        client: redis.Redis) -> None:
+    a, b = token(), token()
+    take_slot(client, a, limit=2)
+    take_slot(client, b, limit=2)
+    park_slot(client, "queue", "q1", "m1")
+    park_slot(client, "queue", "q2", "m2")
+    reply = release_slot_handoff(client, a)
+    assert reply[0] == 1 and reply[2] == 1 and reply[3].startswith("q1\n")
+    again = release_slot_handoff(client, a)  # its reply was lost: nothing was published
+    assert again[2] == 1 and again[3] == reply[3]  # the untaken reservation, answered again
+    assert client.hget(KEY, a) is None and client.lrange(LINE_OF_KEY, 0, -1)[0].startswith("q2")
+    due = int(client.hget(KEY, "r:q1").split(":", 1)[0])
+    assert 0 < due - server_ms(client) <= 5000 and client.pttl(KEY) >= 4000
+    assert take_slot(client, token(), limit=2, task_id="other")[0] == 0  # reserved: held
+    granted = take_slot(client, token(), limit=2, task_id="q1")
+    assert granted[0] == 1 and client.hget(KEY, "r:q1") is None  # taken by its grant
+    assert release_slot_handoff(client, a) == 1  # a repeat hands nothing over again
+    assert client.lrange(LINE_OF_KEY, 0, -1)[0].startswith("q2")
+
+
+def test_a_slot_reservation_past_its_due_time_frees_the_slot(client: redis.Redis) -> None:
+    a, b = token(), token()
+    take_slot(client, a, limit=2)
+    take_slot(client, b, limit=2)
+    park_slot(client, "coalesce", "p1", "latest")
+    assert release_slot_handoff(client, a, reserve=100)[3].startswith("p1\n")
+    assert take_slot(client, token(), limit=2, task_id="other")[0] == 0
+    time.sleep(0.15)  # the reservation's own lifetime, not an assertion
+    assert take_slot(client, token(), limit=2, task_id="other")[0] == 1
+
+
+def test_a_slots_release_hands_over_every_free_slot_fails_expired_waiters_and_clears_the_key(
+        client: redis.Redis) -> None:
+    short, a = token(), token()
+    take_slot(client, short, limit=3, ttl=100)
+    take_slot(client, a, limit=3)
+    take_slot(client, token(), limit=3)
+    for n in range(4):
+        park_slot(client, "queue", f"q{n}", "m", limit=3)
+    time.sleep(0.15)  # the short slot's holder died: its slot lapsed without a release
+    reply = release_slot_handoff(client, a, limit=3)
+    assert reply[2] == 2 and [e.split("\n")[0] for e in reply[3:5]] == ["q0", "q1"]
+    client.delete(KEY)
+    take_slot(client, a, limit=3)
+    reply = release_slot_handoff(client, a, limit=3, timeout=100)  # q2, q3 waited 150 ms
+    assert reply[2] == 0 and [e.split("\n")[0] for e in reply[3:]] == ["q2", "q3"]
+    assert client.exists(KEY) == 0  # no slot, no reservation left: the hash is gone
+    assert release_slot_handoff(client, token(), limit=3) == 0  # no slot of that token
+
+
+def test_a_handed_over_runs_slot_release_clears_the_sweeps_reservation_of_it(
+        client: redis.Redis) -> None:
+    a = token()
+    client.hset(RESERVED_OF_KEY, mapping={"id": "q9", "due": "1", "el": "q9\n1\nm"})
+    take_slot(client, a, limit=2, task_id="q9")
+    release_slot_handoff(client, a, ran="q9")
+    assert client.hget(RESERVED_OF_KEY, "id") is None
+
+
 # --- debounce (lease_debounce) --------------------------------------------------------------
 
 BURST = KEY + ":burst"

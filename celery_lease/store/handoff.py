@@ -36,6 +36,8 @@ INDEX_LIFETIME_MS = 24 * 3600 * 1000
 
 _park = lua.load("park-3.lua")
 _release = lua.load("release_handoff-4.lua")
+_park_slot = lua.load("park_slot-2.lua")
+_release_slot = lua.load("release_slot_handoff-4.lua")
 _watch = lua.load("watch-1.lua")
 _due = lua.load("sweep_due-1.lua")
 _unwatch = lua.load("unwatch-1.lua")
@@ -95,6 +97,8 @@ class HandOff:
         wait_ms: :func:`recover` only: the key is held or reserved for this many int
             milliseconds more (look again then); None otherwise.
         now_ms: the store's clock at the hand-over, int milliseconds (0 when none).
+        more: a limited key's release (``lease_limit`` above 1): the runs handed a slot
+            after ``handed``, when holders died without a release (usually none).
     """
 
     released: bool
@@ -102,6 +106,7 @@ class HandOff:
     expired: tuple[Waiting, ...] = ()
     wait_ms: int | None = None
     now_ms: int = 0
+    more: tuple[Waiting, ...] = ()
 
 
 def _run(script: lua.Script, client: redis.Redis, key: str, keys: tuple[str, ...],
@@ -113,7 +118,7 @@ def _run(script: lua.Script, client: redis.Redis, key: str, keys: tuple[str, ...
 
 
 def park(client: redis.Redis, key: str, mode: str, task_id: str, message: str, max_length: int,
-         lifetime_ms: int) -> Parked:
+         lifetime_ms: int, limit: int = 1) -> Parked:
     """Park a duplicate of ``key`` (``mode`` ``"coalesce"`` or ``"queue"``) in its line.
 
     Args:
@@ -122,6 +127,8 @@ def park(client: redis.Redis, key: str, mode: str, task_id: str, message: str, m
         message: the message to publish when the key is handed over.
         max_length: queue: the most elements the line holds (``lease_queue_max``).
         lifetime_ms: the line's lifetime, int milliseconds.
+        limit: the key's ``lease_limit``: above 1 it parks only while all ``limit`` slots are
+            held, reserved ones included (``park_slot-2.lua``), else answers ``"free"``.
 
     Raises:
         PrimaryUnconfirmed: a Sentinel-managed client parked on a node the sentinels do not
@@ -130,8 +137,11 @@ def park(client: redis.Redis, key: str, mode: str, task_id: str, message: str, m
     """
     confirmed = primary.managed(client)
     before = primary.written_to(client) if confirmed else None
-    reply = _run(_park, client, key, (key, line_key(key), reservation_key(key)),
-                 (mode, task_id, message, max_length, lifetime_ms))
+    argv: tuple[Any, ...] = (mode, task_id, message, max_length, lifetime_ms)
+    if limit > 1:
+        reply = _run(_park_slot, client, key, (key, line_key(key)), (*argv, limit))
+    else:
+        reply = _run(_park, client, key, (key, line_key(key), reservation_key(key)), argv)
     code = int(reply[0])
     if confirmed and code == 1:
         # A duplicate parked on a primary a failover demoted (still writable on an old
@@ -156,9 +166,17 @@ def _handoff(reply: list[Any]) -> HandOff:
                    int(reply[2]))
 
 
+def _slot_handoff(reply: list[Any]) -> HandOff:
+    count = int(reply[2])
+    handed = [Waiting.parse(r) for r in reply[3:3 + count]]
+    return HandOff(True, handed[0] if handed else None,
+                   tuple(Waiting.parse(r) for r in reply[3 + count:]), None, int(reply[1]),
+                   tuple(handed[1:]))
+
+
 def release_handing_over(client: redis.Redis, key: str, token: str, reserve_ms: int,
                          lifetime_ms: int, timeout_ms: int, ran: str = "",
-                         mode: str = "queue") -> HandOff:
+                         limit: int = 1, mode: str = "queue") -> HandOff:
     """Release ``key`` if ``token`` holds it, and hand it over to the next waiting run (the
     reservation holds the key for ``reserve_ms`` int milliseconds). Safe to repeat: a repeat
     answers ``released=True`` and hands nothing over again.
@@ -168,8 +186,13 @@ def release_handing_over(client: redis.Redis, key: str, token: str, reserve_ms: 
         timeout_ms: the wait timeout, int milliseconds (0: none).
         ran: the releasing execution's task id when it is a handed-over run (noted, so that
             a second copy of it is refused), else ''.
-        mode: the line's policy, ``"coalesce"`` (a later duplicate may join the reserved run)
-            or ``"queue"``.
+        limit: the key's ``lease_limit``: above 1, ``token``'s slot is released and each slot
+            then free is reserved for the head of the line (``release_slot_handoff-4.lua``;
+            ``handed``, then ``more``), for ``reserve_ms`` each; a repeat (its first reply
+            lost, so nothing was published) answers again the reservations it made that no
+            run has taken yet.
+        mode: the line's policy, ``"coalesce"`` (a later duplicate may join the reserved run:
+            ``limit`` 1 only) or ``"queue"``.
 
     On a Sentinel-managed client a release that found its token counts only once the sentinels
     confirm the node that answered it, as :func:`celery_lease.store.release` does
@@ -187,11 +210,16 @@ def release_handing_over(client: redis.Redis, key: str, token: str, reserve_ms: 
         redis.exceptions.RedisError: on store errors.
     """
     keys = (key, fence_key(key), line_key(key), reservation_key(key))
-    argv = (token, reserve_ms, lifetime_ms, timeout_ms, ran, mode)
+    argv: tuple[Any, ...] = (token, reserve_ms, lifetime_ms, timeout_ms, ran)
+    script, parse = _release, _handoff
+    if limit > 1:
+        script, parse, argv = _release_slot, _slot_handoff, (*argv, limit)
+    else:
+        argv = (*argv, mode)
 
     def send() -> HandOff:
-        reply = _run(_release, client, key, keys, argv)
-        return _handoff(reply) if isinstance(reply, list) else HandOff(bool(reply))
+        reply = _run(script, client, key, keys, argv)
+        return parse(reply) if isinstance(reply, list) else HandOff(bool(reply))
 
     return primary.released(client, key, send, _found, HandOff(False))
 

@@ -107,9 +107,11 @@ FEATURES: dict[str, Feature] = {f.name: f for f in (
     Feature("doctor", "celery lease doctor: latency and clock", ("ping", "time", "info")),
     Feature("min_replicas", "lease_min_replicas above 0: WAIT after each acquire", ("wait",)),
     Feature("limit", "lease_limit above 1 (and hold(limit=)): the slots of a limited key, "
-            "taken, renewed and released one by one, listed by celery lease ls",
+            "taken, renewed and released one by one, listed by celery lease ls; with a "
+            "policy that waits in the key's line, parked and handed over slot by slot",
             ("hgetall", "time"), ("acquire_slot-3.lua", "renew_slots.lua", "renew_slot-1.lua",
-                                  "release_slot-3.lua", "revoke_slot-1.lua")),
+                                  "release_slot-3.lua", "revoke_slot-1.lua", "park_slot-2.lua",
+                                  "release_slot_handoff-4.lua")),
     Feature("dedupe", "lease_dedupe: the waiting copy's claim, decided at publish, cleared by "
             "the acquire that grants it, removed when its message will not run", (),
             ("claim-2.lua", "acquire-4.lua", "unclaim-1.lua")),

@@ -81,7 +81,9 @@ def acquire_slot(
     hold, whose task id is a thread name).
     ``claimed`` (``lease_dedupe``: the message claimed the key's waiting slot at publish):
     a grant also deletes that claim when it names ``task_id``, in the same script.
-    ``handed_over`` is not used (a hand-over is refused with a limit at decoration).
+    ``handed_over`` is not used: a run handed a slot (``queue``, ``retry``, ``coalesce``:
+    :func:`celery_lease.store.handoff.release_handing_over`) takes the slot reserved for its
+    ``task_id``, which every other execution finds held until the reservation's due time.
 
     Raises:
         ValueError: ``limit`` below 2 (a limit of 1 is the plain lease).
@@ -124,8 +126,8 @@ class SlotsFull(AcquireResult):
     (the holder whose slot ends first), and the limit it was refused under.
 
     Attributes:
-        limit: the N asked for (int >= 2); a conflict policy that would hand the key to one
-            waiting run (``retry``'s line) retries instead.
+        limit: the N asked for (int >= 2); a policy that waits in the key's line parks
+            with it (:func:`celery_lease.store.handoff.park`).
     """
 
     limit: int = 2
@@ -294,6 +296,8 @@ def read_slots(client: Any, key: str) -> tuple[int, list[Slot]] | None:
         text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
         if name == "n":
             limit = int(text) if text.isdigit() else 0
+            continue
+        if name.startswith("r:"):  # a slot reserved for a handed-over run, not a holder
             continue
         if len(name) != TOKEN_LENGTH:  # not a token: a field of another tool
             return None

@@ -24,10 +24,12 @@ its send), so a violation is never an artefact of timing, and each comes with it
    outlives its message by no more than its lifetime).
 7. Hand-over (``lease_on_conflict`` ``coalesce`` and ``queue``): no lost trigger (every
    coalesced job's covering run ran, and did not start before the trigger was parked), FIFO
-   (a waiter parked surely before another started surely before it) and no lost waiter
-   (property 4's unresolved jobs). Never two running is properties 2 and 3, which hold for
-   these keys too. A store that restarted empty loses what waited in it: jobs submitted
-   before such a fault ended and not run are excused, and counted.
+   (a waiter parked surely before another started surely before it; not for the ``limited``
+   path's keys, whose queued runs start on up to N workers at once) and no lost waiter
+   (property 4's unresolved jobs, the ``limited`` path's queued copies included). Never two
+   running is properties 2 and 3, which hold for these keys too. A store that restarted
+   empty loses what waited in it: jobs submitted before such a fault ended and not run are
+   excused, and counted.
 8. Once per window (a campaign with ``lease_cooldown``): no execution was granted its key
    within the cooldown after an execution that succeeded, unless a fault erased the store's
    keys in between.
@@ -293,11 +295,12 @@ def liveness(history: History) -> list[Violation]:
 
 
 def wiped_after(history: History, job: Job) -> bool:
-    """True when a parked ``job`` (coalesce, queue; a debounce burst's record or its run in
-    the line) may have been lost with the store's data: a restart of the store with an empty
-    dataset ended after the job was submitted (the wipe happens somewhere inside the fault's
-    window, so one that began just before the job was parked may still have wiped it)."""
-    return job.path in ("coalesce", "queue", "debounce") and any(
+    """True when a parked ``job`` (coalesce, queue, a limited job's queued copy; a debounce
+    burst's record or its run in the line) may have been lost with the store's data: a restart
+    of the store with an empty dataset ended after the job was submitted (the wipe happens
+    somewhere inside the fault's window, so one that began just before the job was parked may
+    still have wiped it)."""
+    return job.path in ("coalesce", "queue", "debounce", "limited") and any(
         f.kind == "restart_empty" and f.ended_at >= job.submitted_at for f in history.faults)
 
 
@@ -327,7 +330,11 @@ def handover(history: History) -> list[Violation]:
     first_run = {p.task_id: min(later, key=lambda r: r.grant_lower)
                  for p in parked_at.values()
                  if (later := [r for r in by_task.get(p.task_id, []) if r.grant_upper >= p.lower])}
-    queued = [p for p in parked_at.values() if p.kind == "queue" and p.task_id in first_run]
+    # A limited key's line is handed over in order too, one slot at a time, but its runs then
+    # start on N workers at once: their start order is no promise (only none lost, property 4).
+    limited = limited_keys(history)
+    queued = [p for p in parked_at.values()
+              if p.kind == "queue" and p.task_id in first_run and p.key not in limited]
     for key, waiters in _by_key(queued).items():
         for a in waiters:
             for b in waiters:

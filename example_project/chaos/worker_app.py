@@ -55,7 +55,8 @@ HANDOFF_TASKS = {"coalesce": "example_project.chaos.worker_app.chaos_coalesce",
 #: own): a copy that starts while the key is held takes it over, newest wins.
 PREEMPT_TASK = "example_project.chaos.worker_app.chaos_preempt"
 #: The same job with ``lease_limit`` (``CHAOS_LIMIT`` executions per key at once; the
-#: ``limited`` submission path, keys of its own): it makes no fenced writes (N holders share
+#: ``limited`` submission path, keys of its own; ``lease_on_conflict="queue"``: a copy that
+#: finds all N slots held waits in the key's line): it makes no fenced writes (N holders share
 #: the key by design); the checker holds it to "never more than N" instead.
 LIMITED_TASK = "example_project.chaos.worker_app.chaos_limited"
 LIMIT = int(os.environ.get("CHAOS_LIMIT") or 0)
@@ -302,10 +303,11 @@ def chaos_preempt(self: LeasedTask, key: str, job: str, writes: int = 3, step: f
 
 if LIMIT:  # lease_limit refuses a cooldown: a campaign runs one or the other
     @app.task(base=ChaosJob, bind=True, lease_key=("key",), name=LIMITED_TASK,  # type: ignore[untyped-decorator]
-              lease_limit=LIMIT)
+              lease_limit=LIMIT, lease_on_conflict="queue")
     def chaos_limited(self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3,
                       mode: str = "plain") -> dict[str, Any]:
-        """The job, up to ``CHAOS_LIMIT`` at once per key, without fenced writes."""
+        """The job, up to ``CHAOS_LIMIT`` at once per key, without fenced writes; a copy that
+        finds all slots held waits in the key's line, handed a slot at a release."""
         return run_job(self, key, job, writes, step, mode)
 
 

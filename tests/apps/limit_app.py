@@ -21,9 +21,9 @@ __all__ = ["app"]
 _COMMON: dict[str, Any] = {"shared": False, "bind": True, "base": LeasedTask, "lease_key": ("tag",)}
 
 
-def _run(task: Any, tag: str, seconds: float, mode: str) -> str:
+def _run(task: Any, tag: str, seconds: float, mode: str, **noted: Any) -> str:
     running = _journal.incr(f"running:{tag}")
-    record("start", tag, running=running, limit=task.lease.limit)
+    record("start", tag, running=running, limit=task.lease.limit, **noted)
     try:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
@@ -64,3 +64,27 @@ def per_tenant(self: Any, tenant: str, seconds: float) -> str:
 def limited_dedupe(self: Any, tag: str, seconds: float, mode: str = "sleep") -> str:
     """Up to 2 at once per tag, and at most one copy waiting (``lease_dedupe``)."""
     return _run(self, tag, seconds, mode)
+
+
+#: The waiting policies with a limit: a TTL long enough (renewed every 2 s) that a run started
+#: by polling would start seconds after a release, not at it.
+_WAITING: dict[str, Any] = {**_COMMON, "lease_limit": 2, "lease_ttl": 6.0}
+
+
+@app.task(**_WAITING, name="limit.queue", lease_on_conflict="queue")
+def limited_queue(self: Any, tag: str, seconds: float, seq: int = 0) -> str:
+    """Up to 2 at once per tag; the others wait in the key's line, each run at a release."""
+    return _run(self, tag, seconds, "chunks", seq=seq)
+
+
+@app.task(**_WAITING, name="limit.retry_line", lease_on_conflict="retry", max_retries=0)
+def limited_retry_line(self: Any, tag: str, seconds: float, seq: int = 0) -> str:
+    """Up to 2 at once per tag; the others wait in the line (no retry used: max_retries=0)."""
+    return _run(self, tag, seconds, "chunks", seq=seq)
+
+
+@app.task(**_WAITING, name="limit.coalesce", lease_on_conflict="coalesce")
+def limited_coalesce(self: Any, tag: str, seconds: float, seq: int = 0) -> str:
+    """Up to 2 at once per tag; the duplicates meanwhile become one pending run (latest
+    arguments), run when a slot frees."""
+    return _run(self, tag, seconds, "chunks", seq=seq)

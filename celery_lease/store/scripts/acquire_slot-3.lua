@@ -10,13 +10,16 @@ with the same fencing token. The fencing token comes from the key's one counter
 write refused under maxmemory, is the first write: a refused grant leaves nothing behind. The
 hash's lifetime is set to its latest slot deadline in the same script (PEXPIRE), so no key is
 ever left without one. A lower N than the slots held never evicts a holder: it refuses until
-enough of them have ended. An execution whose message claimed the key's waiting slot at publish
+enough of them have ended. A slot a hand-over reserved (release_slot_handoff-4.lua: a field
+"r:<task id>" holding "<due ms>:<releasing token>:<line element>") counts as held until its due time, except by
+that task id, whose grant takes it (deletes the field). An execution whose message claimed the key's waiting slot at publish
 (lease_dedupe) passes the claim key: its grant deletes the claim when it names this task id, in
 the same script (the copy runs now: the next publish is queued again); a refusal keeps it.
 
 Stored at KEYS[1] (a hash):
   <token>  "<deadline, ms of the store's clock>:<fencing token>:<holder JSON>"
   n        the N of the last grant (for celery lease ls: used/N)
+  r:<id>   a slot reserved for handed-over run <id>: "<due, ms>:<token>:<line element>"
 
 KEYS[1]  the lease key, a hash of slots
 KEYS[2]  the key's one fencing counter, under the same hash tag
@@ -31,6 +34,7 @@ ARGV[6]  ',"id":<task id as JSON>,' of the execution taking a slot, or '' (a hol
          slot whose holder JSON has it is this task id's already (a message delivered again
          while its first delivery runs), so it is refused as held by that slot
 ARGV[7]  the task id of the execution taking a slot ('' for none), for its claim (KEYS[3])
+         and its reserved slot (r:<task id>)
 
 A string at KEYS[1] (a plain lease, taken under lease_limit=1) holds the key: the slots start
 once it ended. A key of another type, a field of another shape and a counter this library did
@@ -42,6 +46,7 @@ Returns {granted, answer, pttl}:
                        "<token>:<fencing token>:<holder JSON>", pttl its slot's time left
   {0, value, pttl}     all N slots held; value names the holder whose slot ends first
                        ("<token>:<fencing token>:<holder JSON>"), pttl its time left, int ms
+                       ('' and the soonest reservation's time left when all are reserved)
   {0, value, pttl}     a live slot of the same task id (ARGV[6]): its value and time left
   {0, value, pttl}     a plain lease at KEYS[1]: its value and lifetime left
   {0, '', pttl}        a key of another type, or a counter not ours (pttl: that key's)
@@ -56,10 +61,21 @@ end
 --@include next_fence.lua
 local now_ms = math.floor(now / 1000)
 local live, ended, first, first_at, latest = 0, {}, nil, nil, now_ms
-local same = nil
+local same, reserved_at, own = nil, nil, nil
 for i = 1, #slots, 2 do
   local field, slot = slots[i], slots[i + 1]
-  if field ~= 'n' then
+  if string.sub(field, 1, 2) == 'r:' then  -- a slot reserved for a handed-over run
+    local due = tonumber(string.match(slot, '^(%d+):') or '')
+    if not due or due <= now_ms then
+      ended[#ended + 1] = field
+    elseif ARGV[7] ~= '' and field == 'r:' .. ARGV[7] then
+      own = field  -- this run's own: taken by its grant (deleted), not counted
+    else
+      live = live + 1
+      if due > latest then latest = due end
+      if not reserved_at or due < reserved_at then reserved_at = due end
+    end
+  elseif field ~= 'n' then
     local due, rest = string.match(slot, '^(%d+):(%d+:.*)$')
     due = tonumber(due)
     if not due then
@@ -82,11 +98,13 @@ end
 if same then return same end
 if live >= tonumber(ARGV[5]) then
   if #ended > 0 then redis.call('HDEL', KEYS[1], unpack(ended)) end
+  if not first then first, first_at = '', reserved_at end  -- reserved slots only
   return {0, first, first_at - now_ms}
 end
 if not fence then return refusal end
 local deadline = now_ms + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], ARGV[1], deadline .. ':' .. fence .. ':' .. ARGV[3], 'n', ARGV[5])
+if own then ended[#ended + 1] = own end
 if #ended > 0 then redis.call('HDEL', KEYS[1], unpack(ended)) end
 if deadline > latest then latest = deadline end
 redis.call('PEXPIRE', KEYS[1], latest - now_ms)

@@ -35,26 +35,13 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   local r = redis.pcall('HMGET', KEYS[3], 'id', 'due')
   if r.err or not r[1] or tonumber(r[2] or '0') <= now_ms then return {0, 0} end
 end
-local stamp = string.format('%.0f', now_ms)
-if ARGV[1] == 'coalesce' then
-  local head = redis.pcall('LINDEX', KEYS[2], 0)
-  if type(head) == 'table' then return head end  -- a key of another type: the error
-  if head then
-    local id = string.match(head, '^([^\n]*)\n') or ARGV[2]
-    redis.call('LSET', KEYS[2], 0, id .. '\n' .. stamp .. '\n' .. ARGV[3])
-    redis.call('PEXPIRE', KEYS[2], ARGV[5])
-    return {1, id, 1}
-  end
+if ARGV[1] == 'coalesce' and redis.pcall('LINDEX', KEYS[2], 0) == false then
   local r = redis.pcall('HMGET', KEYS[3], 'id', 'kind')
   if not r.err and r[1] and r[2] == 'coalesce' then  -- the handed-over run, not started
-    redis.call('HSET', KEYS[3], 'el', r[1] .. '\n' .. stamp .. '\n' .. ARGV[3], 'new', '1')
+    local el = r[1] .. '\n' .. string.format('%.0f', now_ms) .. '\n' .. ARGV[3]
+    redis.call('HSET', KEYS[3], 'el', el, 'new', '1')
     redis.call('PEXPIRE', KEYS[3], ARGV[5])
     return {1, r[1], 1}
   end
-else
-  local length = redis.call('LLEN', KEYS[2])
-  if length >= tonumber(ARGV[4]) then return {-1, length} end
 end
-local length = redis.call('RPUSH', KEYS[2], ARGV[2] .. '\n' .. stamp .. '\n' .. ARGV[3])
-redis.call('PEXPIRE', KEYS[2], ARGV[5])
-return {1, ARGV[2], length}
+--@include park_line.lua

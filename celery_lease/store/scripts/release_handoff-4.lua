@@ -76,19 +76,11 @@ local kept = redis.pcall('HMGET', KEYS[4], 'id', 'el')
 if not kept.err and kept[1] and kept[2] then
   handed = kept[2]
 end
-local timeout = tonumber(ARGV[4])
-while not handed do
-  local el = redis.pcall('LINDEX', KEYS[3], 0)
-  if type(el) ~= 'string' then break end  -- empty (false), or a key of another type
-  local at = tonumber(string.match(el, '^[^\n]*\n(%d+)\n') or '0')
-  if timeout > 0 and now_ms - at > timeout then
-    expired[#expired + 1] = el
-    redis.call('LPOP', KEYS[3])
-  else
-    local id = string.match(el, '^([^\n]*)\n') or ''
-    local wrote = redis.pcall('HSET', KEYS[4], 'id', id, 'el', el, 'kind', ARGV[6] or 'queue',
-                              'new', '0')
-    if type(wrote) == 'table' then break end
+--@include line_head.lua
+if not handed then
+  local el, id = line_head(KEYS[3], now_ms, tonumber(ARGV[4]), expired)
+  if el and type(redis.pcall('HSET', KEYS[4], 'id', id, 'el', el, 'kind', ARGV[6] or 'queue',
+                             'new', '0')) ~= 'table' then
     handed = el
     redis.call('LPOP', KEYS[3])
   end

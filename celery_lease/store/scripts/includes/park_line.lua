@@ -1,0 +1,36 @@
+--[[
+The park itself, once the including script found the key held (park-3.lua, park_slot-2.lua):
+"coalesce" keeps one element, whose message a later duplicate replaces (keeping its task id);
+"queue" appends under the duplicate's own task id, up to ARGV[4] elements. The element is
+stamped with the store's clock; the line's lifetime is set at every park.
+
+KEYS[2]  the line key
+ARGV[1]  "coalesce" or "queue"
+ARGV[2]  the task id of a new element
+ARGV[3]  the message to keep
+ARGV[4]  the most elements the line may hold (queue)
+ARGV[5]  the line's lifetime, int milliseconds
+
+Uses now_ms (milliseconds of TIME), defined before the include.
+
+Returns (from the including script):
+  {1, id, length}  parked: id is the task id of the run that covers it, length the line's
+  {-1, length}     the line is full (queue): nothing written
+]]
+local stamp = string.format('%.0f', now_ms)
+if ARGV[1] == 'coalesce' then
+  local head = redis.pcall('LINDEX', KEYS[2], 0)
+  if type(head) == 'table' then return head end  -- a key of another type: the error
+  if head then
+    local id = string.match(head, '^([^\n]*)\n') or ARGV[2]
+    redis.call('LSET', KEYS[2], 0, id .. '\n' .. stamp .. '\n' .. ARGV[3])
+    redis.call('PEXPIRE', KEYS[2], ARGV[5])
+    return {1, id, 1}
+  end
+else
+  local length = redis.call('LLEN', KEYS[2])
+  if length >= tonumber(ARGV[4]) then return {-1, length} end
+end
+local length = redis.call('RPUSH', KEYS[2], ARGV[2] .. '\n' .. stamp .. '\n' .. ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
+return {1, ARGV[2], length}

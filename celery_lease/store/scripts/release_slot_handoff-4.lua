@@ -1,0 +1,94 @@
+--[[
+Release one slot of a limited key (lease_limit=N, N > 1) and hand the freed slots over to the
+runs waiting in the key's line (lease_on_conflict "coalesce", "queue" or "retry"), in one step:
+delete this token's field, and only it (token-checked, as release_slot-3.lua), note the token
+as the last to end, then, while fewer than N slots are held (includes/count_slots.lua: slots
+and reservations past their deadline are deleted first), reserve a slot for the head of the
+line: a field "r:<task id>" holding "<due ms>:<token>:<element>" (the releasing token), which
+acquire_slot-3.lua counts as held for every other execution until its due time and lets that
+task id take. Usually one slot is handed over (the one freed); more when holders died without a
+release. The caller publishes each handed run. Line elements older than the wait timeout are
+taken out on the way and answered, for their callers to fail. The reservation is written before
+its element leaves the line (LINDEX, HSET, then LPOP): one the store refuses (OOM) leaves the
+line as it was. The hash's lifetime is raised to cover a reservation. A run the crash sweep
+handed over the N=1 way (release_handoff-4.lua's reservation hash) clears that reservation at
+its release (ARGV[5]), so the sweep does not publish it again. A repeated release (its first
+reply lost, so nothing it handed over was published) answers again the reservations it made
+that no run has taken yet (the releasing token in each), for the caller to publish; else as
+release_slot-3.lua does. HDEL and DEL are not refused under maxmemory.
+
+KEYS[1]  the lease key, a hash of slots
+KEYS[2]  the fencing counter key (same hash tag)
+KEYS[3]  the line key: a list of elements "<task id>\n<ms accepted>\n<message>" (same hash tag)
+KEYS[4]  the N=1 reservation hash key: id, due, el (same hash tag)
+
+ARGV[1]  the holder's token
+ARGV[2]  how long a reservation holds its slot, int milliseconds
+ARGV[3]  the line's lifetime, int milliseconds
+ARGV[4]  the wait timeout of a line element, int milliseconds (0: none)
+ARGV[5]  the releasing holder's task id when it is a handed-over run, else ''
+ARGV[6]  the limit N, int >= 2
+
+Returns:
+  {1, now, count, handed..., expired...}  released now: now the store's clock (int ms), count
+                                          the number of handed elements that follow, then the
+                                          elements past their wait timeout
+  {1, now, count, handed...}  a repeat whose earlier release's reservations are still untaken
+  1  released by an earlier release of ARGV[1] (a repeat), nothing left to publish again
+  0  ARGV[1] had no slot there (it expired, was revoked, or the key is of another type)
+]]
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local mark = ':' .. ARGV[1] .. ':'
+if redis.pcall('HDEL', KEYS[1], ARGV[1]) ~= 1 then
+  local function released_before()
+    --@include released_before.lua
+  end
+  if released_before() == 0 then return 0 end
+  -- A repeat: its first reply was lost, so what it handed over was never published; the
+  -- reservations it made that no run has taken yet are answered again, for publishing.
+  local again, fields = {1, now_ms, 0}, redis.pcall('HGETALL', KEYS[1])
+  if fields.err then return 1 end
+  for i = 1, #fields, 2 do
+    local due, rest = string.match(fields[i + 1], '^(%d+)(:.*)$')
+    if string.sub(fields[i], 1, 2) == 'r:' and due and tonumber(due) > now_ms and
+        string.sub(rest, 1, #mark) == mark then
+      again[#again + 1] = string.sub(rest, #mark + 1)
+      again[3] = again[3] + 1
+    end
+  end
+  if again[3] == 0 then return 1 end
+  return again
+end
+--@include note_ended.lua
+if ARGV[5] ~= '' and redis.pcall('HGET', KEYS[4], 'id') == ARGV[5] then
+  redis.pcall('HDEL', KEYS[4], 'id', 'el', 'due')
+end
+--@include count_slots.lua
+local live = count_slots(KEYS[1], now_ms)
+local handed, expired = {}, {}
+local due = string.format('%.0f', now_ms + tonumber(ARGV[2]))
+--@include line_head.lua
+while live < tonumber(ARGV[6]) do
+  local el, id = line_head(KEYS[3], now_ms, tonumber(ARGV[4]), expired)
+  if not el or type(redis.pcall('HSET', KEYS[1], 'r:' .. id, due .. mark .. el,
+                                'n', ARGV[6])) == 'table' then
+    break
+  end
+  handed[#handed + 1] = el
+  redis.call('LPOP', KEYS[3])
+  live = live + 1
+end
+if #handed > 0 then
+  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
+  redis.pcall('PEXPIRE', KEYS[3], ARGV[3])
+elseif redis.pcall('HLEN', KEYS[1]) == 1 and redis.pcall('HEXISTS', KEYS[1], 'n') == 1 then
+  redis.call('DEL', KEYS[1])
+end
+local reply = {1, now_ms, #handed}
+for _, el in ipairs(handed) do reply[#reply + 1] = el end
+for _, el in ipairs(expired) do reply[#reply + 1] = el end
+return reply
