@@ -25,6 +25,7 @@ from kombu.serialization import dumps, loads
 from . import debounce, dedupe, eager
 from .conflict import REDELIVERY_HEADER, SUCCESSOR_HEADER
 from .errors import LeaseConfigError
+from .handoff import HANDOFF_HEADER
 from .interrupt import HeldBack
 from .lease import Lease, _current
 
@@ -69,8 +70,11 @@ def _apply_async(task: Any, holding: Lease | None, args: Any, kwargs: Any,
         key = sent_key(task, args, kwargs, options)
         if key == holding.key:
             take_over = True
-            options["headers"] = {
-                **(options.get("headers") or {}), SUCCESSOR_HEADER: holding.token}
+            # The holder's successor (a retry copies the request's headers): not the
+            # handed-over run it may have been, whose second copy is refused once it ran.
+            headers = {k: v for k, v in (options.get("headers") or {}).items()
+                       if k != HANDOFF_HEADER}
+            options["headers"] = {**headers, SUCCESSOR_HEADER: holding.token}
             if task.app.conf.task_always_eager:
                 # A worker runs it after the holder ends; so does eager mode (not nested).
                 task_id = options.pop("task_id", None) or uuid()

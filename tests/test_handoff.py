@@ -20,7 +20,7 @@ from celery_lease import LeaseConflict, follow, is_coalesced, store
 from celery_lease.handoff import publish
 from celery_lease.store import handoff as stored
 from tests.apps import handoff_app
-from tests.apps.handoff_app import coalesced, queued, retried, runs
+from tests.apps.handoff_app import coalesced, queued, queued_retrying, retried, runs
 from tests.support.fixtures import WorkerFactory
 from tests.support.waiting import wait_for
 
@@ -300,3 +300,19 @@ def test_copies_that_keep_arriving_through_the_hand_over_run_at_most_two_bodies(
     assert joined, "no copy arrived after the hand-over: nothing tested"
     print(f"coalesce: {len(joined)} copies joined the pending run after the hand-over")
     _never_two_running("burst")
+
+
+def test_a_handed_over_run_that_retries_runs_its_retry(
+        app: Any, worker_factory: WorkerFactory) -> None:
+    # The retry is published under the run's own task id, with the run's headers: it must be
+    # taken for the holder's successor, not for a second copy of the handed-over run.
+    worker_factory(APP, pool="threads", concurrency=4)
+    holder = queued_retrying.delay("hr", 0, 1.0)
+    wait_for(lambda: _started("hr"), 20, message="the holder never started")
+    waiting = queued_retrying.delay("hr", 1)
+    wait_for(lambda: any(r["what"] == "accepted" for r in runs("hr")), 20)
+    assert waiting.get(timeout=30) == 1  # its retry ran to the end
+    assert holder.get(timeout=30) == 0
+    marks = [r["what"] for r in runs("hr") if r["what"] in ("start", "end")]
+    assert marks == ["start", "end"] * 3  # each attempt ended before the next began
+    assert [r["n"] for r in _started("hr")] == [0, 1, 1]

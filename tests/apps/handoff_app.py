@@ -37,7 +37,7 @@ app.conf.update(task_default_queue=os.environ.get(QUEUE_ENV, "celery"), lease_ba
 def configure(url: str, **conf: Any) -> None:
     """Point the app at ``url`` (broker, results, leases) before its first leased call."""
     app.conf.update(broker_url=url, result_backend=url, lease_backend=url, **conf)
-    for task in (coalesced, queued, retried):
+    for task in (coalesced, queued, retried, queued_retrying):
         task.forget_lease_settings()
 
 
@@ -92,6 +92,17 @@ def retried(self: Any, tag: str, n: int, seconds: float = 0.0) -> int:
     """Runs for ``seconds`` and returns ``n``; a duplicate retries once the holder is done
     (``max_retries=0``: waiting for the holder must use up none)."""
     return _body(self, tag, n, seconds)
+
+
+@app.task(shared=False, bind=True, base=LeasedTask, name="ho.queued_retrying", lease_key=("tag",),
+          lease_on_conflict="queue", max_retries=1)
+def queued_retrying(self: Any, tag: str, n: int, seconds: float = 0.0) -> int:
+    """As :func:`queued`, but for ``n > 0`` the first attempt ends in ``self.retry()``
+    (countdown 0.2 s)."""
+    _body(self, tag, n, seconds)
+    if n > 0 and self.request.retries == 0:
+        raise self.retry(countdown=0.2)
+    return n
 
 
 @signals.lease_coalesced.connect
