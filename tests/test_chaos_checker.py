@@ -282,6 +282,10 @@ def test_a_waiter_parked_later_that_started_first_is_out_of_order() -> None:
         if e.task_id == "task-q2":  # ran first, with the lower token, and ended before q1
             e.grant_lower, e.grant_upper, e.body_end, e.fence = T0 + 6.7, T0 + 6.8, T0 + 6.9, 0
     assert rules(history) == [(7, "out-of-order")]
+    history.faults.append(Fault("restart_empty", "lease redis", T0 + 1.0, T0 + 1.2))
+    assert rules(history) == [(7, "out-of-order")]  # emptied before the first was parked
+    history.faults.append(Fault("restart_empty", "lease redis", T0 + 5.5, T0 + 5.7))
+    assert rules(history) == []  # emptied while it waited: its line was lost with the store
 
 
 def test_a_grant_within_the_cooldown_after_a_success_is_found() -> None:

@@ -339,7 +339,11 @@ def handover(history: History) -> list[Violation]:
         for a in waiters:
             for b in waiters:
                 ra, rb = first_run[a.task_id], first_run[b.task_id]
-                if a.upper < b.lower and rb.grant_upper < ra.grant_lower:
+                # A store emptied while a waited took the line with it: the copies parked
+                # again in the order their messages came back, which is no promise.
+                if a.upper < b.lower and rb.grant_upper < ra.grant_lower and not any(
+                        f.kind == "restart_empty" and f.ended_at >= a.lower
+                        and f.started_at <= ra.grant_upper for f in history.faults):
                     found.append(Violation(
                         7, "out-of-order", f"{key}: {b.task_id} was parked after {a.task_id} "
                         f"but started before it", key,
