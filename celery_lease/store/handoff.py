@@ -227,7 +227,9 @@ def recover(client: redis.Redis, key: str, reserve_ms: int, lifetime_ms: int,
 
     Returns:
         ``wait_ms`` set: held or reserved, look again then; ``handed`` set: publish it;
-        neither: nothing waits.
+        neither: nothing waits. Both set: a limited key (``lease_limit`` above 1), whose slot
+        reservations past due are published again (``handed``, then ``more``) while its
+        slots are held.
 
     Raises:
         redis.exceptions.RedisError: on store errors.
@@ -237,6 +239,9 @@ def recover(client: redis.Redis, key: str, reserve_ms: int, lifetime_ms: int,
     code = int(reply[0])
     if code == 0:
         return HandOff(True, wait_ms=int(reply[1]))
+    if code == 2:  # a limited key's reservations whose publish was lost
+        again = [Waiting.parse(r) for r in reply[2:]]
+        return HandOff(True, again[0], (), int(reply[1]), 0, tuple(again[1:]))
     return _handoff(reply)
 
 

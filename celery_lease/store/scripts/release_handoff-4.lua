@@ -5,7 +5,12 @@ in one step with what frees the key:
 - for the crash sweep (ARGV[1] empty): only while no holder has the key and no reservation is
   due, so a live holder is never raced (its own release hands over); while it is held, the
   line's and the reservation's lifetimes are set again, so what waits for a long holder does
-  not lapse while workers look.
+  not lapse while workers look. A limited key (lease_limit=N, a hash of slots) is held while
+  its hash lives; the look publishes again each of its slot reservations past its due time
+  that no run took (release_slot_handoff-4.lua: the releaser's publish was lost): its due
+  time moves one ARGV[2] ahead and its token is emptied (a mark: two copies may be on their
+  way, so the copy that takes it leaves a tombstone that refuses the other, acquire_slot-3.lua);
+  the slot stays reserved meanwhile, until the reservation's own lifetime ends.
 Then reserve the key for the next run and answer its element, which the caller publishes: a
 reservation not yet taken is handed over again (its run published again, same task id);
 otherwise the head of the line is. While the reservation is due every other task id finds the
@@ -33,6 +38,8 @@ Returns:
                                  handed the key ('' for none), now the store's clock (int
                                  ms), expired the line elements past their wait timeout
   {0, ms}  the sweep's look: held, or reserved and due, for ms more milliseconds
+  {2, ms, element...}  the sweep's look at a limited key: the runs of its slot reservations
+                       past due, to publish again; look again in ms milliseconds
   1        released by an earlier release of ARGV[1] (a repeat)
   0        ARGV[1] did not hold the key
 ]]
@@ -44,15 +51,33 @@ if ARGV[1] == '' then
   local reservation = redis.pcall('HMGET', KEYS[4], 'id', 'due')
   if reservation.err then reservation = {} end
   local wait = false
+  local again = {}
   if cur then
     local pttl = redis.call('PTTL', KEYS[1])
     wait = pttl > 0 and pttl or tonumber(ARGV[2])
+    local fields = cur == '' and redis.pcall('HGETALL', KEYS[1]) or {}
+    if fields.err then fields = {} end
+    for i = 1, #fields, 2 do
+      local untl, due, el = string.match(fields[i + 1], '^(%d+):[^:]*:(%d+):(.*)$')
+      if string.sub(fields[i], 1, 2) == 'r:' and el and tonumber(untl) > now_ms then
+        due = tonumber(due)
+        if due <= now_ms then  -- its publish was lost: publish it again
+          due = now_ms + tonumber(ARGV[2])
+          if type(redis.pcall('HSET', KEYS[1], fields[i], untl .. '::' ..
+                              string.format('%.0f', due) .. ':' .. el)) ~= 'table' then
+            again[#again + 1] = el
+          end
+        end
+        if due - now_ms < wait then wait = due - now_ms end
+      end
+    end
   elseif reservation[1] and tonumber(reservation[2] or '0') > now_ms then
     wait = tonumber(reservation[2]) - now_ms
   end
   if wait then
     redis.pcall('PEXPIRE', KEYS[3], ARGV[3])
     redis.pcall('PEXPIRE', KEYS[4], ARGV[3])
+    if #again > 0 then return {2, wait, unpack(again)} end
     return {0, wait}
   end
 elseif mine then
