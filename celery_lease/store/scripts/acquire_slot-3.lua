@@ -50,7 +50,8 @@ Returns {granted, answer, pttl}:
                        "<token>:<fencing token>:<holder JSON>", pttl its slot's time left
   {0, value, pttl}     all N slots held; value names the holder whose slot ends first
                        ("<token>:<fencing token>:<holder JSON>"), pttl its time left, int ms
-                       ('' and the soonest reservation's time left when all are reserved)
+                       ('' and the time to the soonest reservation's due time, or one TTL
+                       for one past it, when all are reserved)
   {0, value, pttl}     a live slot of the same task id (ARGV[6]): its value and time left
   {0, value, pttl}     a plain lease at KEYS[1]: its value and lifetime left
   {0, '', pttl}        a key of another type, or a counter not ours (pttl: that key's)
@@ -82,7 +83,12 @@ for i = 1, #slots, 2 do
     else
       live = live + 1
       if due > latest then latest = due end
-      if not reserved_at or due < reserved_at then reserved_at = due end
+      -- held until its run takes it: expected by its due time (one TTL past it, when the
+      -- sweep publishes it again), not its lifetime
+      local soon = tonumber(string.match(slot, '^%d+:[^:]*:(%d+):') or '') or due
+      if soon <= now_ms then soon = now_ms + tonumber(ARGV[2]) end
+      if soon > due then soon = due end
+      if not reserved_at or soon < reserved_at then reserved_at = soon end
     end
   elseif field ~= 'n' then
     local due, rest = string.match(slot, '^(%d+):(%d+:.*)$')
