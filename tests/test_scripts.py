@@ -1121,6 +1121,18 @@ def test_a_copy_of_a_run_the_sweep_published_again_is_refused_once_one_took_its_
     assert park_slot(client, "queue", "q2", "m2") == [1, "q2", 1]  # all 2 held: it waits
 
 
+def test_the_sweeps_look_finds_a_slot_hash_free_once_only_tombstones_are_left(
+        client: redis.Redis) -> None:
+    # Every holder died without a release: the tombstone keeps the hash, and holds nothing.
+    client.hset(KEY, mapping={"n": "2", "r:q1": f"{server_ms(client) + 60_000}:ran"})
+    client.pexpire(KEY, 60_000)
+    client.rpush(LINE_OF_KEY, f"q2\n{server_ms(client)}\nm2")  # parked while they held it
+    reply = sweep_look(client)
+    assert reply[0] == 1 and reply[1].startswith("q2\n")  # the line's head is handed over
+    assert take_slot(client, token(), limit=2, task_id="q2")[0] == 1
+    assert take_slot(client, token(), limit=2, task_id="q1") == [0, "ran:q1", 0]
+
+
 def test_a_slot_reservation_never_taken_frees_its_slot_once_its_lifetime_ends(
         client: redis.Redis) -> None:
     a = two_held_and_one_waiting(client, "coalesce", "p1")
