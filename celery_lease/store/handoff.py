@@ -91,7 +91,8 @@ class HandOff:
         handed: the run handed the key (to publish), or None.
         expired: elements taken out for waiting past the wait timeout, oldest first.
         wait_ms: :func:`recover` only: the key is held or reserved for this many int
-            milliseconds more (look again then); None otherwise.
+            milliseconds more (look again then); None otherwise. With ``handed`` also set:
+            a limited key's slot reservations past due, published again while it is held.
         now_ms: the store's clock at the hand-over, int milliseconds (0 when none).
         more: a limited key's release (``lease_limit`` above 1): the runs handed a slot
             after ``handed``, when holders died without a release (usually none).
