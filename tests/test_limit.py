@@ -43,13 +43,13 @@ def rig(request: pytest.FixtureRequest, broker: RedisServer, tmp_path: Path) -> 
     made.close()
 
 
-def _worker(rig: Rig, concurrency: int) -> CeleryWorker:
+def _worker(rig: Rig, concurrency: int, **env: str) -> CeleryWorker:
     worker = CeleryWorker(
         APP,
         pool=rig.pool,
         concurrency=concurrency,
         queue=rig.queue,
-        env=rig.env(),
+        env=rig.env(**env),
         log_dir=rig.log_dir,
     )
     rig.workers.append(worker)
@@ -441,3 +441,27 @@ def test_with_limit_two_coalesce_runs_one_more_after_a_release_with_the_latest_a
     assert sorted(s["seq"] for s in starts) == [1, 2, 5]  # one more run, the latest arguments
     assert max(s["running"] for s in starts) == 2
     _started_at_a_release(rig, tag)
+
+
+@pytest.mark.parametrize("rig", ["threads"], indirect=True)
+def test_a_slot_handed_by_a_worker_killed_before_its_publish_is_published_by_a_live_sweep_once(
+    rig: Rig,
+) -> None:
+    doomed = _worker(rig, 4, KILL_BEFORE_HANDOFF_PUBLISH="1")
+    tag = "lost-publish"
+    rig.send("limit.queue", tag, 0.5, 0)
+    rig.send("limit.queue", tag, 30.0, 1)  # dies with its worker: its slot lapses at its TTL
+    key = rig.wait_event(tag, "start", count=2)[0]["key"]
+    waiting = rig.send("limit.queue", tag, 0.2, 2)
+    wait_for(lambda: rig.leases.llen(f"{key}:line") == 1, 20, message="never parked")
+    assert doomed.wait(30) == -signal.SIGKILL  # released seq 0's slot, reserved it, died
+    assert rig.leases.llen(f"{key}:line") == 0 and rig.leases.hexists(key, f"r:{waiting.id}")
+    killed_at = time.time()
+    _worker(rig, 4)  # a live worker: its sweep publishes the reserved run once past due
+    assert waiting.get(timeout=60) == tag
+    started = [s for s in rig.journal(tag, "start") if s.get("seq") == 2]
+    print(f"a lost slot publish: published by the sweep {started[0]['t'] - killed_at:.1f}s "
+          "after the releaser died (lease_ttl=6)")
+    # Taken by the copy the sweep published: a tombstone, which refuses any other copy of it.
+    assert str(rig.leases.hget(key, f"r:{waiting.id}")).endswith(":ran'")  # b'<ms>:ran'
+    assert len(started) == 1 and max(s["running"] for s in rig.journal(tag, "start")) <= 2

@@ -1065,8 +1065,9 @@ def test_a_slots_release_reserves_the_freed_slot_for_the_lines_head_which_only_i
     again = release_slot_handoff(client, a)  # its reply was lost: nothing was published
     assert again[2] == 1 and again[3] == reply[3]  # the untaken reservation, answered again
     assert client.hget(KEY, a) is None and client.lrange(LINE_OF_KEY, 0, -1)[0].startswith("q2")
-    due = int(client.hget(KEY, "r:q1").split(":", 1)[0])
-    assert 0 < due - server_ms(client) <= 5000 and client.pttl(KEY) >= 4000
+    until, _, due, _ = client.hget(KEY, "r:q1").split(":", 3)
+    assert 0 < int(due) - server_ms(client) <= 5000 and int(until) >= int(due) + 50_000
+    assert client.pttl(KEY) >= 50_000  # the reservation's lifetime (the line's)
     assert take_slot(client, token(), limit=2, task_id="other")[0] == 0  # reserved: held
     granted = take_slot(client, token(), limit=2, task_id="q1")
     assert granted[0] == 1 and client.hget(KEY, "r:q1") is None  # taken by its grant
@@ -1074,14 +1075,73 @@ def test_a_slots_release_reserves_the_freed_slot_for_the_lines_head_which_only_i
     assert client.lrange(LINE_OF_KEY, 0, -1)[0].startswith("q2")
 
 
-def test_a_slot_reservation_past_its_due_time_frees_the_slot(client: redis.Redis) -> None:
-    a, b = token(), token()
+def two_held_and_one_waiting(client: redis.Redis, mode: str, task_id: str) -> str:
+    """Both slots of a 2-slot key held, one run parked; the token of the first slot."""
+    a = token()
     take_slot(client, a, limit=2)
-    take_slot(client, b, limit=2)
-    park_slot(client, "coalesce", "p1", "latest")
+    take_slot(client, token(), limit=2)
+    park_slot(client, mode, task_id, "m1")
+    return a
+
+
+def sweep_look(client: redis.Redis, reserve: int = 5000) -> Any:
+    return run(client, "release_handoff-4.lua", [KEY, FENCE, LINE_OF_KEY, RESERVED_OF_KEY],
+               ["", reserve, 60_000, 0, ""])
+
+
+def test_a_slot_reservation_past_due_stays_reserved_and_the_sweeps_look_publishes_it_again(
+        client: redis.Redis) -> None:
+    a = two_held_and_one_waiting(client, "coalesce", "p1")
     assert release_slot_handoff(client, a, reserve=100)[3].startswith("p1\n")
+    wait = sweep_look(client)
+    assert wait[0] == 0 and 0 < wait[1] <= 100  # not due yet: look again then
+    time.sleep(0.15)  # its publish was lost: the reservation passes its due time
+    assert take_slot(client, token(), limit=2, task_id="other")[0] == 0  # still reserved
+    again = sweep_look(client, reserve=3000)
+    assert again[0] == 2 and 2900 < again[1] <= 3000 and again[2].startswith("p1\n")
+    assert sweep_look(client)[0] == 0  # due again one reserve ahead: not published twice
+    assert release_slot_handoff(client, a) == 1  # the releaser's repeat: the sweep has it
+    granted = take_slot(client, token(), limit=2, task_id="p1")
+    assert granted[0] == 1 and sweep_look(client)[0] == 0  # taken: nothing to publish
+
+
+def test_a_copy_of_a_run_the_sweep_published_again_is_refused_once_one_took_its_slot(
+        client: redis.Redis) -> None:
+    a = two_held_and_one_waiting(client, "queue", "q1")
+    release_slot_handoff(client, a, reserve=50)
+    time.sleep(0.1)  # past due
+    assert sweep_look(client)[0] == 2  # published again: two copies may be on their way
+    first = token()
+    assert take_slot(client, first, limit=2, task_id="q1")[0] == 1
+    assert client.hget(KEY, "r:q1").endswith(":ran")  # a tombstone, counted as no slot
+    assert take_slot(client, token(), limit=2, task_id="q1") == [0, "ran:q1", 0]
+    release_slot(client, first)
+    assert take_slot(client, token(), limit=2, task_id="q1") == [0, "ran:q1", 0]  # ended too
+    assert take_slot(client, token(), limit=2, task_id="other")[0] == 1  # b and other: 2
+    assert park_slot(client, "queue", "q2", "m2") == [1, "q2", 1]  # all 2 held: it waits
+
+
+def test_the_sweeps_look_finds_a_slot_hash_free_once_only_tombstones_are_left(
+        client: redis.Redis) -> None:
+    # Every holder died without a release: the tombstone keeps the hash, and holds nothing.
+    client.hset(KEY, mapping={"n": "2", "r:q1": f"{server_ms(client) + 60_000}:ran"})
+    client.pexpire(KEY, 60_000)
+    client.rpush(LINE_OF_KEY, f"q2\n{server_ms(client)}\nm2")  # parked while they held it
+    reply = sweep_look(client)
+    assert reply[0] == 1 and reply[1].startswith("q2\n")  # the line's head is handed over
+    assert take_slot(client, token(), limit=2, task_id="q2")[0] == 1
+    assert take_slot(client, token(), limit=2, task_id="q1") == [0, "ran:q1", 0]
+
+
+def test_a_slot_reservation_never_taken_frees_its_slot_once_its_lifetime_ends(
+        client: redis.Redis) -> None:
+    a = two_held_and_one_waiting(client, "coalesce", "p1")
+    run(client, "release_slot_handoff-4.lua", [KEY, FENCE, LINE_OF_KEY, RESERVED_OF_KEY],
+        [a, 50, 150, 0, "", 2])  # due in 50 ms, a lifetime of 150 ms
+    time.sleep(0.1)  # past due, within its lifetime
     assert take_slot(client, token(), limit=2, task_id="other")[0] == 0
-    time.sleep(0.15)  # the reservation's own lifetime, not an assertion
+    time.sleep(0.1)  # past its lifetime: the reservation is no slot any more
+    assert sweep_look(client)[0] == 0
     assert take_slot(client, token(), limit=2, task_id="other")[0] == 1
 
 

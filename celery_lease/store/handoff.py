@@ -95,7 +95,8 @@ class HandOff:
         handed: the run handed the key (to publish), or None.
         expired: elements taken out for waiting past the wait timeout, oldest first.
         wait_ms: :func:`recover` only: the key is held or reserved for this many int
-            milliseconds more (look again then); None otherwise.
+            milliseconds more (look again then); None otherwise. With ``handed`` also set:
+            a limited key's slot reservations past due, published again while it is held.
         now_ms: the store's clock at the hand-over, int milliseconds (0 when none).
         more: a limited key's release (``lease_limit`` above 1): the runs handed a slot
             after ``handed``, when holders died without a release (usually none).
@@ -236,7 +237,9 @@ def recover(client: redis.Redis, key: str, reserve_ms: int, lifetime_ms: int,
 
     Returns:
         ``wait_ms`` set: held or reserved, look again then; ``handed`` set: publish it;
-        neither: nothing waits.
+        neither: nothing waits. Both set: a limited key (``lease_limit`` above 1), whose slot
+        reservations past due are published again (``handed``, then ``more``) while its
+        slots are held.
 
     Raises:
         redis.exceptions.RedisError: on store errors.
@@ -246,6 +249,9 @@ def recover(client: redis.Redis, key: str, reserve_ms: int, lifetime_ms: int,
     code = int(reply[0])
     if code == 0:
         return HandOff(True, wait_ms=int(reply[1]))
+    if code == 2:  # a limited key's reservations whose publish was lost
+        again = [Waiting.parse(r) for r in reply[2:]]
+        return HandOff(True, again[0], (), int(reply[1]), 0, tuple(again[1:]))
     return _handoff(reply)
 
 

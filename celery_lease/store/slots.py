@@ -35,7 +35,7 @@ from redis.exceptions import MovedError, NoScriptError, RedisError
 from ..keys import claim_key, fence_key, wake_key
 from . import lua, primary, routing
 from .errors import NotReplicated
-from .protocol import FENCE_COUNTER_EXTRA_MS, WAKE_LIFETIME_MS, AcquireResult
+from .protocol import FENCE_COUNTER_EXTRA_MS, RAN_HOLDER, WAKE_LIFETIME_MS, AcquireResult
 from .value import TOKEN_LENGTH, Holder, granted_holder, parse_value
 
 __all__ = [
@@ -83,7 +83,9 @@ def acquire_slot(
     a grant also deletes that claim when it names ``task_id``, in the same script.
     ``handed_over`` is not used: a run handed a slot (``queue``, ``retry``, ``coalesce``:
     :func:`celery_lease.store.handoff.release_handing_over`) takes the slot reserved for its
-    ``task_id``, which every other execution finds held until the reservation's due time.
+    ``task_id``, which every other execution finds held until the reservation's lifetime
+    ends. A copy of a run the crash sweep published again, once another copy took its slot,
+    is refused with the holder :data:`~celery_lease.store.protocol.RAN_HOLDER` (it runs once).
 
     Raises:
         ValueError: ``limit`` below 2 (a limit of 1 is the plain lease).
@@ -113,6 +115,8 @@ def acquire_slot(
         raise routing.note(exc, client, key) from None
     if granted and b":" not in value:
         return AcquireResult(True, granted_holder(token, int(value)), ttl_ms / 1000)
+    if not granted and value.startswith(b"ran:"):  # a copy of this handed run took its slot
+        return AcquireResult(False, Holder("", 0, "", task_id, RAN_HOLDER), 0.0)
     pttl = int(pttl)
     remaining = (pttl if pttl >= 0 else ttl_ms) / 1000
     if granted:

@@ -11,15 +11,19 @@ write refused under maxmemory, is the first write: a refused grant leaves nothin
 hash's lifetime is set to its latest slot deadline in the same script (PEXPIRE), so no key is
 ever left without one. A lower N than the slots held never evicts a holder: it refuses until
 enough of them have ended. A slot a hand-over reserved (release_slot_handoff-4.lua: a field
-"r:<task id>" holding "<due ms>:<releasing token>:<line element>") counts as held until its due time, except by
-that task id, whose grant takes it (deletes the field). An execution whose message claimed the key's waiting slot at publish
+"r:<task id>" holding "<until ms>:<releasing token>:<due ms>:<line element>") counts as held
+until its lifetime ends (until), except by that task id, whose grant takes it (deletes the
+field). One the crash sweep published again (its token emptied: two copies of that run may be
+on their way) is not deleted but left as a tombstone "<until ms>:ran", which counts as no slot
+and refuses that task id's other copy ('ran:<task id>'), so a double publish runs once. An execution whose message claimed the key's waiting slot at publish
 (lease_dedupe) passes the claim key: its grant deletes the claim when it names this task id, in
 the same script (the copy runs now: the next publish is queued again); a refusal keeps it.
 
 Stored at KEYS[1] (a hash):
   <token>  "<deadline, ms of the store's clock>:<fencing token>:<holder JSON>"
   n        the N of the last grant (for celery lease ls: used/N)
-  r:<id>   a slot reserved for handed-over run <id>: "<due, ms>:<token>:<line element>"
+  r:<id>   a slot reserved for handed-over run <id>: "<until, ms>:<token>:<due, ms>:<line
+           element>", or "<until, ms>:ran" once a copy the sweep published again took it
 
 KEYS[1]  the lease key, a hash of slots
 KEYS[2]  the key's one fencing counter, under the same hash tag
@@ -46,10 +50,12 @@ Returns {granted, answer, pttl}:
                        "<token>:<fencing token>:<holder JSON>", pttl its slot's time left
   {0, value, pttl}     all N slots held; value names the holder whose slot ends first
                        ("<token>:<fencing token>:<holder JSON>"), pttl its time left, int ms
-                       ('' and the soonest reservation's time left when all are reserved)
+                       ('' and the time to the soonest reservation's due time, or one TTL
+                       for one past it, when all are reserved)
   {0, value, pttl}     a live slot of the same task id (ARGV[6]): its value and time left
   {0, value, pttl}     a plain lease at KEYS[1]: its value and lifetime left
   {0, '', pttl}        a key of another type, or a counter not ours (pttl: that key's)
+  {0, 'ran:<id>', 0}   a copy of handed-over run ARGV[7] already took its slot (a tombstone)
 ]]
 if redis.replicate_commands then redis.replicate_commands() end
 local slots = redis.pcall('HGETALL', KEYS[1])
@@ -61,19 +67,28 @@ end
 --@include next_fence.lua
 local now_ms = math.floor(now / 1000)
 local live, ended, first, first_at, latest = 0, {}, nil, nil, now_ms
-local same, reserved_at, own = nil, nil, nil
+local same, reserved_at, own, swept = nil, nil, nil, nil
 for i = 1, #slots, 2 do
   local field, slot = slots[i], slots[i + 1]
   if string.sub(field, 1, 2) == 'r:' then  -- a slot reserved for a handed-over run
     local due = tonumber(string.match(slot, '^(%d+):') or '')
+    local mine = ARGV[7] ~= '' and field == 'r:' .. ARGV[7]
     if not due or due <= now_ms then
       ended[#ended + 1] = field
-    elseif ARGV[7] ~= '' and field == 'r:' .. ARGV[7] then
+    elseif string.find(slot, '^%d+:ran$') then  -- a tombstone: no slot
+      if mine then return {0, 'ran:' .. ARGV[7], 0} end
+    elseif mine then
       own = field  -- this run's own: taken by its grant (deleted), not counted
+      if string.find(slot, '^%d+::') then swept = due end
     else
       live = live + 1
       if due > latest then latest = due end
-      if not reserved_at or due < reserved_at then reserved_at = due end
+      -- held until its run takes it: expected by its due time (one TTL past it, when the
+      -- sweep publishes it again), not its lifetime
+      local soon = tonumber(string.match(slot, '^%d+:[^:]*:(%d+):') or '') or due
+      if soon <= now_ms then soon = now_ms + tonumber(ARGV[2]) end
+      if soon > due then soon = due end
+      if not reserved_at or soon < reserved_at then reserved_at = soon end
     end
   elseif field ~= 'n' then
     local due, rest = string.match(slot, '^(%d+):(%d+:.*)$')
@@ -104,7 +119,12 @@ end
 if not fence then return refusal end
 local deadline = now_ms + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], ARGV[1], deadline .. ':' .. fence .. ':' .. ARGV[3], 'n', ARGV[5])
-if own then ended[#ended + 1] = own end
+if swept then
+  redis.call('HSET', KEYS[1], own, string.format('%.0f', swept) .. ':ran')
+  if swept > latest then latest = swept end
+elseif own then
+  ended[#ended + 1] = own
+end
 if #ended > 0 then redis.call('HDEL', KEYS[1], unpack(ended)) end
 if deadline > latest then latest = deadline end
 redis.call('PEXPIRE', KEYS[1], latest - now_ms)

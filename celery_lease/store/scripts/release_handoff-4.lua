@@ -5,7 +5,13 @@ in one step with what frees the key:
 - for the crash sweep (ARGV[1] empty): only while no holder has the key and no reservation is
   due, so a live holder is never raced (its own release hands over); while it is held, the
   line's and the reservation's lifetimes are set again, so what waits for a long holder does
-  not lapse while workers look.
+  not lapse while workers look. A limited key (lease_limit=N, a hash of slots) is held while
+  one of its slots or slot reservations lives (a tombstone holds nothing); the look publishes
+  again each of its slot reservations past its due time that no run took
+  (release_slot_handoff-4.lua: the releaser's publish was lost): its due time moves one
+  ARGV[2] ahead and its token is emptied (a mark: two copies may be on their way, so the copy
+  that takes it leaves a tombstone that refuses the other, acquire_slot-3.lua); the slot
+  stays reserved meanwhile, until the reservation's own lifetime ends.
 Then reserve the key for the next run and answer its element, which the caller publishes: a
 reservation not yet taken is handed over again (its run published again, same task id);
 otherwise the head of the line is, and the reservation notes its kind (ARGV[6]): a coalesced
@@ -39,6 +45,8 @@ Returns:
                                  handed the key ('' for none), now the store's clock (int
                                  ms), expired the line elements past their wait timeout
   {0, ms}  the sweep's look: held, or reserved and due, for ms more milliseconds
+  {2, ms, element...}  the sweep's look at a limited key: the runs of its slot reservations
+                       past due, to publish again; look again in ms milliseconds
   1        released by an earlier release of ARGV[1] (a repeat)
   0        ARGV[1] did not hold the key
 ]]
@@ -50,15 +58,47 @@ if ARGV[1] == '' then
   local reservation = redis.pcall('HMGET', KEYS[4], 'id', 'due')
   if reservation.err then reservation = {} end
   local wait = false
+  local again = {}
+  local function sooner(ms)
+    if not wait or ms < wait then wait = ms end
+  end
   if cur then
     local pttl = redis.call('PTTL', KEYS[1])
-    wait = pttl > 0 and pttl or tonumber(ARGV[2])
-  elseif reservation[1] and tonumber(reservation[2] or '0') > now_ms then
+    pttl = pttl > 0 and pttl or tonumber(ARGV[2])
+    local fields = cur == '' and redis.pcall('HGETALL', KEYS[1]) or {}
+    if fields.err or #fields == 0 then sooner(pttl) fields = {} end  -- a lease, another type
+    for i = 1, #fields, 2 do  -- a hash: held while a slot or a reservation lives
+      local field, value = fields[i], fields[i + 1]
+      local untl, due, el = string.match(value, '^(%d+):[^:]*:(%d+):(.*)$')
+      if string.sub(field, 1, 2) == 'r:' then
+        if el and tonumber(untl) > now_ms then
+          due = tonumber(due)
+          if due <= now_ms then  -- its publish was lost: publish it again
+            due = now_ms + tonumber(ARGV[2])
+            if type(redis.pcall('HSET', KEYS[1], field, untl .. '::' ..
+                                string.format('%.0f', due) .. ':' .. el)) ~= 'table' then
+              again[#again + 1] = el
+            end
+          end
+          sooner(due - now_ms)
+        end  -- a tombstone ("<ms>:ran") or one past its lifetime holds nothing
+      elseif field ~= 'n' then
+        local deadline = tonumber(string.match(value, '^(%d+):%d+:') or '')
+        if not deadline then
+          sooner(pttl)  -- not a slot this library wrote: held, by an unknown holder
+        elseif deadline > now_ms then
+          sooner(deadline - now_ms)
+        end
+      end
+    end
+  end
+  if not wait and reservation[1] and tonumber(reservation[2] or '0') > now_ms then
     wait = tonumber(reservation[2]) - now_ms
   end
   if wait then
     redis.pcall('PEXPIRE', KEYS[3], ARGV[3])
     redis.pcall('PEXPIRE', KEYS[4], ARGV[3])
+    if #again > 0 then return {2, wait, unpack(again)} end
     return {0, wait}
   end
 elseif mine then

@@ -4,13 +4,16 @@ runs waiting in the key's line (lease_on_conflict "coalesce", "queue" or "retry"
 delete this token's field, and only it (token-checked, as release_slot-3.lua), note the token
 as the last to end, then, while fewer than N slots are held (includes/count_slots.lua: slots
 and reservations past their deadline are deleted first), reserve a slot for the head of the
-line: a field "r:<task id>" holding "<due ms>:<token>:<element>" (the releasing token), which
-acquire_slot-3.lua counts as held for every other execution until its due time and lets that
-task id take. Usually one slot is handed over (the one freed); more when holders died without a
-release. The caller publishes each handed run. Line elements older than the wait timeout are
+line: a field "r:<task id>" holding "<until ms>:<token>:<due ms>:<element>" (the releasing
+token), which acquire_slot-3.lua counts as held for every other execution until its lifetime
+ends (until: the store's clock plus ARGV[3]) and lets that task id take. The caller publishes
+each handed run; one not taken by its due time (its publish lost: the releaser died before it,
+or this reply was lost) is published again by the crash sweep (release_handoff-4.lua's look),
+from the element kept here. Usually one slot is handed over (the one freed); more when holders
+died without a release. Line elements older than the wait timeout are
 taken out on the way and answered, for their callers to fail. The reservation is written before
 its element leaves the line (LINDEX, HSET, then LPOP): one the store refuses (OOM) leaves the
-line as it was. The hash's lifetime is raised to cover a reservation. A run the crash sweep
+line as it was. The hash's lifetime is raised to cover a reservation's (ARGV[3]). A run the crash sweep
 handed over the N=1 way (release_handoff-4.lua's reservation hash) clears that reservation at
 its release (ARGV[5]), so the sweep does not publish it again. A repeated release (its first
 reply lost, so nothing it handed over was published) answers again the reservations it made
@@ -23,8 +26,9 @@ KEYS[3]  the line key: a list of elements "<task id>\n<ms accepted>\n<message>" 
 KEYS[4]  the N=1 reservation hash key: id, due, el (same hash tag)
 
 ARGV[1]  the holder's token
-ARGV[2]  how long a reservation holds its slot, int milliseconds
-ARGV[3]  the line's lifetime, int milliseconds
+ARGV[2]  how long a handed run has to take its slot before the sweep publishes it again (its
+         due time), int milliseconds
+ARGV[3]  the lifetime of the line and of a reservation, int milliseconds
 ARGV[4]  the wait timeout of a line element, int milliseconds (0: none)
 ARGV[5]  the releasing holder's task id when it is a handed-over run, else ''
 ARGV[6]  the limit N, int >= 2
@@ -51,10 +55,11 @@ if redis.pcall('HDEL', KEYS[1], ARGV[1]) ~= 1 then
   local again, fields = {1, now_ms, 0}, redis.pcall('HGETALL', KEYS[1])
   if fields.err then return 1 end
   for i = 1, #fields, 2 do
-    local due, rest = string.match(fields[i + 1], '^(%d+)(:.*)$')
-    if string.sub(fields[i], 1, 2) == 'r:' and due and tonumber(due) > now_ms and
-        string.sub(rest, 1, #mark) == mark then
-      again[#again + 1] = string.sub(rest, #mark + 1)
+    local untl, rest = string.match(fields[i + 1], '^(%d+)(:.*)$')
+    local el = rest and string.sub(rest, 1, #mark) == mark and
+               string.match(string.sub(rest, #mark + 1), '^%d+:(.*)$')
+    if string.sub(fields[i], 1, 2) == 'r:' and el and tonumber(untl) > now_ms then
+      again[#again + 1] = el
       again[3] = again[3] + 1
     end
   end
@@ -68,11 +73,12 @@ end
 --@include count_slots.lua
 local live = count_slots(KEYS[1], now_ms)
 local handed, expired = {}, {}
-local due = string.format('%.0f', now_ms + tonumber(ARGV[2]))
+local reserved = string.format('%.0f', now_ms + tonumber(ARGV[3])) .. mark ..
+                 string.format('%.0f', now_ms + tonumber(ARGV[2])) .. ':'
 --@include line_head.lua
 while live < tonumber(ARGV[6]) do
   local el, id = line_head(KEYS[3], now_ms, tonumber(ARGV[4]), expired)
-  if not el or type(redis.pcall('HSET', KEYS[1], 'r:' .. id, due .. mark .. el,
+  if not el or type(redis.pcall('HSET', KEYS[1], 'r:' .. id, reserved .. el,
                                 'n', ARGV[6])) == 'table' then
     break
   end
@@ -81,8 +87,8 @@ while live < tonumber(ARGV[6]) do
   live = live + 1
 end
 if #handed > 0 then
-  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[3]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
   end
   redis.pcall('PEXPIRE', KEYS[3], ARGV[3])
 elseif redis.pcall('HLEN', KEYS[1]) == 1 and redis.pcall('HEXISTS', KEYS[1], 'n') == 1 then
