@@ -20,9 +20,11 @@ key for the hand-over sweep (:mod:`celery_lease.sweep`), whose pass publishes th
 when a burst is more than one TTL past its due time (:func:`sweep_look`), as does a publish
 that joins such a burst: a lost timer costs at most a TTL and a sweep pass. A fire marks the
 record fired (a tombstone): a second timer does nothing, the same timer again (redelivered,
-or retried after a store error: :data:`AGAIN_HEADER`) fires again. A publish that could not
-ask the store runs at once (:data:`NOW_HEADER`), firing its own burst if its trigger landed
-after all; a timer whose record the store lost runs as published.
+or retried after a store error: :data:`AGAIN_HEADER`) fires again. Every timer message has
+its own id (:data:`TIMER_HEADER`; the burst's copies share its task id), which the fire keeps:
+a copy published again by the sweep, redelivered or retried, is a second timer. A publish
+that could not ask the store runs at once (:data:`NOW_HEADER`), firing its own burst if its
+trigger landed after all; a timer whose record the store lost runs as published.
 
 Where the idea comes from: lodash's ``debounce`` with ``maxWait`` (a maximum wait), and
 BullMQ's debounce mode of deduplication, which has none (docs/howto/shaping.md).
@@ -53,6 +55,7 @@ __all__ = [
     "DEBOUNCE_HEADER",
     "NOW_HEADER",
     "RECORD_MARGIN",
+    "TIMER_HEADER",
     "enabled",
     "on_timer",
     "passes",
@@ -70,6 +73,10 @@ NOW_HEADER = "lease_debounce_now"
 #: Message header of a timer retried after a store error (its fire's reply may have been
 #: lost): it fires again from its own burst's tombstone, as a redelivered timer does.
 AGAIN_HEADER = "lease_debounce_again"
+#: Message header of a timer message: its own id (a uuid, str), new for each message published
+#: (a burst's copies share the task id); only the timer that fired fires again, retried or
+#: redelivered (debounce_fire-1.lua).
+TIMER_HEADER = "lease_debounce_timer"
 #: Float seconds a burst's record outlives its deadline (first publish plus cap): a day.
 RECORD_MARGIN = handoff.LINE_LIFETIME
 #: Options of a message that is part of a canvas: folding it would drop that work.
@@ -174,6 +181,7 @@ def send(
         # Its trigger may have landed all the same (a lost reply): the message then fires
         # that burst; else it runs as published and leaves a tombstone (debounce_fire-1.lua).
         headers = {**(options.get("headers") or {}), DEBOUNCE_HEADER: key, NOW_HEADER: "1"}
+        headers[TIMER_HEADER] = uuid()
         now = publish(**{**options, "task_id": task_id, "headers": headers})
         return _announce(task, key, now, "unguarded")
     if got.foreign:
@@ -231,7 +239,7 @@ def send(
             key,
             store.describe(exc),
         )
-    headers = {**(options.get("headers") or {}), DEBOUNCE_HEADER: key}
+    headers = {**(options.get("headers") or {}), DEBOUNCE_HEADER: key, TIMER_HEADER: uuid()}
     timer = publish(
         **{**options, "task_id": task_id, "countdown": config.delay, "headers": headers}
     )
@@ -247,7 +255,11 @@ def _publish_timer(app: Any, name: str, key: str, task_id: str, args: Any, kwarg
     record's at fire time); True when published. Never raises."""
     try:
         app.signature(
-            name, args=args, kwargs=kwargs, task_id=task_id, headers={DEBOUNCE_HEADER: key}
+            name,
+            args=args,
+            kwargs=kwargs,
+            task_id=task_id,
+            headers={DEBOUNCE_HEADER: key, TIMER_HEADER: uuid()},  # a timer of its own
         ).apply_async()
     except Exception as exc:
         logger.warning(
@@ -293,7 +305,9 @@ def on_timer(task: Any, request: Any, args: Any, kwargs: Any) -> tuple[Any, Any]
         headers = request.headers or {}
         now = NOW_HEADER in headers
         again = AGAIN_HEADER in headers or bool((request.delivery_info or {}).get("redelivered"))
-        decided = stored.fire(client, key, request.id, round(RECORD_MARGIN * 1000), now, again)
+        timer = str(headers.get(TIMER_HEADER, ""))
+        margin = round(RECORD_MARGIN * 1000)
+        decided = stored.fire(client, key, request.id, margin, now, again, timer)
     except RedisError as exc:
         # The fire may have happened with its reply lost: the retried timer fires again.
         request.headers = {**(request.headers or {}), AGAIN_HEADER: "1"}
@@ -315,7 +329,8 @@ def on_timer(task: Any, request: Any, args: Any, kwargs: Any) -> tuple[Any, Any]
             request.id,
         )
         raise Ignore()
-    if decided.outcome == "early":
+    if decided.outcome == "early":  # a new message: a timer of its own
+        request.headers = {**(request.headers or {}), TIMER_HEADER: uuid()}
         task.signature_from_request(
             request, countdown=decided.due_in, retries=request.retries
         ).apply_async()
@@ -349,7 +364,7 @@ def on_timer(task: Any, request: Any, args: Any, kwargs: Any) -> tuple[Any, Any]
 def _strip(request: Any) -> None:
     """Take the timer's headers off ``request``: a retry of the run is no timer."""
     headers = request.headers or {}
-    timer = (DEBOUNCE_HEADER, NOW_HEADER, AGAIN_HEADER)
+    timer = (DEBOUNCE_HEADER, NOW_HEADER, AGAIN_HEADER, TIMER_HEADER)
     request.headers = {k: v for k, v in headers.items() if k not in timer}
 
 

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from celery_lease import LeaseConfigError, LeasedTask, signals
 from celery_lease.cli import lease
 from celery_lease.config import resolve_options
-from celery_lease.debounce import DEBOUNCE_HEADER
+from celery_lease.debounce import AGAIN_HEADER, DEBOUNCE_HEADER, TIMER_HEADER
 from celery_lease.flower import lease_summary
 from celery_lease.keys import burst_key
 from tests.apps import debounce_app
@@ -159,6 +159,23 @@ def test_a_second_timer_of_a_burst_does_nothing(
     assert AsyncResult(result.id, app=debounce_app.app).get(timeout=30) == 3
     wait_for(lambda: client.llen(worker_factory.queue) == 0, 20)
     assert [n for _, _, n in _spans("d")] == [3]
+
+
+def test_the_original_timer_retried_after_its_copy_from_the_sweep_ran_does_not_run_it_again(
+        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    result = refresh.delay("o", 5)
+    key = refresh.lease_key_for(("o", 0))
+    [raw] = client.lrange(worker_factory.queue, 0, -1)
+    original = json.loads(raw)["headers"][TIMER_HEADER]  # the timer's own id
+    client.delete(worker_factory.queue)  # the original is held up: its worker stalled
+    worker = worker_factory(APP)  # its sweep publishes the late timer again: that copy runs
+    assert result.get(timeout=30) == 5
+    # The original comes back as its retry after a store error hid its fire's reply would.
+    refresh.apply_async(("o", 99), task_id=result.id, headers={
+        DEBOUNCE_HEADER: key, TIMER_HEADER: original, AGAIN_HEADER: "1"})
+    wait_for(lambda: "not run: its burst already ran" in worker.log_text(), 20,
+             message=lambda: worker.log_tail())
+    assert [n for _, _, n in _spans("o")] == [5]
 
 
 def test_celery_lease_ls_shows_a_waiting_burst_its_publishes_and_when_it_is_due(

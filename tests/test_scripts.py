@@ -1242,8 +1242,8 @@ def test_debounce_fire_tells_an_early_timer_the_time_left_and_a_stale_one_nothin
 
 
 def fire(client: redis.Redis, task_id: str, now: str = "0", tombstone: int = 5000,
-         again: str = "0") -> Any:
-    return run(client, "debounce_fire-1.lua", [BURST], [task_id, now, tombstone, again])
+         again: str = "0", timer: str = "") -> Any:
+    return run(client, "debounce_fire-1.lua", [BURST], [task_id, now, tombstone, again, timer])
 
 
 def test_debounce_fire_at_the_due_time_leaves_a_tombstone_so_a_second_timer_does_nothing(
@@ -1328,6 +1328,23 @@ def test_debounce_a_burst_over_a_fired_one_keeps_it_for_its_timer_whose_fire_rep
     assert trigger(client, "b-2", '{"n": 2}')[:2] == [1, "b-2"]
     assert fire(client, "b-1", again="1")[:3] == [2, '{"n": 1}', 1]
     assert fire(client, "b-1") == [0, "", 0, 0]  # not again: a second timer, nothing
+    assert client.hget(BURST, "id") == "b-2"
+
+
+def test_debounce_fire_again_from_the_tombstone_is_only_for_the_timer_that_fired_not_its_copy(
+        client: redis.Redis) -> None:
+    trigger(client, "b-1", '{"n": 1}', delay=10)
+    time.sleep(0.03)
+    # The sweep published the late timer again (timer t-2): the copy fires first, and runs.
+    assert fire(client, "b-1", timer="t-2")[:3] == [2, '{"n": 1}', 1]
+    assert client.hget(BURST, "timer") == "t-2"
+    # The original (t-1), retried after a store error or redelivered: a second timer.
+    assert fire(client, "b-1", again="1", timer="t-1") == [0, "", 0, 0]
+    assert fire(client, "b-1", again="1", timer="t-2")[:3] == [2, '{"n": 1}', 1]  # itself
+    assert trigger(client, "b-2", '{"n": 2}')[:2] == [1, "b-2"]  # a burst over the fired one
+    assert client.hget(BURST, "prev_timer") == "t-2"
+    assert fire(client, "b-1", again="1", timer="t-1") == [0, "", 0, 0]
+    assert fire(client, "b-1", again="1", timer="t-2")[:3] == [2, '{"n": 1}', 1]
     assert client.hget(BURST, "id") == "b-2"
 
 

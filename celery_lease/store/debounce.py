@@ -139,6 +139,7 @@ def fire(
     tombstone_ms: int,
     now: bool = False,
     again: bool = False,
+    timer: str = "",
 ) -> Fire:
     """Decide what the timer ``task_id`` of lease ``key``'s burst does now (one round trip).
 
@@ -148,11 +149,14 @@ def fire(
     store (run at once): it fires its own burst, if its trigger landed after all, whatever the
     due time. ``again``: the same timer again (redelivered after its worker died, or retried
     after a store error that may have hidden a fire): it fires again from its own tombstone.
+    ``timer``: the message's own timer id (``""`` for one published without): a fire keeps
+    it, and only that timer again fires again; another copy of the burst's timer (published
+    again by the sweep) does nothing, redelivered or retried.
 
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
-    argv = (task_id, "1" if now else "0", tombstone_ms, "1" if again else "0")
+    argv = (task_id, "1" if now else "0", tombstone_ms, "1" if again else "0", timer)
     code, arguments, number, waited = _run(_fire, client, key, argv)
     if int(code) in (0, 3):
         return Fire("stale" if int(code) == 0 else "missing")

@@ -10,14 +10,15 @@ script: until first + cap, plus ARGV[6]. A join that finds the burst more than A
 its due time says so: its timer is late (lost), and the publisher publishes it again. A record
 marked fired (a burst that ran, or the tombstone debounce_fire-1.lua leaves for a publish it
 ran at once) is no burst: another task id starts a new one over it, keeping the fired burst's
-id and arguments as prev_id, prev_msg, prev_n (debounce_fire-1.lua: that burst's timer again,
-its fire's reply lost, still runs them); ARGV[1] itself (that publish's own trigger, landing
-late) writes nothing.
+id, arguments and the timer that fired it as prev_id, prev_msg, prev_n, prev_timer
+(debounce_fire-1.lua: that timer again, its fire's reply lost, still runs them); ARGV[1]
+itself (that publish's own trigger, landing late) writes nothing.
 
 KEYS[1]  the burst record (<lease key>:burst, same hash tag as the lease): a hash with id,
          first, due and until (int ms of the store's clock), msg (the latest arguments), by
-         (the first publisher's JSON), n (publishes so far), fired (once it ran), prev_id,
-         prev_msg, prev_n (the fired burst this one replaced)
+         (the first publisher's JSON), n (publishes so far), fired (once it ran), timer (the
+         id of the timer message that fired it), prev_id, prev_msg, prev_n, prev_timer (the
+         fired burst this one replaced)
 
 ARGV[1]  the task id a new burst takes (the first publish's)
 ARGV[2]  the quiet time, int milliseconds (lease_debounce)
@@ -41,7 +42,7 @@ Returns {started, id, due_in, n}:
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local cur = redis.pcall('HMGET', KEYS[1], 'id', 'until', 'n', 'fired', 'due', 'msg')
+local cur = redis.pcall('HMGET', KEYS[1], 'id', 'until', 'n', 'fired', 'due', 'msg', 'timer')
 if cur.err then
   if not string.find(cur.err, 'WRONGTYPE', 1, true) then return cur end
   return {2, 'a key of another type', 0, 0}
@@ -50,7 +51,10 @@ local fmt = function(ms) return string.format('%.0f', ms) end
 local prev = false
 if cur[4] then
   if cur[1] == ARGV[1] then return {2, 'fired', 0, 0} end
-  if cur[1] and cur[6] then prev = {'prev_id', cur[1], 'prev_msg', cur[6], 'prev_n', cur[3] or 1} end
+  if cur[1] and cur[6] then
+    prev = {'prev_id', cur[1], 'prev_msg', cur[6], 'prev_n', cur[3] or 1,
+            'prev_timer', cur[7] or ''}
+  end
   redis.call('DEL', KEYS[1])  -- a fired burst, or a tombstone of another publish: afresh
 elseif cur[1] then
   local deadline = tonumber(cur[2] or '')

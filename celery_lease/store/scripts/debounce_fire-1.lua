@@ -8,9 +8,12 @@ script, and its latest arguments are answered for the run. So of two timers of o
 timer published again by the crash sweep) only the first fires. The same timer again
 (ARGV[4] '1': redelivered by the broker after its worker died, or retried after a store error
 that hid this script's reply) fires again from its own tombstone, with the same arguments, or
-from the prev_* fields a newer burst keeps of it (debounce-1.lua). A timer that finds no record
-at all (the store lost it: restarted empty, or its lifetime passed) runs as it was published
-and leaves a tombstone too. The due time is compared with the store's clock (TIME).
+from the prev_* fields a newer burst keeps of it (debounce-1.lua). Each timer message carries
+its own timer id (ARGV[5]) besides the burst's task id, and a fire keeps it (field timer): only
+the timer that fired is the same timer again; another copy of the burst's timer (published again
+by the sweep or by a joining publish), redelivered or retried, does nothing. A timer that finds
+no record at all (the store lost it: restarted empty, or its lifetime passed) runs as it was
+published and leaves a tombstone too. The due time is compared with the store's clock (TIME).
 
 With ARGV[2] '1' the message is a publish that could not ask the store and was published to
 run at once: it fires its own burst whatever the due time, if its trigger landed after all;
@@ -23,6 +26,8 @@ ARGV[1]  the timer's task id
 ARGV[2]  '1' for a message published at once (see above), else '0'
 ARGV[3]  the tombstone's lifetime, int milliseconds
 ARGV[4]  '1' for the same timer again (redelivered, or retried after a store error)
+ARGV[5]  the timer message's own id (its lease_debounce_timer header; '' for a message
+         published without one)
 
 Returns:
   {0, '', 0, 0}           no burst of ARGV[1] waits (a tombstone of it, or another burst's
@@ -37,7 +42,8 @@ if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cur = redis.pcall('HMGET', KEYS[1], 'id', 'due', 'msg', 'n', 'first', 'fired',
-                        'prev_id', 'prev_msg', 'prev_n')
+                        'prev_id', 'prev_msg', 'prev_n', 'timer', 'prev_timer')
+local own = ARGV[5] or ''
 if cur.err then return {ARGV[2] == '1' and 3 or 0, '', 0, 0} end
 local function fired()
   return {2, cur[3], tonumber(cur[4] or '1') or 1,
@@ -52,18 +58,18 @@ if not cur[1] then
   return {3, '', 0, 0}
 end
 if cur[1] ~= ARGV[1] then
-  if ARGV[4] == '1' and cur[7] == ARGV[1] and cur[8] then  -- its fire's reply was lost
+  if ARGV[4] == '1' and cur[7] == ARGV[1] and cur[8] and (cur[11] or '') == own then  -- lost reply
     return {2, cur[8], tonumber(cur[9] or '1') or 1, 0}
   end
   return {ARGV[2] == '1' and 3 or 0, '', 0, 0}
 end
 if cur[6] then  -- fired already: only the same timer again fires it again
-  if ARGV[4] == '1' and cur[3] then return fired() end
+  if ARGV[4] == '1' and cur[3] and (cur[10] or '') == own then return fired() end
   return {0, '', 0, 0}
 end
 if not cur[3] then return {0, '', 0, 0} end
 local due = tonumber(cur[2] or '0') or 0
 if due > now and ARGV[2] ~= '1' then return {1, '', due - now, 0} end
-redis.call('HSET', KEYS[1], 'fired', 1)
+redis.call('HSET', KEYS[1], 'fired', 1, 'timer', own)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return fired()
