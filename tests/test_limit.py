@@ -240,8 +240,13 @@ def test_ls_shows_used_of_n_and_each_holder_of_a_limited_key(redis_url: str) -> 
     from tests.test_cli import _env
     from tests.test_cli import celery_lease as lease_cli
 
-    held = [hold("report", url=redis_url, ttl=30.0, limit=3) for _ in range(2)]
-    leases = [h.__enter__() for h in held]
+    # TTL 300 s: no renewal pass (every 100 s) can reorder the stored deadlines mid-test, and
+    # the two grants are a few ms apart, so the holder `release` names is the first one taken.
+    held = [hold("report", url=redis_url, ttl=300.0, limit=3) for _ in range(2)]
+    leases = []
+    for h in held:
+        leases.append(h.__enter__())
+        time.sleep(0.005)  # distinct stored deadlines (millisecond resolution)
     try:
         env = _env(redis_url, "q-limit")
         listed = json.loads(lease_cli(env, "ls", "--json").stdout)
@@ -254,7 +259,7 @@ def test_ls_shows_used_of_n_and_each_holder_of_a_limited_key(redis_url: str) -> 
         assert "SLOTS" in table and table.count("2/3") == 2
         doctor = lease_cli(env, "doctor").stdout
         assert held[0].key not in doctor  # a hash of slots is no unknown holder
-        first = min(leases, key=lambda lease: lease.deadline)  # the holder `show` names
+        first = leases[0]  # the first-ending holder, the one `show` and `release` name
         released = lease_cli(env, "release", held[0].key, "--yes")
         assert released.returncode == 0, released.stderr
         slots = store.read_slots(store.client_for(redis_url, 1.0, {}), held[0].key)
