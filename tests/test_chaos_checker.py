@@ -333,6 +333,10 @@ def test_a_burst_that_ran_to_its_end_twice_is_found() -> None:
     history.executions.append(run("d2", FENCE + 1, T0 + 3.0, T0 + 3.5, key="b1",
                                   job="job-b2", task_id="task-b0"))
     assert rules(history) == [(11, "burst-ran-twice")]
+    history.faults.append(Fault("restart_empty", "lease redis", T0 + 0.9, T0 + 1.0))
+    assert rules(history) == [(11, "burst-ran-twice")]  # emptied before the first run
+    history.faults.append(Fault("restart_empty", "lease redis", T0 + 2.7, T0 + 2.8))
+    assert rules(history) == []  # its tombstone erased: a timer of it ran as published
 
 
 def test_a_burst_run_with_the_arguments_of_a_publish_before_the_last_is_found() -> None:

@@ -1265,9 +1265,12 @@ def test_debounce_fire_at_the_due_time_leaves_a_tombstone_so_a_second_timer_does
 
 def test_debounce_fire_of_a_timer_whose_record_the_store_lost_runs_it_as_published(
         client: redis.Redis) -> None:
-    assert fire(client, "b-1") == [3, "", 0, 0]
-    assert client.hgetall(BURST) == {"id": "b-1", "fired": "1"}  # a second copy: nothing
-    assert fire(client, "b-1") == [0, "", 0, 0]
+    assert fire(client, "b-1", timer="t-1") == [3, "", 0, 0]
+    assert client.hgetall(BURST) == {"id": "b-1", "fired": "1", "timer": "t-1"}
+    assert fire(client, "b-1", timer="t-2") == [0, "", 0, 0]  # a second copy: nothing
+    assert fire(client, "b-1", again="1", timer="t-2") == [0, "", 0, 0]
+    # The timer itself again (its reply lost, so it never ran): as published, once more.
+    assert fire(client, "b-1", again="1", timer="t-1") == [3, "", 0, 0]
 
 
 def test_debounce_look_answers_a_burst_late_past_its_grace_and_writes_nothing(
@@ -1309,10 +1312,10 @@ def test_debounce_fire_now_fires_its_own_burst_before_its_due_time(client: redis
 def test_debounce_fire_now_without_its_trigger_leaves_a_tombstone_its_late_trigger_respects(
         client: redis.Redis) -> None:
     assert fire(client, "b-1", now="1") == [3, "", 0, 0]
-    assert client.hgetall(BURST) == {"id": "b-1", "fired": "1"}
+    assert client.hgetall(BURST) == {"id": "b-1", "fired": "1", "timer": ""}
     assert 4000 < client.pttl(BURST) <= 5000
     assert trigger(client, "b-1", "{}") == [2, "fired", 0, 0]  # its trigger, landing late
-    assert client.hgetall(BURST) == {"id": "b-1", "fired": "1"}
+    assert client.hgetall(BURST) == {"id": "b-1", "fired": "1", "timer": ""}
     assert run(client, "debounce_look-1.lua", [BURST], [0]) == [0, "", "", 0]
     assert trigger(client, "b-2", '{"n": 2}')[:2] == [1, "b-2"]  # another publish: a burst
     assert "fired" not in client.hgetall(BURST)
@@ -1346,6 +1349,31 @@ def test_debounce_fire_again_from_the_tombstone_is_only_for_the_timer_that_fired
     assert fire(client, "b-1", again="1", timer="t-1") == [0, "", 0, 0]
     assert fire(client, "b-1", again="1", timer="t-2")[:3] == [2, '{"n": 1}', 1]
     assert client.hget(BURST, "id") == "b-2"
+
+
+def test_debounce_a_message_published_at_once_whose_burst_ran_and_was_replaced_does_nothing(
+        client: redis.Redis) -> None:
+    # Its trigger landed (the reply lost), a timer the joins published again fired the burst,
+    # and a newer burst replaced the tombstone: the message itself, retried, must not run too.
+    trigger(client, "b-1", '{"n": 1}', delay=10)
+    trigger(client, "b-2", '{"n": 2}', delay=10)
+    time.sleep(0.03)
+    assert fire(client, "b-1", timer="t-copy")[:3] == [2, '{"n": 2}', 2]
+    assert trigger(client, "b-3", '{"n": 3}')[:2] == [1, "b-3"]
+    assert fire(client, "b-1", now="1", timer="t-now") == [0, "", 0, 0]
+    assert fire(client, "b-1", now="1", again="1", timer="t-now") == [0, "", 0, 0]
+    assert fire(client, "b-4", now="1", timer="t-4") == [3, "", 0, 0]  # no trigger of its own
+    assert client.hget(BURST, "id") == "b-3"
+
+
+def test_debounce_a_message_run_as_published_then_replaced_runs_again_only_as_itself(
+        client: redis.Redis) -> None:
+    assert fire(client, "b-1", now="1", timer="t-1") == [3, "", 0, 0]  # its reply lost
+    assert trigger(client, "b-2", '{"n": 2}')[:2] == [1, "b-2"]
+    assert client.hget(BURST, "prev_id") == "b-1" and client.hget(BURST, "prev_msg") is None
+    assert fire(client, "b-1", now="1", again="1", timer="t-1") == [3, "", 0, 0]
+    assert fire(client, "b-1", now="1", again="1", timer="t-9") == [0, "", 0, 0]
+    assert fire(client, "b-1", now="1", timer="t-9") == [0, "", 0, 0]
 
 
 # --- a coalesce duplicate joins the run handed the key, until that run starts ----------------

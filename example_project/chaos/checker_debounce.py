@@ -5,7 +5,8 @@ bracket around its decision in the store (``decided_lower``, ``decided_upper``).
 burst (the jobs that name one task id):
 
 - **once**: no two executions of the burst's task id both ended normally
-  (``burst-ran-twice``);
+  (``burst-ran-twice``), unless a fault emptied the store between them (a timer that then
+  finds no record runs as published);
 - **with the latest arguments**: the run's job (the arguments it ran with) is not one whose
   publish was surely decided before another publish of the same burst
   (``not-latest-arguments``), unless a fault emptied the store in between (the timer then
@@ -60,6 +61,16 @@ def _excused(history: History, key: str, first: float, run: Execution) -> bool:
                and (e.body_end is None or e.body_end > deadline) for e in history.executions)
 
 
+def _erased_between(history: History, first: Execution, later: Execution) -> bool:
+    """A fault that can take the burst's tombstone away (:data:`ERASING_FAULTS`) between two
+    runs of one burst: a timer of it that arrives then finds no record and runs as published,
+    as documented (a store that lost state cannot tell it ran)."""
+    from .checker import ERASING_FAULTS  # the checker imports this module
+
+    return any(f.kind in ERASING_FAULTS and f.ended_at >= first.grant_lower
+               and f.started_at <= later.grant_upper for f in history.faults)
+
+
 def lateness(history: History) -> list[float]:
     """Float seconds each burst's first run was granted after its first publish plus the cap
     (negative: before it), for the summary."""
@@ -93,7 +104,7 @@ def debounce(history: History) -> list[Any]:
         key = jobs[0].key
         runs = sorted(by_task.get(task_id, []), key=lambda e: e.grant_upper)
         done = [e for e in runs if e.outcome == "ok"]
-        if len(done) > 1:
+        if len(done) > 1 and not all(_erased_between(history, done[0], e) for e in done[1:]):
             found.append(Violation(11, "burst-ran-twice", f"{key}: burst {task_id} ran to its "
                                    f"end {len(done)} times", key,
                                    {"runs": [asdict(e) for e in done]}))

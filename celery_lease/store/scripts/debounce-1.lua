@@ -10,9 +10,9 @@ script: until first + cap, plus ARGV[6]. A join that finds the burst more than A
 its due time says so: its timer is late (lost), and the publisher publishes it again. A record
 marked fired (a burst that ran, or the tombstone debounce_fire-1.lua leaves for a publish it
 ran at once) is no burst: another task id starts a new one over it, keeping the fired burst's
-id, arguments and the timer that fired it as prev_id, prev_msg, prev_n, prev_timer
-(debounce_fire-1.lua: that timer again, its fire's reply lost, still runs them); ARGV[1]
-itself (that publish's own trigger, landing late) writes nothing.
+id, arguments (none for a publish run as published) and the timer that fired it as prev_id,
+prev_msg, prev_n, prev_timer (debounce_fire-1.lua: that timer again, its fire's reply lost,
+still runs them; any other message of that task id does nothing); ARGV[1] itself (that publish's own trigger, landing late) writes nothing.
 
 KEYS[1]  the burst record (<lease key>:burst, same hash tag as the lease): a hash with id,
          first, due and until (int ms of the store's clock), msg (the latest arguments), by
@@ -51,9 +51,12 @@ local fmt = function(ms) return string.format('%.0f', ms) end
 local prev = false
 if cur[4] then
   if cur[1] == ARGV[1] then return {2, 'fired', 0, 0} end
-  if cur[1] and cur[6] then
-    prev = {'prev_id', cur[1], 'prev_msg', cur[6], 'prev_n', cur[3] or 1,
-            'prev_timer', cur[7] or ''}
+  if cur[1] then  -- a tombstone of a publish run at once has no msg: it ran as published
+    prev = {'prev_id', cur[1], 'prev_timer', cur[7] or ''}
+    if cur[6] then
+      table.insert(prev, 'prev_msg'); table.insert(prev, cur[6])
+      table.insert(prev, 'prev_n'); table.insert(prev, cur[3] or 1)
+    end
   end
   redis.call('DEL', KEYS[1])  -- a fired burst, or a tombstone of another publish: afresh
 elseif cur[1] then

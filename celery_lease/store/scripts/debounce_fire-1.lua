@@ -8,8 +8,8 @@ script, and its latest arguments are answered for the run. So of two timers of o
 timer published again by the crash sweep) only the first fires. The same timer again
 (ARGV[4] '1': redelivered by the broker after its worker died, or retried after a store error
 that hid this script's reply) fires again from its own tombstone, with the same arguments, or
-from the prev_* fields a newer burst keeps of it (debounce-1.lua). Each timer message carries
-its own timer id (ARGV[5]) besides the burst's task id, and a fire keeps it (field timer): only
+from the prev_* fields a newer burst keeps of it (debounce-1.lua); one that had found no
+record runs as published again. Each timer message carries its own timer id (ARGV[5]) besides the burst's task id, and a fire keeps it (field timer): only
 the timer that fired is the same timer again; another copy of the burst's timer (published again
 by the sweep or by a joining publish), redelivered or retried, does nothing. A timer that finds
 no record at all (the store lost it: restarted empty, or its lifetime passed) runs as it was
@@ -18,7 +18,9 @@ published and leaves a tombstone too. The due time is compared with the store's 
 With ARGV[2] '1' the message is a publish that could not ask the store and was published to
 run at once: it fires its own burst whatever the due time, if its trigger landed after all;
 else it runs as published (if no record is there, its tombstone keeps its trigger, should it
-land later still, from starting a burst under a task id that already ran).
+land later still, from starting a burst under a task id that already ran). A newer burst's
+record that names its burst as the one it replaced (prev_id) says the trigger did land and
+ran: it does nothing then, as any second timer.
 
 KEYS[1]  the burst record (<lease key>:burst, see debounce-1.lua)
 
@@ -53,18 +55,25 @@ if not cur[1] then
   if redis.call('EXISTS', KEYS[1]) == 1 then  -- not ours
     return {ARGV[2] == '1' and 3 or 0, '', 0, 0}
   end
-  redis.call('HSET', KEYS[1], 'id', ARGV[1], 'fired', 1)
+  redis.call('HSET', KEYS[1], 'id', ARGV[1], 'fired', 1, 'timer', own)
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return {3, '', 0, 0}
 end
 if cur[1] ~= ARGV[1] then
-  if ARGV[4] == '1' and cur[7] == ARGV[1] and cur[8] and (cur[11] or '') == own then  -- lost reply
-    return {2, cur[8], tonumber(cur[9] or '1') or 1, 0}
+  if cur[7] == ARGV[1] then  -- ARGV[1]'s burst fired, and a newer burst replaced it
+    if ARGV[4] == '1' and (cur[11] or '') == own then  -- the timer that fired it: lost reply
+      if cur[8] then return {2, cur[8], tonumber(cur[9] or '1') or 1, 0} end
+      return {3, '', 0, 0}  -- it had found no record: it runs as published again
+    end
+    return {0, '', 0, 0}  -- a message published at once too: its burst ran
   end
   return {ARGV[2] == '1' and 3 or 0, '', 0, 0}
 end
 if cur[6] then  -- fired already: only the same timer again fires it again
-  if ARGV[4] == '1' and cur[3] and (cur[10] or '') == own then return fired() end
+  if ARGV[4] == '1' and (cur[10] or '') == own then
+    if cur[3] then return fired() end
+    return {3, '', 0, 0}  -- it had found no record: it runs as published again
+  end
   return {0, '', 0, 0}
 end
 if not cur[3] then return {0, '', 0, 0} end
