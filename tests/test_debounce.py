@@ -374,3 +374,35 @@ def test_a_join_written_to_an_old_primary_that_stays_writable_is_no_join() -> No
         with pytest.raises(store.PrimaryUnconfirmed):
             stored.trigger(sentinel_client, key, "b2", 60_000, 120_000, "{}", "{}", 1000,
                            60_000)
+
+
+def test_a_start_or_a_fire_answered_by_an_old_primary_that_stays_writable_does_not_count(
+        ) -> None:
+    from celery_lease import store
+    from celery_lease.store import debounce as stored
+    from harness.topologies import MASTER_NAME, SentinelSetup
+
+    with SentinelSetup(replication_proxy=True) as setup:
+        sentinel = setup.start()
+        options = {"master_name": MASTER_NAME}
+        starter = store.client_for(sentinel.sentinel_url, 1.0, options)  # two pools, both
+        timer = store.client_for(sentinel.sentinel_url, 1.5, options)  # on the primary
+        key, other = "lease:{db:sentinel}", "lease:{db:other}"
+        assert stored.trigger(timer, key, "b1", 60_000, 120_000, "{}", "{}", 1000,
+                              60_000).started
+        assert starter.ping()
+        old = sentinel.primary_port()
+        with sentinel.sentinels[0].client() as admin:
+            admin.execute_command("SENTINEL FAILOVER", MASTER_NAME)
+        sentinel.wait_failover(old)
+        # A burst started on the old primary is lost with its writes; on the new one another
+        # publish starts another burst, and this timer would be dropped as stale.
+        with pytest.raises(store.PrimaryUnconfirmed):
+            stored.trigger(starter, other, "b2", 60_000, 120_000, "{}", "{}", 1000, 60_000)
+        # A fire there leaves its tombstone there only: a second timer would run it again.
+        with pytest.raises(store.PrimaryUnconfirmed):
+            stored.fire(timer, key, "b1", 60_000, now=True, timer="t-1")
+        # Retried as the same timer again, on the primary the sentinels name: it runs once.
+        assert stored.fire(timer, key, "b1", 60_000, now=True, again=True,
+                           timer="t-1").outcome in ("fire", "missing")
+        assert stored.fire(timer, key, "b1", 60_000, now=True, timer="t-2").outcome == "stale"

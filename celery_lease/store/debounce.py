@@ -46,6 +46,27 @@ def _run(script: lua.Script, client: redis.Redis, key: str, argv: tuple[Any, ...
         raise routing.note(exc, client, key) from None
 
 
+def _decide(script: lua.Script, client: redis.Redis, key: str, argv: tuple[Any, ...],
+            counts: Any) -> Any:
+    """Run a decision on lease ``key``'s burst; on a Sentinel-managed client, a reply for
+    which ``counts(reply)`` is True counts once the sentinels confirm the node it came from.
+
+    Every debounce decision is acted on by one process alone (a start's timer, a join's
+    caller, a fire's run, a stale timer dropped), and one answered by a primary a failover
+    demoted (still writable on an old connection) is lost with that node's writes: a burst
+    started there is replaced on the new primary and its timer dropped as stale, a tombstone
+    written there lets a second timer run the burst again. So it is a store error
+    (:class:`~celery_lease.store.errors.PrimaryUnconfirmed`), handled as any.
+    """
+    confirmed = primary.managed(client)
+    before = primary.written_to(client) if confirmed else None
+    reply = _run(script, client, key, argv)
+    problem = primary.confirm(client, before) if confirmed and counts(reply) else None
+    if problem is not None:
+        raise routing.note(problem, client, key)
+    return reply
+
+
 @dataclass(frozen=True)
 class Trigger:
     """What :func:`trigger` decided for one publish.
@@ -90,21 +111,19 @@ def trigger(
         late_ms: how late past its due time a burst's timer counts as lost, int milliseconds.
 
     Raises:
-        PrimaryUnconfirmed: a Sentinel-managed client's join the sentinels did not confirm
-            came from the primary they name now (:mod:`celery_lease.store.primary`).
+        PrimaryUnconfirmed: a Sentinel-managed client's start or join the sentinels did not
+            confirm came from the primary they name now (:mod:`celery_lease.store.primary`).
         redis.exceptions.RedisError: on store errors (the node noted).
     """
-    confirmed = primary.managed(client)  # a Sentinel-managed client
-    before = primary.written_to(client) if confirmed else None
-    started, answer, due_in, count = _run(
-        _trigger, client, key, (task_id, delay_ms, cap_ms, arguments, publisher, margin_ms, late_ms)
+    # A join publishes nothing: the caller relies on the record; a start's timer relies on
+    # it too (on a new primary without it, another burst's record makes the timer stale).
+    started, answer, due_in, count = _decide(
+        _trigger,
+        client,
+        key,
+        (task_id, delay_ms, cap_ms, arguments, publisher, margin_ms, late_ms),
+        lambda reply: int(reply[0]) != 2,
     )
-    # A join publishes nothing: the caller relies on the record. One written to a primary a
-    # failover demoted would be lost with it (a lost trigger); on Sentinel it counts once the
-    # sentinels confirm the node (confirm() never raises), else it is a store error.
-    problem = primary.confirm(client, before) if confirmed and int(started) in (0, 3) else None
-    if problem is not None:
-        raise routing.note(problem, client, key)
     if int(started) == 2:
         return Trigger(False, "", 0.0, 0, _text(answer))
     code = int(started)
@@ -154,10 +173,12 @@ def fire(
     again by the sweep) does nothing, redelivered or retried.
 
     Raises:
+        PrimaryUnconfirmed: a Sentinel-managed client's answer the sentinels did not confirm
+            came from the primary they name now: retry it as the same timer again.
         redis.exceptions.RedisError: on store errors.
     """
     argv = (task_id, "1" if now else "0", tombstone_ms, "1" if again else "0", timer)
-    code, arguments, number, waited = _run(_fire, client, key, argv)
+    code, arguments, number, waited = _decide(_fire, client, key, argv, lambda reply: True)
     if int(code) in (0, 3):
         return Fire("stale" if int(code) == 0 else "missing")
     if int(code) == 1:
