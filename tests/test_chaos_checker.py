@@ -266,6 +266,11 @@ def test_a_coalesced_trigger_whose_covering_run_never_ran_is_a_lost_trigger() ->
     assert rules(history) == [(7, "lost-trigger")]
     history.faults.append(Fault("restart_empty", "lease redis", T0 + 4.8, T0 + 4.95))
     assert rules(history) == [(7, "lost-trigger")]  # emptied before it was submitted
+    history.faults.append(Fault("failover", "SENTINEL FAILOVER", T0 + 4.9, T0 + 5.05))
+    assert rules(history) == [(7, "lost-trigger")]  # a replica in sync kept the line
+    history.faults.append(Fault("failover", "SENTINEL FAILOVER", T0 + 4.9, T0 + 5.05,
+                                lossy=True))
+    assert rules(history) == []  # a node not in sync was promoted: the line may be lost
     history.faults.append(Fault("restart_empty", "lease redis", T0 + 4.9, T0 + 5.05))
     assert rules(history) == []  # the store may have been emptied after it was parked
 
@@ -335,6 +340,12 @@ def test_a_burst_that_ran_to_its_end_twice_is_found() -> None:
     assert rules(history) == [(11, "burst-ran-twice")]
     history.faults.append(Fault("restart_empty", "lease redis", T0 + 0.9, T0 + 1.0))
     assert rules(history) == [(11, "burst-ran-twice")]  # emptied before the first run
+    history.faults.append(Fault("failover", "SIGKILL of primary", T0 + 2.7, T0 + 2.8))
+    assert rules(history) == [(11, "burst-ran-twice")]  # to a replica in sync: no excuse
+    history.faults.append(Fault("failover", "SIGKILL of primary", T0 + 2.7, T0 + 2.8,
+                                lossy=True))
+    assert rules(history) == []  # to a node not in sync: the tombstone was lost with it
+    history.faults = history.faults[:-2]
     history.faults.append(Fault("restart_empty", "lease redis", T0 + 2.7, T0 + 2.8))
     assert rules(history) == []  # its tombstone erased: a timer of it ran as published
 

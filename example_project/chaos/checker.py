@@ -57,7 +57,7 @@ from typing import Any
 
 from .checker_debounce import debounce as debounce_bursts
 from .checker_debounce import lateness
-from .history import Execution, History, Job, Write
+from .history import Execution, Fault, History, Job, Write
 
 __all__ = ["LEASE_ERRORS", "Violation", "check", "summarize"]
 
@@ -297,11 +297,18 @@ def liveness(history: History) -> list[Violation]:
 def wiped_after(history: History, job: Job) -> bool:
     """True when a parked ``job`` (coalesce, queue, a limited job's queued copy; a debounce
     burst's record or its run in the line) may have been lost with the store's data: a restart
-    of the store with an empty dataset ended after the job was submitted (the wipe happens
+    of the store with an empty dataset, or a lossy failover (:func:`empties`), ended after the
+    job was submitted (the wipe happens
     somewhere inside the fault's window, so one that began just before the job was parked may
     still have wiped it)."""
     return job.path in ("coalesce", "queue", "debounce", "limited") and any(
-        f.kind == "restart_empty" and f.ended_at >= job.submitted_at for f in history.faults)
+        empties(f) and f.ended_at >= job.submitted_at for f in history.faults)
+
+
+def empties(fault: Fault) -> bool:
+    """True for a fault that loses what the store answered before it: a restart with an
+    empty dataset, or a failover to a node that was not in sync (``Fault.lossy``)."""
+    return fault.kind == "restart_empty" or fault.lossy
 
 
 def handover(history: History) -> list[Violation]:
@@ -342,7 +349,7 @@ def handover(history: History) -> list[Violation]:
                 # A store emptied while a waited took the line with it: the copies parked
                 # again in the order their messages came back, which is no promise.
                 if a.upper < b.lower and rb.grant_upper < ra.grant_lower and not any(
-                        f.kind == "restart_empty" and f.ended_at >= a.lower
+                        empties(f) and f.ended_at >= a.lower
                         and f.started_at <= ra.grant_upper for f in history.faults):
                     found.append(Violation(
                         7, "out-of-order", f"{key}: {b.task_id} was parked after {a.task_id} "
@@ -494,6 +501,7 @@ def summarize(history: History, violations: list[Violation]) -> dict[str, Any]:
         "writes_refused": sum(1 for w in history.writes if not w.accepted),
         "faults": len(history.faults),
         "faults_by_kind": dict(Counter(f.kind for f in history.faults)),
+        "faults_lossy": sum(1 for f in history.faults if f.lossy),  # a node not in sync promoted
         "stall_after_fault_s": _spread([t for kind in stalls.values() for t in kind]),
         "stall_after_fault_by_kind_s": {k: _spread(v) for k, v in sorted(stalls.items())},
         "throughput_per_s": round(len([t for t in ok_ends if t <= history.nemesis_end])

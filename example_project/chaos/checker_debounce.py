@@ -62,15 +62,15 @@ def _excused(history: History, key: str, first: float, run: Execution) -> bool:
 
 
 def _erased_between(history: History, first: Execution, later: Execution) -> bool:
-    """A fault that empties the store (:data:`ERASING_FAULTS` but a failover) between two runs
-    of one burst: a timer of it that arrives then finds no record and runs as published, as
-    documented (a store that lost state cannot tell it ran). A failover is no excuse: every
-    debounce decision counts only once the sentinels confirm the node that made it."""
-    from .checker import ERASING_FAULTS  # the checker imports this module
+    """A fault that loses the store's data (:func:`~.checker.empties`) between two runs of one
+    burst: a timer of it that arrives then finds no record, or the record as it was before
+    the fire, and runs (as documented: a store that lost state cannot tell it ran). A failover
+    to a node in sync is no excuse: every debounce decision counts only once the sentinels
+    confirm the node that made it."""
+    from .checker import empties  # the checker imports this module
 
-    return any(f.kind in ERASING_FAULTS and f.kind != "failover"
-               and f.ended_at >= first.grant_lower and f.started_at <= later.grant_upper
-               for f in history.faults)
+    return any(empties(f) and f.ended_at >= first.grant_lower
+               and f.started_at <= later.grant_upper for f in history.faults)
 
 
 def lateness(history: History) -> list[float]:

@@ -136,12 +136,18 @@ class Preemption:
 
 @dataclass
 class Fault:
-    """One injected fault: its kind, what it hit, and when it started and was healed."""
+    """One injected fault: its kind, what it hit, and when it started and was healed.
+
+    ``lossy`` marks a fault of ``--sentinel`` that let the sentinels promote a node not in
+    sync with the primary (a replica still syncing, or an old primary not demoted yet): the
+    writes the primary had answered since are lost, as in a restart with an empty dataset.
+    """
 
     kind: str
     target: str
     started_at: float
     ended_at: float
+    lossy: bool = False
 
 
 @dataclass

@@ -194,8 +194,11 @@ class Nemesis:
                 except Exception as exc:  # a fault that could not be injected is reported
                     self.errors.append(f"{kind}: {exc!r}")
                     continue
+                lossy = bool(getattr(self.store, "pop_lossy", lambda: False)())
                 if target is not None:
-                    self.faults.append(Fault(kind, target, started, time.time()))
+                    if lossy:
+                        target += "; promoted a node not in sync: writes since are lost"
+                    self.faults.append(Fault(kind, target, started, time.time(), lossy))
         finally:
             self.heal()
 

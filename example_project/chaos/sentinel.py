@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import time
 from typing import Any
 
 import redis
@@ -36,6 +37,8 @@ class SentinelStore:
     def __init__(self) -> None:
         self.setup = SentinelSetup(down_after_ms=DOWN_AFTER_MS).start()
         self._paused_pid: int | None = None
+        self._paused_primary: tuple[int, bool, float] | None = None  # port, in sync, since
+        self._lossy = False
 
     @property
     def url(self) -> str:
@@ -72,6 +75,8 @@ class SentinelStore:
         pid = self.setup.primary().pid
         if pid is None:
             raise RuntimeError("the primary is not running")
+        self._paused_primary = (self.setup.primary_port(), self._replica_in_sync(),
+                                time.monotonic())
         os.kill(pid, signal.SIGSTOP)
         self._paused_pid = pid
 
@@ -83,6 +88,37 @@ class SentinelStore:
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
+        paused, self._paused_primary = self._paused_primary, None
+        if paused is not None and not paused[1]:  # failed over while held, to a stale node?
+            held_ms = (time.monotonic() - paused[2]) * 1000
+            try:
+                moved = self.setup.primary_port() != paused[0]
+            except (AssertionError, redis.RedisError):
+                moved = True  # no sentinel could say: assume the worst
+            self._lossy |= moved or held_ms >= DOWN_AFTER_MS  # an election may still end
+
+    def pop_lossy(self) -> bool:
+        """True (once) when a fault since the last call let the sentinels promote a node that
+        was not in sync with the primary: the writes the primary answered since are lost."""
+        lossy, self._lossy = self._lossy, False
+        return lossy
+
+    def _replica_in_sync(self) -> bool:
+        """Whether the node a failover would promote now replicates the primary the sentinels
+        name, its link up and no sync in progress (an old primary that a failover has not
+        demoted yet, or a replica restarted empty still loading, is not)."""
+        primary = self.setup.primary_port()
+        for node in self.setup.data:
+            if node.port == primary or node.pid is None:
+                continue
+            try:
+                info = node.info("replication")
+            except redis.RedisError:
+                return False
+            return (info.get("role") == "slave" and int(info.get("master_port", 0)) == primary
+                    and info.get("master_link_status") == "up"
+                    and int(info.get("master_sync_in_progress", 0)) == 0)
+        return False
 
     def failover(self, rng: random.Random) -> str:
         """One failover, drawn from ``rng``: ``SENTINEL FAILOVER`` (a planned hand-over), or a
@@ -94,6 +130,7 @@ class SentinelStore:
             redis.RedisError: a sentinel refused ``SENTINEL FAILOVER`` (e.g. one in progress).
         """
         old = self.setup.primary_port()
+        self._lossy |= not self._replica_in_sync()
         if rng.random() < 0.5:
             with self.setup.sentinels[0].client(socket_timeout=2) as client:
                 client.execute_command("SENTINEL", "FAILOVER", MASTER_NAME)
