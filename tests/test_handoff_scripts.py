@@ -71,6 +71,17 @@ def test_queue_appends_in_arrival_order_up_to_its_bound(client: redis.Redis) -> 
     assert [e.split("\n")[0] for e in client.lrange(LINE, 0, -1)] == ["a", "b"]
 
 
+def test_queue_parks_a_task_id_once_so_a_second_copy_of_it_keeps_the_first_ones_place(
+        client: redis.Redis) -> None:
+    held(client)
+    assert park(client, "queue", "a", "ma", most=2) == [1, "a", 1]
+    assert park(client, "queue", "b", "mb", most=2) == [1, "b", 2]
+    assert park(client, "queue", "a", "ma again", most=2) == [1, "a", 1]  # a full line too
+    assert client.lrange(LINE, 0, -1)[0].endswith("\nma")
+    assert [e.split("\n")[0] for e in client.lrange(LINE, 0, -1)] == ["a", "b"]
+    assert park(client, "queue", "ab", "mab", most=3) == [1, "ab", 3]  # a prefix is another id
+
+
 def test_release_handoff_releases_reserves_the_key_for_the_head_and_answers_it(
         client: redis.Redis) -> None:
     t = held(client)

@@ -96,6 +96,29 @@ class SentinelStore:
             except (AssertionError, redis.RedisError):
                 moved = True  # no sentinel could say: assume the worst
             self._lossy |= moved or held_ms >= DOWN_AFTER_MS  # an election may still end
+        if paused is not None and pid is not None:
+            self._settle(paused[0], (time.monotonic() - paused[2]) * 1000 >= DOWN_AFTER_MS)
+
+    def _settle(self, paused_port: int, long: bool) -> None:
+        """After a pause: once the sentinels failed the node over (or were about to: a pause
+        ``long`` past ``down-after-milliseconds`` may end during their election), wait until
+        the set-up is whole again (the old primary demoted and in sync), as :meth:`failover`
+        does, so that the next fault does not promote a node still behind: a cascade no
+        Redis replication survives without ``WAIT`` (``lease_min_replicas``)."""
+        started = time.monotonic()
+        deadline = started + 20
+        while time.monotonic() < deadline:
+            try:
+                primary = self.setup.primary_port()
+                electing = long and time.monotonic() - started < 3.0
+                if primary == paused_port and self._replica_in_sync() and not electing:
+                    return  # no failover: nothing to wait for
+                if primary != paused_port:
+                    self.setup.wait_ready(primary, timeout=max(deadline - time.monotonic(), 1))
+                    return
+            except (AssertionError, redis.RedisError):
+                pass
+            time.sleep(0.1)
 
     def pop_lossy(self) -> bool:
         """True (once) when a fault since the last call let the sentinels promote a node that

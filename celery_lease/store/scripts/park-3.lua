@@ -9,7 +9,8 @@ the line empty and the key reserved for a coalesced run that has not started yet
 that run instead: it replaces the reserved element's message and accepted time and marks it
 new, so the run's grant answers it (acquire-4.lua) and the run takes these arguments; a
 reservation for a queued run is never joined. "queue" appends the duplicate, under
-its own task id, unless the line already holds ARGV[4] elements. The element is stamped with
+its own task id, unless the line already holds ARGV[4] elements or that task id (a second copy
+of one message keeps the first one's place: it is handed the key once). The element is stamped with
 the store's clock (TIME), for the wait timeout. The line's lifetime is set at every park.
 
 KEYS[1]  the lease key

@@ -4,7 +4,8 @@ Park a duplicate in a limited key's line (lease_limit=N, N > 1; lease_on_conflic
 that check: the slots are counted here (includes/count_slots.lua: a reserved slot counts as
 held), so a slot freed since the duplicate's refused acquire is taken instead (nothing written)
 and no duplicate waits beside a free slot. The park is park-3.lua's (includes/park_line.lua):
-coalesce keeps at most one pending run per key, queue appends up to a bound.
+coalesce keeps at most one pending run per key, queue appends up to a bound, each task id
+once.
 
 KEYS[1]  the lease key, a hash of slots
 KEYS[2]  the line key (same hash tag)

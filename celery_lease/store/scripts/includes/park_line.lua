@@ -1,7 +1,8 @@
 --[[
 The park itself, once the including script found the key held (park-3.lua, park_slot-2.lua):
 "coalesce" keeps one element, whose message a later duplicate replaces (keeping its task id);
-"queue" appends under the duplicate's own task id, up to ARGV[4] elements. The element is
+"queue" appends under the duplicate's own task id, up to ARGV[4] elements, unless that task id
+waits in the line already (it keeps its place, nothing written). The element is
 stamped with the store's clock; the line's lifetime is set at every park.
 
 KEYS[2]  the line key
@@ -15,6 +16,7 @@ Uses now_ms (milliseconds of TIME), defined before the include.
 
 Returns (from the including script):
   {1, id, length}  parked: id is the task id of the run that covers it, length the line's
+                   (queue: the position of the element already waiting under that task id)
   {-1, length}     the line is full (queue): nothing written
 ]]
 local stamp = string.format('%.0f', now_ms)
@@ -28,8 +30,15 @@ if ARGV[1] == 'coalesce' then
     return {1, id, 1}
   end
 else
-  local length = redis.call('LLEN', KEYS[2])
-  if length >= tonumber(ARGV[4]) then return {-1, length} end
+  -- A task id waits in a line once: a second copy of one parked message (redelivered, a
+  -- debounce timer fired again, a retry of the park) would be handed the key a second time.
+  local own = ARGV[2] .. '\n'
+  local waiting = redis.pcall('LRANGE', KEYS[2], 0, -1)
+  if waiting.err then return waiting end  -- a key of another type: the error
+  for i, el in ipairs(waiting) do
+    if string.sub(el, 1, #own) == own then return {1, ARGV[2], i} end
+  end
+  if #waiting >= tonumber(ARGV[4]) then return {-1, #waiting} end
 end
 local length = redis.call('RPUSH', KEYS[2], ARGV[2] .. '\n' .. stamp .. '\n' .. ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
