@@ -166,6 +166,7 @@ def send(
             publisher,
             round(RECORD_MARGIN * 1000),
             _grace_ms(lease_options),
+            lease_options.min_replicas,
         )
     except RedisError as exc:
         error = LeaseStoreUnavailable(key, "publish", store.describe(exc))
@@ -307,7 +308,9 @@ def on_timer(task: Any, request: Any, args: Any, kwargs: Any) -> tuple[Any, Any]
         again = AGAIN_HEADER in headers or bool((request.delivery_info or {}).get("redelivered"))
         timer = str(headers.get(TIMER_HEADER, ""))
         margin = round(RECORD_MARGIN * 1000)
-        decided = stored.fire(client, key, request.id, margin, now, again, timer)
+        decided = stored.fire(
+            client, key, request.id, margin, now, again, timer, options.min_replicas
+        )
     except RedisError as exc:
         # The fire may have happened with its reply lost: the retried timer fires again.
         request.headers = {**(request.headers or {}), AGAIN_HEADER: "1"}

@@ -406,3 +406,32 @@ def test_a_start_or_a_fire_answered_by_an_old_primary_that_stays_writable_does_n
         assert stored.fire(timer, key, "b1", 60_000, now=True, again=True,
                            timer="t-1").outcome in ("fire", "missing")
         assert stored.fire(timer, key, "b1", 60_000, now=True, timer="t-2").outcome == "stale"
+
+
+def test_with_min_replicas_a_start_or_a_fire_no_replica_acknowledged_does_not_count() -> None:
+    from celery_lease import store
+    from celery_lease.store import debounce as stored
+    from harness.topologies import MASTER_NAME, SentinelSetup
+
+    with SentinelSetup(replication_proxy=True) as setup:
+        sentinel = setup.start()
+        proxy = sentinel.replication_proxy
+        assert proxy is not None
+        client = store.client_for(sentinel.sentinel_url, 1.0, {"master_name": MASTER_NAME})
+        key = "lease:{db:replicated}"
+        start = (client, key, "b1", 60_000, 120_000, "{}", "{}", 1000, 60_000)
+        proxy.blackhole()  # the replica hears nothing: a failover now would lose the burst
+        with pytest.raises(store.NotReplicated):
+            stored.trigger(*start, min_replicas=1)
+        proxy.heal()
+        # The unreplicated start stayed on the primary (its caller published at once): the
+        # next publish joins it, and that join is acknowledged now.
+        joined = stored.trigger(*start, min_replicas=1)
+        assert (joined.started, joined.task_id, joined.count) == (False, "b1", 2)
+        proxy.blackhole()
+        with pytest.raises(store.NotReplicated):
+            stored.fire(client, key, "b1", 60_000, now=True, timer="t-1", min_replicas=1)
+        proxy.heal()
+        # Retried as the same timer again: it fires from its tombstone, replicated this time.
+        assert stored.fire(client, key, "b1", 60_000, now=True, again=True, timer="t-1",
+                           min_replicas=1).outcome == "fire"

@@ -19,6 +19,7 @@ Every due time is the store's clock (``TIME``); every write sets the record's li
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,8 @@ import redis
 from redis.exceptions import RedisError
 
 from ..keys import burst_key
-from . import lua, primary, routing
+from . import lua, primary, replicated, routing
+from .errors import NotReplicated
 
 __all__ = ["Burst", "Fire", "Look", "Trigger", "fire", "look", "read_burst", "trigger"]
 
@@ -47,20 +49,36 @@ def _run(script: lua.Script, client: redis.Redis, key: str, argv: tuple[Any, ...
 
 
 def _decide(script: lua.Script, client: redis.Redis, key: str, argv: tuple[Any, ...],
-            counts: Any) -> Any:
-    """Run a decision on lease ``key``'s burst; on a Sentinel-managed client, a reply for
-    which ``counts(reply)`` is True counts once the sentinels confirm the node it came from.
+            counts: Callable[[Any], bool], min_replicas: int) -> Any:
+    """Run a decision on lease ``key``'s burst. A reply for which ``counts(reply)`` is True
+    counts only once ``min_replicas`` replicas acknowledged it (``WAIT`` in the same round
+    trip, :mod:`celery_lease.store.replicated`) and, on a Sentinel-managed client, once the
+    sentinels confirm the node it came from.
 
     Every debounce decision is acted on by one process alone (a start's timer, a join's
-    caller, a fire's run, a stale timer dropped), and one answered by a primary a failover
-    demoted (still writable on an old connection) is lost with that node's writes: a burst
-    started there is replaced on the new primary and its timer dropped as stale, a tombstone
-    written there lets a second timer run the burst again. So it is a store error
-    (:class:`~celery_lease.store.errors.PrimaryUnconfirmed`), handled as any.
+    caller, a fire's run, a stale timer dropped), and one lost with a failover's writes is
+    a lost or doubled run: a burst started on a primary a failover demoted (still writable
+    on an old connection) is replaced on the new primary and its timer dropped as stale, a
+    tombstone written there lets a second timer run the burst again. So an unconfirmed or
+    unreplicated decision is a store error (:class:`~celery_lease.store.errors.
+    PrimaryUnconfirmed`, :class:`~celery_lease.store.errors.NotReplicated`), handled as any.
     """
     confirmed = primary.managed(client)
     before = primary.written_to(client) if confirmed else None
-    reply = _run(script, client, key, argv)
+    if min_replicas > 0:
+        try:
+            reply, acked, wait_ms = replicated.run(
+                script, client, (burst_key(key),), argv, min_replicas)
+        except RedisError as exc:
+            raise routing.note(exc, client, key) from None
+        if counts(reply) and (isinstance(acked, Exception) or acked < min_replicas):
+            if isinstance(acked, RedisError):
+                raise routing.note(acked, client, key)
+            raise routing.note(NotReplicated(
+                f"WAIT {min_replicas}: only {acked} replica(s) acknowledged the decision "
+                f"within {wait_ms} ms (lease_min_replicas)"), client, key)
+    else:
+        reply = _run(script, client, key, argv)
     problem = primary.confirm(client, before) if confirmed and counts(reply) else None
     if problem is not None:
         raise routing.note(problem, client, key)
@@ -99,6 +117,7 @@ def trigger(
     publisher: str,
     margin_ms: int,
     late_ms: int,
+    min_replicas: int = 0,
 ) -> Trigger:
     """Start or join lease ``key``'s burst (one round trip).
 
@@ -109,8 +128,11 @@ def trigger(
         publisher: the publisher's JSON (:func:`celery_lease.store.holder_json`).
         margin_ms: how long the record outlives the burst's deadline, int milliseconds.
         late_ms: how late past its due time a burst's timer counts as lost, int milliseconds.
+        min_replicas: ``lease_min_replicas``: a start or join counts once that many replicas
+            acknowledged it.
 
     Raises:
+        NotReplicated: fewer than ``min_replicas`` replicas acknowledged a start or join.
         PrimaryUnconfirmed: a Sentinel-managed client's start or join the sentinels did not
             confirm came from the primary they name now (:mod:`celery_lease.store.primary`).
         redis.exceptions.RedisError: on store errors (the node noted).
@@ -123,6 +145,7 @@ def trigger(
         key,
         (task_id, delay_ms, cap_ms, arguments, publisher, margin_ms, late_ms),
         lambda reply: int(reply[0]) != 2,
+        min_replicas,
     )
     if int(started) == 2:
         return Trigger(False, "", 0.0, 0, _text(answer))
@@ -159,6 +182,7 @@ def fire(
     now: bool = False,
     again: bool = False,
     timer: str = "",
+    min_replicas: int = 0,
 ) -> Fire:
     """Decide what the timer ``task_id`` of lease ``key``'s burst does now (one round trip).
 
@@ -170,15 +194,20 @@ def fire(
     after a store error that may have hidden a fire): it fires again from its own tombstone.
     ``timer``: the message's own timer id (``""`` for one published without): a fire keeps
     it, and only that timer again fires again; another copy of the burst's timer (published
-    again by the sweep) does nothing, redelivered or retried.
+    again by the sweep) does nothing, redelivered or retried. ``min_replicas``
+    (``lease_min_replicas``): every answer counts once that many replicas acknowledged it.
 
     Raises:
+        NotReplicated: fewer than ``min_replicas`` replicas acknowledged it: retry it as the
+            same timer again.
         PrimaryUnconfirmed: a Sentinel-managed client's answer the sentinels did not confirm
             came from the primary they name now: retry it as the same timer again.
         redis.exceptions.RedisError: on store errors.
     """
     argv = (task_id, "1" if now else "0", tombstone_ms, "1" if again else "0", timer)
-    code, arguments, number, waited = _decide(_fire, client, key, argv, lambda reply: True)
+    code, arguments, number, waited = _decide(
+        _fire, client, key, argv, lambda reply: True, min_replicas
+    )
     if int(code) in (0, 3):
         return Fire("stale" if int(code) == 0 else "missing")
     if int(code) == 1:

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from redis.exceptions import MovedError, NoScriptError, RedisError
+from redis.exceptions import RedisError
 
 from ..keys import claim_key, fence_key, reservation_key, wake_key
-from . import lua, primary, routing
+from . import lua, primary, replicated, routing
 from .errors import NotReplicated, is_wrong_type
 from .value import TOKEN_LENGTH, Holder, granted_holder, parse_value
 
@@ -166,26 +166,11 @@ def _granted(holder: Holder, remaining: float) -> AcquireResult:
 
 def _acquire_replicated(client: Any, keys: tuple[str, ...], argv: tuple[Any, ...],
                         min_replicas: int) -> Any:
-    """The acquire script and ``WAIT`` in one pipeline on the primary that owns the key."""
-    node = routing.owner(client, keys[0])  # WAIT counts the writes of its own connection
-    wait_ms = routing.wait_ms(node)
-
-    def send(script: tuple[Any, ...]) -> list[Any]:
-        pipe = node.pipeline(transaction=False)
-        pipe.execute_command(*script)
-        pipe.execute_command("WAIT", min_replicas, wait_ms)
-        return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
-
-    found, acked = send(_acquire.args(keys, argv))
-    if isinstance(found, NoScriptError):
-        found, acked = send(_acquire.args(keys, argv, by_sha=False))
-    if isinstance(found, MovedError) and routing.is_cluster(client):
-        client.nodes_manager.initialize()  # the slot moved (a resharding): ask its new owner
-        return _acquire_replicated(client, keys, argv, min_replicas)
-    if isinstance(found, Exception):
-        raise found
+    """The acquire script and ``WAIT`` in one round trip (:func:`.replicated.run`); a grant
+    fewer replicas acknowledged is released again and raises."""
+    found, acked, wait_ms = replicated.run(_acquire, client, keys, argv, min_replicas)
     granted = found[0]
-    if granted and (isinstance(acked, Exception) or int(acked) < min_replicas):
+    if granted and (isinstance(acked, Exception) or acked < min_replicas):
         try:
             _release(client, keys[:2], (argv[0],))
         except RedisError:

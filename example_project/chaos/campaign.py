@@ -326,6 +326,8 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
            "CHAOS_TTL": str(settings.ttl), "CHAOS_COOLDOWN": str(settings.cooldown),
            "CHAOS_PREEMPT_GRACE": str(settings.preempt_grace),
            "CHAOS_LIMIT": str(settings.limit),
+           # Behind Sentinel the debounce job runs as docs/howto/shaping.md advises there.
+           "CHAOS_DEBOUNCE_MIN_REPLICAS": "1" if settings.sentinel else "0",
            "CHAOS_BEAT_KEYS": ",".join(f"k{i}" for i in range(min(settings.beat_keys,
                                                                    settings.keys))),
            "CHAOS_BEAT_PERIOD": str(settings.beat_period)}

@@ -268,7 +268,8 @@ def chaos_dedupe_job(self: LeasedTask, key: str, job: str, writes: int = 3, step
 
 
 @app.task(base=ChaosJob, bind=True, lease_key=("key",), name=DEBOUNCE_TASK,  # type: ignore[untyped-decorator]
-          max_retries=3, lease_debounce=DEBOUNCE_DELAY, lease_debounce_max=DEBOUNCE_CAP)
+          max_retries=3, lease_debounce=DEBOUNCE_DELAY, lease_debounce_max=DEBOUNCE_CAP,
+          lease_min_replicas=int(os.environ.get("CHAOS_DEBOUNCE_MIN_REPLICAS") or 0))
 def chaos_debounce_job(self: LeasedTask, key: str, job: str, writes: int = 3,
                        step: float = 0.3, mode: str = "plain") -> dict[str, Any]:
     """The job with ``lease_debounce`` (:func:`run_job`): the run's ``job`` is its burst's
