@@ -242,6 +242,8 @@ def _park(c: Conflict) -> store.handoff.Parked | None:
         if c.attempt < 100:
             return None
         raise c.error  # freed and taken again a hundred times over: give up, loudly
+    if parked.outcome == "ran":
+        _handed_over(c)  # a copy retried after store errors, back after its run ended
     return parked
 
 

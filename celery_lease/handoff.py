@@ -151,7 +151,8 @@ def park(task: Any, request: Any, options: LeaseOptions, client: redis.Redis, ke
     """Park ``request`` in ``key``'s line (its policy: coalesce; queue, and retry, which waits
     in the line as queue does) and note the key for the crash sweep, first (a note without a
     line is harmless, a line without one is not). ``limit`` (``lease_limit``, int): above 1
-    the duplicate parks only while all its slots are held (else ``"free"``: take one).
+    the duplicate parks only while all its slots are held (else ``"free"``: take one). A copy
+    of a handed-over run whose task id already ran is not parked (``"ran"``).
 
     Raises:
         redis.exceptions.RedisError: on store errors.
@@ -162,8 +163,9 @@ def park(task: Any, request: Any, options: LeaseOptions, client: redis.Redis, ke
     message = message_of(task, request, task_id, key)
     stored.watch(client, options.key_prefix, key,
                  round((remaining + options.renew_interval) * 1000))
+    handed_over = HANDOFF_HEADER in (request.headers or {})
     return stored.park(client, key, mode, task_id, message, options.queue_max,
-                       lifetime_ms(options), limit)
+                       lifetime_ms(options), limit, handed_over=handed_over)
 
 
 class Releaser:

@@ -23,9 +23,10 @@ def take(client: redis.Redis, tok: str, task_id: str, handed_over: bool = False)
                [tok, TTL, HOLDER, TTL + 3_600_000, task_id, "1" if handed_over else "0"])
 
 
-def park(client: redis.Redis, mode: str, task_id: str, message: str, most: int = 10) -> Any:
-    return run(client, "park-3.lua", [KEY, LINE, RESERVED], [mode, task_id, message, most,
-                                                           LIFETIME])
+def park(client: redis.Redis, mode: str, task_id: str, message: str, most: int = 10,
+         handed_over: bool = False) -> Any:
+    return run(client, "park-3.lua", [KEY, LINE, RESERVED],
+               [mode, task_id, message, most, LIFETIME, "1" if handed_over else "0"])
 
 
 def release_handoff(client: redis.Redis, tok: str, reserve: int = 5000,
@@ -122,6 +123,28 @@ def test_a_second_copy_of_a_handed_over_run_that_released_is_refused_one_that_di
     assert release_handoff(client, second, ran="a")[0] == 1  # ran to its release
     assert take(client, token(), "a", handed_over=True) == [0, "ran:a", 0]
     assert take(client, token(), "a")[0] == 1  # a plain call of the same id is not refused
+
+
+def test_a_copy_of_a_handed_over_run_retried_past_later_runs_is_refused_and_not_parked(
+        client: redis.Redis) -> None:
+    def run_handed_over(task_id: str) -> None:
+        holder = token()
+        assert take(client, holder, task_id, handed_over=True)[0] == 1
+        assert release_handoff(client, holder, ran=task_id)[0] == 1
+
+    run_handed_over("a")
+    run_handed_over("b")  # a later run of the key: "a" is still known to have run
+    assert client.hget(RESERVED, "ran") == "b a"
+    assert take(client, token(), "a", handed_over=True) == [0, "ran:a", 0]
+    holder = held(client)
+    assert park(client, "queue", "a", "ma", handed_over=True) == [-2, 0]  # not parked
+    assert park(client, "queue", "a", "ma")[0] == 1  # a plain copy (a retry of it) parks
+    client.delete(LINE)
+    assert release_handoff(client, holder)[0] == 1
+    for n in range(25):
+        run_handed_over(f"r{n}")
+    kept = client.hget(RESERVED, "ran").split()
+    assert kept[:2] == ["r24", "r23"] and len(kept) == 20  # bounded, newest first
 
 
 def test_a_reservation_past_due_no_longer_holds_the_key(client: redis.Redis) -> None:

@@ -72,7 +72,8 @@ class Parked:
     """What :func:`park` did.
 
     Attributes:
-        outcome: ``"parked"``, ``"free"`` (the key was free: nothing written) or ``"full"``.
+        outcome: ``"parked"``, ``"free"`` (the key was free: nothing written), ``"full"`` or
+            ``"ran"`` (a copy of a handed-over run that already ran: nothing written).
         task_id: the task id of the run that covers the duplicate (parked), else ''.
         length: the line's length after the park (or when found full), int.
         joined: coalesce: a pending run existed (in the line, or handed the key and not
@@ -119,7 +120,7 @@ def _run(script: lua.Script, client: redis.Redis, key: str, keys: tuple[str, ...
 
 
 def park(client: redis.Redis, key: str, mode: str, task_id: str, message: str, max_length: int,
-         lifetime_ms: int, limit: int = 1) -> Parked:
+         lifetime_ms: int, limit: int = 1, handed_over: bool = False) -> Parked:
     """Park a duplicate of ``key`` (``mode`` ``"coalesce"`` or ``"queue"``) in its line.
 
     Args:
@@ -130,6 +131,8 @@ def park(client: redis.Redis, key: str, mode: str, task_id: str, message: str, m
         lifetime_ms: the line's lifetime, int milliseconds.
         limit: the key's ``lease_limit``: above 1 it parks only while all ``limit`` slots are
             held, reserved ones included (``park_slot-2.lua``), else answers ``"free"``.
+        handed_over: the duplicate is a copy of a handed-over run (its hand-over header):
+            one whose task id already ran to its release answers ``"ran"`` (not parked).
 
     Raises:
         PrimaryUnconfirmed: a Sentinel-managed client parked on a node the sentinels do not
@@ -142,7 +145,8 @@ def park(client: redis.Redis, key: str, mode: str, task_id: str, message: str, m
     if limit > 1:
         reply = _run(_park_slot, client, key, (key, line_key(key)), (*argv, limit))
     else:
-        reply = _run(_park, client, key, (key, line_key(key), reservation_key(key)), argv)
+        reply = _run(_park, client, key, (key, line_key(key), reservation_key(key)),
+                     (*argv, "1" if handed_over else "0"))
     code = int(reply[0])
     if confirmed and code == 1:
         # A duplicate parked on a primary a failover demoted (still writable on an old
@@ -158,7 +162,7 @@ def park(client: redis.Redis, key: str, mode: str, task_id: str, message: str, m
     if code == 1:
         covering = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
         return Parked("parked", covering, int(reply[2]), covering != task_id)
-    return Parked("free" if code == 0 else "full", "", int(reply[1]))
+    return Parked({0: "free", -2: "ran"}.get(code, "full"), "", int(reply[1]))
 
 
 def _handoff(reply: list[Any]) -> HandOff:

@@ -29,14 +29,17 @@ KEYS[1]  the lease key
 KEYS[2]  the fencing counter key (same hash tag)
 KEYS[3]  the line key: a list of elements "<task id>\n<ms accepted>\n<message>" (same hash tag)
 KEYS[4]  the reservation hash key: id, due (ms of the store's clock), el, kind, new (a later
-         duplicate joined: park-3.lua), ran (same hash tag)
+         duplicate joined: park-3.lua), ran (see ARGV[5]) (same hash tag)
 
 ARGV[1]  the holder's token; empty for the crash sweep's look
 ARGV[2]  how long the reservation holds the key, int milliseconds
 ARGV[3]  the lifetime of the line and the reservation, int milliseconds
 ARGV[4]  the wait timeout of a line element, int milliseconds (0: none)
 ARGV[5]  the releasing holder's task id when it is a handed-over run, noted as having run to
-         its release (a second copy of it is then refused: acquire-4.lua); else ''
+         its release (a second copy of it is then refused: acquire-4.lua, park-3.lua); else
+         ''. The reservation's ran field keeps the last 20 such ids, newest first, space
+         separated: copies of one run retried after store errors can come back after later
+         runs of the key released
 ARGV[6]  the line's policy, the kind noted in a new reservation: "coalesce" or "queue"
          (absent: "queue", as a caller that predates it means)
 
@@ -104,8 +107,16 @@ if ARGV[1] == '' then
 elseif mine then
   redis.call('DEL', KEYS[1])
   --@include note_ended.lua
-  if ARGV[5] ~= '' then
-    redis.pcall('HSET', KEYS[4], 'ran', ARGV[5])
+  if ARGV[5] ~= '' then  -- newest first, the last 20 of them
+    local ran = redis.pcall('HGET', KEYS[4], 'ran')
+    local kept = {ARGV[5]}
+    if type(ran) == 'string' then
+      for id in string.gmatch(ran, '%S+') do
+        if #kept >= 20 then break end
+        if id ~= ARGV[5] then kept[#kept + 1] = id end
+      end
+    end
+    redis.pcall('HSET', KEYS[4], 'ran', table.concat(kept, ' '))
     redis.pcall('PEXPIRE', KEYS[4], ARGV[3])
   end
 else

@@ -10,7 +10,8 @@ not ours and is ignored.
 
 KEYS[3]  the reservation hash key: id, due (ms of the store's clock), el (the line element),
          kind, new ('1': a later duplicate joined the reserved run: el holds its message,
-         park-3.lua), ran (the task id of the last handed-over run that released the key)
+         park-3.lua), ran (the task ids of the last handed-over runs that released the
+         key, newest first, space separated: release_handoff-4.lua)
 ARGV[5]  the task id of the execution taking the lease
 ARGV[6]  '1' for a handed-over run
 
@@ -28,7 +29,8 @@ local reservation = redis.pcall('HMGET', KEYS[3], 'id', 'due', 'ran', 'new')
 if reservation.err then reservation = {} end
 local reserved_for = reservation[1] or false
 local joined = reserved_for == ARGV[5] and reservation[4] == '1'
-if ARGV[6] == '1' and reservation[3] == ARGV[5] and reserved_for ~= ARGV[5] then
+if ARGV[6] == '1' and reserved_for ~= ARGV[5]
+    and string.find(' ' .. (reservation[3] or '') .. ' ', ' ' .. ARGV[5] .. ' ', 1, true) then
   return {0, 'ran:' .. ARGV[5], 0}
 end
 if reserved_for and reserved_for ~= ARGV[5] then
