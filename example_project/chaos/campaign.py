@@ -61,6 +61,7 @@ class Settings:
     jobs after the nemesis stops; ``cooldown``: the job's ``lease_cooldown`` (0: none);
     ``preempt_grace``: the preempt job's ``lease_preempt_grace`` (its keys ``p0``..``p4``);
     ``limit``: the ``lease_limit`` of a limited job sent on keys of its own (0: none);
+    ``debounce_min_replicas``: the debounce job's ``lease_min_replicas`` (``--sentinel``);
     ``broker_url``: an existing Redis for the broker and results (default: RabbitMQ at
     ``CHAOS_AMQP_URL`` or :data:`DEFAULT_AMQP_URL`, results on a private Redis).
     """
@@ -82,6 +83,7 @@ class Settings:
     cooldown: float = 0.0
     preempt_grace: float = 0.5
     limit: int = 0
+    debounce_min_replicas: int = 0
 
 
 #: Keys of the preempt job: few, so that its copies meet (each meeting is a take-over).
@@ -326,8 +328,7 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
            "CHAOS_TTL": str(settings.ttl), "CHAOS_COOLDOWN": str(settings.cooldown),
            "CHAOS_PREEMPT_GRACE": str(settings.preempt_grace),
            "CHAOS_LIMIT": str(settings.limit),
-           # Behind Sentinel the debounce job runs as docs/howto/shaping.md advises there.
-           "CHAOS_DEBOUNCE_MIN_REPLICAS": "1" if settings.sentinel else "0",
+           "CHAOS_DEBOUNCE_MIN_REPLICAS": str(settings.debounce_min_replicas),
            "CHAOS_BEAT_KEYS": ",".join(f"k{i}" for i in range(min(settings.beat_keys,
                                                                    settings.keys))),
            "CHAOS_BEAT_PERIOD": str(settings.beat_period)}

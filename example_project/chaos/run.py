@@ -48,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, default=0,
                         help="also send a job with lease_limit=N on keys of its own (default "
                              "0: none); the checker then proves never more than N ran at once")
+    parser.add_argument("--debounce-min-replicas", type=int, default=0,
+                        help="the debounce job's lease_min_replicas (with --sentinel: 1 makes "
+                             "every debounce decision wait for the replica)")
     parser.add_argument("--json", type=Path, help="write violations and counts here")
     parser.add_argument("--history", type=Path, help="save the whole recorded history here")
     parser.add_argument("--check", type=Path, help="re-check a saved history; run nothing")
@@ -106,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         history = run_campaign(Settings(
             duration=args.duration, workers=args.workers, keys=args.keys, seed=args.seed,
             ttl=args.ttl, rate=args.rate, broker_url=args.redis_url, beats=args.beats,
-            sentinel=args.sentinel, cooldown=args.cooldown, limit=args.limit))
+            sentinel=args.sentinel, cooldown=args.cooldown, limit=args.limit,
+            debounce_min_replicas=args.debounce_min_replicas))
         if args.history is not None:
             args.history.write_text(json.dumps(history.to_dict(), default=str) + "\n")
     violations, _ = report(history, args.json)
