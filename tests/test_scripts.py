@@ -1237,8 +1237,23 @@ def test_debounce_fire_tells_an_early_timer_the_time_left_and_a_stale_one_nothin
     trigger(client, "b-1", '{"n": 1}', delay=1000)
     code, _, left, _ = fire(client, "b-1")
     assert code == 1 and 900 < left <= 1000
-    assert fire(client, "other") == [0, "", 0, 0]
     assert client.hget(BURST, "id") == "b-1"
+
+
+def test_debounce_a_timer_of_a_burst_the_record_has_no_trace_of_runs_as_published_once(
+        client: redis.Redis) -> None:
+    # Its start was lost with a failover; another burst started on the new primary since.
+    trigger(client, "b-1", '{"n": 1}', delay=1000)
+    assert fire(client, "lost") == [3, "", 0, 0]
+    assert fire(client, "lost", timer="copy") == [0, "", 0, 0]  # noted: a copy does nothing
+    assert client.hget(BURST, "id") == "b-1" and client.hget(BURST, "ran") == "lost"
+    # The bursts that ran are remembered past later bursts: a late copy of one does nothing.
+    client.hset(BURST, "due", 0)  # b-1 is due
+    assert fire(client, "b-1")[0] == 2
+    assert trigger(client, "b-2", "{}")[:2] == [1, "b-2"]
+    assert client.hget(BURST, "ran") == "b-1 lost"
+    assert fire(client, "b-1", timer="late") == [0, "", 0, 0]
+    assert fire(client, "lost") == [0, "", 0, 0]
 
 
 def fire(client: redis.Redis, task_id: str, now: str = "0", tombstone: int = 5000,

@@ -12,13 +12,15 @@ marked fired (a burst that ran, or the tombstone debounce_fire-1.lua leaves for 
 ran at once) is no burst: another task id starts a new one over it, keeping the fired burst's
 id, arguments (none for a publish run as published) and the timer that fired it as prev_id,
 prev_msg, prev_n, prev_timer (debounce_fire-1.lua: that timer again, its fire's reply lost,
-still runs them; any other message of that task id does nothing); ARGV[1] itself (that publish's own trigger, landing late) writes nothing.
+still runs them; any other message of that task id does nothing), and the task ids of the
+last 20 bursts that ran as ran (a timer of one of them does nothing; one of a burst that is
+not there was lost with its record, and runs as published); ARGV[1] itself (that publish's own trigger, landing late) writes nothing.
 
 KEYS[1]  the burst record (<lease key>:burst, same hash tag as the lease): a hash with id,
          first, due and until (int ms of the store's clock), msg (the latest arguments), by
          (the first publisher's JSON), n (publishes so far), fired (once it ran), timer (the
          id of the timer message that fired it), prev_id, prev_msg, prev_n, prev_timer (the
-         fired burst this one replaced)
+         fired burst this one replaced), ran (the last 20 bursts that ran, newest first)
 
 ARGV[1]  the task id a new burst takes (the first publish's)
 ARGV[2]  the quiet time, int milliseconds (lease_debounce)
@@ -42,7 +44,8 @@ Returns {started, id, due_in, n}:
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local cur = redis.pcall('HMGET', KEYS[1], 'id', 'until', 'n', 'fired', 'due', 'msg', 'timer')
+local cur = redis.pcall('HMGET', KEYS[1], 'id', 'until', 'n', 'fired', 'due', 'msg', 'timer',
+                        'ran')
 if cur.err then
   if not string.find(cur.err, 'WRONGTYPE', 1, true) then return cur end
   return {2, 'a key of another type', 0, 0}
@@ -52,7 +55,12 @@ local prev = false
 if cur[4] then
   if cur[1] == ARGV[1] then return {2, 'fired', 0, 0} end
   if cur[1] then  -- a tombstone of a publish run at once has no msg: it ran as published
-    prev = {'prev_id', cur[1], 'prev_timer', cur[7] or ''}
+    local ran = {cur[1]}  -- the bursts that ran, newest first, the last 20
+    for id in string.gmatch(cur[8] or '', '%S+') do
+      if #ran >= 20 then break end
+      if id ~= cur[1] then ran[#ran + 1] = id end
+    end
+    prev = {'prev_id', cur[1], 'prev_timer', cur[7] or '', 'ran', table.concat(ran, ' ')}
     if cur[6] then
       table.insert(prev, 'prev_msg'); table.insert(prev, cur[6])
       table.insert(prev, 'prev_n'); table.insert(prev, cur[3] or 1)

@@ -9,11 +9,14 @@ timer published again by the crash sweep) only the first fires. The same timer a
 (ARGV[4] '1': redelivered by the broker after its worker died, or retried after a store error
 that hid this script's reply) fires again from its own tombstone, with the same arguments, or
 from the prev_* fields a newer burst keeps of it (debounce-1.lua); one that had found no
-record runs as published again. Each timer message carries its own timer id (ARGV[5]) besides the burst's task id, and a fire keeps it (field timer): only
-the timer that fired is the same timer again; another copy of the burst's timer (published again
-by the sweep or by a joining publish), redelivered or retried, does nothing. A timer that finds
-no record at all (the store lost it: restarted empty, or its lifetime passed) runs as it was
-published and leaves a tombstone too. The due time is compared with the store's clock (TIME).
+record runs as published again. Each timer message carries its own timer id (ARGV[5]) besides
+the burst's task id, and a fire keeps it (field timer): only the timer that fired is the same
+timer again; another copy of the burst's timer (published again by the sweep or by a joining
+publish), redelivered or retried, does nothing. A timer that finds no record at all (the store
+lost it: restarted empty, or its lifetime passed) runs as it was published and leaves a
+tombstone too; so does one that finds another burst's record with no trace of its own (not
+prev_id, not in ran, the last 20 bursts that ran: its record was lost with a failover), noting
+itself in ran. The due time is compared with the store's clock (TIME).
 
 With ARGV[2] '1' the message is a publish that could not ask the store and was published to
 run at once: it fires its own burst whatever the due time, if its trigger landed after all;
@@ -32,19 +35,19 @@ ARGV[5]  the timer message's own id (its lease_debounce_timer header; '' for a m
          published without one)
 
 Returns:
-  {0, '', 0, 0}           no burst of ARGV[1] waits (a tombstone of it, or another burst's
-                          record): do nothing
+  {0, '', 0, 0}           no burst of ARGV[1] waits (a tombstone of it, or a newer burst's
+                          record that names it: prev_id, ran): do nothing
   {1, '', ms, 0}          early: the burst is due in ms milliseconds
   {2, msg, n, waited}     fire: msg the latest arguments, n the publishes folded into the
                           run, waited int ms since the burst's first publish
-  {3, '', 0, 0}           no record at all (or, with ARGV[2], another burst's): run as
-                          published
+  {3, '', 0, 0}           no record at all, or another burst's record with no trace of
+                          this one: run as published
 ]]
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cur = redis.pcall('HMGET', KEYS[1], 'id', 'due', 'msg', 'n', 'first', 'fired',
-                        'prev_id', 'prev_msg', 'prev_n', 'timer', 'prev_timer')
+                        'prev_id', 'prev_msg', 'prev_n', 'timer', 'prev_timer', 'ran')
 local own = ARGV[5] or ''
 if cur.err then return {ARGV[2] == '1' and 3 or 0, '', 0, 0} end
 local function fired()
@@ -67,7 +70,19 @@ if cur[1] ~= ARGV[1] then
     end
     return {0, '', 0, 0}  -- a message published at once too: its burst ran
   end
-  return {ARGV[2] == '1' and 3 or 0, '', 0, 0}
+  if string.find(' ' .. (cur[12] or '') .. ' ', ' ' .. ARGV[1] .. ' ', 1, true) then
+    return {0, '', 0, 0}  -- it ran, and newer bursts replaced it since
+  end
+  -- A burst this record has no trace of: its record was lost (a failover, an emptied store)
+  -- or, for a message published at once, its trigger joined this burst or never landed. It
+  -- runs as published, noted here so that other copies of it do nothing.
+  local ran = {ARGV[1]}
+  for id in string.gmatch(cur[12] or '', '%S+') do
+    if #ran >= 20 then break end
+    ran[#ran + 1] = id
+  end
+  redis.call('HSET', KEYS[1], 'ran', table.concat(ran, ' '))
+  return {3, '', 0, 0}
 end
 if cur[6] then  -- fired already: only the same timer again fires it again
   if ARGV[4] == '1' and (cur[10] or '') == own then
