@@ -1244,14 +1244,16 @@ def test_debounce_a_timer_of_a_burst_the_record_has_no_trace_of_runs_as_publishe
         client: redis.Redis) -> None:
     # Its start was lost with a failover; another burst started on the new primary since.
     trigger(client, "b-1", '{"n": 1}', delay=1000)
-    assert fire(client, "lost") == [3, "", 0, 0]
+    assert fire(client, "lost", timer="t-1") == [3, "", 0, 0]
     assert fire(client, "lost", timer="copy") == [0, "", 0, 0]  # noted: a copy does nothing
-    assert client.hget(BURST, "id") == "b-1" and client.hget(BURST, "ran") == "lost"
+    assert fire(client, "lost", again="1", timer="copy") == [0, "", 0, 0]
+    assert fire(client, "lost", again="1", timer="t-1") == [3, "", 0, 0]  # itself, reply lost
+    assert client.hget(BURST, "id") == "b-1" and client.hget(BURST, "ran") == "lost/t-1"
     # The bursts that ran are remembered past later bursts: a late copy of one does nothing.
     client.hset(BURST, "due", 0)  # b-1 is due
     assert fire(client, "b-1")[0] == 2
     assert trigger(client, "b-2", "{}")[:2] == [1, "b-2"]
-    assert client.hget(BURST, "ran") == "b-1 lost"
+    assert client.hget(BURST, "ran") == "b-1 lost/t-1"
     assert fire(client, "b-1", timer="late") == [0, "", 0, 0]
     assert fire(client, "lost") == [0, "", 0, 0]
 

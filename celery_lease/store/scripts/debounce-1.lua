@@ -58,7 +58,9 @@ if cur[4] then
     local ran = {cur[1]}  -- the bursts that ran, newest first, the last 20
     for id in string.gmatch(cur[8] or '', '%S+') do
       if #ran >= 20 then break end
-      if id ~= cur[1] then ran[#ran + 1] = id end
+      if id ~= cur[1] and string.sub(id, 1, #cur[1] + 1) ~= cur[1] .. '/' then
+        ran[#ran + 1] = id
+      end
     end
     prev = {'prev_id', cur[1], 'prev_timer', cur[7] or '', 'ran', table.concat(ran, ' ')}
     if cur[6] then

@@ -16,7 +16,8 @@ publish), redelivered or retried, does nothing. A timer that finds no record at 
 lost it: restarted empty, or its lifetime passed) runs as it was published and leaves a
 tombstone too; so does one that finds another burst's record with no trace of its own (not
 prev_id, not in ran, the last 20 bursts that ran: its record was lost with a failover), noting
-itself in ran. The due time is compared with the store's clock (TIME).
+itself in ran as <task id>/<timer id> (that timer again runs again; another copy does
+nothing). The due time is compared with the store's clock (TIME).
 
 With ARGV[2] '1' the message is a publish that could not ask the store and was published to
 run at once: it fires its own burst whatever the due time, if its trigger landed after all;
@@ -70,13 +71,19 @@ if cur[1] ~= ARGV[1] then
     end
     return {0, '', 0, 0}  -- a message published at once too: its burst ran
   end
-  if string.find(' ' .. (cur[12] or '') .. ' ', ' ' .. ARGV[1] .. ' ', 1, true) then
+  local ran = ' ' .. (cur[12] or '') .. ' '
+  if string.find(ran, ' ' .. ARGV[1] .. '/' .. own .. ' ', 1, true) and ARGV[4] == '1' then
+    return {3, '', 0, 0}  -- it ran as published below, its reply lost: it runs again
+  end
+  if string.find(ran, ' ' .. ARGV[1] .. ' ', 1, true)
+      or string.find(ran, ' ' .. ARGV[1] .. '/', 1, true) then
     return {0, '', 0, 0}  -- it ran, and newer bursts replaced it since
   end
   -- A burst this record has no trace of: its record was lost (a failover, an emptied store)
   -- or, for a message published at once, its trigger joined this burst or never landed. It
-  -- runs as published, noted here so that other copies of it do nothing.
-  local ran = {ARGV[1]}
+  -- runs as published, noted here (with its timer id, for itself again) so that other copies
+  -- of it do nothing.
+  local ran = {ARGV[1] .. '/' .. own}
   for id in string.gmatch(cur[12] or '', '%S+') do
     if #ran >= 20 then break end
     ran[#ran + 1] = id
