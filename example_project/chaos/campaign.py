@@ -156,7 +156,9 @@ class _Sampler(threading.Thread):
 
     A worker killed by the nemesis comes back as a new process; comparing it with its
     predecessor would prove nothing, so each process is compared with its own first sample
-    taken :data:`WARM_UP` seconds after it appeared.
+    taken :data:`WARM_UP` seconds after it appeared, taken again while its process tree grows
+    (a prefork child killed just before that sample comes back later: the tree's RSS and
+    sockets are compared at the same number of processes).
     """
 
     def __init__(self, fleet: Fleet, peers: dict[int, str], every: float = 5.0) -> None:
@@ -165,6 +167,7 @@ class _Sampler(threading.Thread):
         self.halt = threading.Event()
         self.first_seen: dict[int, float] = {}
         self.baseline: dict[int, tuple[int, int, dict[str, int]]] = {}
+        self.tree_sizes: dict[int, int] = {}  # processes in the tree at its baseline
 
     def sample(self) -> None:
         now = time.time()
@@ -173,8 +176,10 @@ class _Sampler(threading.Thread):
             if slot.stopped or not slot.worker.is_running():
                 continue
             seen = self.first_seen.setdefault(pid, now)
-            if pid not in self.baseline and now - seen >= WARM_UP:
+            size = len(_pid_tree(pid))
+            if now - seen >= WARM_UP and size > self.tree_sizes.get(pid, 0):
                 self.baseline[pid] = _resources(pid, self.peers)
+                self.tree_sizes[pid] = size
 
     def run(self) -> None:
         while not self.halt.wait(self.every):
