@@ -66,7 +66,14 @@ def _apply_async(task: Any, holding: Lease | None, args: Any, kwargs: Any,
                  options: dict[str, Any], publish: Callable[..., Any]) -> Any:
     key: str | None = None
     take_over = False
-    if holding is not None and not holding.lost and not holding.retired:
+    if holding is not None and (holding.lost or holding.retired) \
+            and HANDOFF_HEADER in (options.get("headers") or {}) \
+            and options.get("task_id") == task.request.id:
+        # A retry of a handed-over run whose lease is gone: a new attempt all the same, not
+        # a second copy of the run (refused once that ran to its release).
+        options["headers"] = {k: v for k, v in options["headers"].items()
+                              if k != HANDOFF_HEADER}
+    elif holding is not None and not holding.lost and not holding.retired:
         key = sent_key(task, args, kwargs, options)
         if key == holding.key:
             take_over = True

@@ -16,7 +16,7 @@ import pytest
 import redis
 from celery.result import AsyncResult
 
-from celery_lease import LeaseConflict, follow, is_coalesced, store
+from celery_lease import LeaseConflict, LeaseLost, follow, is_coalesced, store
 from celery_lease.handoff import publish
 from celery_lease.store import handoff as stored
 from tests.apps import handoff_app
@@ -316,3 +316,32 @@ def test_a_handed_over_run_that_retries_runs_its_retry(
     marks = [r["what"] for r in runs("hr") if r["what"] in ("start", "end")]
     assert marks == ["start", "end"] * 3  # each attempt ended before the next began
     assert [r["n"] for r in _started("hr")] == [0, 1, 1]
+
+
+def test_a_retry_of_a_handed_over_run_whose_lease_was_lost_is_published_as_a_new_attempt(
+        app: Any) -> None:
+    # Its lease lost at its local deadline (renewals unconfirmed) while the store still held
+    # its token, the run's release notes it as ran; the retry must not carry the hand-over
+    # header, or it would be refused as a second copy of that run.
+    from types import SimpleNamespace
+
+    from celery_lease import hold, publishing
+    from celery_lease.handoff import HANDOFF_HEADER
+
+    sent: dict[str, Any] = {}
+
+    def publish_(**options: Any) -> Any:
+        sent.update(options)
+        return SimpleNamespace(id=options["task_id"])
+
+    task = app.tasks[queued_retrying.name]
+    with pytest.raises(LeaseLost), hold(f"retry-lost-{uuid.uuid4().hex}", app=app) as lease:
+        lease.mark_lost("deadline", deliver=False)
+        task.push_request(id="run-1")
+        try:
+            publishing._apply_async(task, lease, ("k", 1), {}, {
+                "task_id": "run-1", "headers": {HANDOFF_HEADER: "key", "other": "kept"}},
+                publish_)
+        finally:
+            task.pop_request()
+    assert sent["headers"] == {"other": "kept"}
