@@ -1253,9 +1253,20 @@ def test_debounce_a_timer_of_a_burst_the_record_has_no_trace_of_runs_as_publishe
     client.hset(BURST, "due", 0)  # b-1 is due
     assert fire(client, "b-1")[0] == 2
     assert trigger(client, "b-2", "{}")[:2] == [1, "b-2"]
-    assert client.hget(BURST, "ran") == "b-1 lost/t-1"
+    assert client.hget(BURST, "ran") == "b-1/ lost/t-1"  # b-1 was fired by timer ""
     assert fire(client, "b-1", timer="late") == [0, "", 0, 0]
     assert fire(client, "lost") == [0, "", 0, 0]
+    # A tombstone a message published at once left (it found no record, its reply lost),
+    # replaced by a newer burst and that one by another: the message again still runs.
+    client.delete(BURST)
+    assert fire(client, "now-1", now="1", timer="t-n") == [3, "", 0, 0]
+    trigger(client, "b-5", "{}")
+    client.hset(BURST, "due", 0)
+    assert fire(client, "b-5")[0] == 2
+    trigger(client, "b-6", "{}")
+    assert client.hget(BURST, "ran") == "b-5/ now-1/t-n"
+    assert fire(client, "now-1", now="1", again="1", timer="t-n") == [3, "", 0, 0]
+    assert fire(client, "now-1", now="1", timer="t-n") == [0, "", 0, 0]  # not again
 
 
 def fire(client: redis.Redis, task_id: str, now: str = "0", tombstone: int = 5000,

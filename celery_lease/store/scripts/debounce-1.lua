@@ -13,8 +13,9 @@ ran at once) is no burst: another task id starts a new one over it, keeping the 
 id, arguments (none for a publish run as published) and the timer that fired it as prev_id,
 prev_msg, prev_n, prev_timer (debounce_fire-1.lua: that timer again, its fire's reply lost,
 still runs them; any other message of that task id does nothing), and the task ids of the
-last 20 bursts that ran as ran (a timer of one of them does nothing; one of a burst that is
-not there was lost with its record, and runs as published); ARGV[1] itself (that publish's own trigger, landing late) writes nothing.
+last 20 bursts that ran as ran, each as <task id>/<timer id> (a timer of one of them does
+nothing but the one that fired it, again; one of a burst that is not there was lost with its
+record, and runs as published); ARGV[1] itself (that publish's own trigger, landing late) writes nothing.
 
 KEYS[1]  the burst record (<lease key>:burst, same hash tag as the lease): a hash with id,
          first, due and until (int ms of the store's clock), msg (the latest arguments), by
@@ -55,7 +56,9 @@ local prev = false
 if cur[4] then
   if cur[1] == ARGV[1] then return {2, 'fired', 0, 0} end
   if cur[1] then  -- a tombstone of a publish run at once has no msg: it ran as published
-    local ran = {cur[1]}  -- the bursts that ran, newest first, the last 20
+    -- The bursts that ran, newest first, the last 20, each with the timer that fired it
+    -- (<task id>/<timer id>): that timer again, its fire's reply lost, still runs.
+    local ran = {cur[1] .. '/' .. (cur[7] or '')}
     for id in string.gmatch(cur[8] or '', '%S+') do
       if #ran >= 20 then break end
       if id ~= cur[1] and string.sub(id, 1, #cur[1] + 1) ~= cur[1] .. '/' then
