@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 
 from ..keys import claim_key, fence_key, reservation_key, wake_key
 from . import lua, primary, replicated, routing
-from .errors import NotReplicated, is_wrong_type
+from .errors import is_wrong_type
 from .value import TOKEN_LENGTH, Holder, granted_holder, parse_value
 
 __all__ = [
@@ -166,20 +166,10 @@ def _granted(holder: Holder, remaining: float) -> AcquireResult:
 
 def _acquire_replicated(client: Any, keys: tuple[str, ...], argv: tuple[Any, ...],
                         min_replicas: int) -> Any:
-    """The acquire script and ``WAIT`` in one round trip (:func:`.replicated.run`); a grant
-    fewer replicas acknowledged is released again and raises."""
-    found, acked, wait_ms = replicated.run(_acquire, client, keys, argv, min_replicas)
-    granted = found[0]
-    if granted and (isinstance(acked, Exception) or acked < min_replicas):
-        try:
-            _release(client, keys[:2], (argv[0],))
-        except RedisError:
-            pass  # it lapses with its TTL; nobody ran under it
-        if isinstance(acked, Exception):
-            raise acked
-        raise NotReplicated(f"WAIT {min_replicas}: only {acked} replica(s) acknowledged the "
-                            f"grant within {wait_ms} ms (lease_min_replicas); released")
-    return found
+    """The acquire script and ``WAIT`` in one round trip; a grant fewer replicas acknowledged
+    is released again and raises (:func:`.replicated.grant`)."""
+    return replicated.grant(_acquire, client, keys, argv, min_replicas,
+                            lambda: _release(client, keys[:2], (argv[0],)))
 
 
 def _decide(script: lua.Script, client: redis.Redis, key: str, keys: tuple[str, ...],

@@ -5,7 +5,8 @@ loses it with the failover, and Sentinel's promotion leaves an instant in which 
 primary still answers (and the sentinels still name it) while the promoted replica no longer
 follows it. ``WAIT n`` after the write, on the same connection (it counts that connection's
 writes), answers how many replicas have it; the write counts only when at least ``n`` do.
-Used by the acquire (:func:`celery_lease.store.acquire`) and by every debounce decision
+Used by the acquire (:func:`celery_lease.store.acquire`), a slot's acquire
+(:mod:`celery_lease.store.slots`) and every debounce decision
 (:mod:`celery_lease.store.debounce`); renewals batch their own ``WAIT`` per primary
 (:mod:`celery_lease.store.renewal`).
 
@@ -15,14 +16,15 @@ acknowledged by ``n`` replicas survives the failover to one of them).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from redis.exceptions import MovedError, NoScriptError
+from redis.exceptions import MovedError, NoScriptError, RedisError
 
 from . import lua, routing
+from .errors import NotReplicated
 
-__all__ = ["run"]
+__all__ = ["grant", "run"]
 
 
 def run(script: lua.Script, client: Any, keys: Sequence[str], argv: Sequence[Any],
@@ -57,3 +59,26 @@ def run(script: lua.Script, client: Any, keys: Sequence[str], argv: Sequence[Any
     if isinstance(reply, Exception):
         raise reply
     return reply, (acked if isinstance(acked, Exception) else int(acked)), wait_ms
+
+
+def grant(script: lua.Script, client: Any, keys: Sequence[str], argv: Sequence[Any],
+          min_replicas: int, undo: Callable[[], Any]) -> Any:
+    """:func:`run` for a grant script (its reply ``[granted, ...]``): a grant fewer than
+    ``min_replicas`` replicas acknowledged is taken back (``undo()``, its errors ignored: the
+    grant then lapses with its lifetime, and nobody ran under it) and raises.
+
+    Raises:
+        NotReplicated: fewer than ``min_replicas`` replicas acknowledged the grant in time.
+        redis.exceptions.RedisError: what the script or ``WAIT`` answered.
+    """
+    reply, acked, wait_ms = run(script, client, keys, argv, min_replicas)
+    if reply[0] and (isinstance(acked, Exception) or acked < min_replicas):
+        try:
+            undo()
+        except RedisError:
+            pass
+        if isinstance(acked, Exception):
+            raise acked
+        raise NotReplicated(f"WAIT {min_replicas}: only {acked} replica(s) acknowledged the "
+                            f"grant within {wait_ms} ms (lease_min_replicas); released")
+    return reply

@@ -30,11 +30,10 @@ from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
 
 import redis
-from redis.exceptions import MovedError, NoScriptError, RedisError
+from redis.exceptions import RedisError
 
 from ..keys import claim_key, fence_key, wake_key
-from . import lua, primary, routing
-from .errors import NotReplicated
+from . import lua, primary, replicated, routing
 from .protocol import FENCE_COUNTER_EXTRA_MS, RAN_HOLDER, WAKE_LIFETIME_MS, AcquireResult
 from .value import TOKEN_LENGTH, Holder, granted_holder, parse_value
 
@@ -173,37 +172,10 @@ class SlotGrant:
 def _replicated(
     client: Any, keys: tuple[str, ...], argv: tuple[Any, ...], min_replicas: int
 ) -> Any:
-    """The slot script and ``WAIT`` in one pipeline on the key's primary (as the plain
-    acquire's); a grant fewer replicas acknowledged is released again."""
-    node = routing.owner(client, keys[0])
-    wait = routing.wait_ms(node)
-
-    def send(by_sha: bool) -> list[Any]:
-        pipe = node.pipeline(transaction=False)
-        pipe.execute_command(*_acquire.args(keys, argv, by_sha=by_sha))
-        pipe.execute_command("WAIT", min_replicas, wait)
-        return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
-
-    found, acked = send(True)
-    if isinstance(found, NoScriptError):
-        found, acked = send(False)
-    if isinstance(found, MovedError) and routing.is_cluster(client):
-        client.nodes_manager.initialize()
-        return _replicated(client, keys, argv, min_replicas)
-    if isinstance(found, Exception):
-        raise found
-    if found[0] and (isinstance(acked, Exception) or int(acked) < min_replicas):
-        try:
-            _release(client, keys[:2], (argv[0],))  # not the claim: no wake key
-        except RedisError:
-            pass  # it lapses at its deadline; nobody ran under it
-        if isinstance(acked, Exception):
-            raise acked
-        raise NotReplicated(
-            f"WAIT {min_replicas}: only {acked} replica(s) acknowledged the "
-            f"grant within {wait} ms (lease_min_replicas); released"
-        )
-    return found
+    """The slot script and ``WAIT`` in one round trip, as the plain acquire's; a grant fewer
+    replicas acknowledged is released again (not the claim: no wake key) and raises."""
+    return replicated.grant(_acquire, client, keys, argv, min_replicas,
+                            lambda: _release(client, keys[:2], (argv[0],)))
 
 
 def release_slot(client: redis.Redis, key: str, token: str) -> bool:
