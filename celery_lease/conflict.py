@@ -28,7 +28,7 @@ from .config import LeaseOptions
 from .errors import LeaseConflict
 
 __all__ = ["AGAIN", "HANDLERS", "REDELIVERY_HEADER", "SKIPPED_MARKER", "SUCCESSOR_HEADER",
-           "Conflict", "handle", "is_skipped"]
+           "Conflict", "ended", "handle", "is_skipped"]
 
 #: What a handler returns for "take the key again now" (see the module docstring).
 AGAIN: Any = object()
@@ -367,3 +367,13 @@ def handle(task: Any, request: Any, options: LeaseOptions, key: str,
             dedupe.forget(task, str(key_claimed), request.id, f"it ended on a conflict "
                           f"({policy})")
         raise
+
+
+def ended(client: Any, key: str, token: str) -> bool:
+    """Whether the execution holding ``token`` released lease ``key``: a redelivered copy of
+    it then does not run again. False when the store cannot tell (at least once beats never).
+    """
+    try:
+        return store.released_last(client, key, token)
+    except RedisError:
+        return False

@@ -64,6 +64,7 @@ __all__ = [
     "last_run_key",
     "line_key",
     "reservation_key",
+    "run_signature",
     "validate_lease_key",
     "wake_key",
 ]
@@ -361,3 +362,14 @@ def validate_lease_key(spec: Any, parameters: Callable[[], list[str]], where: st
                 f"lease_key names {name!r} ({where}), which is not a parameter of the task; "
                 f"its parameters are {known}"
             )
+
+
+def run_signature(task_cls: type) -> inspect.Signature:
+    """The signature of ``task_cls.run`` without ``self`` (through any ``functools.wraps``
+    wrapper): what a call's arguments are bound to for its lease key."""
+    run = inspect.getattr_static(task_cls, "run")
+    if isinstance(run, staticmethod):
+        return inspect.signature(run.__func__)
+    sig = inspect.signature(run)
+    params = list(sig.parameters.values())[1:]  # a plain function in the class: drop `self`
+    return sig.replace(parameters=params)

@@ -81,8 +81,9 @@ from .heartbeat import heartbeat
 from .interrupt import Target
 from .lease import Lease
 from .store import pending
+from .store.written import WrittenAcquire
 
-__all__ = ["Claim", "Ending", "HolderInfo", "announce_end", "end", "ended", "retire", "take"]
+__all__ = ["Claim", "Ending", "HolderInfo", "announce_end", "end", "retire", "take"]
 
 logger = logging.getLogger("celery_lease")
 
@@ -144,6 +145,7 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
          target: Target, *, sender: Any, claim: Claim | None = None,
          claimed: bool = False, handed_over: bool = False,
          grant: Callable[..., store.AcquireResult] | None = None,
+         written: WrittenAcquire | None = None,
          ) -> Lease | store.AcquireResult:
     """Take lease ``key`` and start renewing it (see the module docstring for the steps).
 
@@ -168,6 +170,8 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
             (default; a take-over from a preempted holder: :func:`celery_lease.store.take_over`;
             one slot of a limited key: :func:`celery_lease.store.slot_grant`, whose ``limit``
             the lease keeps and whose ``release`` frees what an interrupted take got).
+        written: the plain acquire of ``key`` written as the pool accepted the request
+            (:mod:`celery_lease.accepted`): read, not sent; its token and send time are used.
 
     Returns:
         The granted :class:`~celery_lease.lease.Lease`, or the
@@ -184,16 +188,19 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
     try:
         options = settings.options
         send = grant or store.acquire
-        token = os.urandom(16).hex()  # 32 random hex characters (uuid4().hex: 5 times more)
-        pending.settle_all()  # the replies of this process's earlier releases, first
+        if written is None:  # else they were settled as it was written
+            pending.settle_all()  # the replies of this process's earlier releases, first
+        # 32 random hex characters (uuid4().hex: 5x more). The local deadline counts from the
+        # first send: if its reply was lost after the script ran, the lifetime on the server
+        # started then, not at the second try.
+        token, sent_at = ((os.urandom(16).hex(), clock.now()) if written is None
+                          else (written.token, written.sent_at))
         stored_holder = holder.to_json()
-        # The local deadline counts from the first send: if its reply was lost after the
-        # script ran, the lifetime on the server started then, not at the second try.
-        sent_at = clock.now()
         sent = True  # from here on the store may grant the token, reply or not
         try:
-            found = send(client, key, token, options.ttl_ms, stored_holder,
-                         options.min_replicas, holder.task_id, handed_over, claimed)
+            found = written.read() if written is not None else send(
+                client, key, token, options.ttl_ms, stored_holder, options.min_replicas,
+                holder.task_id, handed_over, claimed)
         except (RedisConnectionError, RedisTimeoutError):
             found = send(client, key, token, options.ttl_ms, stored_holder,
                          options.min_replicas, holder.task_id, handed_over, claimed)
@@ -389,12 +396,3 @@ def _note_reply(lease: Lease, released: bool | None) -> None:
     if released is False:
         lease.lost_at_release()
 
-
-def ended(client: redis.Redis, key: str, token: str) -> bool:
-    """Whether the execution holding ``token`` released lease ``key``: a redelivered copy of
-    it then does not run again. False when the store cannot tell (at least once beats never).
-    """
-    try:
-        return store.released_last(client, key, token)
-    except RedisError:
-        return False

@@ -47,24 +47,15 @@ from .conflict import REDELIVERY_HEADER, SKIPPED_MARKER, is_skipped
 from .dedupe import CLAIM_HEADER
 from .errors import LeaseKeyError, LeaseLost, LeaseStoreUnavailable
 from .handoff import HANDOFF_HEADER
-from .keys import KeySpec, build_key, validate_lease_key
+from .keys import KeySpec, build_key, run_signature, validate_lease_key
 from .lease import Lease, _current
 from .limit import LimitSpec, check_limit, limit_for
 from .names import check_task_names
+from .store import written as store_written
 
 __all__ = ["SKIPPED_MARKER", "LeasedTask", "is_skipped"]
 
 logger = logging.getLogger("celery_lease")
-
-def _run_signature(task_cls: type) -> inspect.Signature:
-    """The task's real signature without ``self``, through any ``functools.wraps`` wrapper."""
-    run = inspect.getattr_static(task_cls, "run")
-    if isinstance(run, staticmethod):
-        return inspect.signature(run.__func__)
-    sig = inspect.signature(run)
-    params = list(sig.parameters.values())[1:]  # a plain function in the class: drop `self`
-    return sig.replace(parameters=params)
-
 
 class LeasedTask(Task):  # type: ignore[misc]
     """Base class for tasks whose executions must not overlap: ``@app.task(base=LeasedTask)``.
@@ -113,6 +104,8 @@ class LeasedTask(Task):  # type: ignore[misc]
     #: synchronous variant). False: the release is written before, its reply read later
     #: (:mod:`celery_lease.store.pending`), one round trip less on every execution.
     _lease_release_wait: ClassVar[bool] = False
+    #: Celery's request class (a name: only workers import it), see :mod:`celery_lease.accepted`.
+    Request = "celery_lease.accepted:LeasedRequest"
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
@@ -126,7 +119,7 @@ class LeasedTask(Task):  # type: ignore[misc]
         check_process_settings(app.conf, "app.conf")
         check_limit(cls._lease_limit_spec(),
                     resolve_options(app.conf, cls._lease_task_options(), where), where)
-        cls._lease_signature = _run_signature(cls)
+        cls._lease_signature = run_signature(cls)
         sig = cls._lease_signature
         validate_lease_key(cls._lease_key_spec(), lambda: list(sig.parameters), where)
         # By name: the worker module imports this one, not the other way round.
@@ -209,7 +202,7 @@ class LeasedTask(Task):  # type: ignore[misc]
                 f"task {self.name}: lease_key_for(kwargs={kwargs!r}) takes the keyword "
                 f"arguments as a dict")
         options, _, _ = self.lease_settings()
-        sig = type(self)._lease_signature or _run_signature(type(self))
+        sig = type(self)._lease_signature or run_signature(type(self))
         return build_key(
             options.key_prefix, self.name, sig, self._lease_key_spec(), tuple(args),
             kwargs or {})
@@ -318,16 +311,17 @@ class LeasedTask(Task):  # type: ignore[misc]
         settings = self.lease_settings()
         options, url, signum = settings
         cls = type(self)
+        # Written as the pool accepted the request (celery_lease.accepted), for these arguments.
+        written = store_written.take(request.id, options.renew_interval) if request.id else None
         # lease_key_for() without its checks of the arguments' types: Celery passes a tuple
         # and a dict.
-        key = build_key(options.key_prefix, self.name, cls._lease_signature or _run_signature(cls),
-                        self._lease_key_spec(), args, kwargs)
+        key = written.key if written is not None else self._lease_key(options, args, kwargs)
         try:  # a cluster client asks its seed for the layout: building it is a store call
             client = store.client_for(url, options.store_timeout, options.backend_options)
         except RedisError as exc:
             self._store_error(options, key, exc)
         earlier = (request.headers or {}).get(REDELIVERY_HEADER)
-        if earlier and lifecycle.ended(client, key, str(earlier)):
+        if earlier and conflict.ended(client, key, str(earlier)):
             logger.info("task %s[%s] already finished in an earlier delivery: not run again",
                         self.name, request.id)
             raise Ignore()
@@ -347,7 +341,8 @@ class LeasedTask(Task):  # type: ignore[misc]
             try:
                 got = lifecycle.take(settings, client, key, holder, target, sender=self,
                                      claim=claim, claimed=claimed, handed_over=handed_over,
-                                     grant=grant)
+                                     grant=grant, written=written)
+                written = None  # a second attempt sends its own
             except RedisError as exc:
                 self._store_error(options, key, exc)
             if not isinstance(got, Lease):
@@ -360,6 +355,10 @@ class LeasedTask(Task):  # type: ignore[misc]
                 preempt.listen(client, options.key_prefix, holder.hostname)  # once per process
             return got  # type: ignore[no-any-return]
         raise AssertionError("unreachable")
+
+    def _lease_key(self, options: LeaseOptions, args: Any, kwargs: Any) -> str:
+        return build_key(options.key_prefix, self.name, type(self)._lease_signature
+                         or run_signature(type(self)), self._lease_key_spec(), args, kwargs)
 
     def _release(self, lease: Lease, ending: str) -> None:
         # Runs before Celery stores the result and acknowledges the message: the release is on

@@ -255,8 +255,15 @@ def test_a_time_limit_while_the_acquires_reply_is_in_flight_leaves_the_next_copy
     try:
         with TcpProxy(rig.store.port) as proxy:
             rig.worker(LEASE_BACKEND=f"redis://127.0.0.1:{proxy.port}/0", LEASE_TTL="20")
-            for n in range(CONCURRENCY[pool]):  # the script cached, the connections made
-                assert rig.send("echo", f"warm{n}", n).get(timeout=20) == n
+            # The script cached and every process's connection made: copies that overlap,
+            # so each child of the pool runs one (a connection made once the replies are
+            # held would never send the acquire).
+            warm = [rig.send("hold", f"warm{n}-{tag}", 0.5, "sleep")
+                    for n in range(CONCURRENCY[pool])]
+            assert [w.get(timeout=20) for w in warm] == [f"warm{n}-{tag}"
+                                                         for n in range(CONCURRENCY[pool])]
+            for counter in rig.leases.scan_iter("lease:{hold:*:fence"):
+                rig.leases.delete(counter)  # the warm-ups': the wait below is for the next
             proxy.hold_replies()
             limited = rig.send("hold", tag, 0.1, "sleep", **{limit: 0.5})
             # The acquire ran on the server (the fencing counter exists); its reply is held

@@ -22,7 +22,7 @@ LAYERS = {
     **dict.fromkeys(["task", "conflict", "dedupe", "handoff", "hold", "hold_core", "hold_async",
                      "hold_options", "hold_shapes", "beat", "beat_leader", "lease_tasks", "eager",
                      "outage", "cooldown", "preempt", "publishing", "debounce",
-                     "debounce_eager"], 4),
+                     "debounce_eager", "accepted"], 4),
     **dict.fromkeys(["cli", "doctor", "doctor_claims", "finding", "inspection", "flower",
                      "metrics", "testing", "worker", "acl", "sweep"], 5),
 }

@@ -126,3 +126,39 @@ def test_missing_backend_refuses_worker_start_naming_the_setting(make_rig: MakeR
     code = worker.wait(30)
     assert code not in (None, 0), worker.log_tail()
     assert "lease_backend is not set" in worker.log_text()
+
+
+@pytest.mark.parametrize("pool", ["solo", "threads", "gevent", "eventlet", "prefork"])
+def test_the_acquire_goes_out_as_the_pool_accepts_the_request_where_the_task_runs_in_that_process(
+    make_rig: MakeRig, pool: str
+) -> None:
+    """Where the pool runs the task in the process that accepts it, the store grants the lease
+    before ``task_prerun`` runs (the acquire's round trip overlaps Celery's own start); in a
+    prefork child it is taken when the task runs, after ``task_prerun``."""
+    rig = make_rig(pool)
+    rig.worker()
+    assert rig.send("echo", "warm", 1).get(timeout=20) == 1  # the store has the script now
+    result = rig.send("at_prerun", f"accepted-{pool}")
+    assert result.get(timeout=20) == f"accepted-{pool}"
+    prerun = rig.journal(f"accepted-{pool}", "prerun")[0]
+    assert prerun["held_by"] == (None if pool == "prefork" else prerun["task_id"])
+    assert rig.journal(f"accepted-{pool}", "start")[0]["key"] == prerun["key"]
+    wait_for(lambda: rig.lease_keys() == [], 5)
+
+
+@pytest.mark.parametrize("pool", ["solo", "threads", "gevent"])
+def test_a_request_that_fails_before_its_task_runs_leaves_its_written_acquire_released(
+    make_rig: MakeRig, pool: str
+) -> None:
+    """The task's ``before_start`` hook raises after the acquire was written and granted: the
+    request's end releases it, so the key is free at once (not after its 30 s TTL)."""
+    rig = make_rig(pool)
+    rig.worker(LEASE_TTL="30")
+    assert rig.send("echo", "warm", 1).get(timeout=20) == 1  # the store has the script now
+    tag = f"fail-{pool}"
+    failed = rig.send("at_prerun", tag)
+    with pytest.raises(RuntimeError, match="before_start refused"):
+        failed.get(timeout=20)
+    assert rig.journal(tag, "prerun")[0]["held_by"] is not None  # it was granted
+    assert rig.journal(tag, "start") == []
+    wait_for(lambda: rig.lease_keys() == [], 5, message=lambda: f"{rig.lease_keys()}\n{rig.logs()}")

@@ -11,7 +11,9 @@ Nothing above this package builds a Redis command; it calls these functions:
 - the claim of a task's waiting copy, decided at publish (:mod:`.claims`, ``lease_dedupe``);
 - the client (:mod:`.connection`, :mod:`.url`), its topologies (:mod:`.topology`) and where
   each command goes on them (:mod:`.routing`), the raw connection path of a standalone client
-  (:mod:`.wire`), releases whose replies are read later (:mod:`.pending`), whether a write
+  (:mod:`.wire`), releases whose replies are read later (:mod:`.pending`), acquires written
+  as a worker's pool accepts the request and read when the execution starts
+  (:mod:`.written`), whether a write
   landed on the primary the sentinels name (:mod:`.primary`), and the ``redis.asyncio``
   client a waiting ``hold_async`` blocks on (:mod:`.async_wait`);
 - handing a key over to the next run (``coalesce``, ``queue``: :mod:`.handoff`): parking a

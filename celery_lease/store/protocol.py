@@ -125,22 +125,37 @@ def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
             (the node noted by :func:`celery_lease.store.routing.note`, for
             :func:`celery_lease.store.errors.describe`).
     """
+    keys, argv = acquire_call(key, token, ttl_ms, holder, task_id, handed_over, claimed)
+    try:
+        if min_replicas > 0:
+            reply = primary.confirmed_grant(
+                client, lambda: _acquire_replicated(client, keys, argv, min_replicas))
+        elif primary.managed(client):  # the caller releases an unconfirmed grant's token
+            reply = primary.confirmed_grant(client, lambda: _acquire(client, keys, argv))
+        else:
+            reply = _acquire(client, keys, argv)
+    except RedisError as exc:
+        raise routing.note(exc, client, key) from None
+    return acquire_answer(reply, token, ttl_ms)
+
+
+def acquire_call(key: str, token: str, ttl_ms: int, holder: str, task_id: str = "",
+                 handed_over: bool = False, claimed: bool = False,
+                 ) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+    """The keys and arguments of the acquire script (``acquire-4.lua``) for :func:`acquire`'s
+    arguments (the same names): for :func:`acquire` and for an acquire written ahead of its
+    execution (:mod:`celery_lease.store.written`)."""
     keys: tuple[str, ...] = (key, fence_key(key), reservation_key(key))
     if claimed:
         keys = (*keys, claim_key(key))
-    argv = (token, ttl_ms, holder, ttl_ms + FENCE_COUNTER_EXTRA_MS, task_id,
-            "1" if handed_over else "0")
-    try:
-        if min_replicas > 0:
-            granted, value, pttl, *joined = primary.confirmed_grant(
-                client, lambda: _acquire_replicated(client, keys, argv, min_replicas))
-        elif primary.managed(client):  # the caller releases an unconfirmed grant's token
-            granted, value, pttl, *joined = primary.confirmed_grant(
-                client, lambda: _acquire(client, keys, argv))
-        else:
-            granted, value, pttl, *joined = _acquire(client, keys, argv)
-    except RedisError as exc:
-        raise routing.note(exc, client, key) from None
+    return keys, (token, ttl_ms, holder, ttl_ms + FENCE_COUNTER_EXTRA_MS, task_id,
+                  "1" if handed_over else "0")
+
+
+def acquire_answer(reply: Any, token: str, ttl_ms: int) -> AcquireResult:
+    """The :class:`AcquireResult` of the acquire script's ``reply`` for ``token`` (see
+    ``acquire-4.lua``'s header for the replies)."""
+    granted, value, pttl, *joined = reply
     if granted and b":" not in value:  # a fresh grant answers with the fencing token alone
         if joined:  # the reserved run a later duplicate joined: its latest message
             return AcquireResult(True, granted_holder(token, int(value)), ttl_ms / 1000,

@@ -20,6 +20,7 @@ from typing import Any
 import redis
 from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.signals import task_prerun
 
 from celery_lease import LeasedTask, LeaseLost, clock, current_lease, signals
 
@@ -254,3 +255,41 @@ def one_retry(self: Any, tag: str) -> int:
 def short_outage(self: Any, tag: str) -> None:
     """Waits out a store outage of 1.5 s at most."""
     record("start", tag)
+
+
+# --- the acquire written as the pool accepts the request (celery_lease.accepted) ----------------
+
+class _RefusedBeforeStart(LeasedTask):  # type: ignore[misc]
+    """``at_prerun``'s class: its ``before_start`` hook (run by Celery's tracer after
+    ``task_prerun``, before the task) fails a request whose tag starts with ``fail-``."""
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        if str(args[0]).startswith("fail-"):
+            raise RuntimeError("before_start refused the request")
+
+
+@app.task(base=_RefusedBeforeStart, name="at_prerun", lease_key=("tag",))
+def at_prerun(tag: str) -> str:
+    """Records its own start; the ``task_prerun`` receiver below records the store's state."""
+    record("start", tag)
+    return tag
+
+
+@task_prerun.connect
+def _record_prerun(sender: Any = None, task_id: str = "", args: Any = (), **_: Any) -> None:
+    """For ``at_prerun``: whether the store holds the task's lease key for this execution's
+    task id before the task runs (asked for up to a second: the grant's reply may still be on
+    its way)."""
+    if getattr(sender, "name", None) != "at_prerun":
+        return
+    tag = str(args[0])
+    key = sender.lease_key_for((tag,))
+    store = redis.Redis.from_url(os.environ.get("LEASE_BACKEND", BROKER))  # a plain URL here
+    deadline = time.monotonic() + 1.0
+    held_by = None
+    while held_by is None and time.monotonic() < deadline:
+        raw = store.get(key)
+        held_by = json.loads(raw.decode().split(":", 2)[2])["id"] if raw else None
+        if held_by is None:
+            time.sleep(0.01)
+    record("prerun", tag, held_by=held_by, task_id=task_id, key=key)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import Celery
 
 from harness.proxy import TcpProxy
 from harness.redis_server import RedisServer
@@ -163,3 +164,16 @@ def worker_factory(redis_url: str, tmp_path: Path) -> Iterator[WorkerFactory]:
     factory = WorkerFactory(redis_url, tmp_path)
     yield factory
     factory.close()
+
+
+@pytest.fixture
+def lifecycle_app(redis_url: str) -> Iterator[Celery]:
+    """An app whose leases live on the session server (TTL 6 s) for tests of
+    :mod:`celery_lease.lifecycle`; no lease a test took outlives it in the heartbeat."""
+    from celery_lease.heartbeat import heartbeat
+
+    app = Celery("lifecycle", broker="memory://", set_as_current=False)
+    app.conf.update(lease_backend=redis_url, lease_ttl=6.0)
+    yield app
+    for lease in heartbeat().held():
+        heartbeat().remove(lease)
