@@ -82,25 +82,28 @@ def _write(request: Request) -> written.WrittenAcquire | None:
     if not hasattr(task, "_lease_key") or request.id is None:  # no LeasedTask: nothing to do
         return None
     try:
-        mine = _write_plain(task, request)
+        found = _write_plain(task, request)
     except Exception as exc:  # the execution's own acquire meets it and handles it
         logger.debug("acquire not written at accept: task %s[%s]: %s: %s", request.name,
                      request.id, type(exc).__name__, exc)
         return None
-    if mine is None:
+    if found is None:
         return None
-    stale_at = mine.sent_at + task.lease_settings().options.renew_interval
+    mine, stale_at = found
     if not written.keep(request.id, mine, stale_at):
         mine.abandon()  # a copy of this message accepted at the same moment keeps its own
         return None
     return mine
 
 
-def _write_plain(task: Any, request: Request) -> written.WrittenAcquire | None:
+def _write_plain(task: Any,
+                 request: Request) -> tuple[written.WrittenAcquire, float] | None:
     """Write the execution's acquire when it is a plain one, as
-    :meth:`~celery_lease.LeasedTask._acquire` would send it first; None (nothing sent) for a
-    limited key, replicas to wait for, a redelivered or debounced message (each acquires its
-    own way), or a client that is not standalone.
+    :meth:`~celery_lease.LeasedTask._acquire` would send it first, and return it with the
+    :func:`celery_lease.clock.now` time (float seconds) at which it goes stale untaken (its
+    renewal interval after it was sent); None (nothing sent) for a limited key, replicas to
+    wait for, a redelivered or debounced message (each acquires its own way), or a client that
+    is not standalone.
 
     Raises:
         LeaseConfigError, LeaseKeyError, redis.exceptions.RedisError: as the execution's own
@@ -118,8 +121,9 @@ def _write_plain(task: Any, request: Request) -> written.WrittenAcquire | None:
     client = store.client_for(settings.url, options.store_timeout, options.backend_options)
     holder = store.holder_json(task.name, request.id, request.hostname or socket.gethostname(),
                                os.getpid())
-    return written.write(client, key, options.ttl_ms, holder, request.id,
+    mine = written.write(client, key, options.ttl_ms, holder, request.id,
                          HANDOFF_HEADER in headers, CLAIM_HEADER in headers)
+    return None if mine is None else (mine, mine.sent_at + options.renew_interval)
 
 
 def _abandon(task_id: str) -> None:

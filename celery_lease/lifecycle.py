@@ -190,19 +190,17 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
         send = grant or store.acquire
         if written is None:  # else they were settled as it was written
             pending.settle_all()  # the replies of this process's earlier releases, first
-        # 32 random hex characters (uuid4().hex: 5x more). The local deadline counts from the
-        # first send: if its reply was lost after the script ran, the lifetime on the server
-        # started then, not at the second try.
-        token, sent_at = ((os.urandom(16).hex(), clock.now()) if written is None
+        # The local deadline counts from the first send: if its reply was lost after the
+        # script ran, the lifetime on the server started then, not at the second try.
+        token, sent_at = ((store.new_token(), clock.now()) if written is None
                           else (written.token, written.sent_at))
-        stored_holder = holder.to_json()
         sent = True  # from here on the store may grant the token, reply or not
         try:
             found = written.read() if written is not None else send(
-                client, key, token, options.ttl_ms, stored_holder, options.min_replicas,
+                client, key, token, options.ttl_ms, holder.to_json(), options.min_replicas,
                 holder.task_id, handed_over, claimed)
-        except (RedisConnectionError, RedisTimeoutError):
-            found = send(client, key, token, options.ttl_ms, stored_holder,
+        except (RedisConnectionError, RedisTimeoutError):  # the same token, asked again
+            found = send(client, key, token, options.ttl_ms, holder.to_json(),
                          options.min_replicas, holder.task_id, handed_over, claimed)
         if not found.granted:
             target.finish()

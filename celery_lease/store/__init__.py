@@ -66,7 +66,7 @@ from .slots import (
     revoke_slot,
     slot_grant,
 )
-from .value import Holder, holder_json, parse_counter, parse_value
+from .value import Holder, holder_json, new_token, parse_counter, parse_value
 
 __all__ = [
     "FENCE_COUNTER_EXTRA_MS",
@@ -90,6 +90,7 @@ __all__ = [
     "describe",
     "handoff",
     "holder_json",
+    "new_token",
     "next_message",
     "parse_claim",
     "parse_counter",

@@ -27,7 +27,7 @@ import redis
 from redis.exceptions import RedisError
 
 from .. import clock
-from . import lua, pending, protocol, routing, wire
+from . import lua, pending, protocol, routing, value, wire
 from .errors import describe
 
 __all__ = ["WrittenAcquire", "abandon_stale", "keep", "take", "write"]
@@ -130,7 +130,7 @@ def write(client: Any, key: str, ttl_ms: int, holder: str, task_id: str = "",
     """
     if not wire.usable(client):
         return None
-    token = os.urandom(16).hex()
+    token = value.new_token()
     pending.settle_all()
     call = protocol.acquire_call(key, token, ttl_ms, holder, task_id, handed_over, claimed)
     sent_at = clock.now()
@@ -171,10 +171,13 @@ def take(task_id: str, max_age: float = math.inf) -> WrittenAcquire | None:
         return None
     with _lock:
         found = _waiting.pop(task_id, None)
-    if found is not None and clock.now() - found[0].sent_at > max_age:
-        found[0].abandon()
+    if found is None:
         return None
-    return None if found is None else found[0]
+    acquire = found[0]
+    if clock.now() - acquire.sent_at > max_age:
+        acquire.abandon()
+        return None
+    return acquire
 
 
 def abandon_stale(now: float) -> None:

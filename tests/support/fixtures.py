@@ -14,12 +14,25 @@ from typing import Any
 import pytest
 from celery import Celery
 
+from celery_lease import store
 from harness.proxy import TcpProxy
 from harness.redis_server import RedisServer
 from harness.workers import CeleryWorker
 from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, RESULT_BACKEND_ENV
 
 DEFAULT_APP = "tests.apps.smoke_app"
+
+
+@pytest.fixture(autouse=True)
+def _no_client_from_an_earlier_test() -> None:
+    """Forget the store clients this process cached in earlier tests.
+
+    A test's private server may listen on a port that a server stopped by an earlier test
+    used; a client cached for that URL would keep connections to the dead server, and the
+    first command on one fails (the library's own recovery from a restart, which some tests
+    check on purpose, is one failed command per client).
+    """
+    store.reset_clients()
 
 
 @pytest.fixture(scope="session")
