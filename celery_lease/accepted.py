@@ -84,8 +84,8 @@ def _write(request: Request) -> written.WrittenAcquire | None:
     try:
         found = _write_plain(task, request)
     except Exception as exc:  # the execution's own acquire meets it and handles it
-        logger.debug("acquire not written at accept: task %s[%s]: %s: %s", request.name,
-                     request.id, type(exc).__name__, exc)
+        logger.debug("acquire not written at accept: task %s[%s]: %s", request.name,
+                     request.id, store.describe(exc))
         return None
     if found is None:
         return None
