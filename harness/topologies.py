@@ -346,11 +346,20 @@ class ClusterSetup(_Topology):
 
     def owner(self, slot: int) -> Node:
         """The primary that owns ``slot`` now, asked of a running node."""
+        node = self.owner_seen(slot)
+        if node is None:
+            raise AssertionError(f"slot {slot} has no owner")
+        return node
+
+    def owner_seen(self, slot: int) -> Node | None:
+        """The primary a running node says owns ``slot`` now; None while it names none (in a
+        failover, a node's ``CLUSTER SLOTS`` can leave the slot out until it learns the new
+        owner from the cluster bus)."""
         with self.live()[0].client() as client:
             for start, end, primary, *_ in client.execute_command("CLUSTER SLOTS"):
                 if int(start) <= slot <= int(end):
                     return self.node_on(int(primary[1]))
-        raise AssertionError(f"slot {slot} has no owner")
+        return None
 
     def client(self, **kwargs: Any) -> RedisCluster:
         """A redis-py cluster client seeded with every node (no retries unless given)."""

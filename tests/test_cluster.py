@@ -417,7 +417,7 @@ def test_a_holder_never_believes_in_a_lease_its_new_primary_does_not_hold(
         wait_for(on_replica, 5, message="the grant never reached the replica")
         with replica.client() as node:
             node.execute_command(f"CLUSTER {how}")
-        wait_for(lambda: cluster.owner(slot) is replica, 10, message="no failover")
+        wait_for(lambda: cluster.owner_seen(slot) is replica, 10, message="no failover")
         watched_until = time.monotonic() + 1.5 * ttl
         while time.monotonic() < watched_until:
             believed = run.lost is None and run.ended is None
