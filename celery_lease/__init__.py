@@ -12,11 +12,11 @@ The layers, each importing only from itself and those below it (tests/test_layou
                   beat, lease_tasks, eager
     the lease     lifecycle, heartbeat, interrupt (delivering LeaseLost; + next_instruction),
                   lease, handoff (coalesce and queue: parking, handing the key over)
-    settings      config, names
+    settings      config, names, publish_settings (read once per task class)
     store/        the Redis side: the protocol and its Lua scripts, the client and its
                   topologies, routing, pending replies, stored values, store errors, the
                   commands each feature sends (permissions), the asyncio wait of a hold
-    base          keys, errors, signals, clock
+    base          keys, errors, signals, clock, process (this process's id)
 """
 
 from __future__ import annotations

@@ -26,14 +26,13 @@ the same error and handles it as configured.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 from typing import Any
 
 from celery.worker.request import Request
 from kombu.utils.compat import detect_environment
 
-from . import clock, store
+from . import clock, process, store
 from .conflict import REDELIVERY_HEADER
 from .debounce import DEBOUNCE_HEADER
 from .dedupe import CLAIM_HEADER
@@ -57,7 +56,7 @@ class LeasedRequest(Request):  # type: ignore[misc]
         """
         mine = None
         green = detect_environment() != "default"  # type: ignore[no-untyped-call]
-        if pid == os.getpid() or green:
+        if pid == process.pid() or green:
             written.abandon_stale(clock.now())
             mine = _write(self)
         try:
@@ -120,7 +119,7 @@ def _write_plain(task: Any,
     key = task._lease_key(options, request.args, request.kwargs)
     client = store.client_for(settings.url, options.store_timeout, options.backend_options)
     holder = store.holder_json(task.name, request.id, request.hostname or socket.gethostname(),
-                               os.getpid())
+                               process.pid())
     mine = written.write(client, key, options.ttl_ms, holder, request.id,
                          HANDOFF_HEADER in headers, CLAIM_HEADER in headers)
     return None if mine is None else (mine, mine.sent_at + options.renew_interval)

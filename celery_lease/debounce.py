@@ -43,7 +43,7 @@ from celery.utils import uuid
 from kombu.utils import json
 from redis.exceptions import RedisError
 
-from . import debounce_eager, dedupe, handoff, signals, store
+from . import debounce_eager, dedupe, handoff, publish_settings, signals, store
 from .config import LeaseOptions
 from .errors import LeaseStoreUnavailable
 from .keys import burst_key
@@ -88,9 +88,11 @@ _AGAIN = (DEBOUNCE_HEADER, handoff.HANDOFF_HEADER, "lease_redelivery")
 def enabled(task: Any) -> bool:
     """Whether ``task`` (a :class:`~celery_lease.LeasedTask`) has ``lease_debounce``, as a task
     option or the app setting (validated at registration); read without resolving the store,
-    so a publisher of other tasks needs no lease settings."""
+    so a publisher of other tasks needs no lease settings; the setting is read once per task
+    class (:func:`celery_lease.publish_settings.app_setting`)."""
     value = getattr(type(task), "lease_debounce", None)
-    return (task.app.conf.get("lease_debounce") if value is None else value) is not None
+    return (publish_settings.app_setting(task, "lease_debounce") if value is None
+            else value) is not None
 
 
 def passes(task: Any, options: dict[str, Any]) -> bool:

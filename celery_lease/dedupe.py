@@ -44,7 +44,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import signals, store
+from . import publish_settings, signals, store
 from .errors import LeaseStoreUnavailable
 from .keys import claim_key
 
@@ -208,17 +208,8 @@ task_revoked.connect(_on_revoked, weak=False)
 
 def enabled(task: Any) -> bool:
     """Whether ``task`` (a :class:`~celery_lease.LeasedTask`) has ``lease_dedupe``, as a task
-    option or the app setting (validated at registration).
-
-    The app setting is read once per task class, as the other settings are
-    (:meth:`~celery_lease.LeasedTask.forget_lease_settings` reads it again): a Celery setting
-    lookup costs about 50 000 instructions, on every publish.
-    """
-    cls = type(task)
-    value = cls.lease_dedupe
-    if value is None:
-        cached = cls.__dict__.get("_lease_dedupe_setting")  # this class's own, not a parent's
-        if cached is None:
-            cached = cls._lease_dedupe_setting = (task.app.conf.get("lease_dedupe"),)
-        value = cached[0]
-    return value is True
+    option or the app setting (validated at registration; the setting read once per task
+    class: :func:`celery_lease.publish_settings.app_setting`)."""
+    value = type(task).lease_dedupe
+    return (publish_settings.app_setting(task, "lease_dedupe") if value is None
+            else value) is True

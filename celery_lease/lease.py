@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import os
 import threading
 import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from . import clock, signals
+from . import clock, process, signals
 from .errors import LeaseLost, LostCause
 
 if TYPE_CHECKING:
@@ -94,7 +93,7 @@ class Lease:
         self.renew_interval = options.renew_interval
         self.client = client
         self.target = target
-        self.pid = os.getpid()
+        self.pid = process.pid()
         self.acquired_at = sent_at
         self.confirmed_at = sent_at  # send time of the last confirmed grant or renewal
         self.deadline = sent_at + options.ttl - options.drift_margin

@@ -64,7 +64,6 @@ Policies (skip, retry, standby...) and the caller's own logs and events stay wit
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -74,7 +73,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import clock, signals, store
+from . import clock, process, signals, store
 from .config import LeaseSettings
 from .errors import LeaseLost
 from .heartbeat import heartbeat
@@ -104,7 +103,7 @@ class HolderInfo:
 
     def to_json(self) -> str:
         """The stored holder description, with the calling process's pid."""
-        return store.holder_json(self.task_name, self.task_id, self.hostname, os.getpid())
+        return store.holder_json(self.task_name, self.task_id, self.hostname, process.pid())
 
 
 @dataclass(frozen=True)
@@ -322,7 +321,7 @@ def end(lease: Lease, *, sender: Any, wait: bool = True,
     try:  # no call before it: see take()
         loss = retire(lease)
         released: bool | None = None  # unknown until the store answers
-        if lease.pid == os.getpid():  # never in a forked child: the parent's lease is not ours
+        if lease.pid == process.pid():  # never in a forked child: the parent's lease is not ours
             try:
                 # A lost lease is released synchronously: rare, and its signal says what
                 # happened.
@@ -353,7 +352,7 @@ def _release_after_exit(lease: Lease, release: Callable[[redis.Redis, str, str],
         lease.target.finish()
     finally:
         heartbeat().remove(lease)
-        if lease.pid == os.getpid():
+        if lease.pid == process.pid():
             try:
                 release(lease.client, lease.key, lease.token)
             except Exception as exc:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 import itertools
 import logging
-import os
 import socket
 from collections.abc import Mapping
 from typing import Any, ClassVar, NoReturn
@@ -32,6 +31,8 @@ from . import (
     lifecycle,
     outage,
     preempt,
+    process,
+    publish_settings,
     publishing,
     store,
 )
@@ -99,7 +100,6 @@ class LeasedTask(Task):  # type: ignore[misc]
     _lease_spec_cache: ClassVar[tuple[KeySpec] | None] = None
     _lease_limit_cache: ClassVar[tuple[LimitSpec] | None] = None
     _lease_resolved: ClassVar[tuple[int, LeaseSettings] | None] = None
-    _lease_dedupe_setting: ClassVar[tuple[Any] | None] = None
     #: Wait for the release's reply before the execution's result is stored (the benchmark's
     #: synchronous variant). False: the release is written before, its reply read later
     #: (:mod:`celery_lease.store.pending`), one round trip less on every execution.
@@ -159,10 +159,10 @@ class LeasedTask(Task):  # type: ignore[misc]
         # Looked up in the class's own __dict__: a subclass of a leased task must not see
         # its parent's settings (its options may differ).
         resolved = cls.__dict__.get("_lease_resolved")
-        if resolved is None or resolved[0] != os.getpid():
+        if resolved is None or resolved[0] != process.pid():
             settings = resolve_settings(
                 self.app.conf, self._lease_task_options(), f"task {self.name}")
-            resolved = (os.getpid(), settings)
+            resolved = (process.pid(), settings)
             cls._lease_resolved = resolved
         return resolved[1]  # type: ignore[no-any-return]
 
@@ -175,7 +175,7 @@ class LeasedTask(Task):  # type: ignore[misc]
         calls it for every leased task of an app).
         """
         cls._lease_resolved = None
-        cls._lease_dedupe_setting = None  # the app's lease_dedupe (celery_lease.dedupe.enabled)
+        publish_settings.forget(cls)  # lease_dedupe, lease_debounce
 
     def lease_key_for(self, args: Any = (), kwargs: Mapping[str, Any] | None = None) -> str:
         """The lease key a call with ``args`` and ``kwargs`` takes.

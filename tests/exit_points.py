@@ -134,7 +134,9 @@ def test_an_exit_anywhere_in_end_still_releases_and_unregisters(
         no_lease_left(direct, key, where)
 
     places = every_exit(run, check, lambda ending: None)
-    for step in ["(end ", "(retire ", "(remove ", "(_send_release " if wait else "(write "]:
+    # "(pid ": end's check that the lease is this process's (process.pid(), right after
+    # retire() returned): an exit between the unregistration and the release.
+    for step in ["(pid ", "(retire ", "(remove ", "(_send_release " if wait else "(write "]:
         assert any(step in p for p in places), (step, places)
     pending.settle_all()
 

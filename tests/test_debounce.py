@@ -348,6 +348,8 @@ def test_whether_a_task_debounces_is_known_without_a_lease_store_configured() ->
     assert not debounce.enabled(plain_task)  # a plain publish asks nothing of the store
     assert debounce.enabled(debounced_task)
     app.conf.lease_debounce = 2.0
+    assert not debounce.enabled(plain_task)  # read once per task class, as every setting is
+    plain_task.forget_lease_settings()
     assert debounce.enabled(plain_task)
 
 

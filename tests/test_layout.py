@@ -14,10 +14,10 @@ PACKAGE = Path(celery_lease.__file__).parent
 
 #: Module -> layer, bottom (0) to top; ``store`` stands for every module of the subpackage.
 LAYERS = {
-    **dict.fromkeys(["keys", "key_encoding", "errors", "signals", "clock"], 0),
+    **dict.fromkeys(["keys", "key_encoding", "errors", "signals", "clock", "process"], 0),
     "store": 1,
     **dict.fromkeys(["config", "names", "timing", "signal_setting", "limit",
-                     "debounce_settings"], 2),
+                     "debounce_settings", "publish_settings"], 2),
     **dict.fromkeys(["lifecycle", "heartbeat", "interrupt", "next_instruction", "lease"], 3),
     **dict.fromkeys(["task", "conflict", "dedupe", "handoff", "hold", "hold_core", "hold_async",
                      "hold_options", "hold_shapes", "beat", "beat_leader", "lease_tasks", "eager",

@@ -22,15 +22,14 @@ commands keep going through redis-py (they pick a node per command and follow re
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 import redis
 
-__all__ = ["broken", "call", "call_many", "checkin", "checkout", "send", "usable"]
+from .. import process
 
-_pid = os.getpid()
+__all__ = ["broken", "call", "call_many", "checkin", "checkout", "send", "usable"]
 
 
 def usable(client: Any) -> bool:
@@ -41,8 +40,9 @@ def usable(client: Any) -> bool:
 
 def _idle(client: Any) -> list[Any]:
     found: tuple[int, list[Any]] | None = client.__dict__.get("_lease_idle")
-    if found is None or found[0] != _pid:  # a forked child never uses its parent's sockets
-        found = client.__dict__["_lease_idle"] = (_pid, [])
+    pid = process.pid()
+    if found is None or found[0] != pid:  # a forked child never uses its parent's sockets
+        found = client.__dict__["_lease_idle"] = (pid, [])
     return found[1]
 
 
@@ -160,11 +160,3 @@ def call_many(client: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
     finally:
         checkin(client, conn)
 
-
-def _after_fork_in_child() -> None:
-    global _pid
-    _pid = os.getpid()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,31 @@
+"""This process's id, without a system call each time it is asked.
+
+``os.getpid()`` is a system call on every call (glibc stopped caching the id), and a leased
+execution asks about six times: its holder record, its ``Lease``, the settings cache, and
+whether a lease belongs to this process or to the parent it was forked from. The id is read
+once at import, and again in every forked child by a fork hook. Hooks run in the order they
+were registered, and every module of the package that asks imports this one first, so the
+child's id is current before any other hook of the package runs.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["pid"]
+
+_pid = os.getpid()
+
+
+def pid() -> int:
+    """This process's id (int), as ``os.getpid()`` returns it."""
+    return _pid
+
+
+def _after_fork_in_child() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):  # no fork hooks: no fork either (Windows)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
