@@ -122,6 +122,30 @@ def process_cpu(pid: int | None, children: bool = True) -> float:
     return total
 
 
+def context_switches(pid: int | None) -> tuple[int, int]:
+    """``(voluntary, involuntary)`` context switches so far of every thread of process
+    ``pid`` (int counts; the heartbeat thread's included); ``(0, 0)`` when it is gone. A
+    voluntary one is a wait (a reply not there yet), an involuntary one a preemption (on a
+    small machine, often by the redis-server a write just woke)."""
+    import psutil
+
+    if pid is None:
+        return 0, 0
+    voluntary = involuntary = 0
+    try:
+        threads = psutil.Process(pid).threads()
+    except psutil.NoSuchProcess:
+        return 0, 0
+    for thread in threads:
+        try:
+            counts = psutil.Process(thread.id).num_ctx_switches()  # /proc/<tid>: that thread
+        except psutil.NoSuchProcess:
+            continue
+        voluntary += counts.voluntary
+        involuntary += counts.involuntary
+    return voluntary, involuntary
+
+
 def section_timer() -> Callable[[], float]:
     """A stopwatch: returns a function giving float seconds since it was made."""
     started = time.perf_counter()

@@ -46,7 +46,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from ._infra import Worker, client_kwargs, process_cpu, spread
+from ._infra import Worker, client_kwargs, context_switches, process_cpu, spread
 
 #: Variants that run every call they are sent (no publish-time refusal).
 RUN_EVERY_CALL = ("plain", "leased", "leased_sync", "leased_coalesce")
@@ -105,7 +105,7 @@ def run_batch(app: Celery, records: redis.Redis, worker: Worker, redis_pid: int 
         order = [key for key in range(work["keys"]) for _ in range(work["copies"])]
     else:
         order = [key for _ in range(work["copies"]) for key in range(work["keys"])]
-    cpu0 = cpu()
+    cpu0, switches0 = cpu(), context_switches(consumer)
     started = time.perf_counter()
     published = 0
     with app.producer_or_acquire() as producer:
@@ -127,11 +127,13 @@ def run_batch(app: Celery, records: redis.Redis, worker: Worker, redis_pid: int 
     seconds = time.perf_counter() - started
     if found is None:
         raise RuntimeError(f"e2e {variant}: no report from the worker\n{worker.log_tail()}")
-    cpu1 = cpu()
+    cpu1, switches1 = cpu(), context_switches(consumer)
     report = json.loads(found[1])
     return {"seconds": seconds, "publisher_cpu": cpu1[0] - cpu0[0],
             "worker_cpu": cpu1[1] - cpu0[1], "redis_cpu": cpu1[2] - cpu0[2],
             "cpu": sum(cpu1) - sum(cpu0), "calls": work["keys"] * work["copies"],
+            "worker_waits": switches1[0] - switches0[0],
+            "worker_preemptions": switches1[1] - switches0[1],
             "published": published, "bodies": report["bodies"],
             "max_bodies_per_key": report["max_per_key"]}
 
@@ -172,6 +174,9 @@ def measure(app: Celery, records: redis.Redis, worker: Worker, redis_pid: int | 
             **{f"{part}_cpu_us_per_call": spread(row[f"{part}_cpu"] / calls * 1e6
                                                  for row in mine)
                for part in ("publisher", "worker", "redis")},
+            # The worker's context switches per call: waits (voluntary) and preemptions.
+            **{f"worker_{kind}_per_call": spread(row[f"worker_{kind}"] / calls for row in mine)
+               for kind in ("waits", "preemptions")},
             "published": spread(row["published"] for row in mine),
             "bodies": spread(row["bodies"] for row in mine),
             "max_bodies_per_key": max(row["max_bodies_per_key"] for row in mine),

@@ -21,7 +21,9 @@ Sections:
   celery-singleton and celery-once take their lock there;
 - ``step/<name>``: each step of a leased execution alone (key, acquire, heartbeat
   registration, interrupt set-up, release, signals and logs...), as
-  :mod:`celery_lease.lifecycle` and :class:`~celery_lease.LeasedTask` run them.
+  :mod:`celery_lease.lifecycle` and :class:`~celery_lease.LeasedTask` run them;
+- then, with hiredis, a whole solo worker under callgrind (:mod:`benchmarks.worker_instructions`:
+  the consumer, the request and the pool's accept included), in ``whole_worker``.
 
 ``--no-hiredis`` hides the ``hiredis`` package from the child (redis-py's pure-Python parser),
 so the two can be compared on one machine. Writes ``instructions.json`` into ``--out``
@@ -47,6 +49,8 @@ if os.environ.get("BENCH_NO_HIREDIS"):  # before redis-py is imported: its pure-
 
 from harness import REPO_ROOT
 from harness.redis_server import RedisServer
+
+from . import worker_instructions
 
 WORKER_VARIANTS = ("plain", "floor1", "leased", "leased_sync", "singleton", "once")
 PUBLISHER_VARIANTS = ("plain", "leased", "singleton", "once")
@@ -296,6 +300,14 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {what} | {result['steps'][name] / 1000:,.1f} k |")
     lines.append(f"| the rest: LeasedTask.__call__, Claim, context variable, lifecycle "
                  f"bookkeeping | {result['steps_rest'] / 1000:,.1f} k |")
+    whole = result.get("whole_worker")
+    if whole is not None:
+        lines += ["", f"A whole solo worker (benchmarks.worker_instructions, {whole['calls']} "
+                  f"calls per variant, publisher left out):", "",
+                  "| variant | instructions per execution | added to plain |", "|---|---:|---:|"]
+        for variant, count in whole["per_execution"].items():
+            lines.append(f"| {labels.get(variant, 'plain Task')} | {count / 1000:,.0f} k | "
+                         f"{whole['added'][variant] / 1000:,.0f} k |")
     return "\n".join(lines) + "\n"
 
 
@@ -313,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         _run_sections(args.child[0], args.count, Path(args.child[1]))
         return 0
     result = measure(args.count, hiredis=not args.no_hiredis)
+    if not args.no_hiredis:  # the whole worker, as the end-to-end benchmark runs it
+        result["whole_worker"] = worker_instructions.measure()
     args.out.mkdir(parents=True, exist_ok=True)
     name = "instructions.json" if not args.no_hiredis else "instructions-no-hiredis.json"
     (args.out / name).write_text(json.dumps(result, indent=1) + "\n")

@@ -348,16 +348,20 @@ def e2e_markdown(res: dict[str, Any]) -> str:
                   f"({calls:,} calls), body {work['sleep_ms']:g} ms, one producer and one "
                   f"{res['pool']} worker, {work['rounds']} round(s).", "",
                   "| variant | s per batch | time / plain | CPU / plain | CPU µs per call: "
-                  "publisher, worker, Redis | published | bodies | most bodies per key |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "publisher, worker, Redis | worker context switches per call: waits, "
+                  "preemptions | published | bodies | most bodies per key |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for v in work["variants"].values():
             cpu = ", ".join(_f(v[f"{p}_cpu_us_per_call"]["median"], 0)
                             for p in ("publisher", "worker", "redis"))
+            switches = ", ".join(_f(v[f"worker_{k}_per_call"]["median"], 2)
+                                 if f"worker_{k}_per_call" in v else "n/a"
+                                 for k in ("waits", "preemptions"))
             lines.append(
                 f"| {v['label']} | {_f(v['seconds']['median'])} | "
                 f"{_range(v['time_ratio_to_plain'])} | {_range(v['cpu_ratio_to_plain'])} | "
-                f"{cpu} | {_f(v['published']['median'], 0)} | {_f(v['bodies']['median'], 0)}"
-                f" | {v['max_bodies_per_key']} |")
+                f"{cpu} | {switches} | {_f(v['published']['median'], 0)} | "
+                f"{_f(v['bodies']['median'], 0)} | {v['max_bodies_per_key']} |")
         lines.append("")
     for variant, why in res.get("skipped", {}).items():
         lines.append(f"- {e2e.LABELS.get(variant, variant)}: not run, the installed "
