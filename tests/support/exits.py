@@ -36,7 +36,10 @@ T = TypeVar("T")
 PACKAGE = str(Path(celery_lease.__file__).parent)
 
 
-_CALLS = ("CALL", "CALL_FUNCTION_EX")
+#: The call instructions of every CPython this runs on: 3.10 has CALL_FUNCTION(_KW) and
+#: CALL_METHOD, 3.11 and 3.12 CALL, 3.13 CALL and CALL_KW; CALL_FUNCTION_EX in all.
+_CALLS = ("CALL", "CALL_KW", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_METHOD",
+          "CALL_FUNCTION_EX")
 
 
 def _ours(frame: FrameType) -> bool:
@@ -48,7 +51,11 @@ def _landings(code: CodeType) -> frozenset[int]:
     """The offsets in ``code`` where an asynchronous exception can land (see the module doc)."""
     found, after_call = set(), False
     for ins in dis.get_instructions(code):
-        if after_call or ins.opname == "JUMP_BACKWARD":
+        # A jump back: JUMP_BACKWARD from 3.11 on, a JUMP_ABSOLUTE to an earlier offset in 3.10.
+        backward = ins.opname == "JUMP_BACKWARD" or (
+            ins.opname == "JUMP_ABSOLUTE" and isinstance(ins.argval, int)
+            and ins.argval < ins.offset)
+        if after_call or backward:
             found.add(ins.offset)
         after_call = ins.opname in _CALLS
     return frozenset(found)
@@ -73,6 +80,9 @@ class ExitAt:
     def _call(self, frame: FrameType, event: str, arg: Any) -> Any:
         if not _ours(frame):
             return None
+        # The local trace function first: 3.13 turns on opcode events for a frame only once
+        # it has one (earlier versions do it either way).
+        frame.f_trace = self._opcode
         frame.f_trace_opcodes = True
         if event == "call" and frame.f_back is not None and _ours(frame.f_back):
             self._point(frame, "entry")
