@@ -3,9 +3,9 @@
 ``os.getpid()`` is a system call on every call (glibc stopped caching the id), and a leased
 execution asks about six times: its holder record, its ``Lease``, the settings cache, and
 whether a lease belongs to this process or to the parent it was forked from. The id is read
-once at import, and again in every forked child by a fork hook. Hooks run in the order they
-were registered, and every module of the package that asks imports this one first, so the
-child's id is current before any other hook of the package runs.
+once at import, and again in every forked child by a fork hook, which runs inside
+``os.fork()``: the child's code after the fork sees its own id. No other fork hook of the
+package asks for it, so the order the hooks run in does not matter.
 """
 
 from __future__ import annotations
