@@ -203,9 +203,8 @@ class LeasedTask(Task):  # type: ignore[misc]
                 f"arguments as a dict")
         options, _, _ = self.lease_settings()
         sig = type(self)._lease_signature or run_signature(type(self))
-        return build_key(
-            options.key_prefix, self.name, sig, self._lease_key_spec(), tuple(args),
-            kwargs or {})
+        return build_key(options.key_prefix, self.name, sig, self._lease_key_spec(),
+                         tuple(args), kwargs or {})
 
     @property
     def lease(self) -> Lease | None:
@@ -268,7 +267,8 @@ class LeasedTask(Task):  # type: ignore[misc]
                 return lease  # eager mode: a skipped duplicate's marker
             if lease.joined is not None:  # a duplicate joined this handed-over run: its args
                 args, kwargs = handoff.adopt(request, lease.joined)
-            reset = _current.set(lease)
+            outer = _current.get()  # put back even if an exit lands right after the set
+            _current.set(lease)
             try:
                 result = self.run(*args, **kwargs)
                 ending = "success"
@@ -280,11 +280,13 @@ class LeasedTask(Task):  # type: ignore[misc]
                 # Store the public class, not the per-execution carrier of the threads pool.
                 raise LeaseLost(*exc.args).with_traceback(exc.__traceback__) from None
             finally:
-                _current.reset(reset)
+                _current.set(outer)
         finally:
             granted = claim.lease
             if granted is not None:
                 try:
+                    if _current.get() is granted:  # an exit landed between the set and its try
+                        _current.set(outer)
                     self._end(granted, ending)
                 except BaseException:
                     # An exit that landed as the end began (its call): end it, then go on.
@@ -326,8 +328,7 @@ class LeasedTask(Task):  # type: ignore[misc]
                         self.name, request.id)
             raise Ignore()
         task_id = request.id or ""
-        holder = lifecycle.HolderInfo(
-            self.name, task_id, request.hostname or socket.gethostname())
+        holder = lifecycle.HolderInfo(self.name, task_id, request.hostname or socket.gethostname())
         headers = request.headers or {}
         handed_over = HANDOFF_HEADER in headers
         claimed = CLAIM_HEADER in headers  # its publish claimed the key's waiting slot

@@ -19,7 +19,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_lease import hold, lifecycle, store
+from celery_lease import current_lease, hold, lifecycle, store
 from celery_lease.config import LeaseSettings, resolve_settings
 from celery_lease.heartbeat import heartbeat
 from celery_lease.keys import fence_key
@@ -159,6 +159,8 @@ def test_an_exit_anywhere_in_a_leased_task_leaves_no_lease_and_the_next_copy_run
 
     def check(where: str) -> None:
         no_lease_left(direct, key, where)
+        # Not even one that lands right after the lease was made the context's current one.
+        assert current_lease() is None, f"exit at {where}: current_lease() still names it"
         Body.runs.clear()
         assert job.apply(("x",)).get() == "x", f"exit at {where}: the next copy did not run"
         assert Body.runs == ["x"], f"exit at {where}: the next copy was skipped"
