@@ -350,6 +350,17 @@ def test_a_burst_that_ran_to_its_end_twice_is_found() -> None:
     assert rules(history) == []  # its tombstone erased: a timer of it ran as published
 
 
+def test_a_burst_whose_first_run_the_store_never_confirmed_released_may_run_again() -> None:
+    history = debounced()
+    history.executions[-1].released = None  # its release timed out: the store may not know
+    history.executions.append(run("d2", FENCE + 1, T0 + 3.0, T0 + 3.5, key="b1",
+                                  job="job-b2", task_id="task-b0"))
+    assert rules(history) == []  # as after a run that died before its release
+    history.executions.append(run("d3", FENCE + 2, T0 + 4.0, T0 + 4.5, key="b1",
+                                  job="job-b2", task_id="task-b0"))
+    assert rules(history) == [(11, "burst-ran-twice")]  # d2's release was confirmed
+
+
 def test_a_burst_run_with_the_arguments_of_a_publish_before_the_last_is_found() -> None:
     history = debounced()
     history.executions[-1].job = "job-b1"  # job-b2 was decided surely after job-b1

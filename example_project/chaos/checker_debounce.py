@@ -6,7 +6,8 @@ burst (the jobs that name one task id):
 
 - **once**: no two executions of the burst's task id both ended normally
   (``burst-ran-twice``), unless a fault emptied the store between them (a timer that then
-  finds no record runs as published);
+  finds no record runs as published), or the store did not confirm the earlier one's
+  release (it has no record that the run ran: a run that died before its release);
 - **with the latest arguments**: the run's job (the arguments it ran with) is not one whose
   publish was surely decided before another publish of the same burst
   (``not-latest-arguments``), unless a fault emptied the store in between (the timer then
@@ -61,6 +62,18 @@ def _excused(history: History, key: str, first: float, run: Execution) -> bool:
                and (e.body_end is None or e.body_end > deadline) for e in history.executions)
 
 
+def _ran_twice(history: History, done: list[Execution]) -> bool:
+    """Two of a burst's runs that ended normally (``done``, in grant order) where the later
+    one should not have run: the store confirmed the earlier one's release (``released`` is
+    True, so it had the record that the run ran) and no fault emptied the store between them.
+    A run whose release was not confirmed (the store paused past its TTL, so its lease had
+    lapsed and a retried copy held the key when the release came) left no such record: for
+    the store it is a run that died before its release, and a copy of it runs again, as
+    documented (docs/howto/shaping.md, "A double publish is harmless")."""
+    return any(earlier.released is True and not _erased_between(history, earlier, later)
+               for n, earlier in enumerate(done) for later in done[n + 1:])
+
+
 def _erased_between(history: History, first: Execution, later: Execution) -> bool:
     """A fault that loses the store's data (:func:`~.checker.empties`) between two runs of one
     burst: a timer of it that arrives then finds no record, or the record as it was before
@@ -106,7 +119,7 @@ def debounce(history: History) -> list[Any]:
         key = jobs[0].key
         runs = sorted(by_task.get(task_id, []), key=lambda e: e.grant_upper)
         done = [e for e in runs if e.outcome == "ok"]
-        if len(done) > 1 and not all(_erased_between(history, done[0], e) for e in done[1:]):
+        if _ran_twice(history, done):
             found.append(Violation(11, "burst-ran-twice", f"{key}: burst {task_id} ran to its "
                                    f"end {len(done)} times", key,
                                    {"runs": [asdict(e) for e in done]}))

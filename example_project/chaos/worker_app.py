@@ -172,8 +172,8 @@ def _on_lost(sender: Any = None, token: str = "", **_: Any) -> None:
 def _on_released(sender: Any = None, token: str = "", released: bool | None = None,
                  **_: Any) -> None:
     _lost_at.pop(token, None)
-    if getattr(sender, "name", None) in (JOB_TASK, DEDUPE_TASK, PREEMPT_TASK, LIMITED_TASK,
-                                         *HANDOFF_TASKS.values()):
+    if getattr(sender, "name", None) in (JOB_TASK, DEDUPE_TASK, DEBOUNCE_TASK, PREEMPT_TASK,
+                                         LIMITED_TASK, *HANDOFF_TASKS.values()):
         # None (the release's reply is read later, off the execution's path) says nothing:
         # recorded as None, never as False ("the store no longer had the token").
         recorder().execution_released(token, released)
