@@ -33,7 +33,6 @@ BullMQ's debounce mode of deduplication, which has none (docs/howto/shaping.md).
 from __future__ import annotations
 
 import logging
-import os
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -43,7 +42,7 @@ from celery.utils import uuid
 from kombu.utils import json
 from redis.exceptions import RedisError
 
-from . import debounce_eager, dedupe, handoff, publish_settings, signals, store
+from . import debounce_eager, dedupe, handoff, process, publish_settings, signals, store
 from .config import LeaseOptions
 from .errors import LeaseStoreUnavailable
 from .keys import burst_key
@@ -153,7 +152,7 @@ def send(
     task_id = options.pop("task_id", None) or uuid()
     options.pop("countdown", None)
     options.pop("eta", None)
-    publisher = store.holder_json(task.name, task_id, socket.gethostname(), os.getpid())
+    publisher = store.holder_json(task.name, task_id, socket.gethostname(), process.pid())
     try:
         client = store.client_for(
             settings.url, lease_options.store_timeout, lease_options.backend_options

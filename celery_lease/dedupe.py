@@ -30,7 +30,6 @@ of a canvas (a chain's task, a group or chord member, ``link=``), which folding 
 from __future__ import annotations
 
 import logging
-import os
 import socket
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
@@ -44,7 +43,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import publish_settings, signals, store
+from . import process, publish_settings, signals, store
 from .errors import LeaseStoreUnavailable
 from .keys import claim_key
 
@@ -122,7 +121,7 @@ def send(task: Any, key: str | None, options: dict[str, Any], publish: Callable[
     requested = options.pop("task_id", None)
     task_id = requested or uuid()
     lifetime = claim_lifetime(options, getattr(task, "expires", None), settings.options.dedupe_ttl)
-    claimer = store.holder_json(task.name, task_id, socket.gethostname(), os.getpid())
+    claimer = store.holder_json(task.name, task_id, socket.gethostname(), process.pid())
     headers[CLAIM_HEADER] = key  # the execution clears a claim naming it, if one is there
     try:
         client = store.client_for(settings.url, settings.options.store_timeout,

@@ -295,22 +295,18 @@ class Heartbeat:
 
 
 _instance: Heartbeat | None = None
-_instance_pid = 0
 _instance_lock = threading.Lock()
 
 
 def heartbeat(block_signal: int | None = None) -> Heartbeat:
     """The heartbeat of the calling process (created on first use, and anew after a fork)."""
-    global _instance, _instance_pid
+    global _instance
     found = _instance
-    # Where forks exist, the fork hook below forgets the parent's instance in the child: no
-    # getpid() call here (three a leased execution). Without the hook, the pid decides.
-    if found is not None and (_FORK_HOOK or _instance_pid == os.getpid()):
+    if found is not None:  # a forked child starts without its parent's (the fork hook below)
         return found
     with _instance_lock:
-        pid = os.getpid()
-        if _instance is None or _instance_pid != pid:
-            _instance, _instance_pid = Heartbeat(block_signal), pid
+        if _instance is None:
+            _instance = Heartbeat(block_signal)
         return _instance
 
 
@@ -322,7 +318,6 @@ def _after_fork_in_child() -> None:
     interrupt.reset_after_fork()  # store clients: celery_lease.store.connection's own fork hook
 
 
-_FORK_HOOK = hasattr(os, "register_at_fork")
-if _FORK_HOOK:
+if hasattr(os, "register_at_fork"):  # no fork hooks: no fork either (Windows)
     os.register_at_fork(after_in_child=_after_fork_in_child)
 

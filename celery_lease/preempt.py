@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import socket
 import threading
 from typing import Any
@@ -36,7 +35,7 @@ from typing import Any
 import redis
 from redis.exceptions import RedisError
 
-from . import interrupt, lifecycle, signals, store
+from . import interrupt, lifecycle, process, signals, store
 from .dedupe import CLAIM_HEADER
 from .errors import LostCause
 from .heartbeat import heartbeat
@@ -65,7 +64,7 @@ class Listener:
 
     def __init__(self, client: redis.Redis, channel: str) -> None:
         self.client, self.channel = client, channel
-        self.pid = os.getpid()
+        self.pid = process.pid()
         self.subscribed = threading.Event()
         self.thread = threading.Thread(target=self._run, name="celery-lease-preempt",
                                        daemon=True)
@@ -110,10 +109,10 @@ def listen(client: redis.Redis, prefix: str, hostname: str) -> Listener:
     ``hostname`` (what the holder value names); the first call per process subscribes (one
     round trip, then a thread). Returns the process's :class:`Listener`.
     """
-    channel = store.preempt_channel(prefix, hostname, os.getpid())
+    channel = store.preempt_channel(prefix, hostname, process.pid())
     with _lock:
         found = _listeners.get(channel)
-        if found is None or found.pid != os.getpid() or not found.thread.is_alive():
+        if found is None or found.pid != process.pid() or not found.thread.is_alive():
             found = _listeners[channel] = Listener(client, channel)
     return found
 
