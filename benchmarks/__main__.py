@@ -43,8 +43,19 @@ STALL_TTLS_FULL = (1.0, 3.0)
 STALL_TTLS_QUICK = (1.0,)
 #: pool -> concurrency of the worker that serves it.
 WORKERS = {"prefork": 2, "solo": 1, "threads": 2, "gevent": 4, "eventlet": 4}
-PACKAGES = ("celery", "kombu", "redis", "celery-lease", "celery-singleton", "celery_once",
-            "python-redis-lock", "pottery", "gevent", "eventlet", "matplotlib")
+PACKAGES = (
+    "celery",
+    "kombu",
+    "redis",
+    "celery-lease",
+    "celery-singleton",
+    "celery_once",
+    "python-redis-lock",
+    "pottery",
+    "gevent",
+    "eventlet",
+    "matplotlib",
+)
 
 
 def _cpu_model() -> str:
@@ -64,8 +75,13 @@ def _version(name: str) -> str:
 
 def _git_commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
-                              capture_output=True, text=True, timeout=10).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
 
@@ -94,11 +110,19 @@ def machine(quick: bool, redis_version: str) -> dict[str, Any]:
     }
 
 
-def _start_workers(broker: RedisServer, lease_store: RedisServer, records: redis.Redis,
-                   log_dir: Path, stall_ttls: tuple[float, ...]) -> dict[str, Worker]:
-    env = {"BENCH_BROKER": broker.url(), "BENCH_LEASE_STORE": lease_store.url(),
-           "BENCH_DETECT_TTL": str(detection.TTL),
-           "BENCH_STALL_TTLS": ",".join(str(t) for t in stall_ttls)}
+def _start_workers(
+    broker: RedisServer,
+    lease_store: RedisServer,
+    records: redis.Redis,
+    log_dir: Path,
+    stall_ttls: tuple[float, ...],
+) -> dict[str, Worker]:
+    env = {
+        "BENCH_BROKER": broker.url(),
+        "BENCH_LEASE_STORE": lease_store.url(),
+        "BENCH_DETECT_TTL": str(detection.TTL),
+        "BENCH_STALL_TTLS": ",".join(str(t) for t in stall_ttls),
+    }
     workers = {}
     for pool, concurrency in WORKERS.items():
         queues = [f"tp-{pool}", f"det-{pool}"] if pool in overhead.POOLS else [f"det-{pool}"]
@@ -137,9 +161,12 @@ def run_all(quick: bool, log_dir: Path) -> dict[str, Any]:
         workers: dict[str, Worker] = {}
         try:
             results["renewal"] = renewal.run(
-                broker.url(), quick,
+                broker.url(),
+                quick,
                 on_steady=lambda: workers.update(
-                    _start_workers(broker, lease_store, records, log_dir, stall_ttls)))
+                    _start_workers(broker, lease_store, records, log_dir, stall_ttls)
+                ),
+            )
             step("renewal")
             section = section_timer()
             for worker in workers.values():
@@ -196,12 +223,17 @@ def _refresh_doc(table: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split(
-        "\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="fewer samples: every figure in about a minute (CI smoke run)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help="output directory (default: docs/benchmarks/)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer samples: every figure in about a minute (CI smoke run)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="output directory (default: docs/benchmarks/)"
+    )
     args = parser.parse_args(argv)
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -84,9 +84,17 @@ class Worker(CeleryWorker):
         loglevel: str = "warning",
     ) -> None:
         """Describe the worker (see :meth:`start`)."""
-        super().__init__(APP_MODULE, pool=pool, concurrency=concurrency, queue=queues, env=env,
-                         log_dir=log_dir, name=f"bench-{pool}-{uuid.uuid4().hex[:8]}",
-                         cwd=REPO_ROOT, loglevel=loglevel)
+        super().__init__(
+            APP_MODULE,
+            pool=pool,
+            concurrency=concurrency,
+            queue=queues,
+            env=env,
+            log_dir=log_dir,
+            name=f"bench-{pool}-{uuid.uuid4().hex[:8]}",
+            cwd=REPO_ROOT,
+            loglevel=loglevel,
+        )
         self.queues = list(queues)
         self.records = records
 

@@ -89,8 +89,15 @@ def _hold(task: Any, trial: str, body: str, limit: float) -> str:
     lease = task.lease
     rec = records()
     key = f"det:{trial}"
-    rec.hset(key, mapping={"started": repr(time.time()), "lease_key": lease.key,
-                           "mechanism": lease.target.mechanism, "pid": os.getpid()})
+    rec.hset(
+        key,
+        mapping={
+            "started": repr(time.time()),
+            "lease_key": lease.key,
+            "mechanism": lease.target.mechanism,
+            "pid": os.getpid(),
+        },
+    )
     try:
         if body == "sleep":
             time.sleep(limit)
@@ -100,21 +107,36 @@ def _hold(task: Any, trial: str, body: str, limit: float) -> str:
                 pass
     except LeaseLost as exc:
         at_clock, at_wall = clock.now(), time.time()
-        rec.hset(key, mapping={
-            "outcome": "raised", "cause": exc.cause, "at_wall": repr(at_wall),
-            "at_clock": repr(at_clock), "deadline": repr(lease.deadline)})
+        rec.hset(
+            key,
+            mapping={
+                "outcome": "raised",
+                "cause": exc.cause,
+                "at_wall": repr(at_wall),
+                "at_clock": repr(at_clock),
+                "deadline": repr(lease.deadline),
+            },
+        )
         return "raised"
     at_clock, at_wall = clock.now(), time.time()
     loss = lease.detect_loss()
-    rec.hset(key, mapping={
-        "outcome": "not-raised", "cause": loss.cause if loss else "", "at_wall": repr(at_wall),
-        "at_clock": repr(at_clock), "deadline": repr(lease.deadline)})
+    rec.hset(
+        key,
+        mapping={
+            "outcome": "not-raised",
+            "cause": loss.cause if loss else "",
+            "at_wall": repr(at_wall),
+            "at_clock": repr(at_clock),
+            "deadline": repr(lease.deadline),
+        },
+    )
     return "not-raised"
 
 
 def _stall(trial: str, role: str) -> None:
-    records().rpush(f"stall:{trial}", json.dumps(
-        {"role": role, "at": time.time(), "pid": os.getpid()}))
+    records().rpush(
+        f"stall:{trial}", json.dumps({"role": role, "at": time.time(), "pid": os.getpid()})
+    )
     if role == "holder":
         time.sleep(30.0)  # killed long before; bounded all the same
 
@@ -183,9 +205,17 @@ def _e2e_report(run: str, queue: str = "") -> None:
             time.sleep(0.001)
     with _e2e_lock:
         counts = _e2e_bodies.pop(run, {})
-    records().rpush(f"e2e:{run}:done", json.dumps(
-        {"at": time.time(), "bodies": sum(counts.values()), "keys": len(counts),
-         "max_per_key": max(counts.values(), default=0)}))
+    records().rpush(
+        f"e2e:{run}:done",
+        json.dumps(
+            {
+                "at": time.time(),
+                "bodies": sum(counts.values()),
+                "keys": len(counts),
+                "max_per_key": max(counts.values(), default=0),
+            }
+        ),
+    )
 
 
 def make_app(
@@ -201,8 +231,10 @@ def make_app(
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=True,
         worker_redirect_stdouts=False,
-        ONCE={"backend": "celery_once.backends.Redis",
-              "settings": {"url": broker, "default_timeout": 3600}},
+        ONCE={
+            "backend": "celery_once.backends.Redis",
+            "settings": {"url": broker, "default_timeout": 3600},
+        },
         singleton_backend_url=broker,
     )
 
@@ -232,21 +264,31 @@ def make_app(
     def singleton(run: str, i: int, n: int) -> int:
         return _trivial(run, i, n)
 
-    @app.task(
-        name="bench.once", base=QueueOnce, once={"graceful": True}, shared=False)  # type: ignore[untyped-decorator]
+    @app.task(name="bench.once", base=QueueOnce, once={"graceful": True}, shared=False)  # type: ignore[untyped-decorator]
     def once(run: str, i: int, n: int) -> int:
         return _trivial(run, i, n)
 
     @app.task(  # type: ignore[untyped-decorator]
-        name="bench.hold", base=LeasedTask, bind=True, shared=False, lease_ttl=detect_ttl,
-        lease_backend=lease_store or broker, lease_on_conflict="fail")
+        name="bench.hold",
+        base=LeasedTask,
+        bind=True,
+        shared=False,
+        lease_ttl=detect_ttl,
+        lease_backend=lease_store or broker,
+        lease_on_conflict="fail",
+    )
     def hold(self: Task, trial: str, body: str, limit: float) -> str:
         return _hold(self, trial, body, limit)
 
     for ttl in stall_ttls:
         app.task(
-            name=f"bench.stall_{round(ttl * 1000)}", base=LeasedTask, lease_ttl=ttl, shared=False,
-            lease_key=("trial",), lease_on_conflict="retry", max_retries=None,
+            name=f"bench.stall_{round(ttl * 1000)}",
+            base=LeasedTask,
+            lease_ttl=ttl,
+            shared=False,
+            lease_key=("trial",),
+            lease_on_conflict="retry",
+            max_retries=None,
         )(_stall)
 
     for variant, (base, options) in E2E_VARIANTS.items():

@@ -37,11 +37,29 @@ KEY = "lease:{celery.beat:ops_app}"
 def _beat(env: dict[str, str], where: Path, name: str) -> subprocess.Popen[bytes]:
     with open(where / f"{name}.log", "wb") as log:  # the child keeps its own descriptor
         return subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tests.apps.ops_app", "beat", "-l", "info",
-             "-S", "celery_lease.beat:LeasedScheduler", "-s", str(where / f"schedule-{name}"),
-             "--pidfile", str(where / f"{name}.pid")],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=where,
-            start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tests.apps.ops_app",
+                "beat",
+                "-l",
+                "info",
+                "-S",
+                "celery_lease.beat:LeasedScheduler",
+                "-s",
+                str(where / f"schedule-{name}"),
+                "--pidfile",
+                str(where / f"{name}.pid"),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=where,
+            start_new_session=True,
+        )
 
 
 def _leader_pid(client: redis.Redis) -> int | None:
@@ -52,9 +70,16 @@ def _leader_pid(client: redis.Redis) -> int | None:
 def one_round(url: str, where: Path) -> tuple[float, float]:
     """Float seconds from the SIGTERM, and from the leader's exit, to the standby's
     leadership (negative: it led before the old leader's process had exited)."""
-    env = {**os.environ, "TEST_BROKER_URL": url, "TEST_RESULT_BACKEND": url,
-           "TEST_QUEUE": "handover", "BEAT_MAX_INTERVAL": "300", "BEAT_TTL": "30",
-           "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "TEST_BROKER_URL": url,
+        "TEST_RESULT_BACKEND": url,
+        "TEST_QUEUE": "handover",
+        "BEAT_MAX_INTERVAL": "300",
+        "BEAT_TTL": "30",
+        "PYTHONPATH": str(REPO_ROOT),
+        "PYTHONUNBUFFERED": "1",
+    }
     client = redis.Redis.from_url(url)
     leader = _beat(env, where, "leader")
     wait_for(lambda: _leader_pid(client) == leader.pid, 30)
@@ -81,8 +106,15 @@ def main() -> None:
     rounds = parser.parse_args().rounds
     with RedisServer() as server, tempfile.TemporaryDirectory() as tmp:
         figures = [one_round(server.url(), Path(tmp)) for _ in range(rounds)]
-    print(json.dumps({"from_sigterm_s": summary(f[0] for f in figures),
-                      "from_leader_exit_s": summary(f[1] for f in figures)}, indent=2))
+    print(
+        json.dumps(
+            {
+                "from_sigterm_s": summary(f[0] for f in figures),
+                "from_leader_exit_s": summary(f[1] for f in figures),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -71,13 +71,15 @@ def cluster_passes(sizes: tuple[int, ...], passes: int) -> list[dict[str, Any]]:
                 assert replies == [1] * size, "a renewal was refused"
                 trips.append(dict(counter.writes))
             nodes = {cluster.owner(client.keyslot(k)).port for k, _, _ in leases}
-            rows.append({
-                "leases": size,
-                "primaries_with_leases": len(nodes),
-                "round_trips_per_pass": statistics.median(sum(t.values()) for t in trips),
-                "max_round_trips_per_node": max(max(t.values()) for t in trips),
-                "pass_ms_median": statistics.median(times) * 1000,
-            })
+            rows.append(
+                {
+                    "leases": size,
+                    "primaries_with_leases": len(nodes),
+                    "round_trips_per_pass": statistics.median(sum(t.values()) for t in trips),
+                    "max_round_trips_per_node": max(max(t.values()) for t in trips),
+                    "pass_ms_median": statistics.median(times) * 1000,
+                }
+            )
     return rows
 
 
@@ -94,8 +96,11 @@ def wait_cost(cycles: int) -> dict[str, float]:
                 samples[replicas].append(time.perf_counter() - started)
                 assert found.granted
     plain, waited = (statistics.median(samples[n]) * 1e6 for n in (0, 1))
-    return {"acquire_us": plain, "acquire_min_replicas_1_us": waited,
-            "wait_cost_us": waited - plain}
+    return {
+        "acquire_us": plain,
+        "acquire_min_replicas_1_us": waited,
+        "wait_cost_us": waited - plain,
+    }
 
 
 def main() -> None:
@@ -104,13 +109,17 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=2000)
     args = parser.parse_args()
     rows = cluster_passes((1, 100, 10_000), args.passes)
-    print("| leases | primaries holding them | round trips per pass | most per node |"
-          " pass time, median |")
+    print(
+        "| leases | primaries holding them | round trips per pass | most per node |"
+        " pass time, median |"
+    )
     print("|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['leases']} | {r['primaries_with_leases']} | "
-              f"{r['round_trips_per_pass']:g} | {r['max_round_trips_per_node']} | "
-              f"{r['pass_ms_median']:.2f} ms |")
+        print(
+            f"| {r['leases']} | {r['primaries_with_leases']} | "
+            f"{r['round_trips_per_pass']:g} | {r['max_round_trips_per_node']} | "
+            f"{r['pass_ms_median']:.2f} ms |"
+        )
     cost = wait_cost(args.cycles)
     print()
     print("| acquire | median |")

@@ -98,8 +98,10 @@ def _pottery(client: redis.Redis, key: str) -> None:
 VARIANTS: dict[str, tuple[str, Cycle]] = {
     "limit": ("2 x PING (physical limit)", _limit),
     "celery_lease": ("celery-lease acquire + release", _celery_lease),
-    "celery_lease_async": ("celery-lease acquire + release written (reply read before the next "
-                           "acquire)", _celery_lease_async),
+    "celery_lease_async": (
+        "celery-lease acquire + release written (reply read before the next acquire)",
+        _celery_lease_async,
+    ),
     "redis_py_lock": ("redis-py Lock", _redis_py),
     "python_redis_lock": ("python-redis-lock Lock", _python_redis_lock),
     "pottery_redlock": ("pottery Redlock (1 master)", _pottery),
@@ -129,23 +131,29 @@ def run(url: str, quick: bool) -> dict[str, Any]:
     for name in names:  # warm-up: script loads, imports, the connection
         _time_cycles(VARIANTS[name][1], client, f"bench:cycle:{name}", 50)
     for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             got = _time_cycles(VARIANTS[name][1], client, f"bench:cycle:{name}", cycles)
             samples[name].extend(got)
             round_medians[name].append(sorted(got)[len(got) // 2])
-    result: dict[str, Any] = {"cycles_per_round": cycles, "rounds": rounds, "unit": "us",
-                              "variants": {}}
+    result: dict[str, Any] = {
+        "cycles_per_round": cycles,
+        "rounds": rounds,
+        "unit": "us",
+        "variants": {},
+    }
     for name in names:
         result["variants"][name] = {
             "label": VARIANTS[name][0],
             "latency_us": summary(samples[name]),
             "ratio_to_limit": spread(
-                m / base for m, base in zip(round_medians[name], round_medians["limit"],
-                                            strict=True)),
+                m / base
+                for m, base in zip(round_medians[name], round_medians["limit"], strict=True)
+            ),
             "ratio_to_redis_py_lock": spread(
-                m / base for m, base in zip(round_medians[name], round_medians["redis_py_lock"],
-                                            strict=True)),
+                m / base
+                for m, base in zip(round_medians[name], round_medians["redis_py_lock"], strict=True)
+            ),
         }
     return result
 

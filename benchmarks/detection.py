@@ -42,13 +42,19 @@ UNINTERRUPTIBLE = {
     ("threads", "sleep"): "threads pool: an asynchronous exception lands when time.sleep returns",
     ("gevent", "busy"): "a greenlet that never yields starves the heartbeat (use lease.check())",
     ("eventlet", "busy"): "a greenthread that never yields starves the heartbeat "
-                          "(use lease.check())",
+    "(use lease.check())",
 }
 
 
 def trial(
-    app: Celery, records: redis.Redis, lease_store: RedisServer, pool: str, cause: str,
-    body: str, rng: random.Random, limit: float = LIMIT,
+    app: Celery,
+    records: redis.Redis,
+    lease_store: RedisServer,
+    pool: str,
+    cause: str,
+    body: str,
+    rng: random.Random,
+    limit: float = LIMIT,
 ) -> dict[str, Any]:
     """One execution of ``bench.hold`` losing its lease by ``cause``; returns what it saw."""
     trial_id = uuid.uuid4().hex[:12]
@@ -64,8 +70,12 @@ def trial(
             store.delete(lease_key)
         else:
             lease_store.pause()
-        wait_for(lambda: records.hexists(key, "outcome"), limit + 10.0, 0.002,
-                 f"{pool} {cause} {body} outcome")
+        wait_for(
+            lambda: records.hexists(key, "outcome"),
+            limit + 10.0,
+            0.002,
+            f"{pool} {cause} {body} outcome",
+        )
     finally:
         if lease_store.paused:
             lease_store.resume()
@@ -85,8 +95,12 @@ def trial(
 
 
 def run(
-    app: Celery, records: redis.Redis, lease_store: RedisServer, workers: dict[str, Worker],
-    quick: bool, seed: int = 4,
+    app: Celery,
+    records: redis.Redis,
+    lease_store: RedisServer,
+    workers: dict[str, Worker],
+    quick: bool,
+    seed: int = 4,
 ) -> dict[str, Any]:
     """Benchmark 4 on one worker per pool; ``repeats`` trials per (pool, cause, body)."""
     repeats, limit = (1, LIMIT_QUICK) if quick else (5, LIMIT)
@@ -98,19 +112,32 @@ def run(
                 # Where the body cannot be interrupted every trial lasts the whole body and
                 # tells the same story: fewer of them.
                 count = min(repeats, 2) if (pool, body) in UNINTERRUPTIBLE else repeats
-                trials = [trial(app, records, lease_store, pool, cause, body, rng, limit)
-                          for _ in range(count)]
+                trials = [
+                    trial(app, records, lease_store, pool, cause, body, rng, limit)
+                    for _ in range(count)
+                ]
                 figure = "after_event_s" if cause == "refused" else "after_deadline_s"
                 raised = [t[figure] * 1000 for t in trials if t["raised"]]
                 cells[f"{pool}/{cause}/{body}"] = {
-                    "pool": pool, "cause": cause, "body": body, "trials": len(trials),
-                    "raised": len(raised), "mechanism": trials[0]["mechanism"],
-                    "measure": ("ms from the refusal (DEL) to LeaseLost in the body"
-                                if cause == "refused" else
-                                "ms from the local deadline to LeaseLost in the body"),
+                    "pool": pool,
+                    "cause": cause,
+                    "body": body,
+                    "trials": len(trials),
+                    "raised": len(raised),
+                    "mechanism": trials[0]["mechanism"],
+                    "measure": (
+                        "ms from the refusal (DEL) to LeaseLost in the body"
+                        if cause == "refused"
+                        else "ms from the local deadline to LeaseLost in the body"
+                    ),
                     "latency_ms": summary(raised) if raised else None,
                     "samples_ms": raised,
                     "causes_seen": sorted({t["cause_seen"] for t in trials}),
                 }
-    return {"ttl_s": TTL, "renew_interval_s": TTL / 3, "body_limit_s": limit,
-            "repeats": repeats, "cells": cells}
+    return {
+        "ttl_s": TTL,
+        "renew_interval_s": TTL / 3,
+        "body_limit_s": limit,
+        "repeats": repeats,
+        "cells": cells,
+    }

@@ -77,18 +77,34 @@ def workloads(quick: bool, concurrent: bool = False) -> dict[str, dict[str, Any]
     and (``grouped``) whether each key's copies are published back to back."""
     if concurrent:
         bursts = workloads(quick)["bursts"]
-        return {"bursts": bursts,
-                "bursts_grouped": {"keys": max(bursts["keys"] // 5, 4), "copies": 10,
-                                   "sleep_ms": GROUPED_SLEEP_MS, "grouped": True}}
+        return {
+            "bursts": bursts,
+            "bursts_grouped": {
+                "keys": max(bursts["keys"] // 5, 4),
+                "copies": 10,
+                "sleep_ms": GROUPED_SLEEP_MS,
+                "grouped": True,
+            },
+        }
     if quick:
-        return {"distinct": {"keys": 150, "copies": 1, "sleep_ms": 0.0},
-                "bursts": {"keys": 20, "copies": 5, "sleep_ms": BURST_SLEEP_MS}}
-    return {"distinct": {"keys": 1500, "copies": 1, "sleep_ms": 0.0},
-            "bursts": {"keys": 100, "copies": 10, "sleep_ms": BURST_SLEEP_MS}}
+        return {
+            "distinct": {"keys": 150, "copies": 1, "sleep_ms": 0.0},
+            "bursts": {"keys": 20, "copies": 5, "sleep_ms": BURST_SLEEP_MS},
+        }
+    return {
+        "distinct": {"keys": 1500, "copies": 1, "sleep_ms": 0.0},
+        "bursts": {"keys": 100, "copies": 10, "sleep_ms": BURST_SLEEP_MS},
+    }
 
 
-def run_batch(app: Celery, records: redis.Redis, worker: Worker, redis_pid: int | None,
-              variant: str, work: dict[str, Any]) -> dict[str, float]:
+def run_batch(
+    app: Celery,
+    records: redis.Redis,
+    worker: Worker,
+    redis_pid: int | None,
+    variant: str,
+    work: dict[str, Any],
+) -> dict[str, float]:
     """Publish one workload's calls of ``variant`` while ``worker`` consumes them; returns
     ``seconds``, the CPU seconds of publisher, worker and Redis, and the bodies run."""
     run = uuid.uuid4().hex[:12]
@@ -97,8 +113,7 @@ def run_batch(app: Celery, records: redis.Redis, worker: Worker, redis_pid: int 
 
     def cpu() -> tuple[float, float, float]:
         # The benchmark's own process alone: the worker and redis-server may be its children.
-        return (process_cpu(me, children=False), process_cpu(consumer),
-                process_cpu(redis_pid))
+        return (process_cpu(me, children=False), process_cpu(consumer), process_cpu(redis_pid))
 
     queue = worker.queues[0]
     if work.get("grouped"):
@@ -111,8 +126,9 @@ def run_batch(app: Celery, records: redis.Redis, worker: Worker, redis_pid: int 
     with app.producer_or_acquire() as producer:
         for key in order:
             task_id = uuid.uuid4().hex
-            sent = task.apply_async((run, str(key), work["sleep_ms"]), queue=queue,
-                                    producer=producer, task_id=task_id)
+            sent = task.apply_async(
+                (run, str(key), work["sleep_ms"]), queue=queue, producer=producer, task_id=task_id
+            )
             # A refused duplicate: None (celery-once, graceful), or the result of the
             # copy already queued (celery-singleton).
             published += sent is not None and sent.id == task_id
@@ -129,13 +145,19 @@ def run_batch(app: Celery, records: redis.Redis, worker: Worker, redis_pid: int 
         raise RuntimeError(f"e2e {variant}: no report from the worker\n{worker.log_tail()}")
     cpu1, switches1 = cpu(), context_switches(consumer)
     report = json.loads(found[1])
-    return {"seconds": seconds, "publisher_cpu": cpu1[0] - cpu0[0],
-            "worker_cpu": cpu1[1] - cpu0[1], "redis_cpu": cpu1[2] - cpu0[2],
-            "cpu": sum(cpu1) - sum(cpu0), "calls": work["keys"] * work["copies"],
-            "worker_waits": switches1[0] - switches0[0],
-            "worker_preemptions": switches1[1] - switches0[1],
-            "published": published, "bodies": report["bodies"],
-            "max_bodies_per_key": report["max_per_key"]}
+    return {
+        "seconds": seconds,
+        "publisher_cpu": cpu1[0] - cpu0[0],
+        "worker_cpu": cpu1[1] - cpu0[1],
+        "redis_cpu": cpu1[2] - cpu0[2],
+        "cpu": sum(cpu1) - sum(cpu0),
+        "calls": work["keys"] * work["copies"],
+        "worker_waits": switches1[0] - switches0[0],
+        "worker_preemptions": switches1[1] - switches0[1],
+        "published": published,
+        "bodies": report["bodies"],
+        "max_bodies_per_key": report["max_per_key"],
+    }
 
 
 def available(app: Celery) -> tuple[list[str], dict[str, str]]:
@@ -147,8 +169,14 @@ def available(app: Celery) -> tuple[list[str], dict[str, str]]:
     return names, skipped
 
 
-def measure(app: Celery, records: redis.Redis, worker: Worker, redis_pid: int | None,
-            work: dict[str, Any], rounds: int) -> dict[str, Any]:
+def measure(
+    app: Celery,
+    records: redis.Redis,
+    worker: Worker,
+    redis_pid: int | None,
+    work: dict[str, Any],
+    rounds: int,
+) -> dict[str, Any]:
     """Every variant through one workload for ``rounds`` rounds; ratios taken per round."""
     variants, _ = available(app)
     warm = dict(work, keys=max(10, work["keys"] // 10))
@@ -156,7 +184,7 @@ def measure(app: Celery, records: redis.Redis, worker: Worker, redis_pid: int | 
         run_batch(app, records, worker, redis_pid, variant, warm)
     rows: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     for r in range(rounds):
-        for variant in variants[r % len(variants):] + variants[:r % len(variants)]:
+        for variant in variants[r % len(variants) :] + variants[: r % len(variants)]:
             rows[variant].append(run_batch(app, records, worker, redis_pid, variant, work))
     result: dict[str, Any] = {**work, "rounds": rounds, "variants": {}}
     calls = work["keys"] * work["copies"]
@@ -171,12 +199,15 @@ def measure(app: Celery, records: redis.Redis, worker: Worker, redis_pid: int | 
             "seconds": spread(row["seconds"] for row in mine),
             "time_ratio_to_plain": ratio("seconds"),
             "cpu_ratio_to_plain": ratio("cpu"),
-            **{f"{part}_cpu_us_per_call": spread(row[f"{part}_cpu"] / calls * 1e6
-                                                 for row in mine)
-               for part in ("publisher", "worker", "redis")},
+            **{
+                f"{part}_cpu_us_per_call": spread(row[f"{part}_cpu"] / calls * 1e6 for row in mine)
+                for part in ("publisher", "worker", "redis")
+            },
             # The worker's context switches per call: waits (voluntary) and preemptions.
-            **{f"worker_{kind}_per_call": spread(row[f"worker_{kind}"] / calls for row in mine)
-               for kind in ("waits", "preemptions")},
+            **{
+                f"worker_{kind}_per_call": spread(row[f"worker_{kind}"] / calls for row in mine)
+                for kind in ("waits", "preemptions")
+            },
             "published": spread(row["published"] for row in mine),
             "bodies": spread(row["bodies"] for row in mine),
             "max_bodies_per_key": max(row["max_bodies_per_key"] for row in mine),
@@ -189,8 +220,14 @@ def measure(app: Celery, records: redis.Redis, worker: Worker, redis_pid: int | 
     return result
 
 
-def run(app: Celery, records: redis.Redis, worker: Worker, redis_pid: int | None,
-        quick: bool, rounds: int | None = None) -> dict[str, Any]:
+def run(
+    app: Celery,
+    records: redis.Redis,
+    worker: Worker,
+    redis_pid: int | None,
+    quick: bool,
+    rounds: int | None = None,
+) -> dict[str, Any]:
     """Benchmark 7 on the solo ``worker`` (consuming :data:`QUEUE`), or the concurrent
     variant's (:data:`CONCURRENT_QUEUE`); ``redis_pid`` is the broker's redis-server, whose
     CPU is counted; ``rounds`` (int) defaults to 1 with ``quick``, else 5."""
@@ -198,21 +235,31 @@ def run(app: Celery, records: redis.Redis, worker: Worker, redis_pid: int | None
     concurrent = worker.concurrency > 1
     _, skipped = available(app)
     for variant, why in skipped.items():
-        print(f"  e2e: {variant} skipped (the installed celery_lease refuses its options: "
-              f"{why})", file=sys.stderr, flush=True)
+        print(
+            f"  e2e: {variant} skipped (the installed celery_lease refuses its options: {why})",
+            file=sys.stderr,
+            flush=True,
+        )
     pool = f"{worker.pool} (-c {worker.concurrency})" if concurrent else worker.pool
-    return {"pool": pool, "skipped": skipped,
-            "workloads": {name: measure(app, records, worker, redis_pid, work, rounds)
-                          for name, work in workloads(quick, concurrent).items()}}
+    return {
+        "pool": pool,
+        "skipped": skipped,
+        "workloads": {
+            name: measure(app, records, worker, redis_pid, work, rounds)
+            for name, work in workloads(quick, concurrent).items()
+        },
+    }
 
 
-def start_worker(env: dict[str, str], log_dir: Path, records: redis.Redis,
-                 concurrent: bool = False) -> Worker:
+def start_worker(
+    env: dict[str, str], log_dir: Path, records: redis.Redis, concurrent: bool = False
+) -> Worker:
     """The benchmark's own solo worker, consuming :data:`QUEUE` only; with ``concurrent``,
     the :data:`CONCURRENCY` worker consuming :data:`CONCURRENT_QUEUE`."""
     pool, concurrency = CONCURRENCY if concurrent else ("solo", 1)
-    worker = Worker(pool, concurrency, [CONCURRENT_QUEUE if concurrent else QUEUE], env, log_dir,
-                    records)
+    worker = Worker(
+        pool, concurrency, [CONCURRENT_QUEUE if concurrent else QUEUE], env, log_dir, records
+    )
     worker.start()
     return worker
 
@@ -226,8 +273,11 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.e2e")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--concurrent", action="store_true",
-                        help=f"a {CONCURRENCY[0]} worker with -c {CONCURRENCY[1]}, bursts only")
+    parser.add_argument(
+        "--concurrent",
+        action="store_true",
+        help=f"a {CONCURRENCY[0]} worker with -c {CONCURRENCY[1]}, bursts only",
+    )
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 5, quick 1)")
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = parser.parse_args(argv)
@@ -237,8 +287,9 @@ def main(argv: list[str] | None = None) -> int:
         worker = start_worker({"BENCH_BROKER": broker.url()}, log_dir, records, args.concurrent)
         try:
             worker.wait_ready()
-            result = run(make_app(broker.url()), records, worker, broker.pid, args.quick,
-                         args.rounds)
+            result = run(
+                make_app(broker.url()), records, worker, broker.pid, args.quick, args.rounds
+            )
         finally:
             worker.stop()
     if args.out:

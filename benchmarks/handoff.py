@@ -50,8 +50,9 @@ def _park_one(client: redis.Redis) -> None:
     handoff.park(client, KEY, "queue", uuid.uuid4().hex, '{"task": "bench"}', 100, 86_400_000)
 
 
-VARIANTS: dict[str, tuple[Callable[[redis.Redis], None] | None,
-                          Callable[[redis.Redis, str], None]]] = {
+VARIANTS: dict[
+    str, tuple[Callable[[redis.Redis], None] | None, Callable[[redis.Redis, str], None]]
+] = {
     "release-2": (None, _release),
     "release_handoff-4, empty line": (None, _handoff),
     "release_handoff-4, one waiting": (_park_one, _handoff),
@@ -85,8 +86,10 @@ def main() -> None:
         client = store.client_for(server.url(0), 2.0)
         for name, medians in measure(client, args.rounds, args.cycles).items():
             q = statistics.quantiles(medians, n=4)
-            print(f"{name:34s} median {statistics.median(medians):7.1f} us "
-                  f"(rounds: q1 {q[0]:.1f}, q3 {q[2]:.1f})")
+            print(
+                f"{name:34s} median {statistics.median(medians):7.1f} us "
+                f"(rounds: q1 {q[0]:.1f}, q3 {q[2]:.1f})"
+            )
 
 
 if __name__ == "__main__":

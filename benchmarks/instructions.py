@@ -122,11 +122,26 @@ def _run_sections(url: str, count: int, labels_path: Path) -> None:
         def execute(i: int, task: Any = task, tracer: Any = tracer, run: str = run) -> None:
             task_id = uuid.uuid4().hex
             args = (run, i, 10**9)
-            tracer(task_id, args, {}, {
-                "id": task_id, "task": task.name, "hostname": "bench@cg", "args": args,
-                "kwargs": {}, "is_eager": False, "headers": None,
-                "delivery_info": {"exchange": "", "routing_key": "cg", "priority": 0,
-                                  "redelivered": False}})
+            tracer(
+                task_id,
+                args,
+                {},
+                {
+                    "id": task_id,
+                    "task": task.name,
+                    "hostname": "bench@cg",
+                    "args": args,
+                    "kwargs": {},
+                    "is_eager": False,
+                    "headers": None,
+                    "delivery_info": {
+                        "exchange": "",
+                        "routing_key": "cg",
+                        "priority": 0,
+                        "redelivered": False,
+                    },
+                },
+            )
 
         section(f"worker/{variant}", execute)
     records = store.client_for(url, 5.0)
@@ -161,9 +176,17 @@ def _run_sections(url: str, count: int, labels_path: Path) -> None:
     target = interrupt.for_current_context(signum)
 
     def make_lease(i: int) -> Lease:
-        return Lease(key=keys[i], token=tokens[i], fencing_token=1, task_name=leased.name,
-                     task_id="task-id", options=options, client=client, target=target,
-                     sent_at=clock.now())
+        return Lease(
+            key=keys[i],
+            token=tokens[i],
+            fencing_token=1,
+            task_name=leased.name,
+            task_id="task-id",
+            options=options,
+            client=client,
+            target=target,
+            sent_at=clock.now(),
+        )
 
     leases = [make_lease(i) for i in range(len(keys))]
 
@@ -179,17 +202,22 @@ def _run_sections(url: str, count: int, labels_path: Path) -> None:
         lease = leases[i]
         if signals.lease_acquired.receivers:
             signals.lease_acquired.send(sender=leased, key=lease.key)
-        lifecycle.logger.debug("lease acquired: key=%s task=%s[%s] token=%s fencing_token=%d "
-                               "ttl=%.3fs", lease.key, lease.task_name, lease.task_id,
-                               lease.token, lease.fencing_token, options.ttl)
+        lifecycle.logger.debug(
+            "lease acquired: key=%s task=%s[%s] token=%s fencing_token=%d ttl=%.3fs",
+            lease.key,
+            lease.task_name,
+            lease.task_id,
+            lease.token,
+            lease.fencing_token,
+            options.ttl,
+        )
         heartbeat().wake_for_pending()
         lifecycle.announce_end(lease, None, None, sender=leased)
 
     ping = store.client_for(url, 5.0)
     steps: dict[str, Callable[[int], Any]] = {
         "settings_client": settings_client,
-        "key": lambda i: build_key(options.key_prefix, leased.name, sig, spec, (run, i, 10**9),
-                                   {}),
+        "key": lambda i: build_key(options.key_prefix, leased.name, sig, spec, (run, i, 10**9), {}),
         "token_holder": lambda i: (os.urandom(16).hex(), holder.to_json()),
         "settle_none": lambda i: pending.settle_all(),
         "acquire": acquire,
@@ -231,15 +259,31 @@ def measure(count: int = DEFAULT_COUNT, hiredis: bool = True) -> dict[str, Any]:
     try:
         with RedisServer() as server:
             proc = subprocess.run(
-                [valgrind, "--tool=callgrind", "--dump-before=os_getppid*",
-                 "--separate-threads=yes", f"--callgrind-out-file={work / 'cg.out'}",
-                 sys.executable, "-m", "benchmarks.instructions", "--child", server.url(),
-                 str(labels_path),
-                 "--count", str(count)],
-                cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=3600)
+                [
+                    valgrind,
+                    "--tool=callgrind",
+                    "--dump-before=os_getppid*",
+                    "--separate-threads=yes",
+                    f"--callgrind-out-file={work / 'cg.out'}",
+                    sys.executable,
+                    "-m",
+                    "benchmarks.instructions",
+                    "--child",
+                    server.url(),
+                    str(labels_path),
+                    "--count",
+                    str(count),
+                ],
+                cwd=REPO_ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=3600,
+            )
         if proc.returncode != 0 or not labels_path.exists():
-            raise RuntimeError(f"callgrind child failed ({proc.returncode}):\n"
-                               f"{proc.stderr[-3000:]}")
+            raise RuntimeError(
+                f"callgrind child failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+            )
         labels = json.loads(labels_path.read_text())
         # Dump k holds what ran up to mark k since mark k - 1 (dump 1: the start-up too),
         # one file per thread: cg.out.<k>-<thread>, thread 01 the main one.
@@ -250,75 +294,108 @@ def measure(count: int = DEFAULT_COUNT, hiredis: bool = True) -> dict[str, Any]:
                 raise RuntimeError(f"no callgrind dump {number} of {len(labels)}")
             costs[label] = _cost(files[0])
         if list(work.glob(f"cg.out.{len(labels) + 1}-*")):
-            raise RuntimeError("more callgrind dumps than intervals: something else called "
-                               "os.getppid()")
+            raise RuntimeError(
+                "more callgrind dumps than intervals: something else called os.getppid()"
+            )
         # Only the thread that calls os.getppid() dumps: the others' cost (the heartbeat's)
         # is in the final files, for the whole run.
-        other_threads = sum(_cost(f) for f in work.glob("cg.out-*") if not
-                            f.name.endswith("-01"))
+        other_threads = sum(_cost(f) for f in work.glob("cg.out-*") if not f.name.endswith("-01"))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     base = costs.pop("noop")
-    per_op = {label: round((cost - base) / count) for label, cost in costs.items()
-              if label != "-"}
+    per_op = {label: round((cost - base) / count) for label, cost in costs.items() if label != "-"}
     # The heartbeat thread apart: its wake-ups depend on timing, the main thread's count not.
-    return {"count": count, "hiredis": hiredis, "per_operation": per_op,
-            "heartbeat_thread_whole_run": other_threads, **derived(per_op)}
+    return {
+        "count": count,
+        "hiredis": hiredis,
+        "per_operation": per_op,
+        "heartbeat_thread_whole_run": other_threads,
+        **derived(per_op),
+    }
 
 
 def derived(per_op: dict[str, int]) -> dict[str, Any]:
     """What each library adds to a plain ``Task``, worker and publisher side, and the target."""
     worker = {v: per_op[f"worker/{v}"] - per_op["worker/plain"] for v in WORKER_VARIANTS}
-    publisher = {v: per_op[f"publisher/{v}"] - per_op["publisher/plain"]
-                 for v in PUBLISHER_VARIANTS}
+    publisher = {
+        v: per_op[f"publisher/{v}"] - per_op["publisher/plain"] for v in PUBLISHER_VARIANTS
+    }
     total = {v: worker[v] + publisher.get(v, 0) for v in worker}
     steps = {name: per_op[f"step/{name}"] for name in STEPS}
     measured = sum(v for k, v in steps.items() if not k.startswith("ping"))
-    return {"worker_added": worker, "publisher_added": publisher, "total_added": total,
-            "steps": steps, "steps_rest": worker["leased"] - measured,
-            "lease_vs_peers": {peer: round(worker["leased"] / total[peer], 3)
-                               for peer in ("singleton", "once")}}
+    return {
+        "worker_added": worker,
+        "publisher_added": publisher,
+        "total_added": total,
+        "steps": steps,
+        "steps_rest": worker["leased"] - measured,
+        "lease_vs_peers": {
+            peer: round(worker["leased"] / total[peer], 3) for peer in ("singleton", "once")
+        },
+    }
 
 
 def markdown(result: dict[str, Any]) -> str:
     """The per-step table and the comparison with the peers, as Markdown."""
-    lines = [f"Instructions per execution (callgrind, {result['count']} executions per "
-             f"section, hiredis {'installed' if result['hiredis'] else 'not installed'}):", "",
-             "| what each adds to a plain Task | worker | publisher | total |",
-             "|---|---:|---:|---:|"]
-    labels = {"floor1": "plain + 1 x PING in the body", "leased": "celery-lease LeasedTask",
-              "leased_sync": "celery-lease, release waited for",
-              "singleton": "celery-singleton", "once": "celery-once"}
+    lines = [
+        f"Instructions per execution (callgrind, {result['count']} executions per "
+        f"section, hiredis {'installed' if result['hiredis'] else 'not installed'}):",
+        "",
+        "| what each adds to a plain Task | worker | publisher | total |",
+        "|---|---:|---:|---:|",
+    ]
+    labels = {
+        "floor1": "plain + 1 x PING in the body",
+        "leased": "celery-lease LeasedTask",
+        "leased_sync": "celery-lease, release waited for",
+        "singleton": "celery-singleton",
+        "once": "celery-once",
+    }
     for variant, label in labels.items():
         worker = result["worker_added"][variant]
         pub = result["publisher_added"].get(variant)
-        lines.append(f"| {label} | {worker / 1000:,.0f} k | "
-                     f"{'n/a' if pub is None else f'{pub / 1000:,.0f} k'} | "
-                     f"{result['total_added'][variant] / 1000:,.0f} k |")
+        lines.append(
+            f"| {label} | {worker / 1000:,.0f} k | "
+            f"{'n/a' if pub is None else f'{pub / 1000:,.0f} k'} | "
+            f"{result['total_added'][variant] / 1000:,.0f} k |"
+        )
     lines += ["", "| step of a leased execution (worker) | instructions |", "|---|---:|"]
     for name, what in STEPS.items():
         lines.append(f"| {what} | {result['steps'][name] / 1000:,.1f} k |")
-    lines.append(f"| the rest: LeasedTask.__call__, Claim, context variable, lifecycle "
-                 f"bookkeeping | {result['steps_rest'] / 1000:,.1f} k |")
+    lines.append(
+        f"| the rest: LeasedTask.__call__, Claim, context variable, lifecycle "
+        f"bookkeeping | {result['steps_rest'] / 1000:,.1f} k |"
+    )
     whole = result.get("whole_worker")
     if whole is not None:
-        lines += ["", f"A whole solo worker (benchmarks.worker_instructions, {whole['calls']} "
-                  f"calls per variant, publisher left out):", "",
-                  "| variant | instructions per execution | added to plain |", "|---|---:|---:|"]
+        lines += [
+            "",
+            f"A whole solo worker (benchmarks.worker_instructions, {whole['calls']} "
+            f"calls per variant, publisher left out):",
+            "",
+            "| variant | instructions per execution | added to plain |",
+            "|---|---:|---:|",
+        ]
         for variant, count in whole["per_execution"].items():
-            lines.append(f"| {labels.get(variant, 'plain Task')} | {count / 1000:,.0f} k | "
-                         f"{whole['added'][variant] / 1000:,.0f} k |")
+            lines.append(
+                f"| {labels.get(variant, 'plain Task')} | {count / 1000:,.0f} k | "
+                f"{whole['added'][variant] / 1000:,.0f} k |"
+            )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.instructions",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.instructions", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--count", type=int, default=DEFAULT_COUNT)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "benchmarks")
-    parser.add_argument("--no-hiredis", action="store_true",
-                        help="hide the hiredis package from the measured process")
+    parser.add_argument(
+        "--no-hiredis",
+        action="store_true",
+        help="hide the hiredis package from the measured process",
+    )
     parser.add_argument("--child", nargs=2, metavar=("URL", "LABELS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:

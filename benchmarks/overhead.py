@@ -66,14 +66,21 @@ def run_batch(
     target_queue = worker.queues[0]
     cpu0 = _worker_cpu(worker)
     records.rename(hold_queue, target_queue)
-    wait_for(lambda: records.exists(f"tp:{run}:last"), 30.0 + n / 20, 0.005,
-             lambda: f"{variant} batch on {worker.pool}:\n{worker.log_tail()}")
+    wait_for(
+        lambda: records.exists(f"tp:{run}:last"),
+        30.0 + n / 20,
+        0.005,
+        lambda: f"{variant} batch on {worker.pool}:\n{worker.log_tail()}",
+    )
     cpu = _worker_cpu(worker) - cpu0
     first = float(records.get(f"tp:{run}:first") or 0)
     last = float(records.get(f"tp:{run}:last") or 0)
     records.delete(f"tp:{run}:first", f"tp:{run}:last")
-    return {"throughput": (n - 1) / (last - first), "publish_us": publish_us,
-            "worker_cpu_us": cpu / n * 1e6}
+    return {
+        "throughput": (n - 1) / (last - first),
+        "publish_us": publish_us,
+        "worker_cpu_us": cpu / n * 1e6,
+    }
 
 
 def _worker_cpu(worker: Worker) -> float:
@@ -89,16 +96,24 @@ def measure_pool(
         run_batch(app, records, worker, variant, max(20, n // 10))
     per_round: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     for r in range(rounds):
-        order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
+        order = VARIANTS[r % len(VARIANTS) :] + VARIANTS[: r % len(VARIANTS)]
         for variant in order:
             per_round[variant].append(run_batch(app, records, worker, variant, n))
-    result: dict[str, Any] = {"pool": worker.pool, "concurrency": worker.concurrency,
-                              "tasks_per_batch": n, "rounds": rounds, "variants": {}}
+    result: dict[str, Any] = {
+        "pool": worker.pool,
+        "concurrency": worker.concurrency,
+        "tasks_per_batch": n,
+        "rounds": rounds,
+        "variants": {},
+    }
     for variant in VARIANTS:
         rows = per_round[variant]
+
         def ratios(base: str, rows: list[dict[str, float]] = rows) -> dict[str, float]:
-            return spread(row["throughput"] / ref["throughput"]
-                          for row, ref in zip(rows, per_round[base], strict=True))
+            return spread(
+                row["throughput"] / ref["throughput"]
+                for row, ref in zip(rows, per_round[base], strict=True)
+            )
 
         result["variants"][variant] = {
             "label": LABELS[variant],
@@ -116,5 +131,4 @@ def run(
 ) -> dict[str, Any]:
     """Benchmark 2 on the solo and prefork workers in ``workers``."""
     n, rounds = (150, 1) if quick else (500, 6)
-    return {"pools": {pool: measure_pool(app, records, workers[pool], n, rounds)
-                      for pool in POOLS}}
+    return {"pools": {pool: measure_pool(app, records, workers[pool], n, rounds) for pool in POOLS}}

@@ -35,16 +35,27 @@ APP = "tests.apps.preempt_app"
 def measure(pool: str, trials: int, url: str, log_dir: Path) -> list[float]:
     """``trials`` preemptions on a ``pool`` worker; the notice's latency of each, seconds."""
     queue = f"preempt-{pool}-{uuid.uuid4().hex[:6]}"
-    env = {"TEST_BROKER_URL": url, "TEST_RESULT_BACKEND": url, "TEST_QUEUE": queue,
-           "PYTHONPATH": str(REPO_ROOT)}
+    env = {
+        "TEST_BROKER_URL": url,
+        "TEST_RESULT_BACKEND": url,
+        "TEST_QUEUE": queue,
+        "PYTHONPATH": str(REPO_ROOT),
+    }
     os.environ.update(env)
     from tests.apps import preempt_app
 
-    preempt_app.app.conf.update(broker_url=url, result_backend=url, lease_backend=url,
-                                task_default_queue=queue)
-    worker = CeleryWorker(APP, pool=pool, concurrency=2 if pool != "gevent" else 4,
-                          queue=queue, env={**os.environ, **env}, log_dir=log_dir,
-                          cwd=REPO_ROOT)
+    preempt_app.app.conf.update(
+        broker_url=url, result_backend=url, lease_backend=url, task_default_queue=queue
+    )
+    worker = CeleryWorker(
+        APP,
+        pool=pool,
+        concurrency=2 if pool != "gevent" else 4,
+        queue=queue,
+        env={**os.environ, **env},
+        log_dir=log_dir,
+        cwd=REPO_ROOT,
+    )
     worker.start()
     latencies = []
     try:
@@ -52,8 +63,12 @@ def measure(pool: str, trials: int, url: str, log_dir: Path) -> list[float]:
         for _ in range(trials):
             tag = uuid.uuid4().hex[:10]
             old = preempt_app.work.delay(tag, "old")
-            wait_for(lambda t=tag: [r for r in preempt_app.runs(t) if r["what"] == "start"],
-                     30, 0.005, "the first body's start")
+            wait_for(
+                lambda t=tag: [r for r in preempt_app.runs(t) if r["what"] == "start"],
+                30,
+                0.005,
+                "the first body's start",
+            )
             preempt_app.work.delay(tag, "new", 0.05).get(timeout=30)
             old.get(timeout=30, propagate=False)
             seen = {(r["run"], r["what"]): r["at"] for r in preempt_app.runs(tag)}
@@ -72,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     with RedisServer() as server, tempfile.TemporaryDirectory() as logs:
         for pool in POOLS:
             values = measure(pool, args.trials, server.url(0), Path(logs))
-            figures[pool] = {k: v if k == "n" else round(v * 1000, 1)
-                             for k, v in summary(values).items()}
+            figures[pool] = {
+                k: v if k == "n" else round(v * 1000, 1) for k, v in summary(values).items()
+            }
     print(json.dumps(figures, indent=2))
     return 0
 

@@ -56,42 +56,64 @@ def steps(app: Any, url: str) -> dict[str, float]:
     result["lease_settings"] = _median_us(task.lease_settings)
     result["lease_key_for"] = _median_us(lambda: task.lease_key_for(args, {}))
     result["token"] = _median_us(lambda: os.urandom(16).hex())  # as lifecycle.take makes it
-    result["holder_json"] = _median_us(lambda: store.holder_json(
-        task.name, "task-id", socket.gethostname(), os.getpid()))
-    result["target_create_finish"] = _median_us(
-        lambda: interrupt.for_current_context(12).finish())
+    result["holder_json"] = _median_us(
+        lambda: store.holder_json(task.name, "task-id", socket.gethostname(), os.getpid())
+    )
+    result["target_create_finish"] = _median_us(lambda: interrupt.for_current_context(12).finish())
     found = store.acquire(client, "profile:key", "t" * 32, options.ttl_ms, "{}")
     result["parse_value"] = _median_us(lambda: store.parse_value(found.holder.token + ":1:{}"))
     store.release(client, "profile:key", "t" * 32)
 
     def lease_add_remove() -> None:
-        lease = Lease(key="k", token="t", fencing_token=1, task_name=task.name, task_id="i",
-                      options=options, client=client, target=interrupt.for_current_context(12),
-                      sent_at=clock.now())
+        lease = Lease(
+            key="k",
+            token="t",
+            fencing_token=1,
+            task_name=task.name,
+            task_id="i",
+            options=options,
+            client=client,
+            target=interrupt.for_current_context(12),
+            sent_at=clock.now(),
+        )
         beat = heartbeat(12)
         beat.add(lease)
         beat.remove(lease)
         lease.target.finish()
 
     result["lease_heartbeat_add_remove"] = _median_us(lease_add_remove)
-    result["signals_acquired_released"] = _median_us(lambda: (
-        signals.lease_acquired.send(sender=task, key="k", token="t", fencing_token=1,
-                                    task_id="i", ttl=1.0, latency=0.0),
-        signals.lease_released.send(sender=task, key="k", token="t", fencing_token=1,
-                                    task_id="i", held=0.0, released=True)))
+    result["signals_acquired_released"] = _median_us(
+        lambda: (
+            signals.lease_acquired.send(
+                sender=task, key="k", token="t", fencing_token=1, task_id="i", ttl=1.0, latency=0.0
+            ),
+            signals.lease_released.send(
+                sender=task,
+                key="k",
+                token="t",
+                fencing_token=1,
+                task_id="i",
+                held=0.0,
+                released=True,
+            ),
+        )
+    )
     result["acquire_call"], result["release_call"] = _acquire_release(client, options.ttl_ms)
     # The same two calls as redis-py's Lock makes them, on the same client.
     lock_release = client.lock("profile:rp").lua_release
-    result["redis_py_set_nx_px_call"] = _median_us(lambda: client.set(
-        "profile:rp", "t" * 32, nx=True, px=options.ttl_ms))
-    result["redis_py_lock_release_call"] = _median_us(lambda: lock_release(
-        keys=["profile:rp"], args=["t" * 32], client=client))
+    result["redis_py_set_nx_px_call"] = _median_us(
+        lambda: client.set("profile:rp", "t" * 32, nx=True, px=options.ttl_ms)
+    )
+    result["redis_py_lock_release_call"] = _median_us(
+        lambda: lock_release(keys=["profile:rp"], args=["t" * 32], client=client)
+    )
     # Server-side time per call (INFO commandstats) of each script and of SET.
     client.config_resetstat()
     _acquire_release(client, options.ttl_ms, 1000)
     evalsha = client.info("commandstats").get("cmdstat_evalsha", {})
     result["server_us_per_script_call_avg_of_acquire_and_release"] = float(
-        evalsha.get("usec_per_call", 0.0))
+        evalsha.get("usec_per_call", 0.0)
+    )
     client.config_resetstat()
     for i in range(1000):
         client.set(f"profile:rp:{i % 64}", "t", nx=True, px=options.ttl_ms)
@@ -141,8 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         text = profiler.output_text(unicode=False, color=False, show_all=False)
         (args.out / "profile-leased-task.txt").write_text(text)
         measured = steps(app, server.url())
-    (args.out / "profile-steps.json").write_text(json.dumps(
-        {k: round(v, 1) for k, v in measured.items()}, indent=1) + "\n")
+    (args.out / "profile-steps.json").write_text(
+        json.dumps({k: round(v, 1) for k, v in measured.items()}, indent=1) + "\n"
+    )
     print(text)
     print(json.dumps({k: round(v, 1) for k, v in measured.items()}, indent=1))
     return 0

@@ -44,15 +44,20 @@ Variant = Callable[[int], Any]
 def _counts(client: redis.Redis) -> dict[str, int]:
     """Calls per command so far, ``INFO`` left out (the reading itself)."""
     stats = client.info("commandstats")
-    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()
-            if name != "cmdstat_info"}
+    return {
+        name.removeprefix("cmdstat_"): int(v["calls"])
+        for name, v in stats.items()
+        if name != "cmdstat_info"
+    }
 
 
 def _per_publish(before: dict[str, int], after: dict[str, int], n: int) -> dict[str, float]:
     calls = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     scripts = calls.get("evalsha", 0) + calls.get("eval", 0)
-    return {"round_trips": scripts / n if scripts else sum(calls.values()) / n,
-            "commands_inside_scripts": (sum(calls.values()) - scripts) / n if scripts else 0.0}
+    return {
+        "round_trips": scripts / n if scripts else sum(calls.values()) / n,
+        "commands_inside_scripts": (sum(calls.values()) - scripts) / n if scripts else 0.0,
+    }
 
 
 def make_tasks(broker_url: str, lease_url: str) -> tuple[Any, Any, Any]:
@@ -65,13 +70,23 @@ def make_tasks(broker_url: str, lease_url: str) -> tuple[Any, Any, Any]:
     def plain(n: int) -> None:
         """Never runs: no worker."""
 
-    @app.task(base=LeasedTask, name="bench.dedupe", lease_key=("n",), lease_dedupe=True,  # type: ignore[untyped-decorator]
-              shared=False)
+    @app.task(
+        base=LeasedTask,
+        name="bench.dedupe",
+        lease_key=("n",),
+        lease_dedupe=True,  # type: ignore[untyped-decorator]
+        shared=False,
+    )
     def dedupe(n: int) -> None:
         """Never runs: no worker."""
 
-    @app.task(base=LeasedTask, name="bench.debounce", lease_key=("n",),  # type: ignore[untyped-decorator]
-              lease_debounce=600.0, shared=False)
+    @app.task(
+        base=LeasedTask,
+        name="bench.debounce",
+        lease_key=("n",),  # type: ignore[untyped-decorator]
+        lease_debounce=600.0,
+        shared=False,
+    )
     def debounce(n: int) -> None:
         """Never runs: no worker."""
 
@@ -105,8 +120,7 @@ def measure(publishes: int = 2000, rounds: int = 5) -> dict[str, Any]:
                 elapsed = time.perf_counter() - started
                 after = {k: _counts(c) for k, c in counters.items()}
                 times[name].append(elapsed / publishes * 1e6)
-                trips[name] = {k: _per_publish(before[k], after[k], publishes)
-                               for k in counters}
+                trips[name] = {k: _per_publish(before[k], after[k], publishes) for k in counters}
                 broker.client().flushall()  # the queue, not the counting
         for client in counters.values():
             client.close()
@@ -137,8 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--publishes", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
-    print(json.dumps({**measure(args.publishes, args.rounds),
-                      **measure_acquire(args.publishes, args.rounds)}, indent=2))
+    print(
+        json.dumps(
+            {
+                **measure(args.publishes, args.rounds),
+                **measure_acquire(args.publishes, args.rounds),
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

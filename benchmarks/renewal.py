@@ -46,6 +46,7 @@ REDIS_LOCK_NS = (1, 100, 1000)
 
 # --- child side ---------------------------------------------------------------------------------
 
+
 class _SendCounter:
     """Counts every request written to Redis (one per command, one per whole pipeline)."""
 
@@ -117,9 +118,17 @@ def _take_leases(url: str, n: int, ttl: float, threads: int = 1) -> list[Any]:
         found = store.acquire(client, key, token, options.ttl_ms, holder)
         if not found.granted:
             raise AssertionError(f"lease {key} not granted")
-        lease = Lease(key=key, token=token, fencing_token=found.holder.fencing_token,
-                      task_name="bench.renewal", task_id=f"t{i}", options=options,
-                      client=client, target=_CountingTarget(), sent_at=sent_at)
+        lease = Lease(
+            key=key,
+            token=token,
+            fencing_token=found.holder.fencing_token,
+            task_name="bench.renewal",
+            task_id=f"t{i}",
+            options=options,
+            client=client,
+            target=_CountingTarget(),
+            sent_at=sent_at,
+        )
         beat.add(lease)
         return lease
 
@@ -152,8 +161,14 @@ def child_passes(url: str, n: int, warmup: float, window: float) -> dict[str, An
             return original(client, leases, *args)
         finally:
             if recording.is_set():
-                calls.append((time.perf_counter() - wall, time.thread_time() - cpu, len(leases),
-                              _sent.value - sent))
+                calls.append(
+                    (
+                        time.perf_counter() - wall,
+                        time.thread_time() - cpu,
+                        len(leases),
+                        _sent.value - sent,
+                    )
+                )
 
     store.renew_many = timed  # type: ignore[assignment]
     _sent.install()
@@ -167,19 +182,28 @@ def child_passes(url: str, n: int, warmup: float, window: float) -> dict[str, An
     sent, used, wall = _sent.value - sent0, cpu() - cpu0, time.perf_counter() - wall0
     passes = len(calls)
     return {
-        "n": n, "interval_s": 1.0, "window_s": wall, "passes": passes,
+        "n": n,
+        "interval_s": 1.0,
+        "window_s": wall,
+        "passes": passes,
         "round_trips_per_pass": sum(c[3] for c in calls) / passes if passes else None,
         "round_trips_per_interval": sent / wall,
         "leases_per_pass": sum(c[2] for c in calls) / passes if passes else None,
-        "renew_call_wall_ms": {"median": percentile([c[0] * 1e3 for c in calls], 50),
-                               "max": max(c[0] * 1e3 for c in calls)} if calls else None,
+        "renew_call_wall_ms": {
+            "median": percentile([c[0] * 1e3 for c in calls], 50),
+            "max": max(c[0] * 1e3 for c in calls),
+        }
+        if calls
+        else None,
         # Each call's wall time per lease it renewed, the slowest of them: the passes renew
         # different numbers of leases, so the slowest call over the mean count would mix them.
         "renew_call_wall_us_per_lease_max": max(c[0] * 1e6 / c[2] for c in calls)
-        if calls else None,
+        if calls
+        else None,
         "renew_call_cpu_ms": percentile([c[1] * 1e3 for c in calls], 50) if calls else None,
         "thread_cpu_per_pass_ms": used / passes * 1e3 if passes else None,
-        "lost": _CountingTarget.delivered, "held": len(leases),
+        "lost": _CountingTarget.delivered,
+        "held": len(leases),
     }
 
 
@@ -226,8 +250,9 @@ def child_steady(impl: str, url: str, n: int, interval: float, window: float) ->
         expire = round(interval * 3 / 2)  # renewed every expire * 2 / 3 = interval
         run = uuid.uuid4().hex[:8]
         for i in range(n):
-            lock = redis_lock.Lock(client, f"bench:rlock:{run}:{i}", expire=expire,
-                                   auto_renewal=True)
+            lock = redis_lock.Lock(
+                client, f"bench:rlock:{run}:{i}", expire=expire, auto_renewal=True
+            )
             if not lock.acquire(blocking=False):
                 raise AssertionError("python-redis-lock not acquired")
             held.append(lock)
@@ -240,7 +265,10 @@ def child_steady(impl: str, url: str, n: int, interval: float, window: float) ->
     sent, cpu, wall = _sent.value - sent0, time.process_time() - cpu0, time.perf_counter() - wall0
     rss2, threads2 = _rss_and_threads()
     return {
-        "impl": impl, "n": n, "interval_s": interval, "window_s": wall,
+        "impl": impl,
+        "n": n,
+        "interval_s": interval,
+        "window_s": wall,
         "round_trips_per_interval": sent * interval / wall,
         "cpu_percent_of_one_core": cpu / wall * 100,
         "cpu_ms_per_interval": cpu * interval / wall * 1e3,
@@ -253,8 +281,9 @@ def child_steady(impl: str, url: str, n: int, interval: float, window: float) ->
 def _child_main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.renewal")
     parser.add_argument("mode", choices=("passes", "steady"))
-    parser.add_argument("--impl", default="celery_lease",
-                        choices=("celery_lease", "python_redis_lock"))
+    parser.add_argument(
+        "--impl", default="celery_lease", choices=("celery_lease", "python_redis_lock")
+    )
     parser.add_argument("--url", required=True)
     parser.add_argument("--n", type=int, required=True)
     parser.add_argument("--interval", type=float, default=10.0)
@@ -274,11 +303,20 @@ def _child_main(argv: list[str]) -> None:
 
 
 def _spawn(args: list[str]) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    return subprocess.Popen([sys.executable, "-m", "benchmarks.renewal", *args],
-                            stdout=subprocess.PIPE, stderr=tempfile.TemporaryFile(), text=True,
-                            env=env, cwd=str(REPO_ROOT))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+        ),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.renewal", *args],
+        stdout=subprocess.PIPE,
+        stderr=tempfile.TemporaryFile(),
+        text=True,
+        env=env,
+        cwd=str(REPO_ROOT),
+    )
 
 
 def _collect(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
@@ -308,8 +346,24 @@ def run(url: str, quick: bool, on_steady: Callable[[], None] | None = None) -> d
     passes = {}
     procs = []
     for n in NS:
-        procs.append((n, _spawn(["passes", "--url", url, "--n", str(n), "--warmup", str(warmup),
-                                 "--window", str(window)])))
+        procs.append(
+            (
+                n,
+                _spawn(
+                    [
+                        "passes",
+                        "--url",
+                        url,
+                        "--n",
+                        str(n),
+                        "--warmup",
+                        str(warmup),
+                        "--window",
+                        str(window),
+                    ]
+                ),
+            )
+        )
         if not quick:
             passes[str(n)] = _collect(procs[-1][1], 120)
     for n, proc in procs:
@@ -322,9 +376,27 @@ def run(url: str, quick: bool, on_steady: Callable[[], None] | None = None) -> d
     children: list[tuple[str, int, subprocess.Popen[str]]] = []
     plan = [("celery_lease", n) for n in NS] + [("python_redis_lock", n) for n in REDIS_LOCK_NS]
     for impl, n in plan:
-        children.append((impl, n, _spawn([
-            "steady", "--impl", impl, "--url", url, "--n", str(n), "--interval", str(interval),
-            "--window", str(steady_window)])))
+        children.append(
+            (
+                impl,
+                n,
+                _spawn(
+                    [
+                        "steady",
+                        "--impl",
+                        impl,
+                        "--url",
+                        url,
+                        "--n",
+                        str(n),
+                        "--interval",
+                        str(interval),
+                        "--window",
+                        str(steady_window),
+                    ]
+                ),
+            )
+        )
         time.sleep(0.2 if quick else 1.0)  # stagger: their renewal passes must not coincide
     for _impl, _n, proc in children:  # every lease taken before anything else starts
         if proc.stdout is None or proc.stdout.readline().strip() != "acquired":
@@ -337,8 +409,12 @@ def run(url: str, quick: bool, on_steady: Callable[[], None] | None = None) -> d
     for n in NS:
         if n not in REDIS_LOCK_NS:
             steady["python_redis_lock"][str(n)] = {
-                "impl": "python_redis_lock", "n": n, "not_run": (
-                    f"one thread per lock: {n} threads and up to {n} simultaneous connections")}
+                "impl": "python_redis_lock",
+                "n": n,
+                "not_run": (
+                    f"one thread per lock: {n} threads and up to {n} simultaneous connections"
+                ),
+            }
     return {"passes": passes, "steady": steady, "steady_interval_s": interval}
 
 

@@ -19,16 +19,31 @@ STALL_SLACK_S = 1.0
 # --- targets ------------------------------------------------------------------------------------
 
 
-def _target(name: str, goal: str, value: float | None, limit: float, unit: str,
-            higher_is_better: bool = False, note: str = "") -> dict[str, Any]:
+def _target(
+    name: str,
+    goal: str,
+    value: float | None,
+    limit: float,
+    unit: str,
+    higher_is_better: bool = False,
+    note: str = "",
+) -> dict[str, Any]:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         met, margin = False, None
     elif higher_is_better:
         met, margin = value >= limit, value - limit
     else:
         met, margin = value <= limit, limit - value
-    return {"name": name, "goal": goal, "value": value, "limit": limit, "unit": unit,
-            "met": met, "margin": margin, "note": note}
+    return {
+        "name": name,
+        "goal": goal,
+        "value": value,
+        "limit": limit,
+        "unit": unit,
+        "met": met,
+        "margin": margin,
+        "note": note,
+    }
 
 
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -39,38 +54,76 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     pinned = "same_core" in results["cycle"]
     cyc = (results["cycle"]["same_core"] if pinned else results["cycle"])["variants"]
     where = " (same core)" if pinned else ""
-    out.append(_target(
-        "cycle_vs_limit", f"acquire + release within 1.2x of two round trips{where}",
-        cyc["celery_lease"]["ratio_to_limit"]["median"], 1.2, "x"))
-    for variant, what in (("celery_lease", "acquire + release"),
-                          ("celery_lease_async", "acquire + release written (as LeasedTask)")):
-        out.append(_target(
-            f"cycle_vs_redis_py_{variant}", f"{what} at least as fast as redis-py Lock{where}",
-            cyc[variant]["ratio_to_redis_py_lock"]["median"], 1.0, "x"))
+    out.append(
+        _target(
+            "cycle_vs_limit",
+            f"acquire + release within 1.2x of two round trips{where}",
+            cyc["celery_lease"]["ratio_to_limit"]["median"],
+            1.2,
+            "x",
+        )
+    )
+    for variant, what in (
+        ("celery_lease", "acquire + release"),
+        ("celery_lease_async", "acquire + release written (as LeasedTask)"),
+    ):
+        out.append(
+            _target(
+                f"cycle_vs_redis_py_{variant}",
+                f"{what} at least as fast as redis-py Lock{where}",
+                cyc[variant]["ratio_to_redis_py_lock"]["median"],
+                1.0,
+                "x",
+            )
+        )
     # Section 2's worker-only throughput is published, not judged: a lease is taken when the
     # execution starts and released before the result is stored, which the peers, locking in
     # the publisher, do not pay there. The whole trip is judged instead (section 7).
     if "e2e" in results:
         out += e2e_targets(results["e2e"])
     passes = results["renewal"]["passes"]
-    out.append(_target(
-        "renewal_round_trips", "one round trip per renewal pass, whatever N (worst N)",
-        max(p["round_trips_per_pass"] for p in passes.values()), 1.0, "round trips"))
+    out.append(
+        _target(
+            "renewal_round_trips",
+            "one round trip per renewal pass, whatever N (worst N)",
+            max(p["round_trips_per_pass"] for p in passes.values()),
+            1.0,
+            "round trips",
+        )
+    )
     big = passes[str(max(renewal.NS))]
     steady_interval = results["renewal"]["steady_interval_s"]
-    out.append(_target(
-        "renewal_10k_wall", "10 000 leases renewed in under 50 ms per pass",
-        big["renew_call_wall_us_per_lease_max"] * max(renewal.NS) / 1000, 50.0, "ms",
-        note="slowest renewal call, per lease it renewed, scaled to 10 000 leases"))
+    out.append(
+        _target(
+            "renewal_10k_wall",
+            "10 000 leases renewed in under 50 ms per pass",
+            big["renew_call_wall_us_per_lease_max"] * max(renewal.NS) / 1000,
+            50.0,
+            "ms",
+            note="slowest renewal call, per lease it renewed, scaled to 10 000 leases",
+        )
+    )
     one = results["renewal"]["steady"]
-    out.append(_target(
-        "renewal_1_cpu", f"one lease: heartbeat CPU per {steady_interval:g} s interval at most "
-        f"python-redis-lock's with one lock", one["celery_lease"]["1"]["cpu_ms_per_interval"],
-        one["python_redis_lock"]["1"]["cpu_ms_per_interval"], "ms"))
+    out.append(
+        _target(
+            "renewal_1_cpu",
+            f"one lease: heartbeat CPU per {steady_interval:g} s interval at most "
+            f"python-redis-lock's with one lock",
+            one["celery_lease"]["1"]["cpu_ms_per_interval"],
+            one["python_redis_lock"]["1"]["cpu_ms_per_interval"],
+            "ms",
+        )
+    )
     steady = results["renewal"]["steady"]["celery_lease"][str(max(renewal.NS))]
-    out.append(_target(
-        "renewal_10k_cpu", f"10 000 leases: CPU under 5% of one core "
-        f"(interval {steady_interval:g} s)", steady["cpu_percent_of_one_core"], 5.0, "%"))
+    out.append(
+        _target(
+            "renewal_10k_cpu",
+            f"10 000 leases: CPU under 5% of one core (interval {steady_interval:g} s)",
+            steady["cpu_percent_of_one_core"],
+            5.0,
+            "%",
+        )
+    )
     det = results["detection"]
     refusal_limit = det["renew_interval_s"] * 1000 + DEADLINE_SLACK_MS
     for key, cell in det["cells"].items():
@@ -80,16 +133,35 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         if cell["raised"] < cell["trials"]:
             worst = None
         if cell["cause"] == "deadline":
-            out.append(_target(f"detect_{key}", f"LeaseLost within 50 ms of the deadline ({key})",
-                               worst, DEADLINE_SLACK_MS, "ms"))
+            out.append(
+                _target(
+                    f"detect_{key}",
+                    f"LeaseLost within 50 ms of the deadline ({key})",
+                    worst,
+                    DEADLINE_SLACK_MS,
+                    "ms",
+                )
+            )
         else:
-            out.append(_target(
-                f"detect_{key}", f"LeaseLost within one interval + 50 ms of a refusal ({key})",
-                worst, refusal_limit, "ms"))
+            out.append(
+                _target(
+                    f"detect_{key}",
+                    f"LeaseLost within one interval + 50 ms of a refusal ({key})",
+                    worst,
+                    refusal_limit,
+                    "ms",
+                )
+            )
     for ttl_key, res in results["stall"]["ttls"].items():
-        out.append(_target(
-            f"stall_ttl_{ttl_key}", f"stall after SIGKILL at most TTL + 1 s (TTL {ttl_key} s)",
-            res["stall_s"]["max"], res["ttl_s"] + STALL_SLACK_S, "s"))
+        out.append(
+            _target(
+                f"stall_ttl_{ttl_key}",
+                f"stall after SIGKILL at most TTL + 1 s (TTL {ttl_key} s)",
+                res["stall_s"]["max"],
+                res["ttl_s"] + STALL_SLACK_S,
+                "s",
+            )
+        )
     return out
 
 
@@ -106,31 +178,53 @@ def e2e_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     variants = res["workloads"]["distinct"]["variants"]
     for what, field in (("time", "time_ratio_to_plain"), ("CPU", "cpu_ratio_to_plain")):
         for peer in ("singleton", "once"):
-            out.append(_target(
-                f"e2e_distinct_{field.split('_')[0]}_vs_{peer}",
-                f"end to end, distinct keys: LeasedTask {what} at or below "
-                f"{e2e.LABELS[peer]}'s", variants["leased"][field]["median"]
-                / variants[peer][field]["median"], 1.0, "x",
-                note="ratio of the two medians (to plain), publisher + worker + Redis"))
+            out.append(
+                _target(
+                    f"e2e_distinct_{field.split('_')[0]}_vs_{peer}",
+                    f"end to end, distinct keys: LeasedTask {what} at or below "
+                    f"{e2e.LABELS[peer]}'s",
+                    variants["leased"][field]["median"] / variants[peer][field]["median"],
+                    1.0,
+                    "x",
+                    note="ratio of the two medians (to plain), publisher + worker + Redis",
+                )
+            )
     for name, work in res["workloads"].items():
         for variant, v in work["variants"].items():
             if v["every_call_ran"] is not None:
-                out.append(_target(
-                    f"e2e_{name}_{variant}_every_call_ran",
-                    f"end to end, {name}: {v['label']} ran every call (none skipped)",
-                    float(v["every_call_ran"]), 1.0, "", higher_is_better=True))
+                out.append(
+                    _target(
+                        f"e2e_{name}_{variant}_every_call_ran",
+                        f"end to end, {name}: {v['label']} ran every call (none skipped)",
+                        float(v["every_call_ran"]),
+                        1.0,
+                        "",
+                        higher_is_better=True,
+                    )
+                )
     bursts = res["workloads"]["bursts"]["variants"]
     if "leased_dedupe" in bursts:
         dedupe = bursts["leased_dedupe"]
-        out.append(_target(
-            "e2e_bursts_dedupe_bodies", "bursts, lease_dedupe: at most two bodies per key",
-            float(dedupe["max_bodies_per_key"]), DEDUPE_MAX_BODIES, "bodies"))
+        out.append(
+            _target(
+                "e2e_bursts_dedupe_bodies",
+                "bursts, lease_dedupe: at most two bodies per key",
+                float(dedupe["max_bodies_per_key"]),
+                DEDUPE_MAX_BODIES,
+                "bodies",
+            )
+        )
         for what, field in (("time", "time_ratio_to_plain"), ("CPU", "cpu_ratio_to_plain")):
             best = min(bursts[p][field]["median"] for p in ("singleton", "once"))
-            out.append(_target(
-                f"e2e_bursts_dedupe_{field.split('_')[0]}",
-                f"bursts, lease_dedupe: {what} within {DEDUPE_SLACK}x of the better peer",
-                dedupe[field]["median"] / best, DEDUPE_SLACK, "x"))
+            out.append(
+                _target(
+                    f"e2e_bursts_dedupe_{field.split('_')[0]}",
+                    f"bursts, lease_dedupe: {what} within {DEDUPE_SLACK}x of the better peer",
+                    dedupe[field]["median"] / best,
+                    DEDUPE_SLACK,
+                    "x",
+                )
+            )
     return out
 
 
@@ -162,8 +256,12 @@ def expected_figures(results: dict[str, Any]) -> Iterator[tuple[str, Any]]:
             if impl == "python_redis_lock" and n not in renewal.REDIS_LOCK_NS:
                 continue
             s = results["renewal"]["steady"][impl].get(str(n), {})
-            for name in ("round_trips_per_interval", "cpu_percent_of_one_core",
-                         "threads_added", "rss_added_mib"):
+            for name in (
+                "round_trips_per_interval",
+                "cpu_percent_of_one_core",
+                "threads_added",
+                "rss_added_mib",
+            ):
                 yield f"renewal.steady.{impl}.{n}.{name}", s.get(name)
     for pool in detection.POOLS:
         for cause in detection.CAUSES:
@@ -171,18 +269,18 @@ def expected_figures(results: dict[str, Any]) -> Iterator[tuple[str, Any]]:
                 cell = results["detection"]["cells"].get(f"{pool}/{cause}/{body}", {})
                 yield f"detection.{pool}.{cause}.{body}.raised", cell.get("raised")
                 if (pool, body) not in NOT_INTERRUPTIBLE:
-                    yield (f"detection.{pool}.{cause}.{body}.median_ms",
-                           (cell.get("latency_ms") or {}).get("median"))
+                    yield (
+                        f"detection.{pool}.{cause}.{body}.median_ms",
+                        (cell.get("latency_ms") or {}).get("median"),
+                    )
     for ttl_key, res in results["stall"]["ttls"].items():
         yield f"stall.{ttl_key}.max_s", res.get("stall_s", {}).get("max")
     for name in e2e.workloads(quick=True):
         work = results.get("e2e", {}).get("workloads", {}).get(name, {}).get("variants", {})
         for variant in ("plain", "leased", "leased_sync", "singleton", "once"):
             v = work.get(variant, {})
-            yield f"e2e.{name}.{variant}.time_ratio", v.get("time_ratio_to_plain", {}).get(
-                "median")
-            yield f"e2e.{name}.{variant}.cpu_ratio", v.get("cpu_ratio_to_plain", {}).get(
-                "median")
+            yield f"e2e.{name}.{variant}.time_ratio", v.get("time_ratio_to_plain", {}).get("median")
+            yield f"e2e.{name}.{variant}.cpu_ratio", v.get("cpu_ratio_to_plain", {}).get("median")
     for pool in soak.POOLS:
         res = results.get("soak", {}).get("pools", {}).get(pool, {})
         for name in ("rss_mib", "sockets", "threads"):
@@ -233,108 +331,178 @@ def markdown(results: dict[str, Any]) -> str:
         "|---|---:|---:|---:|",
     ]
     for v in results["cycle"]["variants"].values():
-        lines.append(f"| {v['label']} | {_f(v['latency_us']['median'], 0)} | "
-                     f"{_f(v['latency_us']['p99'], 0)} | {_range(v['ratio_to_limit'])} |")
+        lines.append(
+            f"| {v['label']} | {_f(v['latency_us']['median'], 0)} | "
+            f"{_f(v['latency_us']['p99'], 0)} | {_range(v['ratio_to_limit'])} |"
+        )
     pinned = results["cycle"].get("same_core")
     if pinned:
-        lines += ["", "Same measurement with the benchmark and its redis-server pinned to one "
-                  "core (no cross-core wake-ups; the targets are judged on this one):", "",
-                  "| variant | median µs | p99 µs | ratio to 2 x PING |", "|---|---:|---:|---:|"]
+        lines += [
+            "",
+            "Same measurement with the benchmark and its redis-server pinned to one "
+            "core (no cross-core wake-ups; the targets are judged on this one):",
+            "",
+            "| variant | median µs | p99 µs | ratio to 2 x PING |",
+            "|---|---:|---:|---:|",
+        ]
         for v in pinned["variants"].values():
-            lines.append(f"| {v['label']} | {_f(v['latency_us']['median'], 0)} | "
-                         f"{_f(v['latency_us']['p99'], 0)} | {_range(v['ratio_to_limit'])} |")
-    lines += ["", "### 2. Task throughput through a real worker", "",
-              "| pool | variant | tasks/s | ratio to plain | ratio to floor | worker CPU µs/task "
-              "| publish µs/task |", "|---|---|---:|---:|---:|---:|---:|"]
+            lines.append(
+                f"| {v['label']} | {_f(v['latency_us']['median'], 0)} | "
+                f"{_f(v['latency_us']['p99'], 0)} | {_range(v['ratio_to_limit'])} |"
+            )
+    lines += [
+        "",
+        "### 2. Task throughput through a real worker",
+        "",
+        "| pool | variant | tasks/s | ratio to plain | ratio to floor | worker CPU µs/task "
+        "| publish µs/task |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for pool, res in results["overhead"]["pools"].items():
         for v in res["variants"].values():
-            lines.append(f"| {pool} (-c {res['concurrency']}) | {v['label']} | "
-                         f"{_f(v['throughput']['median'], 0)} | {_range(v['ratio_to_plain'])} | "
-                         f"{_range(v['ratio_to_floor'])} | "
-                         f"{_f(v['worker_cpu_us_per_task']['median'], 0)} | "
-                         f"{_f(v['publish_us']['median'], 0)} |")
+            lines.append(
+                f"| {pool} (-c {res['concurrency']}) | {v['label']} | "
+                f"{_f(v['throughput']['median'], 0)} | {_range(v['ratio_to_plain'])} | "
+                f"{_range(v['ratio_to_floor'])} | "
+                f"{_f(v['worker_cpu_us_per_task']['median'], 0)} | "
+                f"{_f(v['publish_us']['median'], 0)} |"
+            )
     ren = results["renewal"]
-    lines += ["", "### 3. Renewal cost: one process holding N leases", "",
-              "Per renewal pass (interval 1 s):", "",
-              "| N | passes | round trips / pass | round trips / interval | leases / pass "
-              "| renew call wall ms (median, max) | renew call CPU ms | heartbeat CPU ms / pass |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "### 3. Renewal cost: one process holding N leases",
+        "",
+        "Per renewal pass (interval 1 s):",
+        "",
+        "| N | passes | round trips / pass | round trips / interval | leases / pass "
+        "| renew call wall ms (median, max) | renew call CPU ms | heartbeat CPU ms / pass |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for n, p in ren["passes"].items():
         wall = p["renew_call_wall_ms"]
-        lines.append(f"| {n} | {p['passes']} | {_f(p['round_trips_per_pass'])} | "
-                     f"{_f(p['round_trips_per_interval'])} | "
-                     f"{_f(p['leases_per_pass'], 0)} | {_f(wall['median'])}, {_f(wall['max'])} | "
-                     f"{_f(p['renew_call_cpu_ms'])} | {_f(p['thread_cpu_per_pass_ms'])} |")
-    lines += ["", f"Steady state at a {ren['steady_interval_s']:g} s interval:", "",
-              "| N | library | round trips / interval | CPU % of one core | CPU ms / interval "
-              "| threads added | RSS added MiB |", "|---:|---|---:|---:|---:|---:|---:|"]
+        lines.append(
+            f"| {n} | {p['passes']} | {_f(p['round_trips_per_pass'])} | "
+            f"{_f(p['round_trips_per_interval'])} | "
+            f"{_f(p['leases_per_pass'], 0)} | {_f(wall['median'])}, {_f(wall['max'])} | "
+            f"{_f(p['renew_call_cpu_ms'])} | {_f(p['thread_cpu_per_pass_ms'])} |"
+        )
+    lines += [
+        "",
+        f"Steady state at a {ren['steady_interval_s']:g} s interval:",
+        "",
+        "| N | library | round trips / interval | CPU % of one core | CPU ms / interval "
+        "| threads added | RSS added MiB |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
     for n in renewal.NS:
-        for impl, label in (("celery_lease", "celery-lease"),
-                            ("python_redis_lock", "python-redis-lock")):
+        for impl, label in (
+            ("celery_lease", "celery-lease"),
+            ("python_redis_lock", "python-redis-lock"),
+        ):
             s = ren["steady"][impl][str(n)]
             if "not_run" in s:
                 lines.append(f"| {n} | {label} | not run: {s['not_run']} | | | | |")
                 continue
-            lines.append(f"| {n} | {label} | {_f(s['round_trips_per_interval'], 1)} | "
-                         f"{_f(s['cpu_percent_of_one_core'], 3)} | "
-                         f"{_f(s['cpu_ms_per_interval'])} | {s['threads_added']} | "
-                         f"{_f(s['rss_added_mib'])} |")
+            lines.append(
+                f"| {n} | {label} | {_f(s['round_trips_per_interval'], 1)} | "
+                f"{_f(s['cpu_percent_of_one_core'], 3)} | "
+                f"{_f(s['cpu_ms_per_interval'])} | {s['threads_added']} | "
+                f"{_f(s['rss_added_mib'])} |"
+            )
     big = ren["steady"]["celery_lease"][str(max(renewal.NS))]
     per_lease = big["rss_added_mib"] * 2**20 / max(renewal.NS)
-    lines += ["", f"At {max(renewal.NS):,} leases: {per_lease:,.0f} bytes of resident memory "
-              f"per held lease, {big['threads_added']} heartbeat "
-              f"thread for all of them."]
+    lines += [
+        "",
+        f"At {max(renewal.NS):,} leases: {per_lease:,.0f} bytes of resident memory "
+        f"per held lease, {big['threads_added']} heartbeat "
+        f"thread for all of them.",
+    ]
     det = results["detection"]
-    lines += ["", "### 4. Loss detection: LeaseLost in the body", "",
-              f"lease_ttl {det['ttl_s']:g} s (renewed every {det['renew_interval_s'] * 1000:.0f}"
-              f" ms), {det['repeats']} trial(s) per cell (at most 2 where the body cannot be "
-              f"interrupted). Refused: ms from the DEL to LeaseLost. "
-              f"Deadline: ms from the lease's local deadline to LeaseLost.", "",
-              "| pool | cause | body | mechanism | raised | median ms | min ms | max ms |",
-              "|---|---|---|---|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "### 4. Loss detection: LeaseLost in the body",
+        "",
+        f"lease_ttl {det['ttl_s']:g} s (renewed every {det['renew_interval_s'] * 1000:.0f}"
+        f" ms), {det['repeats']} trial(s) per cell (at most 2 where the body cannot be "
+        f"interrupted). Refused: ms from the DEL to LeaseLost. "
+        f"Deadline: ms from the lease's local deadline to LeaseLost.",
+        "",
+        "| pool | cause | body | mechanism | raised | median ms | min ms | max ms |",
+        "|---|---|---|---|---:|---:|---:|---:|",
+    ]
     for cell in det["cells"].values():
         lat = cell["latency_ms"]
         note = NOT_INTERRUPTIBLE.get((cell["pool"], cell["body"]))
-        stats = (f"{_f(lat['median'], 1)} | {_f(lat['min'], 1)} | {_f(lat['max'], 1)}"
-                 if lat else "n/a | n/a | n/a")
+        stats = (
+            f"{_f(lat['median'], 1)} | {_f(lat['min'], 1)} | {_f(lat['max'], 1)}"
+            if lat
+            else "n/a | n/a | n/a"
+        )
         suffix = f" ({note})" if note else ""
-        lines.append(f"| {cell['pool']} | {cell['cause']} | {cell['body']}{suffix} | "
-                     f"{cell['mechanism']} | {cell['raised']}/{cell['trials']} | {stats} |")
+        lines.append(
+            f"| {cell['pool']} | {cell['cause']} | {cell['body']}{suffix} | "
+            f"{cell['mechanism']} | {cell['raised']}/{cell['trials']} | {stats} |"
+        )
     st = results["stall"]
-    lines += ["", "### 5. Stall after SIGKILL of the holder", "",
-              f"{st['pool']} worker, {st['repeats']} crash(es) per TTL; seconds from the "
-              f"SIGKILL to the duplicate's body starting.", "",
-              "| TTL s | median s | min s | max s | worst - TTL s |",
-              "|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "### 5. Stall after SIGKILL of the holder",
+        "",
+        f"{st['pool']} worker, {st['repeats']} crash(es) per TTL; seconds from the "
+        f"SIGKILL to the duplicate's body starting.",
+        "",
+        "| TTL s | median s | min s | max s | worst - TTL s |",
+        "|---:|---:|---:|---:|---:|",
+    ]
     for res in st["ttls"].values():
         s = res["stall_s"]
-        lines.append(f"| {res['ttl_s']:g} | {_f(s['median'])} | {_f(s['min'])} | "
-                     f"{_f(s['max'])} | {_f(res['worst_over_ttl_s'])} |")
+        lines.append(
+            f"| {res['ttl_s']:g} | {_f(s['median'])} | {_f(s['min'])} | "
+            f"{_f(s['max'])} | {_f(res['worst_over_ttl_s'])} |"
+        )
     soak = results.get("soak")
     if soak:
-        lines += ["", "### 6. Soak: many leased executions through one worker", "",
-                  f"{soak['executions']:,} executions of the leased task (distinct arguments) per "
-                  "pool; the worker's process tree measured after a 1,000-execution warm-up "
-                  "and after the soak.", "",
-                  "| pool | executions/s | RSS MiB start → end | sockets start → end "
-                  "| threads start → end | processes |", "|---|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "### 6. Soak: many leased executions through one worker",
+            "",
+            f"{soak['executions']:,} executions of the leased task (distinct arguments) per "
+            "pool; the worker's process tree measured after a 1,000-execution warm-up "
+            "and after the soak.",
+            "",
+            "| pool | executions/s | RSS MiB start → end | sockets start → end "
+            "| threads start → end | processes |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
         for pool, res in soak["pools"].items():
             a, b = res["start"], res["end"]
             lines.append(
                 f"| {pool} (-c {res['concurrency']}) | {_f(res['executions'] / res['seconds'], 0)}"
                 f" | {a['rss_mib']:.1f} → {b['rss_mib']:.1f} | {a['sockets']} → {b['sockets']} | "
-                f"{a['threads']} → {b['threads']} | {a['processes']} → {b['processes']} |")
+                f"{a['threads']} → {b['threads']} | {a['processes']} → {b['processes']} |"
+            )
     if "e2e" in results:
-        lines += ["", "### 7. End to end: publisher, worker and Redis", "",
-                  e2e_markdown(results["e2e"])]
-    lines += ["", "### Targets", "", "| target | value | limit | met | margin |",
-              "|---|---:|---:|:---:|---:|"]
+        lines += [
+            "",
+            "### 7. End to end: publisher, worker and Redis",
+            "",
+            e2e_markdown(results["e2e"]),
+        ]
+    lines += [
+        "",
+        "### Targets",
+        "",
+        "| target | value | limit | met | margin |",
+        "|---|---:|---:|:---:|---:|",
+    ]
     for t in results["targets"]:
         margin = "" if t["margin"] is None else f"{t['margin']:+.3g} {t['unit']}"
         note = f" — {t['note']}" if t["note"] else ""
-        lines.append(f"| {t['goal']}{note} | {_f(t['value'], 3)} {t['unit']} | "
-                     f"{_f(t['limit'], 3)} {t['unit']} | {'yes' if t['met'] else '**no**'} | "
-                     f"{margin} |")
+        lines.append(
+            f"| {t['goal']}{note} | {_f(t['value'], 3)} {t['unit']} | "
+            f"{_f(t['limit'], 3)} {t['unit']} | {'yes' if t['met'] else '**no**'} | "
+            f"{margin} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -344,28 +512,36 @@ def e2e_markdown(res: dict[str, Any]) -> str:
     lines = []
     for name, work in res["workloads"].items():
         calls = work["keys"] * work["copies"]
-        lines += [f"**{name}**: {work['keys']:,} keys x {work['copies']} request(s) "
-                  f"({calls:,} calls), body {work['sleep_ms']:g} ms, one producer and one "
-                  f"{res['pool']} worker, {work['rounds']} round(s).", "",
-                  "| variant | s per batch | time / plain | CPU / plain | CPU µs per call: "
-                  "publisher, worker, Redis | worker context switches per call: waits, "
-                  "preemptions | published | bodies | most bodies per key |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            f"**{name}**: {work['keys']:,} keys x {work['copies']} request(s) "
+            f"({calls:,} calls), body {work['sleep_ms']:g} ms, one producer and one "
+            f"{res['pool']} worker, {work['rounds']} round(s).",
+            "",
+            "| variant | s per batch | time / plain | CPU / plain | CPU µs per call: "
+            "publisher, worker, Redis | worker context switches per call: waits, "
+            "preemptions | published | bodies | most bodies per key |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for v in work["variants"].values():
-            cpu = ", ".join(_f(v[f"{p}_cpu_us_per_call"]["median"], 0)
-                            for p in ("publisher", "worker", "redis"))
-            switches = ", ".join(_f(v[f"worker_{k}_per_call"]["median"], 2)
-                                 if f"worker_{k}_per_call" in v else "n/a"
-                                 for k in ("waits", "preemptions"))
+            cpu = ", ".join(
+                _f(v[f"{p}_cpu_us_per_call"]["median"], 0) for p in ("publisher", "worker", "redis")
+            )
+            switches = ", ".join(
+                _f(v[f"worker_{k}_per_call"]["median"], 2) if f"worker_{k}_per_call" in v else "n/a"
+                for k in ("waits", "preemptions")
+            )
             lines.append(
                 f"| {v['label']} | {_f(v['seconds']['median'])} | "
                 f"{_range(v['time_ratio_to_plain'])} | {_range(v['cpu_ratio_to_plain'])} | "
                 f"{cpu} | {switches} | {_f(v['published']['median'], 0)} | "
-                f"{_f(v['bodies']['median'], 0)} | {v['max_bodies_per_key']} |")
+                f"{_f(v['bodies']['median'], 0)} | {v['max_bodies_per_key']} |"
+            )
         lines.append("")
     for variant, why in res.get("skipped", {}).items():
-        lines.append(f"- {e2e.LABELS.get(variant, variant)}: not run, the installed "
-                     f"celery_lease refuses its options ({why}).")
+        lines.append(
+            f"- {e2e.LABELS.get(variant, variant)}: not run, the installed "
+            f"celery_lease refuses its options ({why})."
+        )
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -396,8 +572,12 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     p99 = [v["latency_us"]["p99"] for v in variants]
     y = range(len(variants))
     ax.barh(y, p99, color="#d9d9d9", label="p99")
-    ax.barh(y, med, color=["#888888", "#1f77b4", "#1f77b4"] + ["#ff7f0e"] * (len(variants) - 3),
-            label="median")
+    ax.barh(
+        y,
+        med,
+        color=["#888888", "#1f77b4", "#1f77b4"] + ["#ff7f0e"] * (len(variants) - 3),
+        label="median",
+    )
     ax.set_yticks(list(y), labels)
     ax.invert_yaxis()
     ax.set_xlabel("µs per acquire + release (one connection)")
@@ -412,12 +592,17 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     names = list(overhead.VARIANTS)
     width = 0.8 / len(names)
     for i, name in enumerate(names):
-        vals = [results["overhead"]["pools"][p]["variants"][name]["ratio_to_plain"]
-                for p in pools]
+        vals = [results["overhead"]["pools"][p]["variants"][name]["ratio_to_plain"] for p in pools]
         xs = [j + i * width for j in range(len(pools))]
         errors = [[v["median"] - v["min"] for v in vals], [v["max"] - v["median"] for v in vals]]
-        ax.bar(xs, [v["median"] for v in vals], width, yerr=errors,
-               label=overhead.LABELS[name], capsize=3)
+        ax.bar(
+            xs,
+            [v["median"] for v in vals],
+            width,
+            yerr=errors,
+            label=overhead.LABELS[name],
+            capsize=3,
+        )
     ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(pools))], pools)
     ax.set_ylabel("throughput / plain Task")
     ax.set_ylim(0, 1.3)
@@ -428,8 +613,10 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     # 3. renewal: round trips and CPU per interval against N
     ren = results["renewal"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.6))
-    for impl, label, style in (("celery_lease", "celery-lease", "o-"),
-                               ("python_redis_lock", "python-redis-lock", "s--")):
+    for impl, label, style in (
+        ("celery_lease", "celery-lease", "o-"),
+        ("python_redis_lock", "python-redis-lock", "s--"),
+    ):
         rows = [s for s in ren["steady"][impl].values() if "not_run" not in s]
         ns = [s["n"] for s in rows]
         ax1.plot(ns, [max(s["round_trips_per_interval"], 0.5) for s in rows], style, label=label)
@@ -454,8 +641,13 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
             samples = cell["samples_ms"]
             ax.scatter(samples, [i] * len(samples), s=14, alpha=0.7)
             if cell["raised"] < cell["trials"]:
-                ax.annotate(f"not raised {cell['trials'] - cell['raised']}/{cell['trials']}",
-                            (0, i), fontsize=7, color="gray", va="center")
+                ax.annotate(
+                    f"not raised {cell['trials'] - cell['raised']}/{cell['trials']}",
+                    (0, i),
+                    fontsize=7,
+                    color="gray",
+                    va="center",
+                )
         ax.set_yticks(range(len(cells)), [f"{c['pool']} / {c['body']}" for c in cells])
         ax.invert_yaxis()
         ax.set_xscale("symlog", linthresh=10)
@@ -480,8 +672,9 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
         ax.scatter([r["ttl_s"]] * len(r["samples_s"]), r["samples_s"], color="#1f77b4")
     top = max(ttls) * 1.15 + 1
     ax.plot([0, top], [0, top], color="gray", linewidth=1, label="stall = TTL")
-    ax.plot([0, top], [1, top + 1], color="red", linestyle="--", linewidth=1,
-            label="target TTL + 1 s")
+    ax.plot(
+        [0, top], [1, top + 1], color="red", linestyle="--", linewidth=1, label="target TTL + 1 s"
+    )
     ax.set_xlim(0, top)
     ax.set_ylim(0, top + 1)
     ax.set_xlabel("lease_ttl (s)")

@@ -52,8 +52,7 @@ def snapshot(worker: Worker) -> dict[str, float]:
             threads += proc.num_threads()
         except psutil.NoSuchProcess:
             continue
-    return {"rss_mib": rss / 2**20, "sockets": sockets, "threads": threads,
-            "processes": len(procs)}
+    return {"rss_mib": rss / 2**20, "sockets": sockets, "threads": threads, "processes": len(procs)}
 
 
 def _template(app: Celery, records: redis.Redis, run: str) -> dict[str, Any]:
@@ -72,11 +71,21 @@ def _copies(template: dict[str, Any], run: str, start: int, stop: int, n: int) -
     for i in range(start, stop):
         task_id = str(uuid.uuid4())
         body[0] = [run, i, n]
-        msg = {**template, "body": base64.b64encode(json.dumps(body).encode()).decode(),
-               "headers": {**template["headers"], "id": task_id, "root_id": task_id,
-                           "argsrepr": repr((run, i, n))},
-               "properties": {**template["properties"], "correlation_id": task_id,
-                              "delivery_tag": str(uuid.uuid4())}}
+        msg = {
+            **template,
+            "body": base64.b64encode(json.dumps(body).encode()).decode(),
+            "headers": {
+                **template["headers"],
+                "id": task_id,
+                "root_id": task_id,
+                "argsrepr": repr((run, i, n)),
+            },
+            "properties": {
+                **template["properties"],
+                "correlation_id": task_id,
+                "delivery_tag": str(uuid.uuid4()),
+            },
+        }
         out.append(json.dumps(msg).encode())
     return out
 
@@ -104,14 +113,23 @@ def soak_pool(app: Celery, records: redis.Redis, worker: Worker, n: int) -> dict
     time.sleep(1.5)
     end = snapshot(worker)
     records.delete(f"tp:{warm}:first", f"tp:{warm}:last", f"tp:{run}:first", f"tp:{run}:last")
-    return {"pool": worker.pool, "concurrency": worker.concurrency, "executions": n,
-            "seconds": elapsed, "start": start, "end": end,
-            "growth": {k: end[k] - start[k] for k in start}}
+    return {
+        "pool": worker.pool,
+        "concurrency": worker.concurrency,
+        "executions": n,
+        "seconds": elapsed,
+        "start": start,
+        "end": end,
+        "growth": {k: end[k] - start[k] for k in start},
+    }
 
 
-def run(app: Celery, records: redis.Redis, workers: dict[str, Worker],
-        quick: bool) -> dict[str, Any]:
+def run(
+    app: Celery, records: redis.Redis, workers: dict[str, Worker], quick: bool
+) -> dict[str, Any]:
     """Benchmark 6 on the prefork and threads workers in ``workers``."""
     n = N_QUICK if quick else N_FULL
-    return {"executions": n, "pools": {
-        pool: soak_pool(app, records, workers[pool], n) for pool in POOLS}}
+    return {
+        "executions": n,
+        "pools": {pool: soak_pool(app, records, workers[pool], n) for pool in POOLS},
+    }

@@ -42,7 +42,8 @@ def trial(
     started = wait_for(lambda: _entries(records, trial_id), 30.0, 0.005, "stall holder start")
     holder_pid = int(started[0]["pid"])
     if worker.process is None or holder_pid not in {
-            p.pid for p in psutil.Process(worker.process.pid).children()}:
+        p.pid for p in psutil.Process(worker.process.pid).children()
+    }:
         raise RuntimeError(f"holder pid {holder_pid} is not a pool child of {worker.name}")
     task.apply_async((trial_id, "dup"), queue="stall")
     time.sleep(0.1 + rng.random() * ttl / 3)
@@ -50,13 +51,20 @@ def trial(
     os.kill(holder_pid, signal.SIGKILL)
     dup = wait_for(
         lambda: [e for e in _entries(records, trial_id) if e["role"] == "dup"],
-        ttl + 15.0, 0.002, "the duplicate's start")
+        ttl + 15.0,
+        0.002,
+        "the duplicate's start",
+    )
     records.delete(f"stall:{trial_id}")
     return float(dup[0]["at"]) - killed_at
 
 
 def run(
-    app: Celery, records: redis.Redis, worker: Worker, ttls: tuple[float, ...], quick: bool,
+    app: Celery,
+    records: redis.Redis,
+    worker: Worker,
+    ttls: tuple[float, ...],
+    quick: bool,
     seed: int = 5,
 ) -> dict[str, Any]:
     """Benchmark 5 on the prefork ``worker``, ``repeats`` crashes per TTL."""

@@ -37,8 +37,13 @@ class _CallgrindWorker(Worker):
     out_dir: Path
 
     def command(self) -> list[str]:
-        return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.out_dir}/cg.%p",
-                "--dump-instr=no", *super().command()]
+        return [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={self.out_dir}/cg.%p",
+            "--dump-instr=no",
+            *super().command(),
+        ]
 
 
 def _control(*args: str) -> None:
@@ -75,8 +80,9 @@ def measure(calls: int = DEFAULT_CALLS) -> dict[str, Any]:
     try:
         with RedisServer() as broker:
             records = broker.client(**client_kwargs())
-            worker = _CallgrindWorker("solo", 1, [e2e.QUEUE], {"BENCH_BROKER": broker.url()},
-                                      log_dir, records)
+            worker = _CallgrindWorker(
+                "solo", 1, [e2e.QUEUE], {"BENCH_BROKER": broker.url()}, log_dir, records
+            )
             worker.out_dir = out_dir
             worker.start()
             try:
@@ -84,12 +90,24 @@ def measure(calls: int = DEFAULT_CALLS) -> dict[str, Any]:
                 app = make_app(broker.url())
                 pid = str(worker.pid)
                 for variant in VARIANTS:  # imports, script loads, connections
-                    e2e.run_batch(app, records, worker, broker.pid, variant,
-                                  {"keys": 100, "copies": 1, "sleep_ms": 0.0})
+                    e2e.run_batch(
+                        app,
+                        records,
+                        worker,
+                        broker.pid,
+                        variant,
+                        {"keys": 100, "copies": 1, "sleep_ms": 0.0},
+                    )
                 for number, variant in enumerate(VARIANTS, start=1):
                     _control("-z", pid)
-                    e2e.run_batch(app, records, worker, broker.pid, variant,
-                                  {"keys": calls, "copies": 1, "sleep_ms": 0.0})
+                    e2e.run_batch(
+                        app,
+                        records,
+                        worker,
+                        broker.pid,
+                        variant,
+                        {"keys": calls, "copies": 1, "sleep_ms": 0.0},
+                    )
                     _control("-d", variant, pid)
                     per_call[variant] = round(_dump_cost(out_dir, number) / calls)
             finally:
@@ -97,5 +115,8 @@ def measure(calls: int = DEFAULT_CALLS) -> dict[str, Any]:
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
         shutil.rmtree(log_dir, ignore_errors=True)
-    return {"calls": calls, "per_execution": per_call,
-            "added": {v: per_call[v] - per_call["plain"] for v in VARIANTS}}
+    return {
+        "calls": calls,
+        "per_execution": per_call,
+        "added": {v: per_call[v] - per_call["plain"] for v in VARIANTS},
+    }

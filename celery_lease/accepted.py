@@ -66,13 +66,15 @@ class LeasedRequest(Request):  # type: ignore[misc]
                 mine.abandon()  # the acknowledgement failed: the task does not run
             raise
 
-    def on_failure(self, exc_info: Any, send_failed_event: bool = True,
-                   return_ok: bool = False) -> Any:
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> Any:
         """Celery's end of a failed request (a success ends in Celery's own subclass); first
         abandons an acquire the execution never took (``before_start`` raised)."""
         _abandon(self.id)
-        return super().on_failure(exc_info, send_failed_event=send_failed_event,
-                                  return_ok=return_ok)
+        return super().on_failure(
+            exc_info, send_failed_event=send_failed_event, return_ok=return_ok
+        )
 
 
 def _write(request: Request) -> written.WrittenAcquire | None:
@@ -83,8 +85,12 @@ def _write(request: Request) -> written.WrittenAcquire | None:
     try:
         found = _write_plain(task, request)
     except Exception as exc:  # the execution's own acquire meets it and handles it
-        logger.debug("acquire not written at accept: task %s[%s]: %s", request.name,
-                     request.id, store.describe(exc))
+        logger.debug(
+            "acquire not written at accept: task %s[%s]: %s",
+            request.name,
+            request.id,
+            store.describe(exc),
+        )
         return None
     if found is None:
         return None
@@ -95,8 +101,7 @@ def _write(request: Request) -> written.WrittenAcquire | None:
     return mine
 
 
-def _write_plain(task: Any,
-                 request: Request) -> tuple[written.WrittenAcquire, float] | None:
+def _write_plain(task: Any, request: Request) -> tuple[written.WrittenAcquire, float] | None:
     """Write the execution's acquire when it is a plain one, as
     :meth:`~celery_lease.LeasedTask._acquire` would send it first, and return it with the
     :func:`celery_lease.clock.now` time (float seconds) at which it goes stale untaken (its
@@ -113,15 +118,27 @@ def _write_plain(task: Any,
     options = settings.options
     cached = type(task)._lease_limit_cache
     limit = cached[0] if cached is not None else type(task)._lease_limit_spec()
-    if limit is not None or options.min_replicas or REDELIVERY_HEADER in headers \
-            or DEBOUNCE_HEADER in headers:
+    if (
+        limit is not None
+        or options.min_replicas
+        or REDELIVERY_HEADER in headers
+        or DEBOUNCE_HEADER in headers
+    ):
         return None
     key = task._lease_key(options, request.args, request.kwargs)
     client = store.client_for(settings.url, options.store_timeout, options.backend_options)
-    holder = store.holder_json(task.name, request.id, request.hostname or socket.gethostname(),
-                               process.pid())
-    mine = written.write(client, key, options.ttl_ms, holder, request.id,
-                         HANDOFF_HEADER in headers, CLAIM_HEADER in headers)
+    holder = store.holder_json(
+        task.name, request.id, request.hostname or socket.gethostname(), process.pid()
+    )
+    mine = written.write(
+        client,
+        key,
+        options.ttl_ms,
+        holder,
+        request.id,
+        HANDOFF_HEADER in headers,
+        CLAIM_HEADER in headers,
+    )
     return None if mine is None else (mine, mine.sent_at + options.renew_interval)
 
 

@@ -28,8 +28,15 @@ from .inspection import app_options, leased_tasks
 from .store import permissions
 from .store.url import parse_store, safe_url
 
-__all__ = ["COMMAND_LINE", "MAYBE_USED", "StoreNeeds", "beat_configured", "needs", "problems",
-           "rules"]
+__all__ = [
+    "COMMAND_LINE",
+    "MAYBE_USED",
+    "StoreNeeds",
+    "beat_configured",
+    "needs",
+    "problems",
+    "rules",
+]
 
 #: Features a worker may or may not use: a denial warns at start, never refuses it.
 MAYBE_USED = ("hold", "beat")
@@ -79,7 +86,8 @@ def beat_configured(app: Any) -> bool:
     """True when ``app`` is set up for :class:`~celery_lease.beat.LeasedScheduler`."""
     scheduler = str(app.conf.get("beat_scheduler") or "")
     return "LeasedScheduler" in scheduler or any(
-        app.conf.get(name) is not None for name in ("lease_beat_ttl", "lease_beat_key"))
+        app.conf.get(name) is not None for name in ("lease_beat_ttl", "lease_beat_key")
+    )
 
 
 def needs(app: Any, tasks_only: bool = False) -> list[StoreNeeds]:
@@ -99,8 +107,9 @@ def needs(app: Any, tasks_only: bool = False) -> list[StoreNeeds]:
         key = (url, repr(sorted(options.backend_options.items())))
         if not new and key not in found:
             return None
-        need = found.setdefault(key, StoreNeeds(url, options.backend_options,
-                                                options.store_timeout))
+        need = found.setdefault(
+            key, StoreNeeds(url, options.backend_options, options.store_timeout)
+        )
         need.timeout = min(need.timeout, options.store_timeout)
         need.prefixes.add(options.key_prefix)
         if options.min_replicas > 0:
@@ -154,9 +163,16 @@ def rules(app: Any, user: str | None = None, password: str = "<password>") -> li
     out = []
     for need in needs(app):
         names = [f for f in permissions.FEATURES if f in need.features]
-        out.append(f"# lease store {safe_url(need.url)}: {', '.join(names)}\n"
-                   + permissions.setuser(user or need.user, password, names, need.patterns,
-                                         permissions.channels(names, need.prefixes)))
+        out.append(
+            f"# lease store {safe_url(need.url)}: {', '.join(names)}\n"
+            + permissions.setuser(
+                user or need.user,
+                password,
+                names,
+                need.patterns,
+                permissions.channels(names, need.prefixes),
+            )
+        )
     return out
 
 
@@ -164,19 +180,24 @@ def _text(found: permissions.Denied, user: str) -> str:
     feature = permissions.FEATURES[found.feature]
     if not found.commands:
         prefix = found.key.removesuffix(":" + permissions.PROBE_KEY)
-        return (f"the ACL user may not use the key {found.key}: its key patterns do not cover "
-                f"lease_key_prefix {prefix!r}; grant '~{prefix}:*' (ACL SETUSER {user} "
-                f"'~{prefix}:*')")
+        return (
+            f"the ACL user may not use the key {found.key}: its key patterns do not cover "
+            f"lease_key_prefix {prefix!r}; grant '~{prefix}:*' (ACL SETUSER {user} "
+            f"'~{prefix}:*')"
+        )
     granted = " ".join(f"+{c}" for c in found.commands)
     prefix = found.key.removesuffix(":" + permissions.PROBE_KEY)
     # A channel command may be refused for its channel: the fix grants the pattern too.
     channels = "".join(f" '&{c}'" for c in permissions.channels([feature.name], [prefix]))
-    return (f"the ACL user may not run {granted} on {found.key}, which {feature.name} "
-            f"({feature.title}) sends; grant it (ACL SETUSER {user} {granted}{channels})")
+    return (
+        f"the ACL user may not run {granted} on {found.key}, which {feature.name} "
+        f"({feature.title}) sends; grant it (ACL SETUSER {user} {granted}{channels})"
+    )
 
 
-def problems(client: Any, need: StoreNeeds, skip: tuple[str, ...] = ()
-             ) -> tuple[list[str], list[str]] | None:
+def problems(
+    client: Any, need: StoreNeeds, skip: tuple[str, ...] = ()
+) -> tuple[list[str], list[str]] | None:
     """What the store's user lacks of ``need`` (but the features in ``skip``), asked of the
     server without running anything (:func:`celery_lease.store.permissions.denied`):
     ``(refusals, warnings)``, each a message naming the missing permissions and the fix.
@@ -189,8 +210,10 @@ def problems(client: Any, need: StoreNeeds, skip: tuple[str, ...] = ()
     found = permissions.denied(client, need.features - set(skip), need.prefixes)
     if found is None:
         return None
-    tail = ("; or grant the whole rule `celery lease acl` prints for this app "
-            "(docs/deploying.md, section ACL)")
+    tail = (
+        "; or grant the whole rule `celery lease acl` prints for this app "
+        "(docs/deploying.md, section ACL)"
+    )
     refusals: list[str] = []
     warnings: list[str] = []
     for item in found:

@@ -48,8 +48,7 @@ from .config import BEAT_WHERE, DEFAULTS
 from .errors import LeaseConfigError, LeaseStartRefused
 from .keys import BEAT_TASK_NAME, beat_leader_key
 
-__all__ = ["BEAT_TASK_NAME", "LAST_RUN_PERIODS", "BeatLeader", "LeasedScheduler",
-           "beat_lease_key"]
+__all__ = ["BEAT_TASK_NAME", "LAST_RUN_PERIODS", "BeatLeader", "LeasedScheduler", "beat_lease_key"]
 
 logger = logging.getLogger("celery_lease")
 
@@ -81,7 +80,8 @@ def beat_lease_key(app: Any) -> str:
             f"a script), so its default leader key would be the same as that of any other "
             f"unnamed app on this Redis, and only one of their beats would ever send. Set "
             f"lease_beat_key (e.g. app.conf.lease_beat_key = 'lease:{{celery.beat:proj}}'), "
-            f"the same for every beat of this app, or name the app: Celery('proj')")
+            f"the same for every beat of this app, or name the app: Celery('proj')"
+        )
     prefix = app.conf.get("lease_key_prefix") or DEFAULTS["lease_key_prefix"]
     return beat_leader_key(prefix, main)
 
@@ -100,7 +100,8 @@ def _inner_class(app: Any) -> type:
     if inner is LeasedScheduler:
         raise LeaseConfigError(
             "lease_beat_scheduler names LeasedScheduler itself; set it to the scheduler to "
-            "wrap, e.g. 'celery.beat:PersistentScheduler'")
+            "wrap, e.g. 'celery.beat:PersistentScheduler'"
+        )
     return inner
 
 
@@ -151,8 +152,12 @@ class LeasedScheduler:
         if self.leader is None:
             options, url, _ = config.beat_settings(self.app.conf)
             self.leader = BeatLeader(self.app, beat_lease_key(self.app), options, url)
-            logger.info("beat: leader election on key=%s ttl=%.3fs renew_interval=%.3fs",
-                        self.leader.key, options.ttl, options.renew_interval)
+            logger.info(
+                "beat: leader election on key=%s ttl=%.3fs renew_interval=%.3fs",
+                self.leader.key,
+                options.ttl,
+                options.renew_interval,
+            )
         return self.leader
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
@@ -198,12 +203,16 @@ class LeasedScheduler:
             self.inner.populate_heap()  # the next due entries follow the loaded times
             logger.info("beat: loaded %d last-run time(s) from %s", updated, leader.state_key)
 
-    def _apply_async(self, entry: Any, producer: Any = None, advance: bool = True,
-                     **kwargs: Any) -> Any:
+    def _apply_async(
+        self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
+    ) -> Any:
         leader = self.leader
         if leader is None or not leader.is_leader:
-            logger.warning("beat: not sending %s (%s): this beat no longer holds the leader "
-                           "lease", entry.name, entry.task)
+            logger.warning(
+                "beat: not sending %s (%s): this beat no longer holds the leader lease",
+                entry.name,
+                entry.task,
+            )
             return None
         if self._sent_lately(leader, entry):
             logger.warning("beat: not sending %s: by its last-run record not due yet", entry.name)
@@ -243,4 +252,3 @@ class LeasedScheduler:
         if self.leader is not None:
             self.leader.step_down()
         self.inner.close()
-

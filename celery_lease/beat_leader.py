@@ -57,15 +57,17 @@ class BeatLeader:
         node: how this process names itself in the holder (default ``beat@<host>``).
     """
 
-    def __init__(self, app: Any, key: str, options: LeaseOptions, url: str,
-                 node: str | None = None) -> None:
+    def __init__(
+        self, app: Any, key: str, options: LeaseOptions, url: str, node: str | None = None
+    ) -> None:
         self.app = app
         self.key = key
         self.state_key = last_run_key(key)
         self.options = options
         self.url = url
         self.settings = LeaseSettings(
-            options, url, config.check_process_settings(app.conf, BEAT_WHERE))
+            options, url, config.check_process_settings(app.conf, BEAT_WHERE)
+        )
         self.node = node or f"beat@{socket.gethostname()}"
         self.lease: Lease | None = None
         self.terms = 0  # how many times this process became leader
@@ -79,7 +81,8 @@ class BeatLeader:
         """The Redis client of the lease store (process-wide, timeouts = ``store_timeout``)."""
         options = self.options
         return store.client_for(  # type: ignore[no-any-return]
-            self.url, options.store_timeout, options.backend_options)
+            self.url, options.store_timeout, options.backend_options
+        )
 
     @property
     def is_leader(self) -> bool:
@@ -106,12 +109,16 @@ class BeatLeader:
     def _try_acquire(self) -> bool:
         holder = lifecycle.HolderInfo(BEAT_TASK_NAME, self.node, socket.gethostname())
         try:
-            got = lifecycle.take(self.settings, self.client, self.key, holder, _NoInterrupt(),
-                                 sender=BEAT_TASK_NAME)
+            got = lifecycle.take(
+                self.settings, self.client, self.key, holder, _NoInterrupt(), sender=BEAT_TASK_NAME
+            )
         except RedisError as exc:
             if not self._store_down:
-                logger.warning("beat: lease store unreachable, staying standby (key=%s): %s",
-                               self.key, store.describe(exc))
+                logger.warning(
+                    "beat: lease store unreachable, staying standby (key=%s): %s",
+                    self.key,
+                    store.describe(exc),
+                )
             self._store_down = True
             self._next_try = clock.now() + self.options.renew_interval
             return False
@@ -127,8 +134,13 @@ class BeatLeader:
         # a lost lead is what is logged as a WARNING (step_down).
         logger.info(
             "beat: became leader key=%s token=%s fencing_token=%d ttl=%.3fs node=%s%s",
-            self.key, got.token, got.fencing_token, self.options.ttl, self.node,
-            f" (after {self._seen_leader})" if self._seen_leader else "")
+            self.key,
+            got.token,
+            got.fencing_token,
+            self.options.ttl,
+            self.node,
+            f" (after {self._seen_leader})" if self._seen_leader else "",
+        )
         self._seen_fence, self._seen_leader = -1, ""
         return True
 
@@ -138,14 +150,24 @@ class BeatLeader:
             self._seen_fence = leader.fencing_token
             self._seen_leader = f"{leader.task_id or leader.hostname} (pid {leader.pid})"
             logger.info(
-                "beat: standby; leader is %s (pid %d) key=%s fencing_token=%d "
-                "expires_in=%.3fs", leader.hostname, leader.pid, self.key,
-                leader.fencing_token, found.remaining)
+                "beat: standby; leader is %s (pid %d) key=%s fencing_token=%d expires_in=%.3fs",
+                leader.hostname,
+                leader.pid,
+                self.key,
+                leader.fencing_token,
+                found.remaining,
+            )
             signals.lease_conflict.send(
-                sender=BEAT_TASK_NAME, key=self.key, task_id=self.node,
-                holder_task_id=leader.task_id, holder=leader.where,
-                remaining=found.remaining, policy="standby",
-                fencing_token=leader.fencing_token, token=leader.token)
+                sender=BEAT_TASK_NAME,
+                key=self.key,
+                task_id=self.node,
+                holder_task_id=leader.task_id,
+                holder=leader.where,
+                remaining=found.remaining,
+                policy="standby",
+                fencing_token=leader.fencing_token,
+                token=leader.token,
+            )
         # Ask again the moment the leader's lifetime ends, or at the next interval.
         self._next_try = clock.now() + min(found.remaining + 0.01, self.options.renew_interval)
 
@@ -159,10 +181,19 @@ class BeatLeader:
         if ending.loss is not None:
             logger.warning(
                 "beat: lost leadership, back to standby: key=%s cause=%s fencing_token=%d "
-                "held=%.3fs", lease.key, ending.loss.cause, lease.fencing_token, ending.held)
+                "held=%.3fs",
+                lease.key,
+                ending.loss.cause,
+                lease.fencing_token,
+                ending.held,
+            )
         else:
-            logger.info("beat: released leadership key=%s fencing_token=%d held=%.3fs",
-                        lease.key, lease.fencing_token, ending.held)
+            logger.info(
+                "beat: released leadership key=%s fencing_token=%d held=%.3fs",
+                lease.key,
+                lease.fencing_token,
+                ending.held,
+            )
         # Let another beat take over first after a loss.
         self._next_try = clock.now() + (self.options.renew_interval if ending.loss else 0.0)
 
@@ -173,12 +204,12 @@ class BeatLeader:
         next :meth:`poll` says so)."""
         options = self.options
         # One waiting client: its reads outlast the longest wait, a renew interval.
-        waiting = store.client_for(self.url, options.renew_interval + options.store_timeout,
-                                   options.backend_options)
+        waiting = store.client_for(
+            self.url, options.renew_interval + options.store_timeout, options.backend_options
+        )
         started = clock.now()
         try:
-            woken = store.wait_for_release(waiting, self.key,
-                                           min(seconds, options.renew_interval))
+            woken = store.wait_for_release(waiting, self.key, min(seconds, options.renew_interval))
         except RedisError:
             # Unreachable: sleep the rest as before this wait existed, the try reports it.
             time.sleep(max(seconds - (clock.now() - started), 0.0))
@@ -195,8 +226,12 @@ class BeatLeader:
         try:
             records.record_run(self.client, self.state_key, name, int(lifetime * 1000))
         except RedisError as exc:
-            logger.warning("beat: could not record the last run of %s in %s: %s",
-                           name, self.state_key, store.describe(exc))
+            logger.warning(
+                "beat: could not record the last run of %s in %s: %s",
+                name,
+                self.state_key,
+                store.describe(exc),
+            )
 
     def last_run_ages(self) -> dict[str, float]:
         """Entry name -> float seconds since its last send by any leader, measured on the

@@ -77,16 +77,21 @@ def _shorten(text: str, width: int) -> str:
     if len(text) <= width:
         return text
     head = (width - 1) // 2
-    return text[:head] + "~" + text[len(text) - (width - 1 - head):]
+    return text[:head] + "~" + text[len(text) - (width - 1 - head) :]
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int | None = None,
-           shrink_first: Sequence[str] = ()) -> str:
+def _table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    width: int | None = None,
+    shrink_first: Sequence[str] = (),
+) -> str:
     """Left-aligned columns; with ``width``, columns are shortened in the middle (never below
     :data:`_MIN_COLUMN`) until each line fits: those named in ``shrink_first`` in that order,
     then the widest."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(headers)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
     floor = [max(_MIN_COLUMN, len(h)) for h in headers]
     order = [headers.index(h) for h in shrink_first]
     while width is not None and sum(widths) + 2 * (len(widths) - 1) > width:
@@ -98,8 +103,9 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int | N
         widths[column] -= 1
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
     for row in rows:
-        lines.append("  ".join(_shorten(c, w).ljust(w)
-                               for c, w in zip(row, widths, strict=True)).rstrip())
+        lines.append(
+            "  ".join(_shorten(c, w).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        )
     return "\n".join(lines)
 
 
@@ -107,12 +113,16 @@ def _describe(info: LeaseInfo) -> str:
     if info.foreign:
         return f"an unknown holder ({info.foreign}), expires in {_human(info.ttl)}"
     if info.cooldown_until:
-        return (f"a cooldown after task {info.task or '?'} [{info.task_id or '?'}] on host "
-                f"{info.host or '?'} (pid {info.pid}) ended, fencing token "
-                f"{info.fencing_token}, ends in {_human(info.ttl)}")
-    return (f"task {info.task or '?'} [{info.task_id or '?'}] on host {info.host or '?'} "
-            f"(pid {info.pid}), fencing token {info.fencing_token}, "
-            f"expires in {_human(info.ttl)}")
+        return (
+            f"a cooldown after task {info.task or '?'} [{info.task_id or '?'}] on host "
+            f"{info.host or '?'} (pid {info.pid}) ended, fencing token "
+            f"{info.fencing_token}, ends in {_human(info.ttl)}"
+        )
+    return (
+        f"task {info.task or '?'} [{info.task_id or '?'}] on host {info.host or '?'} "
+        f"(pid {info.pid}), fencing token {info.fencing_token}, "
+        f"expires in {_human(info.ttl)}"
+    )
 
 
 def _no_app_hint() -> str:
@@ -120,9 +130,11 @@ def _no_app_hint() -> str:
     ctx = click.get_current_context(silent=True)
     if ctx is None or ctx.find_root().params.get("app"):
         return ""
-    return ("\nhint: no app was given, so these are Celery's default settings: run it as "
-            "`celery -A proj lease ...` with the module that defines your Celery app (or set "
-            "CELERY_APP)")
+    return (
+        "\nhint: no app was given, so these are Celery's default settings: run it as "
+        "`celery -A proj lease ...` with the module that defines your Celery app (or set "
+        "CELERY_APP)"
+    )
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -142,8 +154,11 @@ def _config_guard(fn: Callable[P, None]) -> Callable[P, None]:
         except LeaseError as exc:
             _fail(f"error: {exc}", 2)
         except RedisError as exc:
-            _fail(f"lease store error: {store.describe(exc)}. Check lease_backend / --url and "
-                  f"that Redis is reachable", 1)
+            _fail(
+                f"lease store error: {store.describe(exc)}. Check lease_backend / --url and "
+                f"that Redis is reachable",
+                1,
+            )
 
     return wrapper
 
@@ -162,16 +177,30 @@ def lease(ctx: click.Context, /, **kwargs: Any) -> None:
 @lease.command(name="ls", cls=CeleryCommand)
 @click.option("--task", "task_name", default=None, help="Only leases held by this task name.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per lease, in a list.")
-@click.option("--wide", is_flag=True,
-              help="Every column in full, and the fencing token, whatever the terminal width.")
+@click.option(
+    "--wide",
+    is_flag=True,
+    help="Every column in full, and the fencing token, whatever the terminal width.",
+)
 @click.option("--url", default=None, help=_URL_HELP)
-@click.option("--prefix", "prefixes", multiple=True,
-              help="Key prefix to scan (repeatable; default: every configured prefix).")
+@click.option(
+    "--prefix",
+    "prefixes",
+    multiple=True,
+    help="Key prefix to scan (repeatable; default: every configured prefix).",
+)
 @click.pass_context
 @handle_preload_options  # type: ignore[untyped-decorator]
 @_config_guard
-def ls(ctx: click.Context, task_name: str | None, as_json: bool, wide: bool, url: str | None,
-       prefixes: tuple[str, ...], **kwargs: Any) -> None:
+def ls(
+    ctx: click.Context,
+    task_name: str | None,
+    as_json: bool,
+    wide: bool,
+    url: str | None,
+    prefixes: tuple[str, ...],
+    **kwargs: Any,
+) -> None:
     """List held leases: task, task id, holder host and pid, time left, key and the runs waiting
     for a key (coalesce, queue: WAITING) (--wide: the fencing token as well, nothing shortened;
     --json: everything), then the waiting copies of tasks with lease_dedupe (published, not
@@ -186,16 +215,26 @@ def ls(ctx: click.Context, task_name: str | None, as_json: bool, wide: bool, url
     for store_url, store_prefixes in inspection.stores(app, url, prefixes).items():
         client = inspection.client(store_url, app)
         for prefix in sorted(store_prefixes):
-            found += [i for i in scan_leases(client, prefix, skipped=skipped)
-                      if task_name is None or i.task == task_name]
+            found += [
+                i
+                for i in scan_leases(client, prefix, skipped=skipped)
+                if task_name is None or i.task == task_name
+            ]
             if not skipped:
-                waiting += [c for c in scan_claims(client, prefix)
-                            if task_name is None or c.task == task_name]
+                waiting += [
+                    c
+                    for c in scan_claims(client, prefix)
+                    if task_name is None or c.task == task_name
+                ]
     found.sort(key=lambda i: (i.task, i.key))
     waiting.sort(key=lambda c: (c.task, c.key))
     if as_json:
-        click.echo(json.dumps([asdict(i) for i in found] +
-                              [{"kind": "waiting", **asdict(c)} for c in waiting], indent=2))
+        click.echo(
+            json.dumps(
+                [asdict(i) for i in found] + [{"kind": "waiting", **asdict(c)} for c in waiting],
+                indent=2,
+            )
+        )
     elif not found:
         click.echo("no leases held" + (f" by {task_name}" if task_name else ""))
     else:
@@ -203,8 +242,7 @@ def ls(ctx: click.Context, task_name: str | None, as_json: bool, wide: bool, url
     if waiting and not as_json:
         _print_waiting(waiting, wide)
     for node in dict.fromkeys(skipped):
-        click.echo(f"warning: cluster node {node}; the leases it holds are not listed",
-                   err=True)
+        click.echo(f"warning: cluster node {node}; the leases it holds are not listed", err=True)
     if skipped:
         ctx.exit(1)
 
@@ -217,44 +255,92 @@ def _waiting(info: LeaseInfo) -> str:
 
 def _print_leases(found: list[LeaseInfo], wide: bool) -> None:
     rows: list[tuple[str, ...]]
-    task = {id(i): "(unknown holder)" if i.foreign else
-            f"{i.task or '?'} (cooldown)" if i.cooldown_until else i.task or "?" for i in found}
+    task = {
+        id(i): "(unknown holder)"
+        if i.foreign
+        else f"{i.task or '?'} (cooldown)"
+        if i.cooldown_until
+        else i.task or "?"
+        for i in found
+    }
     lines = any(i.waiting or i.reserved_for for i in found)  # a column only when it says more
     limited = any(i.limit > 1 for i in found)  # SLOTS: used/N of a lease_limit key
     head: tuple[str, ...] = ("SLOTS",) * limited + ("WAITING",) * lines
 
     def extra(i: LeaseInfo) -> tuple[str, ...]:
         return (f"{i.used}/{i.limit}",) * limited + (_waiting(i),) * lines
+
     if wide:
-        rows = [(task[id(i)], i.task_id or "?", i.host or "?", str(i.pid),
-                 str(i.fencing_token), _human(i.ttl), *extra(i), i.key) for i in found]
-        click.echo(_table(("TASK", "TASK ID", "HOST", "PID", "FENCING TOKEN", "TIME LEFT",
-                           *head, "KEY"), rows))
+        rows = [
+            (
+                task[id(i)],
+                i.task_id or "?",
+                i.host or "?",
+                str(i.pid),
+                str(i.fencing_token),
+                _human(i.ttl),
+                *extra(i),
+                i.key,
+            )
+            for i in found
+        ]
+        click.echo(
+            _table(
+                ("TASK", "TASK ID", "HOST", "PID", "FENCING TOKEN", "TIME LEFT", *head, "KEY"), rows
+            )
+        )
     else:
         # The key is what tells two holds apart (both `celery_lease.hold MainThread`).
-        rows = [(task[id(i)], i.task_id or "?", i.host or "?", str(i.pid), _human(i.ttl),
-                 *extra(i), i.key) for i in found]
-        click.echo(_table(("TASK", "TASK ID", "HOST", "PID", "TIME LEFT", *head, "KEY"), rows,
-                          width=shutil.get_terminal_size().columns,
-                          shrink_first=("TASK ID", "KEY")))
+        rows = [
+            (
+                task[id(i)],
+                i.task_id or "?",
+                i.host or "?",
+                str(i.pid),
+                _human(i.ttl),
+                *extra(i),
+                i.key,
+            )
+            for i in found
+        ]
+        click.echo(
+            _table(
+                ("TASK", "TASK ID", "HOST", "PID", "TIME LEFT", *head, "KEY"),
+                rows,
+                width=shutil.get_terminal_size().columns,
+                shrink_first=("TASK ID", "KEY"),
+            )
+        )
     click.echo(f"{len(found)} lease(s)")
     for info in found:
         if info.foreign:
-            click.echo(f"unknown holder at {info.key}: {info.foreign}; it holds that lease "
-                       f"until it expires or is deleted (`celery lease doctor` says more)")
+            click.echo(
+                f"unknown holder at {info.key}: {info.foreign}; it holds that lease "
+                f"until it expires or is deleted (`celery lease doctor` says more)"
+            )
 
 
 def _print_waiting(waiting: list[ClaimInfo], wide: bool) -> None:
-    rows = [(c.task or "?", c.task_id, _human(c.age), _human(c.due_in if c.debounced else c.ttl),
-             c.key) for c in waiting]  # a debounce burst: until it is due
+    rows = [
+        (c.task or "?", c.task_id, _human(c.age), _human(c.due_in if c.debounced else c.ttl), c.key)
+        for c in waiting
+    ]  # a debounce burst: until it is due
     headers = ("WAITING TASK", "TASK ID", "AGE", "TIME LEFT", "KEY")
     if wide:
         click.echo(_table(headers, rows))
     else:
-        click.echo(_table(headers, rows, width=shutil.get_terminal_size().columns,
-                          shrink_first=("TASK ID", "KEY")))
-    click.echo(f"{len(waiting)} waiting cop{'y' if len(waiting) == 1 else 'ies'} (lease_dedupe, "
-               f"lease_debounce: not started; later publishes of the key return their result)")
+        click.echo(
+            _table(
+                headers,
+                rows,
+                width=shutil.get_terminal_size().columns,
+                shrink_first=("TASK ID", "KEY"),
+            )
+        )
+    click.echo(
+        f"{len(waiting)} waiting cop{'y' if len(waiting) == 1 else 'ies'} (lease_dedupe, "
+        f"lease_debounce: not started; later publishes of the key return their result)"
+    )
 
 
 def _parse_arg(text: str) -> Any:
@@ -267,14 +353,24 @@ def _parse_arg(text: str) -> Any:
 @lease.command(name="show", cls=CeleryCommand)
 @click.argument("task_name", metavar="TASK")
 @click.argument("args", nargs=-1)
-@click.option("--kwargs", "kwargs_json", default=None,
-              help='Keyword arguments as a JSON object, e.g. \'{"account": 7}\'.')
+@click.option(
+    "--kwargs",
+    "kwargs_json",
+    default=None,
+    help="Keyword arguments as a JSON object, e.g. '{\"account\": 7}'.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 @handle_preload_options  # type: ignore[untyped-decorator]
 @_config_guard
-def show(ctx: click.Context, task_name: str, args: tuple[str, ...], kwargs_json: str | None,
-         as_json: bool, **kwargs: Any) -> None:
+def show(
+    ctx: click.Context,
+    task_name: str,
+    args: tuple[str, ...],
+    kwargs_json: str | None,
+    as_json: bool,
+    **kwargs: Any,
+) -> None:
     """Show the lease key a call would take, and who holds it now. Exits 1 when nobody
     holds it (after printing the key).
 
@@ -312,8 +408,7 @@ def show(ctx: click.Context, task_name: str, args: tuple[str, ...], kwargs_json:
 @click.pass_context
 @handle_preload_options  # type: ignore[untyped-decorator]
 @_config_guard
-def release(ctx: click.Context, key: str, assume_yes: bool, url: str | None,
-            **kwargs: Any) -> None:
+def release(ctx: click.Context, key: str, assume_yes: bool, url: str | None, **kwargs: Any) -> None:
     """Release a stuck lease KEY, only if its holder is still the one shown.
 
     The holder's token is read, shown, and the release deletes the key only while that same
@@ -335,23 +430,33 @@ def release(ctx: click.Context, key: str, assume_yes: bool, url: str | None,
         return
     click.echo(f"{key} is held by {_describe(current)}")
     if current.foreign:
-        _fail(f"not released: celery-lease did not write {key}, so it does not delete it; "
-              f"if nothing else uses it, delete it with redis-cli, or give celery-lease a "
-              f"prefix of its own (lease_key_prefix)", 1)
+        _fail(
+            f"not released: celery-lease did not write {key}, so it does not delete it; "
+            f"if nothing else uses it, delete it with redis-cli, or give celery-lease a "
+            f"prefix of its own (lease_key_prefix)",
+            1,
+        )
     if not assume_yes and not click.confirm("Release it?", default=False):
         _fail("not released", 1)
     if (store.revoke_slot if current.limit > 1 else store.revoke)(client, key, current.token):
         click.echo(f"released {key}")
         return
     now = read_lease(client, key)
-    _fail(f"refused: the lease changed since it was shown; now "
-          f"{_describe(now) if now else 'free'}. Nothing was deleted", 1)
+    _fail(
+        f"refused: the lease changed since it was shown; now "
+        f"{_describe(now) if now else 'free'}. Nothing was deleted",
+        1,
+    )
 
 
 @lease.command(name="acl", cls=CeleryCommand)
 @click.option("--user", default=None, help="ACL user name (default: the URL's, else lease).")
-@click.option("--password", default="<password>", show_default=True,
-              help="Password the printed command sets (the URL's is never printed).")
+@click.option(
+    "--password",
+    default="<password>",
+    show_default=True,
+    help="Password the printed command sets (the URL's is never printed).",
+)
 @click.pass_context
 @handle_preload_options  # type: ignore[untyped-decorator]
 @_config_guard

@@ -25,9 +25,21 @@ from .signal_setting import resolve_signal
 from .store import url as backend_url
 from .timing import MIN_STORE_TIMEOUT, MIN_TTL
 
-__all__ = ["BEAT_WHERE", "DEFAULTS", "HANDOFF_POLICIES", "MIN_STORE_TIMEOUT", "MIN_TTL",
-           "TASK_OPTIONS", "LeaseOptions", "LeaseSettings", "beat_options", "beat_settings",
-           "resolve_backend", "resolve_options", "resolve_settings"]
+__all__ = [
+    "BEAT_WHERE",
+    "DEFAULTS",
+    "HANDOFF_POLICIES",
+    "MIN_STORE_TIMEOUT",
+    "MIN_TTL",
+    "TASK_OPTIONS",
+    "LeaseOptions",
+    "LeaseSettings",
+    "beat_options",
+    "beat_settings",
+    "resolve_backend",
+    "resolve_options",
+    "resolve_settings",
+]
 
 logger = logging.getLogger("celery_lease")
 
@@ -79,8 +91,15 @@ TASK_OPTIONS = (
 
 #: Settings read elsewhere (the beat leader lease, celery_lease.beat; lease_tasks,
 #: celery_lease.lease_tasks) and the task-only options (lease_limit: celery_lease.limit).
-OTHER_NAMES = ("lease_key", "lease_tasks", "lease_beat_scheduler", "lease_beat_ttl",
-               "lease_beat_renew_interval", "lease_beat_key", "lease_limit")
+OTHER_NAMES = (
+    "lease_key",
+    "lease_tasks",
+    "lease_beat_scheduler",
+    "lease_beat_ttl",
+    "lease_beat_renew_interval",
+    "lease_beat_key",
+    "lease_limit",
+)
 
 ON_CONFLICT = ("skip", "retry", "fail", "coalesce", "queue", "preempt")
 #: The policies whose release hands the key over to a waiting run (retry waits in line too).
@@ -178,7 +197,9 @@ def check_process_settings(conf: Mapping[str, Any], where: str) -> int:
 
 
 def resolve_options(
-    conf: Mapping[str, Any], task_options: Mapping[str, Any], where: str,
+    conf: Mapping[str, Any],
+    task_options: Mapping[str, Any],
+    where: str,
     names: Mapping[str, str] | None = None,
 ) -> LeaseOptions:
     """Merge app settings and task options and validate them.
@@ -208,20 +229,37 @@ def resolve_options(
     raw_interval = pick("lease_renew_interval")
     # Every invalid value at once (as unknown names are), each timing fix one that passes.
     durations, problems = timing.resolve(
-        (pick("lease_ttl"), None if raw_interval is _DERIVED else raw_interval,
-         pick("lease_store_timeout")), labels)
+        (
+            pick("lease_ttl"),
+            None if raw_interval is _DERIVED else raw_interval,
+            pick("lease_store_timeout"),
+        ),
+        labels,
+    )
     ttl, interval, timeout = durations.effective
     if not problems and interval > ttl / 3 + 1e-9:
         third = durations._replace(interval=timing.round_down(ttl / 3))
         logger.warning(
             "%s=%r (%s) is above a third of %s=%r: two failed renewals in a row will lose the "
-            "lease; consider %s", labels[1], interval, where, labels[0], ttl,
-            f"{labels[1]}={third.interval!r}" if not timing.check(third, labels) else
-            f"a longer {labels[0]}")
+            "lease; consider %s",
+            labels[1],
+            interval,
+            where,
+            labels[0],
+            ttl,
+            f"{labels[1]}={third.interval!r}"
+            if not timing.check(third, labels)
+            else f"a longer {labels[0]}",
+        )
     prefix = pick("lease_key_prefix")
     if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
-        problems.append((f"lease_key_prefix={prefix!r}", "must be a non-empty string without "
-                         "'{' or '}' (braces are reserved for the Redis Cluster hash tag)"))
+        problems.append(
+            (
+                f"lease_key_prefix={prefix!r}",
+                "must be a non-empty string without "
+                "'{' or '}' (braces are reserved for the Redis Cluster hash tag)",
+            )
+        )
     backend, backend_options = pick("lease_backend"), pick("lease_backend_options") or {}
     broker = conf.get("broker_url")
     try:
@@ -233,40 +271,70 @@ def resolve_options(
         problems.append(("", str(exc)))  # names the setting and the fix, credentials masked
     min_replicas = pick("lease_min_replicas")
     if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or min_replicas < 0:
-        problems.append((f"lease_min_replicas={min_replicas!r}", "must be a whole number of "
-                         "replicas >= 0 (0: do not wait for replicas)"))
+        problems.append(
+            (
+                f"lease_min_replicas={min_replicas!r}",
+                "must be a whole number of replicas >= 0 (0: do not wait for replicas)",
+            )
+        )
     outage_max = pick("lease_store_outage_max")
     outage_problem = timing.duration_problem(outage_max)
     if outage_problem is not None:
-        problems.append((f"lease_store_outage_max={outage_max!r}", f"{outage_problem}, e.g. "
-                         f"lease_store_outage_max={DEFAULTS['lease_store_outage_max']}"))
-    choices = {"lease_on_conflict": ON_CONFLICT, "lease_on_store_error": ON_STORE_ERROR,
-               "lease_cooldown_after": COOLDOWN_AFTER}
+        problems.append(
+            (
+                f"lease_store_outage_max={outage_max!r}",
+                f"{outage_problem}, e.g. "
+                f"lease_store_outage_max={DEFAULTS['lease_store_outage_max']}",
+            )
+        )
+    choices = {
+        "lease_on_conflict": ON_CONFLICT,
+        "lease_on_store_error": ON_STORE_ERROR,
+        "lease_cooldown_after": COOLDOWN_AFTER,
+    }
     for name, allowed in choices.items():
         if pick(name) not in allowed:
-            problems.append((f"{name}={pick(name)!r}",
-                             f"is not one of {', '.join(map(repr, allowed))}"))
+            problems.append(
+                (f"{name}={pick(name)!r}", f"is not one of {', '.join(map(repr, allowed))}")
+            )
     dedupe, dedupe_ttl = pick("lease_dedupe"), pick("lease_dedupe_ttl")
     if not isinstance(dedupe, bool):
-        problems.append((f"lease_dedupe={dedupe!r}", "must be True or False (a bool: the string "
-                         "'false' would count as true)"))
+        problems.append(
+            (
+                f"lease_dedupe={dedupe!r}",
+                "must be True or False (a bool: the string 'false' would count as true)",
+            )
+        )
     dedupe_problem = timing.duration_problem(dedupe_ttl)
     if dedupe_problem is not None:
-        problems.append((f"lease_dedupe_ttl={dedupe_ttl!r}", f"{dedupe_problem}, e.g. "
-                         f"lease_dedupe_ttl={DEFAULTS['lease_dedupe_ttl']}"))
+        problems.append(
+            (
+                f"lease_dedupe_ttl={dedupe_ttl!r}",
+                f"{dedupe_problem}, e.g. lease_dedupe_ttl={DEFAULTS['lease_dedupe_ttl']}",
+            )
+        )
     queue_max, queue_timeout = pick("lease_queue_max"), pick("lease_queue_timeout")
     if isinstance(queue_max, bool) or not isinstance(queue_max, int) or queue_max < 1:
-        problems.append((f"lease_queue_max={queue_max!r}", "must be a whole number of waiting "
-                         "runs >= 1, e.g. lease_queue_max=100"))
+        problems.append(
+            (
+                f"lease_queue_max={queue_max!r}",
+                "must be a whole number of waiting runs >= 1, e.g. lease_queue_max=100",
+            )
+        )
     queue_problem = None if queue_timeout is None else timing.duration_problem(queue_timeout)
     if queue_problem is not None:
-        problems.append((f"lease_queue_timeout={queue_timeout!r}", f"{queue_problem}, or None "
-                         f"(no wait timeout)"))
+        problems.append(
+            (
+                f"lease_queue_timeout={queue_timeout!r}",
+                f"{queue_problem}, or None (no wait timeout)",
+            )
+        )
     cooldown, grace = pick("lease_cooldown"), pick("lease_preempt_grace")
-    for name, value, unset in (("lease_cooldown", cooldown, cooldown is None),
-                               ("lease_preempt_grace", grace, grace == 0)):
-        problem = None if unset and not isinstance(value, bool) else \
-            timing.duration_problem(value)
+    for name, value, unset in (
+        ("lease_cooldown", cooldown, cooldown is None),
+        ("lease_preempt_grace", grace, grace == 0),
+    ):
+        problem = None if unset and not isinstance(value, bool) else timing.duration_problem(value)
         if problem is not None:
             problems.append((f"{name}={value!r}", f"{problem}, e.g. {name}=60.0"))
     debounce = debounce_settings.resolve(pick, problems)
@@ -301,7 +369,8 @@ def _refusal(where: str, problems: list[tuple[str, str]]) -> str:
         head, why = problems[0]
         return f"{head} ({where}) {why}" if head else why
     return f"{len(problems)} invalid lease settings ({where}): " + "; ".join(
-        f"{head} {why}" if head else why for head, why in problems)
+        f"{head} {why}" if head else why for head, why in problems
+    )
 
 
 class LeaseSettings(NamedTuple):
@@ -321,7 +390,9 @@ class LeaseSettings(NamedTuple):
 
 
 def resolve_settings(
-    conf: Mapping[str, Any], task_options: Mapping[str, Any], where: str,
+    conf: Mapping[str, Any],
+    task_options: Mapping[str, Any],
+    where: str,
     names: Mapping[str, str] | None = None,
 ) -> LeaseSettings:
     """Resolve options, store URL and signal number in one go (tasks, worker, CLI, beat).
@@ -336,8 +407,9 @@ def resolve_settings(
         LeaseConfigError: an invalid value, no Redis URL, or an unusable ``lease_signal``.
     """
     options = resolve_options(conf, task_options, where, names)
-    return LeaseSettings(options, resolve_backend(options, conf, where),
-                         check_process_settings(conf, where))
+    return LeaseSettings(
+        options, resolve_backend(options, conf, where), check_process_settings(conf, where)
+    )
 
 
 #: What errors about the beat leader lease name as the place of the mistake.
@@ -371,8 +443,11 @@ def beat_settings(conf: Mapping[str, Any]) -> LeaseSettings:
             ``lease_signal``.
     """
     options = beat_options(conf)
-    return LeaseSettings(options, resolve_backend(options, conf, BEAT_WHERE),
-                         check_process_settings(conf, BEAT_WHERE))
+    return LeaseSettings(
+        options,
+        resolve_backend(options, conf, BEAT_WHERE),
+        check_process_settings(conf, BEAT_WHERE),
+    )
 
 
 def resolve_backend(options: LeaseOptions, conf: Mapping[str, Any], where: str) -> str:
@@ -387,8 +462,11 @@ def resolve_backend(options: LeaseOptions, conf: Mapping[str, Any], where: str) 
     if isinstance(broker, str) and broker.startswith(_REDIS_SCHEMES):
         backend_url.validate_backend(broker, options.backend_options, where, _FALLBACK)
         return broker
-    broker_is = "is not set either" if broker is None else \
-        f"{backend_url.safe_url(broker)!r} is not a Redis URL"
+    broker_is = (
+        "is not set either"
+        if broker is None
+        else f"{backend_url.safe_url(broker)!r} is not a Redis URL"
+    )
     raise LeaseConfigError(
         f"lease_backend is not set ({where}) and broker_url {broker_is}: set "
         f"app.conf.lease_backend = 'redis://host:6379/1' to say where leases live"

@@ -27,8 +27,17 @@ from . import dedupe, handoff, preempt, signals, store
 from .config import LeaseOptions
 from .errors import LeaseConflict
 
-__all__ = ["AGAIN", "HANDLERS", "REDELIVERY_HEADER", "SKIPPED_MARKER", "SUCCESSOR_HEADER",
-           "Conflict", "ended", "handle", "is_skipped"]
+__all__ = [
+    "AGAIN",
+    "HANDLERS",
+    "REDELIVERY_HEADER",
+    "SKIPPED_MARKER",
+    "SUCCESSOR_HEADER",
+    "Conflict",
+    "ended",
+    "handle",
+    "is_skipped",
+]
 
 #: What a handler returns for "take the key again now" (see the module docstring).
 AGAIN: Any = object()
@@ -57,8 +66,9 @@ def is_skipped(result: Any) -> bool:
             always answer False.
     """
     if isinstance(result, ResultBase):
-        raise TypeError("is_skipped() takes the task's result, not its AsyncResult: "
-                        "is_skipped(result.get())")
+        raise TypeError(
+            "is_skipped() takes the task's result, not its AsyncResult: is_skipped(result.get())"
+        )
     return isinstance(result, Mapping) and result.get(SKIPPED_MARKER) is True
 
 
@@ -98,8 +108,11 @@ def _policy(c: Conflict) -> str:
     if holder.hostname == store.RAN_HOLDER:
         return "handed_over"  # a second copy of a handed-over run that started already
     # A cooldown record (lease_cooldown) is a holder that ended: its successor is a copy.
-    if holder.token and not holder.cooldown_until and \
-            (request.headers or {}).get(SUCCESSOR_HEADER) == holder.token:
+    if (
+        holder.token
+        and not holder.cooldown_until
+        and (request.headers or {}).get(SUCCESSOR_HEADER) == holder.token
+    ):
         return "successor"  # published by the holder itself (a retry): run once it ends
     if holder.task_id and holder.task_id == request.id:
         return "redelivered"  # same message again while it runs: not ours, not stored
@@ -117,8 +130,11 @@ def _redelivered(c: Conflict) -> NoReturn:
     if c.request.is_eager:
         raise c.error
     if c.found.holder.cooldown_until:  # only its release writes a cooldown record: it ended
-        logger.info("task %s[%s] already finished (its lease is in its cooldown): not run "
-                    "again", c.task.name, c.request.id)
+        logger.info(
+            "task %s[%s] already finished (its lease is in its cooldown): not run again",
+            c.task.name,
+            c.request.id,
+        )
         raise Ignore()
     # Either the broker delivered a message that is still running (acks_late, visibility
     # timeout) or the execution that holds it died (a SIGKILLed child with
@@ -126,7 +142,9 @@ def _redelivered(c: Conflict) -> NoReturn:
     # only if the first execution did not finish.
     request = c.request
     c.task.signature_from_request(
-        request, countdown=max(0.05, c.found.remaining), retries=request.retries,
+        request,
+        countdown=max(0.05, c.found.remaining),
+        retries=request.retries,
         headers={**(request.headers or {}), REDELIVERY_HEADER: c.found.holder.token},
     ).apply_async()
     raise Ignore()
@@ -136,7 +154,8 @@ def _successor(c: Conflict) -> NoReturn:
     if c.request.is_eager:
         raise c.error
     c.task.signature_from_request(
-        c.request, countdown=max(0.05, min(c.found.remaining, c.options.renew_interval / 2)),
+        c.request,
+        countdown=max(0.05, min(c.found.remaining, c.options.renew_interval / 2)),
         retries=c.request.retries,
     ).apply_async()
     raise Ignore()
@@ -159,11 +178,22 @@ def _retry(c: Conflict) -> Any:
         return AGAIN
     if parked.outcome == "full":
         raise c.task.retry(exc=c.error, countdown=countdown)
-    signals.lease_queued.send(sender=c.task, key=c.key, task_id=c.request.id,
-                              position=parked.length, holder_task_id=c.found.holder.task_id)
-    logger.info("retry: task %s[%s] waits for lease %s (held by task %s) in its line, "
-                "position %d; it runs once the holder releases (no retry used up)",
-                c.task.name, c.request.id, c.key, c.found.holder.task_id or "?", parked.length)
+    signals.lease_queued.send(
+        sender=c.task,
+        key=c.key,
+        task_id=c.request.id,
+        position=parked.length,
+        holder_task_id=c.found.holder.task_id,
+    )
+    logger.info(
+        "retry: task %s[%s] waits for lease %s (held by task %s) in its line, "
+        "position %d; it runs once the holder releases (no retry used up)",
+        c.task.name,
+        c.request.id,
+        c.key,
+        c.found.holder.task_id or "?",
+        parked.length,
+    )
     raise Retry(f"waiting for the holder of {c.key} (position {parked.length})", c.error)
 
 
@@ -172,10 +202,14 @@ def _wait_eagerly(c: Conflict) -> Any:
     waits in the line, without a thread); past ``lease_queue_timeout`` it fails."""
     options, holder = c.options, c.found.holder
     if options.queue_timeout is not None and c.waited > options.queue_timeout:
-        raise LeaseConflict(c.key, holder.task_id, holder.where, c.found.remaining,
-                            f"waited {c.waited:.1f}s, past lease_queue_timeout="
-                            f"{options.queue_timeout}: not run")
-    time.sleep(min(_EAGER_POLL[0] * 1.5 ** c.attempt, _EAGER_POLL[1], c.found.remaining))
+        raise LeaseConflict(
+            c.key,
+            holder.task_id,
+            holder.where,
+            c.found.remaining,
+            f"waited {c.waited:.1f}s, past lease_queue_timeout={options.queue_timeout}: not run",
+        )
+    time.sleep(min(_EAGER_POLL[0] * 1.5**c.attempt, _EAGER_POLL[1], c.found.remaining))
     return AGAIN
 
 
@@ -190,39 +224,59 @@ def _skip(c: Conflict) -> dict[str, Any]:
     # A cooldown record (lease_cooldown): the marker says until when (epoch seconds, the
     # store's clock).
     cooling = {"cooldown_until": holder.cooldown_until} if holder.cooldown_until else {}
-    task._event("task-lease-skipped", lease_key=key, lease_holder=holder.where,
-                lease_holder_task_id=holder.task_id, lease_remaining=found.remaining,
-                lease_cause="in its cooldown" if cooling else "held by another execution",
-                **cooling)
-    marker = {SKIPPED_MARKER: True, "key": key, "holder_task_id": holder.task_id,
-              "holder": holder.where, **cooling}
+    task._event(
+        "task-lease-skipped",
+        lease_key=key,
+        lease_holder=holder.where,
+        lease_holder_task_id=holder.task_id,
+        lease_remaining=found.remaining,
+        lease_cause="in its cooldown" if cooling else "held by another execution",
+        **cooling,
+    )
+    marker = {
+        SKIPPED_MARKER: True,
+        "key": key,
+        "holder_task_id": holder.task_id,
+        "holder": holder.where,
+        **cooling,
+    }
     if request.is_eager:
         return marker  # returned as the result: no worker, no stored state to set
     # Without a result backend (or with ignore_result) nothing is stored: say so, since a
     # caller's .get() then cannot learn that the duplicate was skipped.
     stores = not isinstance(task.backend, DisabledBackend) and not (
-        request.ignore_result if request.ignore_result is not None else task.ignore_result)
+        request.ignore_result if request.ignore_result is not None else task.ignore_result
+    )
     try:
         if stores:
-            task.backend.mark_as_done(request.id, marker, request=request,
-                                      state=states.SUCCESS)
+            task.backend.mark_as_done(request.id, marker, request=request, state=states.SUCCESS)
     except Exception:
         logger.exception("could not store the skipped marker of %s", request.id)
     else:
-        logger.info("skipped: task %s[%s] not run, lease %s held by %s (task %s, %.1fs "
-                    "left, fencing_token=%d); %s", task.name, request.id, key, holder.where,
-                    holder.task_id or "?", found.remaining, holder.fencing_token,
-                    "result stored as SUCCESS with a skip marker" if stores else
-                    "no result stored (no result backend, or ignore_result): a caller "
-                    "cannot read the skip marker")
+        logger.info(
+            "skipped: task %s[%s] not run, lease %s held by %s (task %s, %.1fs "
+            "left, fencing_token=%d); %s",
+            task.name,
+            request.id,
+            key,
+            holder.where,
+            holder.task_id or "?",
+            found.remaining,
+            holder.fencing_token,
+            "result stored as SUCCESS with a skip marker"
+            if stores
+            else "no result stored (no result backend, or ignore_result): a caller "
+            "cannot read the skip marker",
+        )
     # Ignore, not a returned marker: a return would send task-succeeded, which would
     # replace the task-lease-skipped state in Flower.
     raise Ignore()
 
 
 def _handed_over(c: Conflict) -> NoReturn:
-    logger.info("task %s[%s] not run: a copy of this handed-over run already ran",
-                c.task.name, c.request.id)
+    logger.info(
+        "task %s[%s] not run: a copy of this handed-over run already ran", c.task.name, c.request.id
+    )
     raise Ignore()
 
 
@@ -230,12 +284,18 @@ def _park(c: Conflict) -> store.handoff.Parked | None:
     """Park the duplicate; None when the key was free by then (take it again)."""
     try:
         limit = c.found.limit if isinstance(c.found, store.SlotsFull) else 1
-        parked = handoff.park(c.task, c.request, c.options, c.client, c.key, c.found.remaining,
-                              limit)
+        parked = handoff.park(
+            c.task, c.request, c.options, c.client, c.key, c.found.remaining, limit
+        )
     except TypeError as exc:
-        raise LeaseConflict(c.key, c.found.holder.task_id, c.found.holder.where,
-                            c.found.remaining, f"held, and this duplicate cannot be kept to "
-                            f"run later (its message is not JSON: {exc})") from None
+        raise LeaseConflict(
+            c.key,
+            c.found.holder.task_id,
+            c.found.holder.where,
+            c.found.remaining,
+            f"held, and this duplicate cannot be kept to "
+            f"run later (its message is not JSON: {exc})",
+        ) from None
     except RedisError as exc:
         c.task._store_error(c.options, c.key, exc)
     if parked.outcome == "free":
@@ -252,22 +312,43 @@ def _coalesce(c: Conflict) -> Any:
     parked = _park(c)
     if parked is None:
         return AGAIN
-    signals.lease_coalesced.send(sender=task, key=key, task_id=request.id, into=parked.task_id,
-                                 joined=parked.joined, holder_task_id=holder.task_id)
-    task._event("task-lease-coalesced", lease_key=key, lease_into=parked.task_id,
-                lease_holder=holder.where, lease_holder_task_id=holder.task_id,
-                lease_remaining=c.found.remaining)
-    marker = {handoff.COALESCED_MARKER: True, "into": parked.task_id, "key": key,
-              "holder_task_id": holder.task_id}
+    signals.lease_coalesced.send(
+        sender=task,
+        key=key,
+        task_id=request.id,
+        into=parked.task_id,
+        joined=parked.joined,
+        holder_task_id=holder.task_id,
+    )
+    task._event(
+        "task-lease-coalesced",
+        lease_key=key,
+        lease_into=parked.task_id,
+        lease_holder=holder.where,
+        lease_holder_task_id=holder.task_id,
+        lease_remaining=c.found.remaining,
+    )
+    marker = {
+        handoff.COALESCED_MARKER: True,
+        "into": parked.task_id,
+        "key": key,
+        "holder_task_id": holder.task_id,
+    }
     if request.is_eager:
         return marker
     try:
         task.backend.mark_as_done(request.id, marker, request=request, state=states.SUCCESS)
     except Exception:
         logger.exception("could not store the coalesced marker of %s", request.id)
-    logger.info("coalesced: task %s[%s] not run now: lease %s held by task %s; its trigger "
-                "runs in the pending run %s, after the holder's release", task.name,
-                request.id, key, holder.task_id or "?", parked.task_id)
+    logger.info(
+        "coalesced: task %s[%s] not run now: lease %s held by task %s; its trigger "
+        "runs in the pending run %s, after the holder's release",
+        task.name,
+        request.id,
+        key,
+        holder.task_id or "?",
+        parked.task_id,
+    )
     raise Ignore()  # as for a skip: the marker stays the state Flower shows
 
 
@@ -279,17 +360,38 @@ def _queue(c: Conflict) -> Any:
     if parked is None:
         return AGAIN
     if parked.outcome == "full":
-        raise LeaseConflict(key, holder.task_id, holder.where, c.found.remaining,
-                            f"held, and {parked.length} runs already wait in its line "
-                            f"(lease_queue_max={options.queue_max}): not run")
-    signals.lease_queued.send(sender=task, key=key, task_id=request.id, position=parked.length,
-                              holder_task_id=holder.task_id)
-    task._event("task-lease-queued", lease_key=key, lease_position=parked.length,
-                lease_holder=holder.where, lease_holder_task_id=holder.task_id,
-                lease_remaining=c.found.remaining)
-    logger.info("queued: task %s[%s] waits for lease %s (held by task %s), position %d in "
-                "its line; it runs under its own task id once handed the key", task.name,
-                request.id, key, holder.task_id or "?", parked.length)
+        raise LeaseConflict(
+            key,
+            holder.task_id,
+            holder.where,
+            c.found.remaining,
+            f"held, and {parked.length} runs already wait in its line "
+            f"(lease_queue_max={options.queue_max}): not run",
+        )
+    signals.lease_queued.send(
+        sender=task,
+        key=key,
+        task_id=request.id,
+        position=parked.length,
+        holder_task_id=holder.task_id,
+    )
+    task._event(
+        "task-lease-queued",
+        lease_key=key,
+        lease_position=parked.length,
+        lease_holder=holder.where,
+        lease_holder_task_id=holder.task_id,
+        lease_remaining=c.found.remaining,
+    )
+    logger.info(
+        "queued: task %s[%s] waits for lease %s (held by task %s), position %d in "
+        "its line; it runs under its own task id once handed the key",
+        task.name,
+        request.id,
+        key,
+        holder.task_id or "?",
+        parked.length,
+    )
     raise Ignore()  # acknowledged: the message is kept in the line, not on a worker
 
 
@@ -316,9 +418,17 @@ HANDLERS: dict[str, Callable[[Conflict], Any]] = {
 }
 
 
-def handle(task: Any, request: Any, options: LeaseOptions, key: str,
-           found: store.AcquireResult, client: Any = None, attempt: int = 0,
-           waited: float = 0.0, claim: Any = None) -> Any:
+def handle(
+    task: Any,
+    request: Any,
+    options: LeaseOptions,
+    key: str,
+    found: store.AcquireResult,
+    client: Any = None,
+    attempt: int = 0,
+    waited: float = 0.0,
+    claim: Any = None,
+) -> Any:
     """Deal with an execution of ``task`` that found ``key`` held (``found``).
 
     Args:
@@ -342,18 +452,40 @@ def handle(task: Any, request: Any, options: LeaseOptions, key: str,
             ``lease_on_store_error="fail"``; ``"retry"`` raises ``Retry``).
     """
     holder = found.holder
-    c = Conflict(task, request, options, key, found,
-                 LeaseConflict(key, holder.task_id, holder.where, found.remaining),
-                 client, attempt, waited, claim)
+    c = Conflict(
+        task,
+        request,
+        options,
+        key,
+        found,
+        LeaseConflict(key, holder.task_id, holder.where, found.remaining),
+        client,
+        attempt,
+        waited,
+        claim,
+    )
     policy = _policy(c)
     # A skip says what happened in its own line, once the marker is stored.
-    logger.log(logging.DEBUG if policy in ("skip", "coalesce", "queue") else logging.INFO,
-               "lease conflict (%s): task %s[%s] not run: %s (fencing_token=%d)",
-               policy, task.name, request.id, c.error, holder.fencing_token)
+    logger.log(
+        logging.DEBUG if policy in ("skip", "coalesce", "queue") else logging.INFO,
+        "lease conflict (%s): task %s[%s] not run: %s (fencing_token=%d)",
+        policy,
+        task.name,
+        request.id,
+        c.error,
+        holder.fencing_token,
+    )
     signals.lease_conflict.send(
-        sender=task, key=key, task_id=request.id, holder_task_id=holder.task_id,
-        holder=holder.where, remaining=found.remaining, policy=policy,
-        fencing_token=holder.fencing_token, token=holder.token)
+        sender=task,
+        key=key,
+        task_id=request.id,
+        holder_task_id=holder.task_id,
+        holder=holder.where,
+        remaining=found.remaining,
+        policy=policy,
+        fencing_token=holder.fencing_token,
+        token=holder.token,
+    )
     try:
         return HANDLERS[policy](c)
     except Retry:
@@ -364,8 +496,7 @@ def handle(task: Any, request: Any, options: LeaseOptions, key: str,
         # id, serves the trigger), a preempt that could not take over. A queued copy runs
         # later under its own id, a retried one too: they keep it.
         if key_claimed and policy in ("skip", "fail", "retry", "coalesce", "preempt"):
-            dedupe.forget(task, str(key_claimed), request.id, f"it ended on a conflict "
-                          f"({policy})")
+            dedupe.forget(task, str(key_claimed), request.id, f"it ended on a conflict ({policy})")
         raise
 
 

@@ -33,8 +33,11 @@ def release_for(options: LeaseOptions, ending: str) -> Callable[[redis.Redis, st
     """
     if ending not in ENDINGS:
         raise ValueError(f"ending={ending!r} is not one of {ENDINGS}")
-    if options.cooldown is None or ending == "retry" or (
-            ending == "failure" and options.cooldown_after != "any"):
+    if (
+        options.cooldown is None
+        or ending == "retry"
+        or (ending == "failure" and options.cooldown_after != "any")
+    ):
         return store.release
     cooldown_ms = round(options.cooldown * 1000)
 

@@ -90,8 +90,9 @@ def enabled(task: Any) -> bool:
     so a publisher of other tasks needs no lease settings; the setting is read once per task
     class (:func:`celery_lease.publish_settings.app_setting`)."""
     value = getattr(type(task), "lease_debounce", None)
-    return (publish_settings.app_setting(task, "lease_debounce") if value is None
-            else value) is not None
+    return (
+        publish_settings.app_setting(task, "lease_debounce") if value is None else value
+    ) is not None
 
 
 def passes(task: Any, options: dict[str, Any]) -> bool:

@@ -95,8 +95,13 @@ def _seconds_until(when: Any) -> float:
     return float(when)
 
 
-def send(task: Any, key: str | None, options: dict[str, Any], publish: Callable[..., Any],
-         take_over: bool = False) -> Any:
+def send(
+    task: Any,
+    key: str | None,
+    options: dict[str, Any],
+    publish: Callable[..., Any],
+    take_over: bool = False,
+) -> Any:
     """Publish a message of ``task`` (``publish(**options)``) unless a copy of lease ``key`` is
     waiting; return its result, with ``lease_disposition`` set.
 
@@ -124,10 +129,12 @@ def send(task: Any, key: str | None, options: dict[str, Any], publish: Callable[
     claimer = store.holder_json(task.name, task_id, socket.gethostname(), process.pid())
     headers[CLAIM_HEADER] = key  # the execution clears a claim naming it, if one is there
     try:
-        client = store.client_for(settings.url, settings.options.store_timeout,
-                                  settings.options.backend_options)
-        decision = store.claim(client, key, task_id, max(1, round(lifetime * 1000)), claimer,
-                               take_over)
+        client = store.client_for(
+            settings.url, settings.options.store_timeout, settings.options.backend_options
+        )
+        decision = store.claim(
+            client, key, task_id, max(1, round(lifetime * 1000)), claimer, take_over
+        )
     except RedisError as exc:
         # A lost reply (a broken connection, a timeout) may hide a claim that was written.
         ambiguous = isinstance(exc, (RedisConnectionError, RedisTimeoutError))
@@ -136,27 +143,42 @@ def send(task: Any, key: str | None, options: dict[str, Any], publish: Callable[
             if ambiguous:
                 forget(task, key, task_id, "its publish was refused")
             raise error from None
-        logger.warning("task %s[%s] published without a waiting-copy claim (the execution "
-                       "lease still guards it): %s", task.name, task_id, error)
+        logger.warning(
+            "task %s[%s] published without a waiting-copy claim (the execution "
+            "lease still guards it): %s",
+            task.name,
+            task_id,
+            error,
+        )
         disposition = "unguarded"
     else:
         if not (decision.claimed or decision.foreign):
             return _deduplicated(task, key, requested, decision)
         disposition = "published" if decision.claimed else "unguarded"
         if decision.foreign:
-            logger.warning("task %s[%s] published without a waiting-copy claim: %s holds %s "
-                           "(`celery lease doctor` says more)", task.name, task_id,
-                           claim_key(key), decision.foreign)
+            logger.warning(
+                "task %s[%s] published without a waiting-copy claim: %s holds %s "
+                "(`celery lease doctor` says more)",
+                task.name,
+                task_id,
+                claim_key(key),
+                decision.foreign,
+            )
     try:
-        return _published(task, key, {**options, "task_id": task_id}, headers, publish,
-                          disposition)
+        return _published(task, key, {**options, "task_id": task_id}, headers, publish, disposition)
     except BaseException:
         forget(task, key, task_id, "its publish failed")
         raise
 
 
-def _published(task: Any, key: str, options: dict[str, Any], headers: dict[str, Any],
-               publish: Callable[..., Any], disposition: str) -> Any:
+def _published(
+    task: Any,
+    key: str,
+    options: dict[str, Any],
+    headers: dict[str, Any],
+    publish: Callable[..., Any],
+    disposition: str,
+) -> Any:
     result = mark(publish(**{**options, "headers": headers}), disposition)
     _announce(task, key, result.id, disposition)
     return result
@@ -165,16 +187,20 @@ def _published(task: Any, key: str, options: dict[str, Any], headers: dict[str, 
 def _deduplicated(task: Any, key: str, requested: str | None, decision: store.Decision) -> Any:
     _announce(task, key, decision.task_id, "deduplicated")
     if signals.lease_deduplicated.receivers:
-        signals.lease_deduplicated.send(sender=task, key=key, task_id=decision.task_id,
-                                        requested_task_id=requested, age=decision.age)
+        signals.lease_deduplicated.send(
+            sender=task,
+            key=key,
+            task_id=decision.task_id,
+            requested_task_id=requested,
+            age=decision.age,
+        )
     return mark(task.AsyncResult(decision.task_id), "deduplicated")
 
 
 def _announce(task: Any, key: str, task_id: str, disposition: str) -> None:
     logger.debug("lease dedupe: task %s[%s] %s (key=%s)", task.name, task_id, disposition, key)
     if signals.lease_published.receivers:
-        signals.lease_published.send(sender=task, key=key, task_id=task_id,
-                                     disposition=disposition)
+        signals.lease_published.send(sender=task, key=key, task_id=task_id, disposition=disposition)
 
 
 def forget(task: Any, key: str, task_id: str, why: str) -> None:
@@ -183,18 +209,23 @@ def forget(task: Any, key: str, task_id: str, why: str) -> None:
     its lifetime."""
     try:
         settings = task.lease_settings()
-        client = store.client_for(settings.url, settings.options.store_timeout,
-                                  settings.options.backend_options)
+        client = store.client_for(
+            settings.url, settings.options.store_timeout, settings.options.backend_options
+        )
         if store.unclaim(client, key, task_id):
-            logger.debug("lease dedupe: claim of task %s[%s] removed: %s", task.name, task_id,
-                         why)
+            logger.debug("lease dedupe: claim of task %s[%s] removed: %s", task.name, task_id, why)
     except Exception as exc:
-        logger.warning("lease dedupe: the claim of task %s[%s] (%s) was not removed, it lapses "
-                       "at its lifetime: %s", task.name, task_id, why, store.describe(exc))
+        logger.warning(
+            "lease dedupe: the claim of task %s[%s] (%s) was not removed, it lapses "
+            "at its lifetime: %s",
+            task.name,
+            task_id,
+            why,
+            store.describe(exc),
+        )
 
 
-def _on_revoked(sender: Any = None, request: Any = None, expired: bool = False,
-                **kw: Any) -> None:
+def _on_revoked(sender: Any = None, request: Any = None, expired: bool = False, **kw: Any) -> None:
     """A worker dropped a message (revoked, expired, terminated): its claim goes with it."""
     key = (getattr(request, "headers", None) or {}).get(CLAIM_HEADER)
     task_id = getattr(request, "id", None)
@@ -210,5 +241,4 @@ def enabled(task: Any) -> bool:
     option or the app setting (validated at registration; the setting read once per task
     class: :func:`celery_lease.publish_settings.app_setting`)."""
     value = type(task).lease_dedupe
-    return (publish_settings.app_setting(task, "lease_dedupe") if value is None
-            else value) is True
+    return (publish_settings.app_setting(task, "lease_dedupe") if value is None else value) is True

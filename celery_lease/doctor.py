@@ -27,9 +27,21 @@ from .inspection import app_options, client, leased_tasks, scan_foreign, stores
 from .store import permissions, topology
 from .store.url import safe_url
 
-__all__ = ["MIN_REDIS", "Finding", "check_acl", "check_beat", "check_claims", "check_failover",
-           "check_replicas", "check_store", "check_task", "check_values", "diagnose",
-           "failover_problem", "redis_version_problem"]
+__all__ = [
+    "MIN_REDIS",
+    "Finding",
+    "check_acl",
+    "check_beat",
+    "check_claims",
+    "check_failover",
+    "check_replicas",
+    "check_store",
+    "check_task",
+    "check_values",
+    "diagnose",
+    "failover_problem",
+    "redis_version_problem",
+]
 
 #: The oldest Redis the library works with: the release keeps its note beside the fencing
 #: counter with ``SET ... KEEPTTL`` (6.0).
@@ -44,8 +56,10 @@ def redis_version_problem(version: str) -> str | None:
     parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
     if len(parts) < 2 or parts >= MIN_REDIS:
         return None
-    return (f"Redis {version} is too old: celery-lease needs Redis "
-            f"{MIN_REDIS[0]}.{MIN_REDIS[1]} or later (SET ... KEEPTTL in the release)")
+    return (
+        f"Redis {version} is too old: celery-lease needs Redis "
+        f"{MIN_REDIS[0]}.{MIN_REDIS[1]} or later (SET ... KEEPTTL in the release)"
+    )
 
 
 def check_store(url: str, timeout: float, app: Any = None) -> list[Finding]:
@@ -57,68 +71,130 @@ def check_store(url: str, timeout: float, app: Any = None) -> list[Finding]:
         redis_client = layout.probe  # on a cluster, a primary that answers
         check = topology.check_store(redis_client)
     except RedisError as exc:
-        return [Finding("fail", subject, f"unreachable: {store.describe(exc)}",
-                        "start Redis or set lease_backend to a reachable redis:// URL",
-                        "unreachable")]
+        return [
+            Finding(
+                "fail",
+                subject,
+                f"unreachable: {store.describe(exc)}",
+                "start Redis or set lease_backend to a reachable redis:// URL",
+                "unreachable",
+            )
+        ]
     found = [Finding("ok", subject, "reachable")]
-    found += [Finding("fail", subject, f"cluster node {node} does not answer: {error}",
-                      "restart it or fail it over to a replica: until then no lease in its "
-                      "slots can be taken or renewed") for node, error in layout.unreachable]
+    found += [
+        Finding(
+            "fail",
+            subject,
+            f"cluster node {node} does not answer: {error}",
+            "restart it or fail it over to a replica: until then no lease in its "
+            "slots can be taken or renewed",
+        )
+        for node, error in layout.unreachable
+    ]
     source = f" (read via {layout.policy_source})" if layout.policy_source else ""
-    found.append(Finding(
-        "info", subject, f"{layout.kind}, TLS {'on' if layout.tls else 'off'}, primaries "
-        f"{', '.join(layout.primaries)}, replicas {', '.join(layout.replicas) or 'none seen'}"
-        f", eviction policy {layout.eviction_policy}{source}"))
+    found.append(
+        Finding(
+            "info",
+            subject,
+            f"{layout.kind}, TLS {'on' if layout.tls else 'off'}, primaries "
+            f"{', '.join(layout.primaries)}, replicas {', '.join(layout.replicas) or 'none seen'}"
+            f", eviction policy {layout.eviction_policy}{source}",
+        )
+    )
     problem = redis_version_problem(check.version)
     if problem:
-        found.append(Finding("fail", subject, problem,
-                             f"upgrade to Redis {MIN_REDIS[0]}.{MIN_REDIS[1]} or later"))
+        found.append(
+            Finding(
+                "fail", subject, problem, f"upgrade to Redis {MIN_REDIS[0]}.{MIN_REDIS[1]} or later"
+            )
+        )
     else:
         found.append(Finding("ok", subject, f"Redis {check.version}"))
     if check.safe:
         found.append(Finding("ok", subject, "maxmemory-policy noeviction"))
     elif check.eviction_policy == "unknown":
-        found.append(Finding("warn", subject,
-                             "maxmemory-policy could not be read (CONFIG disabled?)",
-                             "make sure the server runs with maxmemory-policy noeviction",
-                             "eviction"))
+        found.append(
+            Finding(
+                "warn",
+                subject,
+                "maxmemory-policy could not be read (CONFIG disabled?)",
+                "make sure the server runs with maxmemory-policy noeviction",
+                "eviction",
+            )
+        )
     else:
-        found.append(Finding("fail", subject,
-                             f"maxmemory-policy {check.eviction_policy} may evict a live lease",
-                             "CONFIG SET maxmemory-policy noeviction (and in redis.conf), or "
-                             "use a dedicated Redis for lease_backend", "eviction"))
+        found.append(
+            Finding(
+                "fail",
+                subject,
+                f"maxmemory-policy {check.eviction_policy} may evict a live lease",
+                "CONFIG SET maxmemory-policy noeviction (and in redis.conf), or "
+                "use a dedicated Redis for lease_backend",
+                "eviction",
+            )
+        )
     try:
         samples = topology.round_trips(redis_client, 20)
         server, before, after = topology.server_time(redis_client)
     except NoPermissionError:  # a worker's user need not run the doctor's PING and TIME
-        found.append(Finding("info", subject, "latency and clock not measured: the ACL user may "
-                             "not run PING or TIME", "grant the doctor feature (celery lease acl)"))
+        found.append(
+            Finding(
+                "info",
+                subject,
+                "latency and clock not measured: the ACL user may not run PING or TIME",
+                "grant the doctor feature (celery lease acl)",
+            )
+        )
         return found
     except RedisError as exc:
-        found.append(Finding("fail", subject,
-                             f"stopped answering during the latency check: {store.describe(exc)}"))
+        found.append(
+            Finding(
+                "fail",
+                subject,
+                f"stopped answering during the latency check: {store.describe(exc)}",
+            )
+        )
         return found
     worst, median = max(samples), statistics.median(samples)
     detail = f"latency median {median * 1000:.2f} ms, max {worst * 1000:.2f} ms"
     if worst >= timeout:
-        found.append(Finding(
-            "fail", subject, f"{detail}: at or above lease_store_timeout={timeout}s",
-            "move the store closer or raise lease_ttl (the timeout is derived from it)"))
+        found.append(
+            Finding(
+                "fail",
+                subject,
+                f"{detail}: at or above lease_store_timeout={timeout}s",
+                "move the store closer or raise lease_ttl (the timeout is derived from it)",
+            )
+        )
     elif worst >= timeout / 2:
-        found.append(Finding(
-            "warn", subject, f"{detail}: above half of lease_store_timeout={timeout}s",
-            "raise lease_ttl / lease_store_timeout, or move the store closer"))
+        found.append(
+            Finding(
+                "warn",
+                subject,
+                f"{detail}: above half of lease_store_timeout={timeout}s",
+                "raise lease_ttl / lease_store_timeout, or move the store closer",
+            )
+        )
     else:
         found.append(Finding("ok", subject, detail))
     skew = server - (before + after) / 2
     if abs(skew) > 2.0 + (after - before):
-        found.append(Finding(
-            "warn", subject, f"server clock differs from this host's by {skew:+.3f}s (lease "
-            f"deadlines do not use wall clocks, but fencing tokens are server time and logs "
-            f"will not line up)", "run NTP on both hosts"))
+        found.append(
+            Finding(
+                "warn",
+                subject,
+                f"server clock differs from this host's by {skew:+.3f}s (lease "
+                f"deadlines do not use wall clocks, but fencing tokens are server time and logs "
+                f"will not line up)",
+                "run NTP on both hosts",
+            )
+        )
     else:
-        found.append(Finding("ok", subject, f"clock skew {skew:+.3f}s; local deadlines use "
-                             f"{clock.CLOCK_NAME}"))
+        found.append(
+            Finding(
+                "ok", subject, f"clock skew {skew:+.3f}s; local deadlines use {clock.CLOCK_NAME}"
+            )
+        )
     return found
 
 
@@ -144,13 +220,15 @@ def failover_problem(options: LeaseOptions, down_after: float) -> tuple[str, str
     bound = down_after + FAILOVER_ALLOWANCE + 2 * options.renew_interval
     if options.ttl > bound:
         return None
-    return (f"lease_min_replicas=0 on Sentinel: a primary cut off from the sentinels (but not "
-            f"from this worker) keeps taking renewals for down-after-milliseconds "
-            f"({down_after:g}s) before a replica is promoted, so lease_ttl={options.ttl:g}s "
-            f"must exceed {bound:g}s (that + {FAILOVER_ALLOWANCE:g}s + 2 renew intervals)",
-            f"set lease_min_replicas=1 (a renewal then counts only once a replica has it), or "
-            f"lease_ttl={3 * (down_after + FAILOVER_ALLOWANCE) + 1:g} with the default renew "
-            f"interval, or lower the sentinels' down-after-milliseconds")
+    return (
+        f"lease_min_replicas=0 on Sentinel: a primary cut off from the sentinels (but not "
+        f"from this worker) keeps taking renewals for down-after-milliseconds "
+        f"({down_after:g}s) before a replica is promoted, so lease_ttl={options.ttl:g}s "
+        f"must exceed {bound:g}s (that + {FAILOVER_ALLOWANCE:g}s + 2 renew intervals)",
+        f"set lease_min_replicas=1 (a renewal then counts only once a replica has it), or "
+        f"lease_ttl={3 * (down_after + FAILOVER_ALLOWANCE) + 1:g} with the default renew "
+        f"interval, or lower the sentinels' down-after-milliseconds",
+    )
 
 
 #: Keys named in a finding about values celery-lease did not write (the rest are counted).
@@ -174,11 +252,16 @@ def check_values(url: str, prefixes: set[str], app: Any = None) -> list[Finding]
             continue
         shown = "; ".join(f"{key}: {why}" for key, why in foreign[:_SHOWN])
         more = f" and {len(foreign) - _SHOWN} more" if len(foreign) > _SHOWN else ""
-        found.append(Finding(
-            "warn", subject, f"{len(foreign)} key(s) under {prefix}:* hold what celery-lease "
-            f"did not write, each a lease held by an unknown holder: {shown}{more}",
-            "another tool shares the prefix: give celery-lease one of its own "
-            "(lease_key_prefix), or delete those keys if nothing uses them"))
+        found.append(
+            Finding(
+                "warn",
+                subject,
+                f"{len(foreign)} key(s) under {prefix}:* hold what celery-lease "
+                f"did not write, each a lease held by an unknown holder: {shown}{more}",
+                "another tool shares the prefix: give celery-lease one of its own "
+                "(lease_key_prefix), or delete those keys if nothing uses them",
+            )
+        )
     return found
 
 
@@ -195,42 +278,72 @@ def check_task(app: Any, task: Any, options: LeaseOptions, vt: float | None) -> 
     ``visibility_timeout`` (``vt``, float seconds, ``None`` for a broker without one)."""
     subject = f"task {task.name}"
     found = []
-    timing = (f"lease_ttl={options.ttl:g}s lease_renew_interval={options.renew_interval:g}s "
-              f"lease_store_timeout={options.store_timeout:g}s")
+    timing = (
+        f"lease_ttl={options.ttl:g}s lease_renew_interval={options.renew_interval:g}s "
+        f"lease_store_timeout={options.store_timeout:g}s"
+    )
     if options.renew_interval > options.ttl / 3 + 1e-9:
-        found.append(Finding("warn", subject, f"{timing}: the interval is above a third of the "
-                             "TTL, two failed renewals in a row lose the lease",
-                             f"lease_renew_interval={options.ttl / 3:.3f} or leave it unset"))
+        found.append(
+            Finding(
+                "warn",
+                subject,
+                f"{timing}: the interval is above a third of the "
+                "TTL, two failed renewals in a row lose the lease",
+                f"lease_renew_interval={options.ttl / 3:.3f} or leave it unset",
+            )
+        )
     else:
         found.append(Finding("ok", subject, timing))
     hard = task.time_limit or app.conf.get("task_time_limit")
     soft = task.soft_time_limit or app.conf.get("task_soft_time_limit")
     limit = hard or soft
     if limit and options.ttl > float(limit):
-        found.append(Finding(
-            "warn", subject, f"lease_ttl={options.ttl:g}s is longer than the task's time limit "
-            f"({float(limit):g}s): after a killed run the key blocks the next run for up to "
-            f"lease_ttl", "lower lease_ttl (it only has to cover the longest pause between "
-            "renewals, not the run)"))
+        found.append(
+            Finding(
+                "warn",
+                subject,
+                f"lease_ttl={options.ttl:g}s is longer than the task's time limit "
+                f"({float(limit):g}s): after a killed run the key blocks the next run for up to "
+                f"lease_ttl",
+                "lower lease_ttl (it only has to cover the longest pause between "
+                "renewals, not the run)",
+            )
+        )
     if vt is not None:
-        acks_late = bool(task.acks_late if task.acks_late is not None
-                         else app.conf.get("task_acks_late"))
+        acks_late = bool(
+            task.acks_late if task.acks_late is not None else app.conf.get("task_acks_late")
+        )
         if options.on_conflict == "retry" and options.ttl >= vt:
             # The copy waits in the key's line; only a full line falls back to an ETA message.
-            found.append(Finding(
-                "warn", subject, f"lease_on_conflict='retry' with a full line "
-                f"(lease_queue_max={options.queue_max}) waits up to lease_ttl="
-                f"{options.ttl:g}s in an ETA message, which the broker redelivers after "
-                f"visibility_timeout={vt:g}s", f"broker_transport_options={{"
-                f"'visibility_timeout': {max(vt, options.ttl * 4):g}}} or a shorter lease_ttl"))
-        limit_text = ("no time_limit" if hard is None else
-                      f"time_limit={float(hard):g}s, not below visibility_timeout")
+            found.append(
+                Finding(
+                    "warn",
+                    subject,
+                    f"lease_on_conflict='retry' with a full line "
+                    f"(lease_queue_max={options.queue_max}) waits up to lease_ttl="
+                    f"{options.ttl:g}s in an ETA message, which the broker redelivers after "
+                    f"visibility_timeout={vt:g}s",
+                    f"broker_transport_options={{"
+                    f"'visibility_timeout': {max(vt, options.ttl * 4):g}}} or a shorter lease_ttl",
+                )
+            )
+        limit_text = (
+            "no time_limit"
+            if hard is None
+            else f"time_limit={float(hard):g}s, not below visibility_timeout"
+        )
         if acks_late and (hard is None or float(hard) >= vt):
-            found.append(Finding(
-                "warn", subject, f"acks_late is on with {limit_text}: a run longer than "
-                f"visibility_timeout={vt:g}s is delivered again while it still runs (the lease "
-                f"refuses the copy, but it takes a slot)", "set time_limit below "
-                "visibility_timeout, or raise visibility_timeout in broker_transport_options"))
+            found.append(
+                Finding(
+                    "warn",
+                    subject,
+                    f"acks_late is on with {limit_text}: a run longer than "
+                    f"visibility_timeout={vt:g}s is delivered again while it still runs (the lease "
+                    f"refuses the copy, but it takes a slot)",
+                    "set time_limit below "
+                    "visibility_timeout, or raise visibility_timeout in broker_transport_options",
+                )
+            )
     return found
 
 
@@ -245,13 +358,20 @@ def check_beat(app: Any) -> list[Finding]:
         key = beat_lease_key(app)
     except LeaseConfigError as exc:
         return [Finding("fail", "beat", str(exc))]
-    return [Finding("ok", "beat", f"leader lease {key} ttl={options.ttl:g}s "
-                    f"renew_interval={options.renew_interval:g}s (a standby takes over within "
-                    f"{options.ttl:g}s)")]
+    return [
+        Finding(
+            "ok",
+            "beat",
+            f"leader lease {key} ttl={options.ttl:g}s "
+            f"renew_interval={options.renew_interval:g}s (a standby takes over within "
+            f"{options.ttl:g}s)",
+        )
+    ]
 
 
-def diagnose(app: Any, url: str | None = None, *, at_start: bool = False,
-             skip_stores: Collection[str] = ()) -> Iterator[Finding]:
+def diagnose(
+    app: Any, url: str | None = None, *, at_start: bool = False, skip_stores: Collection[str] = ()
+) -> Iterator[Finding]:
     """Every check of ``celery lease doctor``, in order: tasks, beat, each store (its state,
     Sentinel failover, connected replicas), then the keys under each prefix
     (:func:`check_values`) and the ACL (:func:`check_acl`).
@@ -264,8 +384,12 @@ def diagnose(app: Any, url: str | None = None, *, at_start: bool = False,
     """
     tasks = leased_tasks(app)
     if not tasks and not at_start:
-        yield Finding("warn", "app", f"no LeasedTask is registered in app {app.main!r}",
-                      "pass -A with the module that defines the tasks, or add it to include")
+        yield Finding(
+            "warn",
+            "app",
+            f"no LeasedTask is registered in app {app.main!r}",
+            "pass -A with the module that defines the tasks, or add it to include",
+        )
     vt = _visibility_timeout(app)
     timeouts: dict[str, float] = {}
     using: dict[str, list[tuple[str, LeaseOptions]]] = {}
@@ -277,15 +401,17 @@ def diagnose(app: Any, url: str | None = None, *, at_start: bool = False,
             continue
         yield from check_task(app, task, options, vt)
         task_url = url or task_url
-        timeouts[task_url] = min(timeouts.get(task_url, options.store_timeout),
-                                 options.store_timeout)
+        timeouts[task_url] = min(
+            timeouts.get(task_url, options.store_timeout), options.store_timeout
+        )
         using.setdefault(task_url, []).append((task.name, options))
     yield from check_beat(app)
     if not timeouts:
         try:
             options = app_options(app)
-            timeouts[url or resolve_backend(options, app.conf, "app settings")] = \
+            timeouts[url or resolve_backend(options, app.conf, "app settings")] = (
                 options.store_timeout
+            )
         except LeaseConfigError as exc:
             yield Finding("fail", "app", str(exc))
     for store_url, timeout in timeouts.items():
@@ -306,8 +432,9 @@ def diagnose(app: Any, url: str | None = None, *, at_start: bool = False,
     yield from check_acl(app, url)
 
 
-def check_failover(url: str, tasks: list[tuple[str, LeaseOptions]], app: Any = None
-                   ) -> list[Finding]:
+def check_failover(
+    url: str, tasks: list[tuple[str, LeaseOptions]], app: Any = None
+) -> list[Finding]:
     """Each task's lease settings (``(name, options)``) against the failover of the Sentinel
     store at ``url`` (:func:`failover_problem`); nothing for other stores or when no sentinel
     answers (:func:`check_store` reports that)."""
@@ -321,15 +448,21 @@ def check_failover(url: str, tasks: list[tuple[str, LeaseOptions]], app: Any = N
     for name, options in tasks:
         problem = failover_problem(options, down_after)
         if problem is None:
-            found.append(Finding("ok", f"task {name}", f"covers a Sentinel failover "
-                                 f"(down-after-milliseconds {down_after:g}s)"))
+            found.append(
+                Finding(
+                    "ok",
+                    f"task {name}",
+                    f"covers a Sentinel failover (down-after-milliseconds {down_after:g}s)",
+                )
+            )
         else:
             found.append(Finding("warn", f"task {name}", *problem))
     return found
 
 
-def check_replicas(url: str, tasks: list[tuple[str, LeaseOptions]], app: Any = None
-                   ) -> list[Finding]:
+def check_replicas(
+    url: str, tasks: list[tuple[str, LeaseOptions]], app: Any = None
+) -> list[Finding]:
     """Each task's ``lease_min_replicas`` (``(name, options)``) against the replicas connected
     to the primary at ``url``; nothing when none is asked for, on Redis Cluster, or when
     ``INFO`` is denied or the store does not answer (:func:`check_store` says so)."""
@@ -343,12 +476,23 @@ def check_replicas(url: str, tasks: list[tuple[str, LeaseOptions]], app: Any = N
     subject = f"store {safe_url(url)}"
     short = [name for name, options in tasks if options.min_replicas > connected]
     if not short:
-        return [Finding("ok", subject, f"{connected} replica(s) connected: enough for "
-                        f"lease_min_replicas={needed}")]
-    return [Finding("fail", subject, f"lease_min_replicas={needed} but {connected} replica(s) "
-                    f"connected to the primary: every acquire of {', '.join(short)} waits "
-                    f"for acknowledgements that cannot come and fails (lease_on_store_error)",
-                    f"connect replicas (REPLICAOF), or set lease_min_replicas={connected}")]
+        return [
+            Finding(
+                "ok",
+                subject,
+                f"{connected} replica(s) connected: enough for lease_min_replicas={needed}",
+            )
+        ]
+    return [
+        Finding(
+            "fail",
+            subject,
+            f"lease_min_replicas={needed} but {connected} replica(s) "
+            f"connected to the primary: every acquire of {', '.join(short)} waits "
+            f"for acknowledgements that cannot come and fails (lease_on_store_error)",
+            f"connect replicas (REPLICAOF), or set lease_min_replicas={connected}",
+        )
+    ]
 
 
 def check_acl(app: Any, url: str | None = None) -> list[Finding]:
@@ -368,15 +512,19 @@ def check_acl(app: Any, url: str | None = None) -> list[Finding]:
             continue  # the store check reported it
         names = ", ".join(f for f in permissions.FEATURES if f in need.features)
         if result is None:
-            found.append(Finding("info", subject, "ACL not checked: a server before Redis 7.0 "
-                                 "cannot say without running the commands",
-                                 "compare the user's ACL with `celery lease acl`"))
+            found.append(
+                Finding(
+                    "info",
+                    subject,
+                    "ACL not checked: a server before Redis 7.0 "
+                    "cannot say without running the commands",
+                    "compare the user's ACL with `celery lease acl`",
+                )
+            )
             continue
         refusals, warnings = result
         found += [Finding("fail", subject, text) for text in refusals]
         found += [Finding("warn", subject, text) for text in warnings]
         if not refusals and not warnings:
-            found.append(Finding("ok", subject, f"the ACL user may run every command of: "
-                                 f"{names}"))
+            found.append(Finding("ok", subject, f"the ACL user may run every command of: {names}"))
     return found
-

@@ -26,8 +26,10 @@ def check_claims(url: str, prefixes: set[str], app: Any = None) -> list[Finding]
     ``url``, with their age; one that outlived its lifetime or its message is flagged
     (:func:`claim_findings`)."""
     subject = f"store {safe_url(url)}"
-    return [Finding(level, subject, message, fix)
-            for level, message, fix in claim_findings(url, prefixes, app)]
+    return [
+        Finding(level, subject, message, fix)
+        for level, message, fix in claim_findings(url, prefixes, app)
+    ]
 
 
 def claim_findings(url: str, prefixes: set[str], app: Any = None) -> list[Found]:
@@ -49,8 +51,14 @@ def claim_findings(url: str, prefixes: set[str], app: Any = None) -> list[Found]
         found += [f for c in claims if (f := _judge(c, app)) is not None]
         if claims:
             oldest = max(c.age for c in claims)
-            found.append(("info", f"{len(claims)} waiting copy claim(s) under {prefix}:* "
-                                  f"(lease_dedupe), the oldest {oldest:.1f}s old", ""))
+            found.append(
+                (
+                    "info",
+                    f"{len(claims)} waiting copy claim(s) under {prefix}:* "
+                    f"(lease_dedupe), the oldest {oldest:.1f}s old",
+                    "",
+                )
+            )
     return found
 
 
@@ -58,16 +66,23 @@ def _judge(c: ClaimInfo, app: Any) -> Found | None:
     where = f"the claim of waiting copy {c.task}[{c.task_id}] at {c.key}:waiting"
     if c.ttl < 0 or c.age > c.lifetime + _SLACK:
         how = "it has no expiry" if c.ttl < 0 else "its expiry was extended"
-        return ("fail", f"{where} is {c.age:.0f}s old, past its lifetime of {c.lifetime:g}s "
-                        f"({how}): publishes of the key are folded onto a copy that may never "
-                        f"run", f"redis-cli DEL {c.key}:waiting (a message of it still in the "
-                        f"queue runs all the same)")
+        return (
+            "fail",
+            f"{where} is {c.age:.0f}s old, past its lifetime of {c.lifetime:g}s "
+            f"({how}): publishes of the key are folded onto a copy that may never "
+            f"run",
+            f"redis-cli DEL {c.key}:waiting (a message of it still in the queue runs all the same)",
+        )
     state = _state(app, c.task_id)
     if state not in (None, "PENDING"):
-        return ("warn", f"{where} outlived its message (the result backend has the task "
-                        f"{state}); it lapses in {c.ttl:.0f}s", "a worker before lease_dedupe, "
-                        "or a claim the store could not clear: docs/howto/shaping.md says how "
-                        "a claim ends")
+        return (
+            "warn",
+            f"{where} outlived its message (the result backend has the task "
+            f"{state}); it lapses in {c.ttl:.0f}s",
+            "a worker before lease_dedupe, "
+            "or a claim the store could not clear: docs/howto/shaping.md says how "
+            "a claim ends",
+        )
     return None
 
 

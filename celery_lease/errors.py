@@ -153,7 +153,11 @@ class LeaseConflict(LeaseError):
     """
 
     def __init__(
-        self, key: str = "", holder_task_id: str = "", holder: str = "", remaining: float = 0.0,
+        self,
+        key: str = "",
+        holder_task_id: str = "",
+        holder: str = "",
+        remaining: float = 0.0,
         reason: str = "",
     ) -> None:
         if reason:
@@ -235,10 +239,15 @@ class LeaseLost(SoftTimeLimitExceeded):  # type: ignore[misc]
     def __str__(self) -> str:
         # `late` measures from the last moment the lease was known held, not a slowness.
         if self.cause == LostCause.PREEMPTED:
-            return (f"lease {self.key!r} lost ({self.cause}, fencing token "
-                    f"{self.fencing_token}: a newer execution took the key over)")
-        since = ("after its last confirmed renewal" if self.cause == LostCause.REFUSED
-                 else "after its local deadline")
+            return (
+                f"lease {self.key!r} lost ({self.cause}, fencing token "
+                f"{self.fencing_token}: a newer execution took the key over)"
+            )
+        since = (
+            "after its last confirmed renewal"
+            if self.cause == LostCause.REFUSED
+            else "after its local deadline"
+        )
         return (
             f"lease {self.key!r} lost ({self.cause}, fencing token {self.fencing_token}, "
             f"found {self.late:.3f}s {since})"

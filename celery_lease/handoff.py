@@ -44,9 +44,21 @@ from .config import LeaseOptions
 from .errors import LeaseConflict
 from .store import handoff as stored
 
-__all__ = ["COALESCED_MARKER", "HANDOFF_HEADER", "LINE_LIFETIME", "Releaser", "adopt",
-           "follow", "is_coalesced", "lifetime_ms", "message_of", "mode_of", "park",
-           "publish", "publish_handoff"]
+__all__ = [
+    "COALESCED_MARKER",
+    "HANDOFF_HEADER",
+    "LINE_LIFETIME",
+    "Releaser",
+    "adopt",
+    "follow",
+    "is_coalesced",
+    "lifetime_ms",
+    "message_of",
+    "mode_of",
+    "park",
+    "publish",
+    "publish_handoff",
+]
 
 logger = logging.getLogger("celery_lease")
 
@@ -70,8 +82,10 @@ def is_coalesced(result: Any) -> bool:
         TypeError: ``result`` is the ``AsyncResult`` itself (always False otherwise).
     """
     if isinstance(result, ResultBase):
-        raise TypeError("is_coalesced() takes the task's result, not its AsyncResult: "
-                        "is_coalesced(result.get())")
+        raise TypeError(
+            "is_coalesced() takes the task's result, not its AsyncResult: "
+            "is_coalesced(result.get())"
+        )
     return isinstance(result, Mapping) and result.get(COALESCED_MARKER) is True
 
 
@@ -139,15 +153,31 @@ def message_of(task: Any, request: Any, task_id: str, key: str) -> str:
     """
     sig = task.signature_from_request(request)
     options = {k: v for k, v in dict(sig.options).items() if k not in _DELIVERY_ONLY}
-    headers = {k: v for k, v in (options.get("headers") or {}).items()
-               if not k.startswith("lease_")}
+    headers = {
+        k: v for k, v in (options.get("headers") or {}).items() if not k.startswith("lease_")
+    }
     options.update(task_id=task_id, headers={**headers, HANDOFF_HEADER: key})
-    return str(json.dumps({"task": task.name, "args": list(sig.args),  # type: ignore[no-untyped-call]
-                           "kwargs": dict(sig.kwargs), "options": options}))
+    return str(
+        json.dumps(
+            {
+                "task": task.name,
+                "args": list(sig.args),  # type: ignore[no-untyped-call]
+                "kwargs": dict(sig.kwargs),
+                "options": options,
+            }
+        )
+    )
 
 
-def park(task: Any, request: Any, options: LeaseOptions, client: redis.Redis, key: str,
-         remaining: float, limit: int = 1) -> stored.Parked:
+def park(
+    task: Any,
+    request: Any,
+    options: LeaseOptions,
+    client: redis.Redis,
+    key: str,
+    remaining: float,
+    limit: int = 1,
+) -> stored.Parked:
     """Park ``request`` in ``key``'s line (its policy: coalesce; queue, and retry, which waits
     in the line as queue does) and note the key for the crash sweep, first (a note without a
     line is harmless, a line without one is not). ``limit`` (``lease_limit``, int): above 1
@@ -161,11 +191,21 @@ def park(task: Any, request: Any, options: LeaseOptions, client: redis.Redis, ke
     mode = mode_of(options)
     task_id = uuid() if mode == "coalesce" else request.id
     message = message_of(task, request, task_id, key)
-    stored.watch(client, options.key_prefix, key,
-                 round((remaining + options.renew_interval) * 1000))
+    stored.watch(
+        client, options.key_prefix, key, round((remaining + options.renew_interval) * 1000)
+    )
     handed_over = HANDOFF_HEADER in (request.headers or {})
-    return stored.park(client, key, mode, task_id, message, options.queue_max,
-                       lifetime_ms(options), limit, handed_over=handed_over)
+    return stored.park(
+        client,
+        key,
+        mode,
+        task_id,
+        message,
+        options.queue_max,
+        lifetime_ms(options),
+        limit,
+        handed_over=handed_over,
+    )
 
 
 class Releaser:
@@ -186,9 +226,17 @@ class Releaser:
     def __call__(self, client: redis.Redis, key: str, token: str) -> bool:
         options = self.options
         timeout = round((options.queue_timeout or 0.0) * 1000)
-        got = stored.release_handing_over(client, key, token, options.ttl_ms,
-                                          lifetime_ms(options), timeout, self.ran, self.limit,
-                                          mode=mode_of(options))
+        got = stored.release_handing_over(
+            client,
+            key,
+            token,
+            options.ttl_ms,
+            lifetime_ms(options),
+            timeout,
+            self.ran,
+            self.limit,
+            mode=mode_of(options),
+        )
         if self.result is None or self.result.handed is None:
             self.result = got
         return got.released
@@ -206,35 +254,51 @@ def publish(app: Any, waiting: stored.Waiting, key: str, *, by: str) -> Any:
         sig = app.signature(body["task"], args=body["args"], kwargs=body["kwargs"], **options)
         published = sig.apply_async()
     except Exception as exc:
-        logger.warning("could not publish the run %s handed lease %s (%s: %s): the sweep "
-                       "publishes it once its reservation is past due", waiting.task_id, key,
-                       type(exc).__name__, exc)
+        logger.warning(
+            "could not publish the run %s handed lease %s (%s: %s): the sweep "
+            "publishes it once its reservation is past due",
+            waiting.task_id,
+            key,
+            type(exc).__name__,
+            exc,
+        )
         return None
-    logger.info("lease %s handed over to task %s[%s] (by %s)", key, body["task"],
-                waiting.task_id, by)
+    logger.info(
+        "lease %s handed over to task %s[%s] (by %s)", key, body["task"], waiting.task_id, by
+    )
     if signals.lease_handed_over.receivers:
-        signals.lease_handed_over.send(sender=body["task"], key=key, task_id=waiting.task_id,
-                                       by=by)
+        signals.lease_handed_over.send(sender=body["task"], key=key, task_id=waiting.task_id, by=by)
     return published
 
 
-def fail_expired(app: Any, waiting: stored.Waiting, key: str, now_ms: int,
-                 timeout: float | None) -> None:
+def fail_expired(
+    app: Any, waiting: stored.Waiting, key: str, now_ms: int, timeout: float | None
+) -> None:
     """Store ``LeaseConflict`` (how long it waited) as the result of a waiter past its wait
     timeout (float seconds); never raises."""
     waited = max(now_ms - waiting.accepted_ms, 0) / 1000
-    error = LeaseConflict(key, "", "", 0.0, f"waited {waited:.1f}s in the line, past "
-                                            f"lease_queue_timeout={timeout}: not run")
+    error = LeaseConflict(
+        key,
+        "",
+        "",
+        0.0,
+        f"waited {waited:.1f}s in the line, past lease_queue_timeout={timeout}: not run",
+    )
     try:
         app.backend.mark_as_failure(waiting.task_id, error, state=states.FAILURE)
     except Exception:
         logger.exception("could not store the wait timeout of %s", waiting.task_id)
-    logger.info("task %s waited %.1fs for lease %s: past lease_queue_timeout, failed with "
-                "LeaseConflict", waiting.task_id, waited, key)
+    logger.info(
+        "task %s waited %.1fs for lease %s: past lease_queue_timeout, failed with LeaseConflict",
+        waiting.task_id,
+        waited,
+        key,
+    )
 
 
-def publish_handoff(app: Any, got: stored.HandOff | None, key: str, options: LeaseOptions, *,
-                    by: str) -> Any:
+def publish_handoff(
+    app: Any, got: stored.HandOff | None, key: str, options: LeaseOptions, *, by: str
+) -> Any:
     """Publish what a release or a sweep look handed over (its ``AsyncResult``, or None), and
     fail the expired waiters."""
     if got is None:
@@ -252,8 +316,9 @@ def publish_released(task: Any, lease: Any, got: stored.HandOff | None) -> None:
     as a worker would, not nested in this one."""
     if got is None or (got.handed is None and not got.expired):
         return
-    publish_now = functools.partial(publish_handoff, task.app, got, lease.key, lease.options,
-                                    by="release")
+    publish_now = functools.partial(
+        publish_handoff, task.app, got, lease.key, lease.options, by="release"
+    )
     if task.request.is_eager and task.app.conf.task_always_eager and got.handed:
         task_id = got.handed.task_id
 

@@ -144,7 +144,8 @@ class Heartbeat:
             self._changes += 1
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
-                    target=self._run, name="celery-lease-heartbeat", daemon=True)
+                    target=self._run, name="celery-lease-heartbeat", daemon=True
+                )
                 self._thread.start()
             if lease.next_renewal < self._wake_at:  # a thread wake-up costs ~70 µs of CPU
                 self._cond.notify_all()
@@ -248,9 +249,11 @@ class Heartbeat:
         sent_at = clock.now()
         try:
             replies = store.renew_many(
-                group[0].client, [x._renew_args for x in group],
+                group[0].client,
+                [x._renew_args for x in group],
                 max(x.options.min_replicas for x in group),
-                [i for i, x in enumerate(group) if x.limit > 1])  # lease_limit's slots
+                [i for i, x in enumerate(group) if x.limit > 1],
+            )  # lease_limit's slots
             self.passes += 1
         except RedisError as exc:
             replies = [exc] * len(group)
@@ -264,9 +267,14 @@ class Heartbeat:
         rest = confirm_renewed(group, replies, sent_at, confirmed)
         for lease in confirmed or ():
             signals.lease_renewed.send(
-                sender=lease.task_name, key=lease.key, token=lease.token,
-                fencing_token=lease.fencing_token, task_id=lease.task_id,
-                latency=replied_at - sent_at, margin=before[id(lease)] - replied_at)
+                sender=lease.task_name,
+                key=lease.key,
+                token=lease.token,
+                fencing_token=lease.fencing_token,
+                task_id=lease.task_id,
+                latency=replied_at - sent_at,
+                margin=before[id(lease)] - replied_at,
+            )
         for lease, answer in rest:
             if isinstance(answer, RedisError):
                 self._failed(lease, answer)
@@ -274,24 +282,39 @@ class Heartbeat:
                 self._drop(lease)
                 # A take-over whose notice was lost (lease_on_conflict="preempt"): the new
                 # holder names this token, and the loss is a preemption all the same.
-                taken = answer == -1 and lease.options.on_conflict == "preempt" and \
-                    store.was_preempted(lease.client, lease.key, lease.token)
+                taken = (
+                    answer == -1
+                    and lease.options.on_conflict == "preempt"
+                    and store.was_preempted(lease.client, lease.key, lease.token)
+                )
                 lease.mark_lost(LostCause.PREEMPTED if taken else LostCause.REFUSED)
 
     def _failed(self, lease: Lease, error: RedisError) -> None:
         now = clock.now()
         # Try again soon (the pass sends it only while it can finish before the deadline). An
         # error reply is remembered: the store answered, so a passed deadline is its doing.
-        lease.renewal_failed(now + min(lease.renew_interval / 3, _MAX_SLEEP),
-                             error if isinstance(error, ResponseError) else None)
+        lease.renewal_failed(
+            now + min(lease.renew_interval / 3, _MAX_SLEEP),
+            error if isinstance(error, ResponseError) else None,
+        )
         logger.warning(
-            "lease renewal failed: key=%s task=%s[%s] fencing_token=%d error=%s "
-            "time_left=%.3fs", lease.key, lease.task_name, lease.task_id, lease.fencing_token,
-            store.describe(error), lease.deadline - now)
+            "lease renewal failed: key=%s task=%s[%s] fencing_token=%d error=%s time_left=%.3fs",
+            lease.key,
+            lease.task_name,
+            lease.task_id,
+            lease.fencing_token,
+            store.describe(error),
+            lease.deadline - now,
+        )
         signals.lease_renewal_failed.send(
-            sender=lease.task_name, key=lease.key, token=lease.token,
-            fencing_token=lease.fencing_token, task_id=lease.task_id, error=error,
-            time_left=lease.deadline - now)
+            sender=lease.task_name,
+            key=lease.key,
+            token=lease.token,
+            fencing_token=lease.fencing_token,
+            task_id=lease.task_id,
+            error=error,
+            time_left=lease.deadline - now,
+        )
 
 
 _instance: Heartbeat | None = None
@@ -320,4 +343,3 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):  # no fork hooks: no fork either (Windows)
     os.register_at_fork(after_in_child=_after_fork_in_child)
-

@@ -63,13 +63,16 @@ class Hold(HoldCore):
             RuntimeError: this object holds the lease already.
             LeaseStoreUnavailable: the store could not be reached.
         """
-        return self._enter(hold_options.for_call(self.name, self.waiting, blocking, timeout),
-                           raise_conflict=False)
+        return self._enter(
+            hold_options.for_call(self.name, self.waiting, blocking, timeout), raise_conflict=False
+        )
 
     def _enter(self, waiting: hold_options.Waiting, *, raise_conflict: bool) -> bool:
         if self.lease is not None:
-            raise RuntimeError(f"hold {self.name!r} is held by this object already; use a new "
-                               f"hold() for a nested block")
+            raise RuntimeError(
+                f"hold {self.name!r} is held by this object already; use a new "
+                f"hold() for a nested block"
+            )
         # Filled at the grant: an exit that lands anywhere after it (a time limit,
         # KeyboardInterrupt, SystemExit) ends the lease here instead of leaving it renewed.
         claim = lifecycle.Claim()
@@ -83,8 +86,9 @@ class Hold(HoldCore):
                 self._release()
             raise
 
-    def _take_or_wait(self, waiting: hold_options.Waiting, raise_conflict: bool,
-                      claim: lifecycle.Claim) -> bool:
+    def _take_or_wait(
+        self, waiting: hold_options.Waiting, raise_conflict: bool, claim: lifecycle.Claim
+    ) -> bool:
         wait, timeout = waiting.wait, waiting.timeout
         started = clock.now()
         deadline = None if timeout is None else started + timeout
@@ -180,6 +184,7 @@ class Hold(HoldCore):
         hold_shapes.refuse_async_generator(self.name, func)
         body = hold_shapes.body_of(func)
         if inspect.iscoroutinefunction(body):
+
             @wrapt.decorator
             async def run_async(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
                 async with AsyncHold(self.name, settings=self.settings, **self._params):
@@ -188,14 +193,18 @@ class Hold(HoldCore):
             return run_async(func)  # type: ignore[return-value]
 
         if inspect.isgeneratorfunction(body):
+
             @wrapt.decorator
             def run_generator(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
                 held = self.fresh()
                 held._by_steps = True
                 with held as lease:  # at the first next(): nothing runs before it
                     assert isinstance(lease.target, hold_shapes.StepTarget)
-                    return (yield from hold_shapes.run_steps(
-                        lease.target, lambda: wrapped(*args, **kwargs)))
+                    return (
+                        yield from hold_shapes.run_steps(
+                            lease.target, lambda: wrapped(*args, **kwargs)
+                        )
+                    )
 
             return run_generator(func)  # type: ignore[return-value]
 
@@ -212,11 +221,19 @@ class Hold(HoldCore):
         return f"<Hold {self.key} {'held' if self.lease is not None else 'not held'}>"
 
 
-def hold(name: str, *, ttl: float | None = None, url: str | None = None, app: Any = None,
-         on_conflict: str | None = None, timeout: float | None = None,
-         blocking: bool | None = None,
-         renew_interval: float | None = None, key_prefix: str | None = None,
-         limit: int = 1) -> Hold:
+def hold(
+    name: str,
+    *,
+    ttl: float | None = None,
+    url: str | None = None,
+    app: Any = None,
+    on_conflict: str | None = None,
+    timeout: float | None = None,
+    blocking: bool | None = None,
+    renew_interval: float | None = None,
+    key_prefix: str | None = None,
+    limit: int = 1,
+) -> Hold:
     """A lease on ``name`` for a block of code: ``with hold(name) as lease:`` or ``@hold(name)``
     (held for the real run of each shape of callable: :meth:`Hold.__call__`).
 
@@ -260,8 +277,15 @@ def hold(name: str, *, ttl: float | None = None, url: str | None = None, app: An
         LeaseStoreUnavailable: (on entry) the store could not be reached.
         LeaseLost: the lease was lost while held.
     """
-    return Hold(name, ttl=ttl, url=url, app=app, on_conflict=on_conflict, timeout=timeout,
-                blocking=blocking, renew_interval=renew_interval, key_prefix=key_prefix,
-                limit=limit)
-
-
+    return Hold(
+        name,
+        ttl=ttl,
+        url=url,
+        app=app,
+        on_conflict=on_conflict,
+        timeout=timeout,
+        blocking=blocking,
+        renew_interval=renew_interval,
+        key_prefix=key_prefix,
+        limit=limit,
+    )

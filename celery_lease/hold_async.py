@@ -83,8 +83,9 @@ async def _complete(future: asyncio.Future[Any]) -> bool:
     return cancelled
 
 
-async def _off_loop(call: Callable[..., T], *args: Any,
-                    abandoned: Callable[[T], Awaitable[None]] | None = None) -> T:
+async def _off_loop(
+    call: Callable[..., T], *args: Any, abandoned: Callable[[T], Awaitable[None]] | None = None
+) -> T:
     """Run ``call(*args)`` in the store threads (:data:`STORE_THREADS`). If the awaiting task
     is cancelled, the call is still awaited to its end and ``abandoned`` awaited with its
     result (e.g. a lease to release) before the ``CancelledError`` is raised."""
@@ -104,7 +105,8 @@ async def _release_abandoned(got: Lease | store.AcquireResult) -> None:
     if isinstance(got, Lease):
         got.target.finish()
         future = asyncio.get_running_loop().run_in_executor(
-            _store_threads(), lambda: end(got, sender=got.task_name))
+            _store_threads(), lambda: end(got, sender=got.task_name)
+        )
         await _complete(future)
 
 
@@ -163,8 +165,9 @@ class AsyncHold:
                     raise h.conflict(got, clock.now() - started if wait else 0.0)
                 if waiter is None:  # BLPOP blocks longer than a store call may
                     options = h.settings.options
-                    waiter = AsyncWaiter(h.settings.url, options.backend_options,
-                                         WAIT_CHUNK + options.store_timeout)
+                    waiter = AsyncWaiter(
+                        h.settings.url, options.backend_options, WAIT_CHUNK + options.store_timeout
+                    )
                 try:
                     await waiter.wait(h.key, seconds)
                 except RedisError as exc:
@@ -199,8 +202,9 @@ class AsyncHold:
             if uncancel is not None:
                 external = uncancel() > 0
             else:  # Python 3.10: only the message tells
-                external = isinstance(exc, asyncio.CancelledError) and \
-                    exc.args[:1] != (interrupt.CANCEL_MESSAGE,)
+                external = isinstance(exc, asyncio.CancelledError) and exc.args[:1] != (
+                    interrupt.CANCEL_MESSAGE,
+                )
         # Cancelled meanwhile: the release is still awaited to its end, then CancelledError.
         ending = await _off_loop(lambda: end(lease, sender=lease.task_name))
         if external:
@@ -231,4 +235,3 @@ def hold_async(name: str, **options: Any) -> AsyncHold:
         LeaseLost: the lease was lost while held.
     """
     return AsyncHold(name, **options)
-

@@ -58,20 +58,38 @@ class HoldCore:
             holds it, else ``None``.
     """
 
-    def __init__(self, name: str, *, ttl: float | None = None, url: str | None = None,
-                 app: Any = None, on_conflict: str | None = None, timeout: float | None = None,
-                 blocking: bool | None = None, renew_interval: float | None = None,
-                 key_prefix: str | None = None, limit: int = 1) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        ttl: float | None = None,
+        url: str | None = None,
+        app: Any = None,
+        on_conflict: str | None = None,
+        timeout: float | None = None,
+        blocking: bool | None = None,
+        renew_interval: float | None = None,
+        key_prefix: str | None = None,
+        limit: int = 1,
+    ) -> None:
         if type(limit) is not int or limit < 1:  # no arguments here for a callable to read
-            raise LeaseConfigError(f"limit={limit!r} (hold {name!r}) must be a whole number of "
-                                   f"holders >= 1 at once, e.g. limit=3")
+            raise LeaseConfigError(
+                f"limit={limit!r} (hold {name!r}) must be a whole number of "
+                f"holders >= 1 at once, e.g. limit=3"
+            )
         self.limit = limit
         self.waiting = hold_options.resolve(name, on_conflict, blocking, timeout)
         # Kept resolved: a copy (fresh()) re-reads them without a second deprecation warning.
         self._params: dict[str, Any] = dict(
-            ttl=ttl, url=url, app=app, on_conflict=self.waiting.on_conflict,
-            timeout=self.waiting.timeout, renew_interval=renew_interval, key_prefix=key_prefix,
-            limit=limit)
+            ttl=ttl,
+            url=url,
+            app=app,
+            on_conflict=self.waiting.on_conflict,
+            timeout=self.waiting.timeout,
+            renew_interval=renew_interval,
+            key_prefix=key_prefix,
+            limit=limit,
+        )
         hold_key(DEFAULT_PREFIX, name)  # a bad name fails here, at once
         self.name = name
         self.on_conflict = self.waiting.on_conflict
@@ -87,8 +105,9 @@ class HoldCore:
             LeaseConfigError: an invalid option, or no Redis URL.
         """
         p = self._params
-        return _settings(self.name, p["app"], p["url"], p["ttl"], p["renew_interval"],
-                         p["key_prefix"])
+        return _settings(
+            self.name, p["app"], p["url"], p["ttl"], p["renew_interval"], p["key_prefix"]
+        )
 
     @functools.cached_property
     def key(self) -> str:
@@ -101,17 +120,18 @@ class HoldCore:
     def client(self) -> Any:
         """The store's client (process-wide, per URL and timeout)."""
         options = self.settings.options
-        return store.client_for(self.settings.url, options.store_timeout,
-                                options.backend_options)
+        return store.client_for(self.settings.url, options.store_timeout, options.backend_options)
 
     def _wait_client(self) -> Any:
         # BLPOP blocks longer than a store call may: a client whose reads outlast it.
         options = self.settings.options
-        return store.client_for(self.settings.url, WAIT_CHUNK + options.store_timeout,
-                                options.backend_options)
+        return store.client_for(
+            self.settings.url, WAIT_CHUNK + options.store_timeout, options.backend_options
+        )
 
-    def try_take(self, target: interrupt.Target, claim: lifecycle.Claim | None = None
-                 ) -> Lease | store.AcquireResult:
+    def try_take(
+        self, target: interrupt.Target, claim: lifecycle.Claim | None = None
+    ) -> Lease | store.AcquireResult:
         """One attempt: the granted lease, or what the holder looks like.
 
         Args:
@@ -126,8 +146,16 @@ class HoldCore:
         # Above 1, one of the key's slots (store.slots); its task id is no reason to refuse.
         grant = store.slot_grant(self.limit, same_task_id=False) if self.limit > 1 else None
         try:
-            return lifecycle.take(self.settings, self.client, self.key, holder, target,
-                                  sender=holder.task_name, claim=claim, grant=grant)
+            return lifecycle.take(
+                self.settings,
+                self.client,
+                self.key,
+                holder,
+                target,
+                sender=holder.task_name,
+                claim=claim,
+                grant=grant,
+            )
         except RedisError as exc:
             raise LeaseStoreUnavailable(self.key, "acquire", store.describe(exc)) from None
 
@@ -167,12 +195,22 @@ def end(lease: Lease, *, sender: Any) -> lifecycle.Ending:
     return lifecycle.end(lease, sender=sender, release=release)
 
 
-def _settings(name: str, app: Any, url: str | None, ttl: float | None,
-              renew_interval: float | None, key_prefix: str | None) -> LeaseSettings:
+def _settings(
+    name: str,
+    app: Any,
+    url: str | None,
+    ttl: float | None,
+    renew_interval: float | None,
+    key_prefix: str | None,
+) -> LeaseSettings:
     conf: Mapping[str, Any] = (app if app is not None else current_app).conf
     where = f"hold {name!r}"
-    overrides = {"lease_ttl": ttl, "lease_renew_interval": renew_interval,
-                 "lease_key_prefix": key_prefix, "lease_backend": url}
+    overrides = {
+        "lease_ttl": ttl,
+        "lease_renew_interval": renew_interval,
+        "lease_key_prefix": key_prefix,
+        "lease_backend": url,
+    }
     try:
         return resolve_settings(conf, overrides, where)
     except LeaseConfigError as exc:
@@ -191,7 +229,7 @@ def _holder() -> lifecycle.HolderInfo:
     task = get_current_task()
     request = getattr(task, "request", None) if task is not None else None
     if request is not None and getattr(request, "id", None):
-        return lifecycle.HolderInfo(
-            task.name, request.id, request.hostname or socket.gethostname())
+        return lifecycle.HolderInfo(task.name, request.id, request.hostname or socket.gethostname())
     return lifecycle.HolderInfo(
-        HOLD_TASK_NAME, threading.current_thread().name, socket.gethostname())
+        HOLD_TASK_NAME, threading.current_thread().name, socket.gethostname()
+    )

@@ -52,11 +52,13 @@ class Waiting:
 
 
 def _check_timeout(timeout: object, where: str) -> None:
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(
-            timeout, (int, float)) or timeout < 0):
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0
+    ):
         raise LeaseConfigError(
             f"timeout={timeout!r} ({where}) must be None (wait as long as it takes) or a "
-            f"number of seconds >= 0")
+            f"number of seconds >= 0"
+        )
 
 
 def _caller_level() -> int:
@@ -64,13 +66,15 @@ def _caller_level() -> int:
     ``hold_async()`` call), counted from :func:`resolve`'s caller of ``warnings.warn``."""
     frame, level = sys._getframe(2), 2
     while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
-            "celery_lease"):
+        "celery_lease"
+    ):
         frame, level = frame.f_back, level + 1
     return level
 
 
-def resolve(name: str, on_conflict: str | None, blocking: bool | None,
-            timeout: float | None) -> Waiting:
+def resolve(
+    name: str, on_conflict: str | None, blocking: bool | None, timeout: float | None
+) -> Waiting:
     """The :class:`Waiting` that :func:`celery_lease.hold`'s three arguments ask for (see the
     module docstring for the rule).
 
@@ -82,31 +86,35 @@ def resolve(name: str, on_conflict: str | None, blocking: bool | None,
     if on_conflict is not None and on_conflict not in ON_CONFLICT:
         raise LeaseConfigError(
             f"on_conflict={on_conflict!r} ({where}) is not one of "
-            f"{', '.join(map(repr, ON_CONFLICT))}")
+            f"{', '.join(map(repr, ON_CONFLICT))}"
+        )
     _check_timeout(timeout, where)
     if on_conflict == "raise" and (timeout is not None or blocking):
         given = f"timeout={timeout!r}" if timeout is not None else "blocking=True"
         raise LeaseConfigError(
             f"{where}: on_conflict='raise' answers at once, so {given} would do nothing. Fix: "
             f"to wait, drop on_conflict='raise' (or pass on_conflict='wait'); to answer at "
-            f"once, drop {given.partition('=')[0]}")
+            f"once, drop {given.partition('=')[0]}"
+        )
     if blocking is False and timeout is not None:
         raise LeaseConfigError(
             f"{where}: blocking=False answers at once, so timeout={timeout!r} would do nothing "
-            f"(as threading.Lock.acquire refuses it). Fix: drop one of them")
+            f"(as threading.Lock.acquire refuses it). Fix: drop one of them"
+        )
     if on_conflict == "wait" and blocking is False:
         warnings.warn(
             f"{where}: on_conflict='wait' with blocking=False answers at once, and will be "
             f"refused in a later release; pass blocking=False alone (or call "
             f"acquire(blocking=False) for one attempt that does not wait)",
-            DeprecationWarning, stacklevel=_caller_level())
+            DeprecationWarning,
+            stacklevel=_caller_level(),
+        )
         return Waiting(False, None)
     wait = on_conflict == "wait" or bool(blocking) or timeout is not None
     return Waiting(wait, timeout if wait else None)
 
 
-def for_call(name: str, held: Waiting, blocking: bool | None,
-             timeout: float | None) -> Waiting:
+def for_call(name: str, held: Waiting, blocking: bool | None, timeout: float | None) -> Waiting:
     """What one ``acquire(blocking, timeout)`` call does on a hold configured as ``held``:
     ``blocking=False`` answers at once, ``blocking=True`` or a ``timeout`` waits (up to
     ``timeout``, else the hold's own), neither keeps the hold's configuration.
@@ -120,7 +128,8 @@ def for_call(name: str, held: Waiting, blocking: bool | None,
         if timeout is not None:
             raise LeaseConfigError(
                 f"{where}: blocking=False answers at once, so timeout={timeout!r} would do "
-                f"nothing (as threading.Lock.acquire refuses it). Fix: drop one of them")
+                f"nothing (as threading.Lock.acquire refuses it). Fix: drop one of them"
+            )
         return Waiting(False, None)
     if timeout is not None:
         return Waiting(True, timeout)

@@ -33,8 +33,7 @@ from typing import Any
 from . import interrupt
 from .errors import LeaseLost
 
-__all__ = ["StepTarget", "body_of", "refuse_async_generator", "refuse_unheld_result",
-           "run_steps"]
+__all__ = ["StepTarget", "body_of", "refuse_async_generator", "refuse_unheld_result", "run_steps"]
 
 
 def body_of(func: Any) -> Any:
@@ -57,14 +56,16 @@ def refuse_async_generator(name: str, func: Any) -> None:
             f"{getattr(func, '__qualname__', func)!r}: its body runs at each step after the "
             f"call returned, and a loss could not be raised in it. Fix: hold the lease inside "
             f"the body, around the steps that need it: async with "
-            f"celery_lease.hold_async({name!r}): ...")
+            f"celery_lease.hold_async({name!r}): ..."
+        )
 
 
 def refuse_unheld_result(name: str, func: Any, result: Any) -> None:
     """Raise :class:`TypeError` (after closing ``result`` unrun) if the held call returned a
     coroutine, generator or async generator: its body would run after the lease ended."""
-    if not (inspect.iscoroutine(result) or inspect.isgenerator(result)
-            or inspect.isasyncgen(result)):
+    if not (
+        inspect.iscoroutine(result) or inspect.isgenerator(result) or inspect.isasyncgen(result)
+    ):
         return
     close = getattr(result, "close", None)
     if close is not None and not inspect.isasyncgen(result):
@@ -73,7 +74,8 @@ def refuse_unheld_result(name: str, func: Any, result: Any) -> None:
         f"hold({name!r}): {getattr(func, '__qualname__', func)!r} returned a "
         f"{type(result).__name__} whose body would run after the call, without the lease "
         f"(it was not started). Fix: decorate the coroutine or generator function itself, or "
-        f"hold the lease inside its body")
+        f"hold the lease inside its body"
+    )
 
 
 class StepTarget:
@@ -128,8 +130,9 @@ class StepTarget:
             step.finish()
 
 
-def run_steps(gate: StepTarget, make: Callable[[], Generator[Any, Any, Any]]
-              ) -> Generator[Any, Any, Any]:
+def run_steps(
+    gate: StepTarget, make: Callable[[], Generator[Any, Any, Any]]
+) -> Generator[Any, Any, Any]:
     """Run the generator ``make()`` step by step under ``gate``: each ``next()``, ``send()``
     and ``throw()`` of the caller is one step; a kept loss is thrown in at the next step.
     Closing this generator closes the inner one (its ``finally`` blocks run)."""

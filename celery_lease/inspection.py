@@ -108,11 +108,19 @@ def _info(key: str, value: records.Found | str | store.Holder, pttl: int) -> Lea
     holder = value if isinstance(value, store.Holder) else store.parse_value(value)
     # A worker records its node name (celery@web1), beat and eager calls the host name.
     node = holder.hostname if "@" in holder.hostname else ""
-    return LeaseInfo(key=key, task=holder.task_name, task_id=holder.task_id,
-                     host=holder.hostname.rpartition("@")[2], pid=holder.pid,
-                     fencing_token=holder.fencing_token,
-                     ttl=pttl / 1000 if pttl >= 0 else -1.0, token=holder.token, node=node,
-                     foreign=holder.foreign, cooldown_until=holder.cooldown_until)
+    return LeaseInfo(
+        key=key,
+        task=holder.task_name,
+        task_id=holder.task_id,
+        host=holder.hostname.rpartition("@")[2],
+        pid=holder.pid,
+        fencing_token=holder.fencing_token,
+        ttl=pttl / 1000 if pttl >= 0 else -1.0,
+        token=holder.token,
+        node=node,
+        foreign=holder.foreign,
+        cooldown_until=holder.cooldown_until,
+    )
 
 
 def _slots(client: redis.Redis, key: str) -> list[LeaseInfo] | None:
@@ -122,8 +130,10 @@ def _slots(client: redis.Redis, key: str) -> list[LeaseInfo] | None:
     if found is None:
         return None
     limit, slots = found
-    return [replace(_info(key, s.holder, round(s.ttl * 1000)), limit=limit, used=len(slots))
-            for s in slots]
+    return [
+        replace(_info(key, s.holder, round(s.ttl * 1000)), limit=limit, used=len(slots))
+        for s in slots
+    ]
 
 
 def _glob_escape(text: str) -> str:
@@ -146,8 +156,9 @@ def read_lease(client: redis.Redis, key: str) -> LeaseInfo | None:
     return _info(key, value, pttl)
 
 
-def scan_leases(client: redis.Redis, prefix: str, count: int = SCAN_COUNT,
-                skipped: list[str] | None = None) -> Iterator[LeaseInfo]:
+def scan_leases(
+    client: redis.Redis, prefix: str, count: int = SCAN_COUNT, skipped: list[str] | None = None
+) -> Iterator[LeaseInfo]:
     """Every lease under ``prefix`` (``"<prefix>:*"``), found with ``SCAN``, never ``KEYS``.
 
     Keys are read in batches with one pipelined round trip per batch. A key that expires
@@ -182,8 +193,9 @@ def scan_leases(client: redis.Redis, prefix: str, count: int = SCAN_COUNT,
         line, handed = handoff.read_line(client, key)
         first = handed or (line[0] if line else None)
         info = held.get(key) or LeaseInfo(key, _task_of(first), "", FREE_HOST, 0, 0, 0.0, "")
-        held[key] = replace(info, waiting=len(line),
-                            reserved_for=handed.task_id if handed is not None else "")
+        held[key] = replace(
+            info, waiting=len(line), reserved_for=handed.task_id if handed is not None else ""
+        )
     for info in held.values():
         if info.host != FREE_HOST or info.waiting or info.reserved_for:
             yield info
@@ -197,8 +209,9 @@ def _task_of(waiting: handoff.Waiting | None) -> str:
         return ""
 
 
-def _scan(client: redis.Redis, prefix: str, count: int, skipped: list[str] | None
-          ) -> Iterator[tuple[str, records.Found, int]]:
+def _scan(
+    client: redis.Redis, prefix: str, count: int, skipped: list[str] | None
+) -> Iterator[tuple[str, records.Found, int]]:
     """``(key, value, pttl)`` of every key under ``prefix`` (any type), read in batches."""
     batch: list[str] = []
 
@@ -217,18 +230,21 @@ def _scan(client: redis.Redis, prefix: str, count: int, skipped: list[str] | Non
 
 
 #: What each internal key is when celery-lease wrote it: ``(suffix, check, expected)``.
-_INTERNAL = ((FENCE_SUFFIX, lambda v: store.parse_counter(v) is not None, "a fencing counter"),
-             (WAKE_SUFFIX, lambda v: v == OtherType("list"), "a wake list"),
-             (LAST_RUN_SUFFIX, lambda v: v == OtherType("hash"), "a beat last-run hash"),
-             (CLAIM_SUFFIX, lambda v: store.parse_claim(v) is not None, "a waiting-copy claim"),
-             (LINE_SUFFIX, lambda v: v == OtherType("list"), "a line of waiting runs"),
-             (RESERVED_SUFFIX, lambda v: v == OtherType("hash"), "a hand-over reservation"),
-             (INDEX_SUFFIX, lambda v: v == OtherType("zset"), "the hand-over sweep's index"),
-             (BURST_SUFFIX, lambda v: v == OtherType("hash"), "a debounce burst record"))
+_INTERNAL = (
+    (FENCE_SUFFIX, lambda v: store.parse_counter(v) is not None, "a fencing counter"),
+    (WAKE_SUFFIX, lambda v: v == OtherType("list"), "a wake list"),
+    (LAST_RUN_SUFFIX, lambda v: v == OtherType("hash"), "a beat last-run hash"),
+    (CLAIM_SUFFIX, lambda v: store.parse_claim(v) is not None, "a waiting-copy claim"),
+    (LINE_SUFFIX, lambda v: v == OtherType("list"), "a line of waiting runs"),
+    (RESERVED_SUFFIX, lambda v: v == OtherType("hash"), "a hand-over reservation"),
+    (INDEX_SUFFIX, lambda v: v == OtherType("zset"), "the hand-over sweep's index"),
+    (BURST_SUFFIX, lambda v: v == OtherType("hash"), "a debounce burst record"),
+)
 
 
-def scan_foreign(client: redis.Redis, prefix: str, count: int = SCAN_COUNT
-                 ) -> Iterator[tuple[str, str]]:
+def scan_foreign(
+    client: redis.Redis, prefix: str, count: int = SCAN_COUNT
+) -> Iterator[tuple[str, str]]:
     """``(key, what was found)`` for every key under ``prefix`` that celery-lease did not
     write: a lease key whose value is not a lease value, or an internal key (fencing counter,
     wake list, beat record) of another shape or type. For ``celery lease doctor``: each blocks
@@ -245,8 +261,9 @@ def scan_foreign(client: redis.Redis, prefix: str, count: int = SCAN_COUNT
                 break
         else:
             holder = store.parse_value(value)
-            if holder.foreign and not (value == OtherType("hash") and
-                                       store.read_slots(client, key) is not None):
+            if holder.foreign and not (
+                value == OtherType("hash") and store.read_slots(client, key) is not None
+            ):
                 yield key, holder.foreign
 
 
@@ -280,8 +297,7 @@ class ClaimInfo:
     due_in: float = 0.0
 
 
-def scan_claims(client: redis.Redis, prefix: str, count: int = SCAN_COUNT
-                ) -> Iterator[ClaimInfo]:
+def scan_claims(client: redis.Redis, prefix: str, count: int = SCAN_COUNT) -> Iterator[ClaimInfo]:
     """Every waiting copy's claim under ``prefix``, and every debounce burst, found with
     ``SCAN`` as :func:`scan_leases` finds leases; a claim or burst key celery-lease did not
     write is left out (:func:`scan_foreign` names it).
@@ -300,10 +316,16 @@ def scan_claims(client: redis.Redis, prefix: str, count: int = SCAN_COUNT
         found = store.parse_claim(value) if key.endswith(CLAIM_SUFFIX) else None
         if found is None or now is None:
             continue
-        yield ClaimInfo(key=key.removesuffix(CLAIM_SUFFIX), task=found.task_name,
-                        task_id=found.task_id, host=found.hostname, pid=found.pid,
-                        age=max(now - found.claimed_at, 0.0), lifetime=found.lifetime,
-                        ttl=pttl / 1000 if pttl >= 0 else -1.0)
+        yield ClaimInfo(
+            key=key.removesuffix(CLAIM_SUFFIX),
+            task=found.task_name,
+            task_id=found.task_id,
+            host=found.hostname,
+            pid=found.pid,
+            age=max(now - found.claimed_at, 0.0),
+            lifetime=found.lifetime,
+            ttl=pttl / 1000 if pttl >= 0 else -1.0,
+        )
 
 
 def _burst(client: redis.Redis, key: str, pttl: int, now: float) -> ClaimInfo | None:
@@ -316,10 +338,18 @@ def _burst(client: redis.Redis, key: str, pttl: int, now: float) -> ClaimInfo | 
         task, host, pid = str(by["task"]), str(by["host"]), int(by["pid"])
     except (ValueError, KeyError, TypeError):
         task, host, pid = "", "", 0
-    return ClaimInfo(key=key, task=task, task_id=burst.task_id, host=host, pid=pid,
-                     age=max(now - burst.first, 0.0), lifetime=burst.deadline - burst.first,
-                     ttl=pttl / 1000 if pttl >= 0 else -1.0, debounced=burst.count,
-                     due_in=max(burst.due - now, 0.0))
+    return ClaimInfo(
+        key=key,
+        task=task,
+        task_id=burst.task_id,
+        host=host,
+        pid=pid,
+        age=max(now - burst.first, 0.0),
+        lifetime=burst.deadline - burst.first,
+        ttl=pttl / 1000 if pttl >= 0 else -1.0,
+        debounced=burst.count,
+        due_in=max(burst.due - now, 0.0),
+    )
 
 
 def _kind(value: records.Found) -> str:

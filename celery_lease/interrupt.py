@@ -95,8 +95,12 @@ class HeldBack:
             self.target.hold_back()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if self.target is not None:
             self.loss = self.target.let_through()
 
@@ -117,9 +121,15 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
             target.kept = target.error
             return
         # At a backward jump, raising here would skip the frame's own `try` on 3.13.
-        if frame is not None and next_instruction.at_backward_jump(frame) and (
-                next_instruction.arm(target.thread_id, target.error, frozenset([frame.f_code]),
-                                     frame)):
+        if (
+            frame is not None
+            and next_instruction.at_backward_jump(frame)
+            and (
+                next_instruction.arm(
+                    target.thread_id, target.error, frozenset([frame.f_code]), frame
+                )
+            )
+        ):
             return
         raise target.error
     if callable(_previous):
@@ -189,6 +199,7 @@ class _SignalTarget(_OneExecution):
 
 # --- another thread: its next instruction (3.12+), or an asynchronous exception --------------
 
+
 def _set_async_exc(thread_id: int, exc_type: type[BaseException] | None) -> int:
     """Schedule ``exc_type`` in thread ``thread_id`` (``None`` clears a pending one)."""
     exc = ctypes.py_object(exc_type) if exc_type is not None else None  # None is NULL
@@ -215,7 +226,8 @@ class _ThreadTarget(_OneExecution):
             # 3.12+: at the thread's next instruction, wherever it stands (an asynchronous
             # exception can land at a backward jump, past the frame's own `try`, on 3.13).
             if next_instruction.arm(
-                    self.thread_id, error, next_instruction.stack_codes(self.thread_id)):
+                self.thread_id, error, next_instruction.stack_codes(self.thread_id)
+            ):
                 return True
             self.sent = True  # before: the thread may raise it (and clear this) at once
             if _set_async_exc(self.thread_id, _carrier(error, self._raised)) > 1:  # undo
@@ -258,11 +270,11 @@ def _carrier(error: LeaseLost, raised: Any = None) -> type[LeaseLost]:
         if raised is not None:
             raised()
 
-    return type("LeaseLost", (LeaseLost,), {"__init__": init,
-                                            "__module__": LeaseLost.__module__})
+    return type("LeaseLost", (LeaseLost,), {"__init__": init, "__module__": LeaseLost.__module__})
 
 
 # --- gevent / eventlet: throw into the greenlet ----------------------------------------------
+
 
 class _GeventTarget(_OneExecution):
     mechanism = "greenlet"

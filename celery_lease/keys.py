@@ -82,8 +82,16 @@ BURST_SUFFIX = ":burst"
 #: The suffixes of a key's line of waiting runs, its hand-over reservation, and the sweep index.
 LINE_SUFFIX, RESERVED_SUFFIX, INDEX_SUFFIX = ":line", ":reserved", ":index"
 #: Suffixes of the keys written beside leases that are not leases themselves.
-INTERNAL_SUFFIXES = (FENCE_SUFFIX, LAST_RUN_SUFFIX, WAKE_SUFFIX, CLAIM_SUFFIX, LINE_SUFFIX,
-                     RESERVED_SUFFIX, INDEX_SUFFIX, BURST_SUFFIX)
+INTERNAL_SUFFIXES = (
+    FENCE_SUFFIX,
+    LAST_RUN_SUFFIX,
+    WAKE_SUFFIX,
+    CLAIM_SUFFIX,
+    LINE_SUFFIX,
+    RESERVED_SUFFIX,
+    INDEX_SUFFIX,
+    BURST_SUFFIX,
+)
 #: The task name part of every hold key: ``<prefix>:{hold:<name>}``.
 HOLD_PREFIX = "hold:"
 
@@ -105,9 +113,11 @@ def _positional_names(signature: inspect.Signature) -> tuple[str, ...] | None:
     found = _positional.get(id(signature))
     if found is None or found[0] is not signature:  # kept in the value: an id is not reused
         params = signature.parameters
-        names = tuple(params) if all(
-            p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params.values()
-        ) else None
+        names = (
+            tuple(params)
+            if all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params.values())
+            else None
+        )
         if len(_positional) >= _CACHE_LIMIT:
             _positional.clear()
         found = _positional[id(signature)] = (signature, names)
@@ -123,8 +133,9 @@ def _name_tag(name: str) -> bytes:
     return tag
 
 
-def _bind(signature: inspect.Signature, args: Sequence[Any], kwargs: Mapping[str, Any],
-          task_name: str) -> dict[str, Any]:
+def _bind(
+    signature: inspect.Signature, args: Sequence[Any], kwargs: Mapping[str, Any], task_name: str
+) -> dict[str, Any]:
     names = _positional_names(signature)
     if not kwargs and names is not None and len(args) == len(names):
         # The common case, without Signature.bind's general machinery.
@@ -133,7 +144,8 @@ def _bind(signature: inspect.Signature, args: Sequence[Any], kwargs: Mapping[str
         bound = signature.bind(*args, **kwargs)
     except TypeError as exc:
         raise LeaseKeyError(
-            f"task {task_name}: arguments do not fit its signature: {exc}") from None
+            f"task {task_name}: arguments do not fit its signature: {exc}"
+        ) from None
     bound.apply_defaults()
     return dict(bound.arguments)
 
@@ -214,7 +226,8 @@ def build_key(
                 raise
             raise LeaseKeyError(
                 f"task {task_name}: the lease_key callable does not take the task's arguments: "
-                f"{exc}; give it the task's parameters (or *args, **kwargs)") from None
+                f"{exc}; give it the task's parameters (or *args, **kwargs)"
+            ) from None
         if not isinstance(custom, str) or not custom:
             raise LeaseKeyError(
                 f"task {task_name}: lease_key callable returned {custom!r}; it must return a "
@@ -265,11 +278,13 @@ def _check_name(name: Any, what: str) -> str:
     if "{" in name or "}" in name:
         raise LeaseKeyError(
             f"{what} {name!r} contains a brace: braces are reserved for the Redis Cluster hash "
-            f"tag; use another character, or build the name with hold_name(label, *values)")
+            f"tag; use another character, or build the name with hold_name(label, *values)"
+        )
     if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in name):
         raise LeaseKeyError(
             f"{what} {name!r} contains a control character; use printable text, or build the "
-            f"name with hold_name(label, *values)")
+            f"name with hold_name(label, *values)"
+        )
     return name
 
 
@@ -310,7 +325,8 @@ def hold_name(label: str, *values: Any, **named: Any) -> str:
             raise LeaseKeyError(
                 f"hold_name({label!r}): value {name} of type {type(value).__qualname__} has no "
                 f"stable encoding; pass str, int, float, bool, None, bytes, list, tuple, dict, "
-                f"set, UUID, datetime, date, time, timedelta or Decimal values") from None
+                f"set, UUID, datetime, date, time, timedelta or Decimal values"
+            ) from None
     return f"{label}:{h.hexdigest()}"
 
 

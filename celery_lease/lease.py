@@ -23,7 +23,8 @@ __all__ = ["Lease", "begin_renewals", "confirm_renewed", "current_lease", "end_r
 logger = logging.getLogger("celery_lease")
 
 _current: contextvars.ContextVar[Lease | None] = contextvars.ContextVar(
-    "celery_lease_current", default=None)
+    "celery_lease_current", default=None
+)
 
 
 def current_lease() -> Lease | None:
@@ -64,10 +65,32 @@ class Lease:
     """
 
     # Slots: one is made per execution (and 10 000 may be held): a third less to build.
-    __slots__ = ("_in_flight", "_lost", "_next_renewal", "_renew_args", "_renewal_over",
-                 "_retired", "_state", "_store_error", "acquired_at", "client", "confirmed_at",
-                 "deadline", "fencing_token", "joined", "key", "limit", "options", "pid",
-                 "renew_interval", "target", "task_id", "task_name", "token", "ttl")
+    __slots__ = (
+        "_in_flight",
+        "_lost",
+        "_next_renewal",
+        "_renew_args",
+        "_renewal_over",
+        "_retired",
+        "_state",
+        "_store_error",
+        "acquired_at",
+        "client",
+        "confirmed_at",
+        "deadline",
+        "fencing_token",
+        "joined",
+        "key",
+        "limit",
+        "options",
+        "pid",
+        "renew_interval",
+        "target",
+        "task_id",
+        "task_name",
+        "token",
+        "ttl",
+    )
 
     def __init__(
         self,
@@ -137,8 +160,9 @@ class Lease:
     @property
     def released(self) -> bool:
         """Deprecated alias of :attr:`retired` (it never meant "the store deleted the key")."""
-        warnings.warn("Lease.released is deprecated; use Lease.retired", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn(
+            "Lease.released is deprecated; use Lease.retired", DeprecationWarning, stacklevel=2
+        )
         return self._retired
 
     # -- state changes ------------------------------------------------------------------------
@@ -220,8 +244,9 @@ class Lease:
     @property
     def loss(self) -> LeaseLost | None:
         """Deprecated: use :meth:`detect_loss` (this property records a passed deadline)."""
-        warnings.warn("Lease.loss is deprecated; use Lease.detect_loss()", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn(
+            "Lease.loss is deprecated; use Lease.detect_loss()", DeprecationWarning, stacklevel=2
+        )
         return self.detect_loss()
 
     def check(self) -> None:
@@ -288,8 +313,9 @@ class Lease:
         delivered, the execution has ended. Returns the error.
         """
         now = clock.now()
-        error = LeaseLost(self.key, LostCause.REFUSED, self.fencing_token,
-                          max(now - self.confirmed_at, 0.0))
+        error = LeaseLost(
+            self.key, LostCause.REFUSED, self.fencing_token, max(now - self.confirmed_at, 0.0)
+        )
         with self._state:
             self._lost = self._lost or error
         self._announce_loss(error, now, "lease lost, found at release")
@@ -298,14 +324,26 @@ class Lease:
     def _announce_loss(self, error: LeaseLost, now: float, what: str) -> None:
         logger.warning(
             "%s: key=%s cause=%s task=%s[%s] fencing_token=%d late=%.3fs since_renewal=%.3fs",
-            what, self.key, error.cause, self.task_name, self.task_id, self.fencing_token,
-            error.late, now - self.confirmed_at,
+            what,
+            self.key,
+            error.cause,
+            self.task_name,
+            self.task_id,
+            self.fencing_token,
+            error.late,
+            now - self.confirmed_at,
         )
         try:
             signals.lease_lost.send(
-                sender=self.task_name, key=self.key, token=self.token,
-                fencing_token=self.fencing_token, task_id=self.task_id, cause=error.cause,
-                late=error.late, error=error)
+                sender=self.task_name,
+                key=self.key,
+                token=self.token,
+                fencing_token=self.fencing_token,
+                task_id=self.task_id,
+                cause=error.cause,
+                late=error.late,
+                error=error,
+            )
         except Exception:  # pragma: no cover - Signal.send already guards receivers
             logger.exception("lease_lost receiver failed")
 
@@ -341,8 +379,12 @@ def end_renewals(leases: Sequence[Lease]) -> None:
             over.set()
 
 
-def confirm_renewed(leases: Sequence[Lease], replies: Sequence[object], sent_at: float,
-                    confirmed: list[Lease] | None = None) -> list[tuple[Lease, object]]:
+def confirm_renewed(
+    leases: Sequence[Lease],
+    replies: Sequence[object],
+    sent_at: float,
+    confirmed: list[Lease] | None = None,
+) -> list[tuple[Lease, object]]:
     """:meth:`Lease.confirm` (``sent_at``: clock seconds when sent) for each lease not retired
     whose reply is ``1``, each appended to ``confirmed`` when given; returns the ``(lease,
     reply)`` pairs of the others not retired (a refusal or an error), in order, for the caller

@@ -101,7 +101,8 @@ def _entries(conf: Any) -> dict[str, dict[str, Any]]:
     if not isinstance(raw, Mapping):
         raise LeaseConfigError(
             f"{SETTING}={raw!r} must be a dict of task names or glob patterns to option dicts, "
-            f"e.g. {SETTING} = {{'proj.tasks.sync': {{'lease_ttl': 60.0}}}}")
+            f"e.g. {SETTING} = {{'proj.tasks.sync': {{'lease_ttl': 60.0}}}}"
+        )
     entries = {}
     for pattern, options in raw.items():
         where = f"app.conf.{SETTING}[{pattern!r}]"
@@ -110,7 +111,8 @@ def _entries(conf: Any) -> dict[str, dict[str, Any]]:
         options = {} if options is None else options
         if not isinstance(options, Mapping):
             raise LeaseConfigError(
-                f"{where}={options!r} must be a dict of LeasedTask options ({{}} for defaults)")
+                f"{where}={options!r} must be a dict of LeasedTask options ({{}} for defaults)"
+            )
         _check_option_names(options, where)
         entries[pattern] = dict(options)
     return entries
@@ -122,7 +124,8 @@ def _check_option_names(options: Mapping[str, Any], where: str) -> None:
         if name not in _OPTIONS:
             raise LeaseConfigError(
                 f"{where}: {name!r} is not a per-task lease option; use one of "
-                f"{', '.join(_OPTIONS)}")
+                f"{', '.join(_OPTIONS)}"
+            )
 
 
 def _own_options(task: Any) -> dict[str, Any]:
@@ -160,7 +163,8 @@ def check_unleased(task: Any) -> None:
         f"task {task.name} has lease option(s) {', '.join(names)} but takes no lease "
         f"(they would be ignored and its executions could overlap): give it "
         f"base=LeasedTask (from celery_lease import LeasedTask; @app.task(base=LeasedTask, "
-        f"{names[0]}=...)), or name it in app.conf.{SETTING}{misspelt}")
+        f"{names[0]}=...)), or name it in app.conf.{SETTING}{misspelt}"
+    )
 
 
 def _matches(entries: Mapping[str, Any], names: list[str]) -> dict[str, str]:
@@ -176,7 +180,8 @@ def _matches(entries: Mapping[str, Any], names: list[str]) -> dict[str, str]:
         if len(hits) > 1:
             raise LeaseConfigError(
                 f"app.conf.{SETTING}: task {name} matches both {hits[0]!r} and {hits[1]!r}; "
-                f"name it exactly to say which options apply")
+                f"name it exactly to say which options apply"
+            )
         if hits:
             found[name] = hits[0]
     return found
@@ -187,12 +192,14 @@ def _lease(app: Any, task: Any, pattern: str, options: Mapping[str, Any]) -> Non
     where = f"app.conf.{SETTING}[{pattern!r}] for task {task.name}"
     if isinstance(task, LeasedTask):
         raise LeaseConfigError(
-            f"{where}: the task is a LeasedTask already; set its options on it instead")
+            f"{where}: the task is a LeasedTask already; set its options on it instead"
+        )
     own = _own_options(task)  # the task's own lease_* options count, as on a LeasedTask
     both = sorted(set(own) & set(options))
     if both:
-        raise LeaseConfigError(f"{where}: {', '.join(both)} set both on the task and in the "
-                               f"entry; keep one")
+        raise LeaseConfigError(
+            f"{where}: {', '.join(both)} set both on the task and in the entry; keep one"
+        )
     options = {**own, **options}
     _check_option_names(options, where)
     original = task.run
@@ -200,9 +207,12 @@ def _lease(app: Any, task: Any, pattern: str, options: Mapping[str, Any]) -> Non
     resolve_options(app.conf, {k: v for k, v in options.items() if k != "lease_key"}, where)
     validate_lease_key(options.get("lease_key"), lambda: list(signature.parameters), where)
     attrs: dict[str, Any] = {
-        "run": staticmethod(original), "__module__": __name__,
-        "__qualname__": f"Leased[{task.name}]", "_lease_signature": signature,
-        "_lease_spec_cache": None, "_lease_resolved": None,
+        "run": staticmethod(original),
+        "__module__": __name__,
+        "__qualname__": f"Leased[{task.name}]",
+        "_lease_signature": signature,
+        "_lease_spec_cache": None,
+        "_lease_resolved": None,
     }
     attrs.update(options)
     # The task's own class after LeasedTask: its options (retries, queue...) and its class-level
@@ -210,7 +220,8 @@ def _lease(app: Any, task: Any, pattern: str, options: Mapping[str, Any]) -> Non
     shadow_cls = type(f"Leased[{task.name}]", (LeasedTask, type(task)), attrs)
     shadow = shadow_cls()
     shadow.__dict__.update(
-        {k: v for k, v in vars(task).items() if k not in ("run", "apply_async", "lease")})
+        {k: v for k, v in vars(task).items() if k not in ("run", "apply_async", "lease")}
+    )
 
     @functools.wraps(original)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -249,7 +260,8 @@ def apply_lease_tasks(app: Any, *, strict: bool = True) -> list[str]:
             if pattern not in found.values():
                 raise LeaseConfigError(
                     f"app.conf.{SETTING}[{pattern!r}] matches no registered task; check the "
-                    f"name, and that its module is imported (imports/include or autodiscover)")
+                    f"name, and that its module is imported (imports/include or autodiscover)"
+                )
     for name, pattern in found.items():
         task = tasks[name]
         with _patching:

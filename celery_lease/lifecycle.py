@@ -140,12 +140,20 @@ class Claim:
         self.lease: Lease | None = None
 
 
-def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderInfo,
-         target: Target, *, sender: Any, claim: Claim | None = None,
-         claimed: bool = False, handed_over: bool = False,
-         grant: Callable[..., store.AcquireResult] | None = None,
-         written: WrittenAcquire | None = None,
-         ) -> Lease | store.AcquireResult:
+def take(
+    settings: LeaseSettings,
+    client: redis.Redis,
+    key: str,
+    holder: HolderInfo,
+    target: Target,
+    *,
+    sender: Any,
+    claim: Claim | None = None,
+    claimed: bool = False,
+    handed_over: bool = False,
+    grant: Callable[..., store.AcquireResult] | None = None,
+    written: WrittenAcquire | None = None,
+) -> Lease | store.AcquireResult:
     """Take lease ``key`` and start renewing it (see the module docstring for the steps).
 
     An exit of any kind (``BaseException`` included) after the acquire was sent leaves no lease
@@ -191,48 +199,107 @@ def take(settings: LeaseSettings, client: redis.Redis, key: str, holder: HolderI
             pending.settle_all()  # the replies of this process's earlier releases, first
         # The local deadline counts from the first send: if its reply was lost after the
         # script ran, the lifetime on the server started then, not at the second try.
-        token, sent_at = ((store.new_token(), clock.now()) if written is None
-                          else (written.token, written.sent_at))
+        token, sent_at = (
+            (store.new_token(), clock.now())
+            if written is None
+            else (written.token, written.sent_at)
+        )
         sent = True  # from here on the store may grant the token, reply or not
         try:
-            found = written.read() if written is not None else send(
-                client, key, token, options.ttl_ms, holder.to_json(), options.min_replicas,
-                holder.task_id, handed_over, claimed)
+            found = (
+                written.read()
+                if written is not None
+                else send(
+                    client,
+                    key,
+                    token,
+                    options.ttl_ms,
+                    holder.to_json(),
+                    options.min_replicas,
+                    holder.task_id,
+                    handed_over,
+                    claimed,
+                )
+            )
         except (RedisConnectionError, RedisTimeoutError):  # the same token, asked again
-            found = send(client, key, token, options.ttl_ms, holder.to_json(),
-                         options.min_replicas, holder.task_id, handed_over, claimed)
+            found = send(
+                client,
+                key,
+                token,
+                options.ttl_ms,
+                holder.to_json(),
+                options.min_replicas,
+                holder.task_id,
+                handed_over,
+                claimed,
+            )
         if not found.granted:
             target.finish()
             return found
         lease = Lease(
-            key=key, token=token, fencing_token=found.holder.fencing_token,
-            task_name=holder.task_name, task_id=holder.task_id, options=options,
-            client=client, target=target, sent_at=sent_at, joined=found.joined)
+            key=key,
+            token=token,
+            fencing_token=found.holder.fencing_token,
+            task_name=holder.task_name,
+            task_id=holder.task_id,
+            options=options,
+            client=client,
+            target=target,
+            sent_at=sent_at,
+            joined=found.joined,
+        )
         if grant is not None:
             lease.limit = getattr(grant, "limit", 1)  # a slot of a limited key (lease_limit)
         if claim is not None:
             claim.lease = lease
         heartbeat(settings.signum).add(lease)
-        logger.debug("lease acquired: key=%s task=%s[%s] token=%s fencing_token=%d ttl=%.3fs",
-                     key, holder.task_name, holder.task_id, token, lease.fencing_token,
-                     options.ttl)
+        logger.debug(
+            "lease acquired: key=%s task=%s[%s] token=%s fencing_token=%d ttl=%.3fs",
+            key,
+            holder.task_name,
+            holder.task_id,
+            token,
+            lease.fencing_token,
+            options.ttl,
+        )
         if signals.lease_acquired.receivers:  # what Signal.send checks first, before kwargs
             signals.lease_acquired.send(
-                sender=sender, key=key, token=token, fencing_token=lease.fencing_token,
-                task_id=holder.task_id, ttl=options.ttl, latency=clock.now() - sent_at)
+                sender=sender,
+                key=key,
+                token=token,
+                fencing_token=lease.fencing_token,
+                task_id=holder.task_id,
+                ttl=options.ttl,
+                latency=clock.now() - sent_at,
+            )
         announced = True
         return lease
     except BaseException:
-        _undo_take(client, key, token, target, lease if sent else None, sent,
-                   sender if announced else None, getattr(grant, "release", store.release))
+        _undo_take(
+            client,
+            key,
+            token,
+            target,
+            lease if sent else None,
+            sent,
+            sender if announced else None,
+            getattr(grant, "release", store.release),
+        )
         if claim is not None:
             claim.lease = None
         raise
 
 
-def _undo_take(client: redis.Redis, key: str, token: str, target: Target, lease: Lease | None,
-               sent: bool, sender: Any,
-               release: Callable[[redis.Redis, str, str], bool] = store.release) -> None:
+def _undo_take(
+    client: redis.Redis,
+    key: str,
+    token: str,
+    target: Target,
+    lease: Lease | None,
+    sent: bool,
+    sender: Any,
+    release: Callable[[redis.Redis, str, str], bool] = store.release,
+) -> None:
     """After an exit interrupted :func:`take`: finish ``target``, unregister ``lease`` and
     release ``token`` if the acquire was ``sent`` (it may have been granted, its reply lost or
     never read). Best effort: a release that fails leaves the key to its TTL. A lease whose
@@ -248,14 +315,22 @@ def _undo_take(client: redis.Redis, key: str, token: str, target: Target, lease:
             _abandon(client, key, token, release)
 
 
-def _abandon(client: redis.Redis, key: str, token: str,
-             release: Callable[[redis.Redis, str, str], bool] = store.release) -> None:
+def _abandon(
+    client: redis.Redis,
+    key: str,
+    token: str,
+    release: Callable[[redis.Redis, str, str], bool] = store.release,
+) -> None:
     """Best effort: release a grant whose reply may have been lost (else it lapses)."""
     try:
         release(client, key, token)
     except Exception as exc:
-        logger.warning("release after an interrupted acquire failed (it expires within its "
-                       "TTL): key=%s error=%s", key, store.describe(exc))
+        logger.warning(
+            "release after an interrupted acquire failed (it expires within its "
+            "TTL): key=%s error=%s",
+            key,
+            store.describe(exc),
+        )
 
 
 def retire(lease: Lease) -> LeaseLost | None:
@@ -271,8 +346,14 @@ def retire(lease: Lease) -> LeaseLost | None:
         heartbeat().remove(lease)  # unregistered before the release is sent
 
 
-def announce_end(lease: Lease, loss: LeaseLost | None, released: bool | None, *,
-                 sender: Any, held: float | None = None) -> Ending:
+def announce_end(
+    lease: Lease,
+    loss: LeaseLost | None,
+    released: bool | None,
+    *,
+    sender: Any,
+    held: float | None = None,
+) -> Ending:
     """Second half of :func:`end`: log and send :data:`~celery_lease.signals.lease_released`.
 
     Args:
@@ -284,20 +365,38 @@ def announce_end(lease: Lease, loss: LeaseLost | None, released: bool | None, *,
     """
     if held is None:
         held = clock.now() - lease.acquired_at
-    logger.debug("lease released: key=%s task=%s[%s] token=%s fencing_token=%d held=%.3fs "
-                 "released=%s", lease.key, lease.task_name, lease.task_id, lease.token,
-                 lease.fencing_token, held, released)
+    logger.debug(
+        "lease released: key=%s task=%s[%s] token=%s fencing_token=%d held=%.3fs released=%s",
+        lease.key,
+        lease.task_name,
+        lease.task_id,
+        lease.token,
+        lease.fencing_token,
+        held,
+        released,
+    )
     if signals.lease_released.receivers:
         signals.lease_released.send(
-            sender=sender, key=lease.key, token=lease.token, fencing_token=lease.fencing_token,
-            task_id=lease.task_id, held=held, released=released)
+            sender=sender,
+            key=lease.key,
+            token=lease.token,
+            fencing_token=lease.fencing_token,
+            task_id=lease.task_id,
+            held=held,
+            released=released,
+        )
     ending: Ending = object.__new__(Ending)  # without the frozen __init__: once an execution
     ending.__dict__.update(loss=loss, released=released, held=held)
     return ending
 
 
-def end(lease: Lease, *, sender: Any, wait: bool = True,
-        release: Callable[[redis.Redis, str, str], bool] = store.release) -> Ending:
+def end(
+    lease: Lease,
+    *,
+    sender: Any,
+    wait: bool = True,
+    release: Callable[[redis.Redis, str, str], bool] = store.release,
+) -> Ending:
     """End ``lease``: record a missed deadline, stop renewing, release, announce.
 
     Never raises for a store error: a release that fails is logged and the key expires within
@@ -331,8 +430,12 @@ def end(lease: Lease, *, sender: Any, wait: bool = True,
                     return announce_end(lease, loss, None, sender=sender)
                 released = _send_release(lease, release)
             except RedisError as exc:
-                logger.warning("lease release failed (it expires within %.3fs): key=%s "
-                               "error=%s", lease.ttl, lease.key, store.describe(exc))
+                logger.warning(
+                    "lease release failed (it expires within %.3fs): key=%s error=%s",
+                    lease.ttl,
+                    lease.key,
+                    store.describe(exc),
+                )
             sent = True
             if released is False and loss is None:
                 loss = lease.lost_at_release()
@@ -356,17 +459,28 @@ def _release_after_exit(lease: Lease, release: Callable[[redis.Redis, str, str],
             try:
                 release(lease.client, lease.key, lease.token)
             except Exception as exc:
-                logger.warning("lease release after an exit failed (it expires within "
-                               "%.3fs): key=%s error=%s", lease.ttl, lease.key,
-                               store.describe(exc))
+                logger.warning(
+                    "lease release after an exit failed (it expires within %.3fs): key=%s error=%s",
+                    lease.ttl,
+                    lease.key,
+                    store.describe(exc),
+                )
 
 
 def _write(lease: Lease) -> bool:
     """Write the release without waiting for its reply (:mod:`celery_lease.store.pending`); False
     when it must be sent waiting: not a standalone client, or the connection broke."""
     try:
-        return pending.write(lease.client, lease.key, lease.token, lease.ttl,
-                             lambda done: _note_reply(lease, done)) is not None
+        return (
+            pending.write(
+                lease.client,
+                lease.key,
+                lease.token,
+                lease.ttl,
+                lambda done: _note_reply(lease, done),
+            )
+            is not None
+        )
     except RedisConnectionError:
         return False
 
@@ -392,4 +506,3 @@ def _note_reply(lease: Lease, released: bool | None) -> None:
     heartbeat): a release that found the key no longer this execution's is a loss."""
     if released is False:
         lease.lost_at_release()
-

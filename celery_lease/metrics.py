@@ -68,8 +68,8 @@ def _import_prometheus() -> Any:
         import prometheus_client
     except ImportError:
         raise ImportError(
-            "celery_lease.metrics needs prometheus-client: pip install "
-            "'celery-lease[prometheus]'") from None
+            "celery_lease.metrics needs prometheus-client: pip install 'celery-lease[prometheus]'"
+        ) from None
     return prometheus_client
 
 
@@ -90,34 +90,57 @@ class LeaseMetrics:
         kw: dict[str, Any] = {"namespace": namespace}
         if registry is not None:
             kw["registry"] = registry
-        self.held = prom.Gauge("held", "Leases held right now", ["task"],
-                               multiprocess_mode="livesum", **kw)
+        self.held = prom.Gauge(
+            "held", "Leases held right now", ["task"], multiprocess_mode="livesum", **kw
+        )
         self.acquired = prom.Counter("acquired", "Leases granted", ["task"], **kw)
         self.conflicts = prom.Counter(
-            "conflicts", "Executions refused because another one held the lease",
-            ["task", "policy"], **kw)
+            "conflicts",
+            "Executions refused because another one held the lease",
+            ["task", "policy"],
+            **kw,
+        )
         self.publishes = prom.Counter(
-            "publishes", "Publishes of tasks with lease_dedupe, by what was done",
-            ["task", "disposition"], **kw)
+            "publishes",
+            "Publishes of tasks with lease_dedupe, by what was done",
+            ["task", "disposition"],
+            **kw,
+        )
         self.lost = prom.Counter("lost", "Leases lost while held", ["task", "cause"], **kw)
         self.coalesced = prom.Counter(
-            "coalesced", "Duplicates coalesced into a pending run", ["task"], **kw)
+            "coalesced", "Duplicates coalesced into a pending run", ["task"], **kw
+        )
         self.queued = prom.Counter("queued", "Duplicates parked in a key's line", ["task"], **kw)
         self.line_length = prom.Histogram(
-            "line_length", "A key's line length when a duplicate was parked", ["task"],
-            buckets=LINE_BUCKETS, **kw)
+            "line_length",
+            "A key's line length when a duplicate was parked",
+            ["task"],
+            buckets=LINE_BUCKETS,
+            **kw,
+        )
         self.handed_over = prom.Counter(
-            "handed_over", "Runs published when the key was handed to them", ["task", "by"],
-            **kw)
+            "handed_over", "Runs published when the key was handed to them", ["task", "by"], **kw
+        )
         self.renewal_failures = prom.Counter(
-            "renewal_failures", "Renewal round trips that failed (timeout, connection)",
-            ["task"], **kw)
+            "renewal_failures",
+            "Renewal round trips that failed (timeout, connection)",
+            ["task"],
+            **kw,
+        )
         self.renewal_latency = prom.Histogram(
-            "renewal_latency_seconds", "Round trip of a confirmed renewal", ["task"],
-            buckets=LATENCY_BUCKETS, **kw)
+            "renewal_latency_seconds",
+            "Round trip of a confirmed renewal",
+            ["task"],
+            buckets=LATENCY_BUCKETS,
+            **kw,
+        )
         self.renewal_margin = prom.Histogram(
-            "renewal_margin_seconds", "Time left to the local deadline when a renewal was "
-            "confirmed", ["task"], buckets=MARGIN_BUCKETS, **kw)
+            "renewal_margin_seconds",
+            "Time left to the local deadline when a renewal was confirmed",
+            ["task"],
+            buckets=MARGIN_BUCKETS,
+            **kw,
+        )
 
     # -- signal receivers (weak=False: they are bound methods of a long-lived object) ----------
 
@@ -154,8 +177,9 @@ class LeaseMetrics:
     def on_renewal_failed(self, sender: Any = None, **kw: Any) -> None:
         self.renewal_failures.labels(_task_name(sender)).inc()
 
-    def on_renewed(self, sender: Any = None, latency: float = 0.0, margin: float = 0.0,
-                   **kw: Any) -> None:
+    def on_renewed(
+        self, sender: Any = None, latency: float = 0.0, margin: float = 0.0, **kw: Any
+    ) -> None:
         task = _task_name(sender)
         self.renewal_latency.labels(task).observe(latency)
         self.renewal_margin.labels(task).observe(max(margin, 0.0))
@@ -181,6 +205,7 @@ def metrics() -> LeaseMetrics | None:
 
 # -- reaping the live-gauge files of dead processes -----------------------------------------
 
+
 def _process_start(pid: int) -> float | None:
     """Start time of ``pid`` (epoch seconds), ``None`` if it is gone or a zombie.
 
@@ -200,7 +225,7 @@ def _process_start(pid: int) -> float | None:
         except PermissionError:
             pass
         return 0.0
-    fields = stat[stat.rindex(")") + 2:].split()  # the name in parentheses may hold spaces
+    fields = stat[stat.rindex(")") + 2 :].split()  # the name in parentheses may hold spaces
     if fields[0] in ("Z", "X"):
         return None
     ticks = os.sysconf("SC_CLK_TCK")
@@ -281,8 +306,13 @@ def _serve(port: int, addr: str) -> None:
     try:
         prom.start_http_server(port, addr=addr, registry=registry)
     except OSError as exc:
-        logger.error("lease metrics: cannot serve on %s:%d (%s); /metrics is not available. "
-                     "Pick another port in metrics.install(app, port=...)", addr, port, exc)
+        logger.error(
+            "lease metrics: cannot serve on %s:%d (%s); /metrics is not available. "
+            "Pick another port in metrics.install(app, port=...)",
+            addr,
+            port,
+            exc,
+        )
         return
     logger.info("lease metrics served on http://%s:%d/metrics", addr, port)
 
@@ -307,8 +337,10 @@ def install(app: Any = None, port: int | None = None, addr: str = "0.0.0.0") -> 
     """
     global _instance, _served
     if not addr:
-        raise ValueError("metrics.install(addr=...) must name an address to bind, e.g. "
-                         "'0.0.0.0' (every IPv4 interface) or '127.0.0.1'")
+        raise ValueError(
+            "metrics.install(addr=...) must name an address to bind, e.g. "
+            "'0.0.0.0' (every IPv4 interface) or '127.0.0.1'"
+        )
     if _instance is None:
         _instance = LeaseMetrics()
         _instance.connect()
@@ -318,7 +350,8 @@ def install(app: Any = None, port: int | None = None, addr: str = "0.0.0.0") -> 
         if _served != (addr, port):
             raise ValueError(
                 f"metrics.install: /metrics is already set up on {_served[0]}:{_served[1]} in "
-                f"this process; call install() with the same port and addr, or only once")
+                f"this process; call install() with the same port and addr, or only once"
+            )
         return _instance
     _served = (addr, port)
     from celery.signals import worker_ready
@@ -330,7 +363,8 @@ def install(app: Any = None, port: int | None = None, addr: str = "0.0.0.0") -> 
             logger.warning(
                 "lease metrics: PROMETHEUS_MULTIPROC_DIR is not set; with the prefork "
                 "pool the leases live in the children and /metrics will miss them. Set "
-                "it to an empty directory before starting the worker")
+                "it to an empty directory before starting the worker"
+            )
         _serve(port, addr)
 
     worker_ready.connect(_start, weak=False)

@@ -41,14 +41,20 @@ def check_names(names: Any, kind: str, where: str, namespace: str | None = None)
             continue
         prefix = ""
         if namespace and name.lower().startswith(namespace.lower()):
-            prefix = name[:len(namespace)]  # Celery reads lease_ttl as <prefix>LEASE_TTL
-        plain = name[len(prefix):].lower() if prefix else name
+            prefix = name[: len(namespace)]  # Celery reads lease_ttl as <prefix>LEASE_TTL
+        plain = name[len(prefix) :].lower() if prefix else name
         if not namespace and plain.lower().startswith("lease_") and plain != plain.lower():
             # LEASE_TTL: without a namespace Celery reads only the lower-case name.
             close = difflib.get_close_matches(plain.lower(), known, n=1)
-            found.append((name, f"did you mean {close[0]}? (without config_from_object("
-                                f"..., namespace=...) setting names are lower case)"
-                          if close else ""))
+            found.append(
+                (
+                    name,
+                    f"did you mean {close[0]}? (without config_from_object("
+                    f"..., namespace=...) setting names are lower case)"
+                    if close
+                    else "",
+                )
+            )
             continue
         if not plain.startswith("lease_") or plain in known:
             continue
@@ -60,8 +66,10 @@ def check_names(names: Any, kind: str, where: str, namespace: str | None = None)
         shown, hint = found[0]
         raise LeaseConfigError(f"unknown {kind} {shown} ({where})" + (f"; {hint}" if hint else ""))
     if found:
-        raise LeaseConfigError(f"{len(found)} unknown {kind}s ({where}): " + "; ".join(
-            shown + (f", {hint}" if hint else "") for shown, hint in found))
+        raise LeaseConfigError(
+            f"{len(found)} unknown {kind}s ({where}): "
+            + "; ".join(shown + (f", {hint}" if hint else "") for shown, hint in found)
+        )
 
 
 def _spell(name: str, prefix: str) -> str:
@@ -90,7 +98,8 @@ def check_task_names(options: Iterable[str], conf: Any, where: str) -> None:
     """
     checks: tuple[Callable[[], None], ...] = (
         lambda: check_names(list(options), "task option", where),
-        lambda: check_app_settings(conf))
+        lambda: check_app_settings(conf),
+    )
     problems = []
     for check in checks:
         try:

@@ -66,15 +66,15 @@ def _claim_tool() -> int | None:
         for tool in (3, 4):
             if _monitoring.get_tool(tool) is None:
                 _monitoring.use_tool_id(tool, _TOOL_NAME)
-                _monitoring.register_callback(
-                    tool, _monitoring.events.INSTRUCTION, _on_instruction)
+                _monitoring.register_callback(tool, _monitoring.events.INSTRUCTION, _on_instruction)
                 _tool = tool
                 break
     return _tool
 
 
-def arm(thread_id: int, error: BaseException, codes: frozenset[CodeType],
-        frame: FrameType | None = None) -> bool:
+def arm(
+    thread_id: int, error: BaseException, codes: frozenset[CodeType], frame: FrameType | None = None
+) -> bool:
     """Raise ``error`` in thread ``thread_id`` at the next instruction it runs in one of
     ``codes`` (only in ``frame`` if given). Returns False if it cannot (Python before 3.12,
     both free tool ids taken, no code): the caller delivers another way."""
@@ -102,8 +102,11 @@ def disarm(thread_id: int) -> bool:
 def _on_instruction(code: CodeType, offset: int) -> None:
     thread_id = threading.get_ident()
     pending = _pending.get(thread_id)
-    if pending is None or code not in pending.codes or (
-            pending.frame is not None and sys._getframe(1) is not pending.frame):
+    if (
+        pending is None
+        or code not in pending.codes
+        or (pending.frame is not None and sys._getframe(1) is not pending.frame)
+    ):
         if not any(code in p.codes for p in _pending.values()):
             _monitoring.set_local_events(_tool, code, 0)  # left over: stop the callbacks
         return

@@ -66,15 +66,24 @@ def wait_out(task: Any, options: LeaseOptions, error: LeaseStoreUnavailable) -> 
     first = _outage_start(request.headers, now)
     lasted = now - first
     if lasted >= options.store_outage_max:
-        logger.error("task %s[%s] fails: the lease store has not answered for %.1fs, "
-                     "lease_store_outage_max=%gs", task.name, request.id, lasted,
-                     options.store_outage_max)
+        logger.error(
+            "task %s[%s] fails: the lease store has not answered for %.1fs, "
+            "lease_store_outage_max=%gs",
+            task.name,
+            request.id,
+            lasted,
+            options.store_outage_max,
+        )
         raise error
-    wait = max(min(max(lasted, options.renew_interval), MAX_WAIT,
-                   options.store_outage_max - lasted), 0.05)
+    wait = max(
+        min(max(lasted, options.renew_interval), MAX_WAIT, options.store_outage_max - lasted), 0.05
+    )
     again = task.signature_from_request(
-        request, countdown=wait, retries=request.retries,
-        headers={**(request.headers or {}), OUTAGE_HEADER: [first, now]})
+        request,
+        countdown=wait,
+        retries=request.retries,
+        headers={**(request.headers or {}), OUTAGE_HEADER: [first, now]},
+    )
     try:
         again.apply_async()
     except Exception as exc:  # the broker is down too: as Celery's own retry does

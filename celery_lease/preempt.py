@@ -66,8 +66,7 @@ class Listener:
         self.client, self.channel = client, channel
         self.pid = process.pid()
         self.subscribed = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="celery-lease-preempt",
-                                       daemon=True)
+        self.thread = threading.Thread(target=self._run, name="celery-lease-preempt", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
@@ -85,9 +84,13 @@ class Listener:
                 self.subscribed.clear()
                 problem = store.describe(exc) if isinstance(exc, RedisError) else repr(exc)
                 if problem != last_problem:  # once per kind of failure, not every attempt
-                    logger.warning("preemption listener on %s: %s; preempted leases are found "
-                                   "at their next renewal until it subscribes again (an ACL "
-                                   "user needs &<prefix>:preempt:*)", self.channel, problem)
+                    logger.warning(
+                        "preemption listener on %s: %s; preempted leases are found "
+                        "at their next renewal until it subscribes again (an ACL "
+                        "user needs &<prefix>:preempt:*)",
+                        self.channel,
+                        problem,
+                    )
                     last_problem = problem
                 threading.Event().wait(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF)
@@ -139,9 +142,16 @@ def take_over(c: Any) -> Lease | None:
         target = interrupt.for_current_context(settings.signum)
         try:
             got = lifecycle.take(
-                settings, client, key, lifecycle.HolderInfo(task.name, request.id or "", hostname),
-                target, sender=task, claim=c.claim, claimed=claimed,
-                grant=functools.partial(store.take_over, from_token=old.token))
+                settings,
+                client,
+                key,
+                lifecycle.HolderInfo(task.name, request.id or "", hostname),
+                target,
+                sender=task,
+                claim=c.claim,
+                claimed=claimed,
+                grant=functools.partial(store.take_over, from_token=old.token),
+            )
         except RedisError as exc:
             task._store_error(options, key, exc)
         if isinstance(got, Lease):
@@ -155,28 +165,48 @@ def _told(task: Any, client: redis.Redis, options: Any, lease: Lease, old: store
     """After a take-over: notify the old holder's process, signal, wait out the grace."""
     try:
         notified = store.publish_preempted(
-            client, store.preempt_channel(options.key_prefix, old.hostname, old.pid), old.token)
+            client, store.preempt_channel(options.key_prefix, old.hostname, old.pid), old.token
+        )
     except RedisError as exc:
         notified = 0
-        logger.warning("could not notify the preempted holder of %s (it learns it at its next "
-                       "renewal): %s", lease.key, store.describe(exc))
-    logger.info("lease %s taken over from task %s[%s] on %s (fencing_token %d -> %d, "
-                "notified=%d)", lease.key, old.task_name, old.task_id, old.where,
-                old.fencing_token, lease.fencing_token, notified)
+        logger.warning(
+            "could not notify the preempted holder of %s (it learns it at its next renewal): %s",
+            lease.key,
+            store.describe(exc),
+        )
+    logger.info(
+        "lease %s taken over from task %s[%s] on %s (fencing_token %d -> %d, notified=%d)",
+        lease.key,
+        old.task_name,
+        old.task_id,
+        old.where,
+        old.fencing_token,
+        lease.fencing_token,
+        notified,
+    )
     signals.lease_preempted.send(
-        sender=task, key=lease.key, token=lease.token, fencing_token=lease.fencing_token,
-        task_id=lease.task_id, preempted_token=old.token, preempted_task_id=old.task_id,
-        preempted_fencing_token=old.fencing_token, preempted_holder=old.where,
-        notified=notified)
+        sender=task,
+        key=lease.key,
+        token=lease.token,
+        fencing_token=lease.fencing_token,
+        task_id=lease.task_id,
+        preempted_token=old.token,
+        preempted_task_id=old.task_id,
+        preempted_fencing_token=old.fencing_token,
+        preempted_holder=old.where,
+        notified=notified,
+    )
     grace = options.preempt_grace
     if grace > 0:
-        waiter = store.client_for(task.lease_settings().url, grace + options.store_timeout,
-                                  options.backend_options)
+        waiter = store.client_for(
+            task.lease_settings().url, grace + options.store_timeout, options.backend_options
+        )
         try:
             store.wait_preempted_end(waiter, lease.key, old.token, grace)
         except RedisError as exc:  # the grace is a courtesy: the key is ours already
-            logger.warning("waiting for the preempted holder of %s failed: %s", lease.key,
-                           store.describe(exc))
+            logger.warning(
+                "waiting for the preempted holder of %s failed: %s", lease.key, store.describe(exc)
+            )
 
 
 def loss_event(lease: Lease, error: Any) -> str:
@@ -186,8 +216,9 @@ def loss_event(lease: Lease, error: Any) -> str:
     (the notice lost, the body ended before a renewal) counts too: the key's holder names
     the token it replaced (:func:`celery_lease.store.was_preempted`, one ``GET``)."""
     if error.cause != LostCause.PREEMPTED and not (
-            lease.options.on_conflict == "preempt"
-            and store.was_preempted(lease.client, lease.key, lease.token)):
+        lease.options.on_conflict == "preempt"
+        and store.was_preempted(lease.client, lease.key, lease.token)
+    ):
         return "task-lease-lost"
     end_preempted(lease.client, lease.key, lease.token)
     return "task-lease-preempted"
@@ -199,5 +230,6 @@ def end_preempted(client: redis.Redis, key: str, token: str) -> None:
     try:
         store.wake_preempter(client, key, token)
     except RedisError as exc:
-        logger.warning("could not wake the execution that preempted %s: %s", key,
-                       store.describe(exc))
+        logger.warning(
+            "could not wake the execution that preempted %s: %s", key, store.describe(exc)
+        )

@@ -32,8 +32,9 @@ from .lease import Lease, _current
 __all__ = ["apply_async", "sent_key"]
 
 
-def apply_async(task: Any, args: Any, kwargs: Any, options: dict[str, Any],
-                publish: Callable[..., Any]) -> Any:
+def apply_async(
+    task: Any, args: Any, kwargs: Any, options: dict[str, Any], publish: Callable[..., Any]
+) -> Any:
     """Publish a call of ``task`` (a :class:`~celery_lease.LeasedTask`) with Celery's
     ``options``; ``publish(**options)`` is Celery's own ``apply_async`` of the call.
 
@@ -49,8 +50,9 @@ def apply_async(task: Any, args: Any, kwargs: Any, options: dict[str, Any],
             not for a publish under the execution's own task id (a retry).
     """
     if debounce.enabled(task) and not debounce.passes(task, options):
-        return debounce.send(task, sent_key(task, args, kwargs, options), args, kwargs,
-                             options, publish)
+        return debounce.send(
+            task, sent_key(task, args, kwargs, options), args, kwargs, options, publish
+        )
     holding = _current.get()
     if holding is None or holding.retired:
         return _apply_async(task, None, args, kwargs, options, publish)
@@ -62,32 +64,47 @@ def apply_async(task: Any, args: Any, kwargs: Any, options: dict[str, Any],
     return result
 
 
-def _apply_async(task: Any, holding: Lease | None, args: Any, kwargs: Any,
-                 options: dict[str, Any], publish: Callable[..., Any]) -> Any:
+def _apply_async(
+    task: Any,
+    holding: Lease | None,
+    args: Any,
+    kwargs: Any,
+    options: dict[str, Any],
+    publish: Callable[..., Any],
+) -> Any:
     key: str | None = None
     take_over = False
-    if holding is not None and (holding.lost or holding.retired) \
-            and HANDOFF_HEADER in (options.get("headers") or {}) \
-            and options.get("task_id") == task.request.id:
+    if (
+        holding is not None
+        and (holding.lost or holding.retired)
+        and HANDOFF_HEADER in (options.get("headers") or {})
+        and options.get("task_id") == task.request.id
+    ):
         # A retry of a handed-over run whose lease is gone: a new attempt all the same, not
         # a second copy of the run (refused once that ran to its release).
-        options["headers"] = {k: v for k, v in options["headers"].items()
-                              if k != HANDOFF_HEADER}
+        options["headers"] = {k: v for k, v in options["headers"].items() if k != HANDOFF_HEADER}
     elif holding is not None and not holding.lost and not holding.retired:
         key = sent_key(task, args, kwargs, options)
         if key == holding.key:
             take_over = True
             # The holder's successor (a retry copies the request's headers): not the
             # handed-over run it may have been, whose second copy is refused once it ran.
-            headers = {k: v for k, v in (options.get("headers") or {}).items()
-                       if k != HANDOFF_HEADER}
+            headers = {
+                k: v for k, v in (options.get("headers") or {}).items() if k != HANDOFF_HEADER
+            }
             options["headers"] = {**headers, SUCCESSOR_HEADER: holding.token}
             if task.app.conf.task_always_eager:
                 # A worker runs it after the holder ends; so does eager mode (not nested).
                 task_id = options.pop("task_id", None) or uuid()
-                return dedupe.mark(eager.defer(
-                    holding.token, task_id, task.name,
-                    lambda: publish(task_id=task_id, **options)), "published")
+                return dedupe.mark(
+                    eager.defer(
+                        holding.token,
+                        task_id,
+                        task.name,
+                        lambda: publish(task_id=task_id, **options),
+                    ),
+                    "published",
+                )
     # dedupe.enabled first: it is cached, the eager setting's lookup is not (~40 000
     # instructions a publish).
     if not dedupe.enabled(task) or task.app.conf.task_always_eager:
@@ -108,12 +125,13 @@ def sent_key(task: Any, args: Any, kwargs: Any, options: Mapping[str, Any]) -> s
     try:
         content_type, encoding, data = dumps(  # type: ignore[no-untyped-call]
             [list(args or ()), dict(kwargs or {})],
-            serializer=options.get("serializer") or task.serializer)
+            serializer=options.get("serializer") or task.serializer,
+        )
         sent_args, sent_kwargs = loads(  # type: ignore[no-untyped-call]
-            data, content_type, encoding)
+            data, content_type, encoding
+        )
         return str(task.lease_key_for(sent_args, sent_kwargs))
     except LeaseConfigError:
         raise  # no store configured (a publisher of a task with lease_dedupe needs one)
     except Exception:
         return None
-

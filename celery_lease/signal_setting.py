@@ -11,8 +11,22 @@ from .errors import LeaseConfigError
 __all__ = ["resolve_signal"]
 
 # Signals that Celery, billiard or the OS already use, or that cannot be caught.
-_RESERVED_SIGNALS = {"SIGUSR1", "SIGINT", "SIGTERM", "SIGQUIT", "SIGHUP", "SIGKILL", "SIGSTOP",
-                     "SIGCHLD", "SIGALRM", "SIGTTIN", "SIGTTOU", "SIGSEGV", "SIGBUS", "SIGFPE"}
+_RESERVED_SIGNALS = {
+    "SIGUSR1",
+    "SIGINT",
+    "SIGTERM",
+    "SIGQUIT",
+    "SIGHUP",
+    "SIGKILL",
+    "SIGSTOP",
+    "SIGCHLD",
+    "SIGALRM",
+    "SIGTTIN",
+    "SIGTTOU",
+    "SIGSEGV",
+    "SIGBUS",
+    "SIGFPE",
+}
 
 
 def resolve_signal(value: Any) -> int:

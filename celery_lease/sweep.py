@@ -84,29 +84,43 @@ def sweep_once(app: Any, client: Any, prefix: str, tasks: dict[str, LeaseOptions
     return published
 
 
-def _look(app: Any, client: Any, prefix: str, key: str, score: int,
-          options: LeaseOptions) -> int:
+def _look(app: Any, client: Any, prefix: str, key: str, score: int, options: LeaseOptions) -> int:
     """The hand-over look at one key; 1 when it published a run."""
-    got = stored.recover(client, key, options.ttl_ms, handoff.lifetime_ms(options),
-                         round((options.queue_timeout or 0.0) * 1000),
-                         handoff.mode_of(options))
+    got = stored.recover(
+        client,
+        key,
+        options.ttl_ms,
+        handoff.lifetime_ms(options),
+        round((options.queue_timeout or 0.0) * 1000),
+        handoff.mode_of(options),
+    )
     margin = round(options.renew_interval * 500)
-    logger.debug("lease sweep looked at %s: wait %s ms, handed %s", key, got.wait_ms,
-                 got.handed and got.handed.task_id)
+    logger.debug(
+        "lease sweep looked at %s: wait %s ms, handed %s",
+        key,
+        got.wait_ms,
+        got.handed and got.handed.task_id,
+    )
     if got.wait_ms is not None:
         stored.watch(client, prefix, key, got.wait_ms + margin)
         if got.handed is None:
             return 0
         # A limited key's slot reservations past due: their releaser's publish was lost.
-        logger.warning("lease %s: the publish of the run %s handed a slot was lost; "
-                       "publishing it again", key, got.handed.task_id)
+        logger.warning(
+            "lease %s: the publish of the run %s handed a slot was lost; publishing it again",
+            key,
+            got.handed.task_id,
+        )
         return int(handoff.publish_handoff(app, got, key, options, by="sweep") is not None)
     if got.handed is None:
         handoff.publish_handoff(app, got, key, options, by="sweep")
         stored.forget(client, prefix, key, score)
         return 0
-    logger.warning("lease %s: its holder or releaser is gone; handing the key over to "
-                   "the waiting run %s", key, got.handed.task_id)
+    logger.warning(
+        "lease %s: its holder or releaser is gone; handing the key over to the waiting run %s",
+        key,
+        got.handed.task_id,
+    )
     # Looked at again once its reservation is due: it is handed over again if not taken.
     stored.watch(client, prefix, key, options.ttl_ms + margin)
     return int(handoff.publish_handoff(app, got, key, options, by="sweep") is not None)
@@ -131,26 +145,31 @@ class Sweep:
         if not targets:
             return
         interval = min(o.renew_interval for tasks in targets.values() for o in tasks.values())
-        self.thread = threading.Thread(target=self._run, args=(targets, interval),
-                                       name="celery-lease-sweep", daemon=True)
+        self.thread = threading.Thread(
+            target=self._run, args=(targets, interval), name="celery-lease-sweep", daemon=True
+        )
         self.thread.start()
 
     def stop(self) -> None:
         """Stop the thread (returns within one store call)."""
         self.stopped.set()
 
-    def _run(self, targets: dict[tuple[str, str], dict[str, LeaseOptions]],
-             interval: float) -> None:
+    def _run(
+        self, targets: dict[tuple[str, str], dict[str, LeaseOptions]], interval: float
+    ) -> None:
         while not self.stopped.wait(interval):
             for (url, prefix), tasks in targets.items():
                 options = next(iter(tasks.values()))
                 try:
-                    client = store.client_for(url, options.store_timeout,
-                                              options.backend_options)
+                    client = store.client_for(url, options.store_timeout, options.backend_options)
                     sweep_once(self.app, client, prefix, tasks)
                 except RedisError as exc:
-                    logger.warning("lease sweep of %s failed (next pass in %.1fs): %s",
-                                   prefix, interval, store.describe(exc))
+                    logger.warning(
+                        "lease sweep of %s failed (next pass in %.1fs): %s",
+                        prefix,
+                        interval,
+                        store.describe(exc),
+                    )
                 except Exception:  # never let the sweep die silently
                     logger.exception("lease sweep of %s failed", prefix)
 

@@ -58,6 +58,7 @@ __all__ = ["SKIPPED_MARKER", "LeasedTask", "is_skipped"]
 
 logger = logging.getLogger("celery_lease")
 
+
 class LeasedTask(Task):  # type: ignore[misc]
     """Base class for tasks whose executions must not overlap: ``@app.task(base=LeasedTask)``.
 
@@ -114,11 +115,14 @@ class LeasedTask(Task):  # type: ignore[misc]
         if not getattr(cls, "name", None):  # the base class itself, or an unnamed subclass
             return
         where = f"task {cls.name}"
-        given = {n for k in cls.__mro__[:cls.__mro__.index(LeasedTask)] for n in vars(k)}
+        given = {n for k in cls.__mro__[: cls.__mro__.index(LeasedTask)] for n in vars(k)}
         check_task_names(given, app.conf, where)
         check_process_settings(app.conf, "app.conf")
-        check_limit(cls._lease_limit_spec(),
-                    resolve_options(app.conf, cls._lease_task_options(), where), where)
+        check_limit(
+            cls._lease_limit_spec(),
+            resolve_options(app.conf, cls._lease_task_options(), where),
+            where,
+        )
         cls._lease_signature = run_signature(cls)
         sig = cls._lease_signature
         validate_lease_key(cls._lease_key_spec(), lambda: list(sig.parameters), where)
@@ -161,7 +165,8 @@ class LeasedTask(Task):  # type: ignore[misc]
         resolved = cls.__dict__.get("_lease_resolved")
         if resolved is None or resolved[0] != process.pid():
             settings = resolve_settings(
-                self.app.conf, self._lease_task_options(), f"task {self.name}")
+                self.app.conf, self._lease_task_options(), f"task {self.name}"
+            )
             resolved = (process.pid(), settings)
             cls._lease_resolved = resolved
         return resolved[1]  # type: ignore[no-any-return]
@@ -196,15 +201,18 @@ class LeasedTask(Task):  # type: ignore[misc]
         if not isinstance(args, (list, tuple)):
             raise LeaseKeyError(
                 f"task {self.name}: lease_key_for(args={args!r}) takes the positional "
-                f"arguments as a list or tuple, e.g. lease_key_for(({args!r},))")
+                f"arguments as a list or tuple, e.g. lease_key_for(({args!r},))"
+            )
         if kwargs is not None and not isinstance(kwargs, Mapping):
             raise LeaseKeyError(
                 f"task {self.name}: lease_key_for(kwargs={kwargs!r}) takes the keyword "
-                f"arguments as a dict")
+                f"arguments as a dict"
+            )
         options, _, _ = self.lease_settings()
         sig = type(self)._lease_signature or run_signature(type(self))
-        return build_key(options.key_prefix, self.name, sig, self._lease_key_spec(),
-                         tuple(args), kwargs or {})
+        return build_key(
+            options.key_prefix, self.name, sig, self._lease_key_spec(), tuple(args), kwargs or {}
+        )
 
     @property
     def lease(self) -> Lease | None:
@@ -229,8 +237,12 @@ class LeasedTask(Task):  # type: ignore[misc]
                 configured (``lease_backend``, or a Redis ``broker_url``).
         """
         return publishing.apply_async(
-            self, args, kwargs, options,
-            lambda **sent: super(LeasedTask, self).apply_async(args, kwargs, **sent))
+            self,
+            args,
+            kwargs,
+            options,
+            lambda **sent: super(LeasedTask, self).apply_async(args, kwargs, **sent),
+        )
 
     def on_replace(self, sig: Any) -> Any:
         """Celery's replacement hook; in eager mode the holder's lease is released first.
@@ -307,7 +319,10 @@ class LeasedTask(Task):  # type: ignore[misc]
             self._release(lease, ending)
 
     def _acquire(
-        self, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+        self,
+        request: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
         claim: lifecycle.Claim | None = None,
     ) -> Lease | dict[str, Any]:
         settings = self.lease_settings()
@@ -324,8 +339,11 @@ class LeasedTask(Task):  # type: ignore[misc]
             self._store_error(options, key, exc)
         earlier = (request.headers or {}).get(REDELIVERY_HEADER)
         if earlier and conflict.ended(client, key, str(earlier)):
-            logger.info("task %s[%s] already finished in an earlier delivery: not run again",
-                        self.name, request.id)
+            logger.info(
+                "task %s[%s] already finished in an earlier delivery: not run again",
+                self.name,
+                request.id,
+            )
             raise Ignore()
         task_id = request.id or ""
         holder = lifecycle.HolderInfo(self.name, task_id, request.hostname or socket.gethostname())
@@ -340,16 +358,35 @@ class LeasedTask(Task):  # type: ignore[misc]
         for attempt in itertools.count():
             target = interrupt.for_current_context(signum)
             try:
-                got = lifecycle.take(settings, client, key, holder, target, sender=self,
-                                     claim=claim, claimed=claimed, handed_over=handed_over,
-                                     grant=grant, written=written)
+                got = lifecycle.take(
+                    settings,
+                    client,
+                    key,
+                    holder,
+                    target,
+                    sender=self,
+                    claim=claim,
+                    claimed=claimed,
+                    handed_over=handed_over,
+                    grant=grant,
+                    written=written,
+                )
                 written = None  # a second attempt sends its own
             except RedisError as exc:
                 self._store_error(options, key, exc)
             if not isinstance(got, Lease):
                 first_conflict = clock.now() if first_conflict is None else first_conflict
-                got = conflict.handle(self, request, options, key, got, client, attempt,
-                                      clock.now() - first_conflict, claim)
+                got = conflict.handle(
+                    self,
+                    request,
+                    options,
+                    key,
+                    got,
+                    client,
+                    attempt,
+                    clock.now() - first_conflict,
+                    claim,
+                )
                 if got is conflict.AGAIN:
                     continue
             if options.on_conflict == "preempt" and isinstance(got, Lease):
@@ -358,8 +395,14 @@ class LeasedTask(Task):  # type: ignore[misc]
         raise AssertionError("unreachable")
 
     def _lease_key(self, options: LeaseOptions, args: Any, kwargs: Any) -> str:
-        return build_key(options.key_prefix, self.name, type(self)._lease_signature
-                         or run_signature(type(self)), self._lease_key_spec(), args, kwargs)
+        return build_key(
+            options.key_prefix,
+            self.name,
+            type(self)._lease_signature or run_signature(type(self)),
+            self._lease_key_spec(),
+            args,
+            kwargs,
+        )
 
     def _release(self, lease: Lease, ending: str) -> None:
         # Runs before Celery stores the result and acknowledges the message: the release is on
@@ -374,20 +417,32 @@ class LeasedTask(Task):  # type: ignore[misc]
             ended = lifecycle.end(lease, sender=self, release=releaser)
             handoff.publish_released(self, lease, releaser.result)
         else:  # with a preempt grace a newcomer may wait for this end: learn it at once
-            ended = lifecycle.end(lease, sender=self, release=release,
-                                  wait=self._lease_release_wait or options.preempt_grace > 0)
+            ended = lifecycle.end(
+                lease,
+                sender=self,
+                release=release,
+                wait=self._lease_release_wait or options.preempt_grace > 0,
+            )
         error = ended.loss
         if error is not None:
-            self._event(preempt.loss_event(lease, error),
-                        lease_key=lease.key, lease_cause=error.cause,
-                        fencing_token=lease.fencing_token, lease_late=error.late,
-                        lease_holder=f"{self.request.hostname or socket.gethostname()}:"
-                                     f"{lease.pid}")
+            self._event(
+                preempt.loss_event(lease, error),
+                lease_key=lease.key,
+                lease_cause=error.cause,
+                fencing_token=lease.fencing_token,
+                lease_late=error.late,
+                lease_holder=f"{self.request.hostname or socket.gethostname()}:{lease.pid}",
+            )
 
     def _store_error(self, options: LeaseOptions, key: str, exc: RedisError) -> NoReturn:
         error = LeaseStoreUnavailable(key, "acquire", store.describe(exc))
-        logger.error("lease store unavailable, task %s[%s] not run (lease_on_store_error=%s): %s",
-                     self.name, self.request.id, options.on_store_error, error)
+        logger.error(
+            "lease store unavailable, task %s[%s] not run (lease_on_store_error=%s): %s",
+            self.name,
+            self.request.id,
+            options.on_store_error,
+            error,
+        )
         outage.wait_out(self, options, error)  # retried without using up max_retries, or raised
 
     def _event(self, type_: str, **fields: Any) -> None:

@@ -113,10 +113,27 @@ def _start_server(binary: str, directory: str) -> tuple[subprocess.Popen[bytes],
         port = _free_port()
         log = Path(directory) / "redis.log"
         process = subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", directory, "--logfile", str(log),
-             "--maxmemory-policy", "noeviction"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            [
+                binary,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                directory,
+                "--logfile",
+                str(log),
+                "--maxmemory-policy",
+                "noeviction",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + _START_TIMEOUT
         while process.poll() is None and time.monotonic() < deadline:
             try:  # ready once it accepts: an empty server has nothing to load first
@@ -167,4 +184,3 @@ def lease_redis(lease_redis_server: LeaseRedis) -> LeaseRedis:
     """The session's embedded Redis, emptied (``FLUSHALL``) before the test."""
     lease_redis_server.client.flushall()
     return lease_redis_server
-

@@ -22,8 +22,17 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-__all__ = ["DEFAULT_TTL", "MIN_STORE_TIMEOUT", "MIN_TTL", "Durations", "check",
-           "duration_problem", "repair", "resolve", "round_down"]
+__all__ = [
+    "DEFAULT_TTL",
+    "MIN_STORE_TIMEOUT",
+    "MIN_TTL",
+    "Durations",
+    "check",
+    "duration_problem",
+    "repair",
+    "resolve",
+    "round_down",
+]
 
 #: The default ``lease_ttl``, float seconds.
 DEFAULT_TTL = 30.0
@@ -45,8 +54,9 @@ def duration_problem(value: Any) -> str | None:
     except OverflowError:
         seconds = math.inf
     if not math.isfinite(seconds) or seconds <= 0 or seconds > MAX_SECONDS:
-        return (f"must be a finite number of seconds above zero and at most a year "
-                f"({MAX_SECONDS:.0f})")
+        return (
+            f"must be a finite number of seconds above zero and at most a year ({MAX_SECONDS:.0f})"
+        )
     if round(seconds * 1000) < 1:
         return "is below Redis' 1 ms resolution"
     return None
@@ -103,8 +113,7 @@ def repair(d: Durations) -> Durations:
             d = d._replace(interval=third if third / 2 >= MIN_STORE_TIMEOUT else None)
         elif broken[0] == "floor":
             if d.timeout is not None:
-                d = d._replace(timeout=MIN_STORE_TIMEOUT if MIN_STORE_TIMEOUT < interval
-                               else None)
+                d = d._replace(timeout=MIN_STORE_TIMEOUT if MIN_STORE_TIMEOUT < interval else None)
             elif d.interval is not None:
                 d = d._replace(interval=None)
             else:
@@ -123,28 +132,48 @@ def check(d: Durations, names: tuple[str, str, str]) -> list[tuple[str, str]]:
     found = []
     for rule in _broken(d):
         if rule == "half":
-            found.append((f"{interval_name}={interval!r}",
-                          f"is above half of {ttl_name}={ttl!r}: one slow renewal would lose "
-                          f"the lease (at most {ttl_name} / 2; {ttl_name} / 3 or less leaves "
-                          f"time for a second try)"))
+            found.append(
+                (
+                    f"{interval_name}={interval!r}",
+                    f"is above half of {ttl_name}={ttl!r}: one slow renewal would lose "
+                    f"the lease (at most {ttl_name} / 2; {ttl_name} / 3 or less leaves "
+                    f"time for a second try)",
+                )
+            )
         elif rule == "floor":
-            head, given = (f"{timeout_name}={timeout!r}", "is") if d.timeout is not None else (
-                f"{ttl_name}={ttl!r}", f"gives a store timeout (min({interval_name} / 2, 2.0) "
-                f"with {interval_name}={interval:.4g}) of")
-            found.append((head, f"{given} {timeout * 1000:.0f} ms, below the "
-                          f"{MIN_STORE_TIMEOUT * 1000:.0f} ms floor: a healthy store call (a "
-                          f"network round trip plus a GC or scheduling pause) would time out "
-                          f"and renewals fail. The smallest {ttl_name} that works is {MIN_TTL} "
-                          f"(with {interval_name} and {timeout_name} unset)"))
+            head, given = (
+                (f"{timeout_name}={timeout!r}", "is")
+                if d.timeout is not None
+                else (
+                    f"{ttl_name}={ttl!r}",
+                    f"gives a store timeout (min({interval_name} / 2, 2.0) "
+                    f"with {interval_name}={interval:.4g}) of",
+                )
+            )
+            found.append(
+                (
+                    head,
+                    f"{given} {timeout * 1000:.0f} ms, below the "
+                    f"{MIN_STORE_TIMEOUT * 1000:.0f} ms floor: a healthy store call (a "
+                    f"network round trip plus a GC or scheduling pause) would time out "
+                    f"and renewals fail. The smallest {ttl_name} that works is {MIN_TTL} "
+                    f"(with {interval_name} and {timeout_name} unset)",
+                )
+            )
         else:
-            found.append((f"{timeout_name}={timeout!r}",
-                          f"must be shorter than {interval_name}={interval!r}, or a hanging "
-                          f"renewal silently becomes no renewal"))
+            found.append(
+                (
+                    f"{timeout_name}={timeout!r}",
+                    f"must be shorter than {interval_name}={interval!r}, or a hanging "
+                    f"renewal silently becomes no renewal",
+                )
+            )
     return found
 
 
-def resolve(raw: tuple[Any, Any, Any], names: tuple[str, str, str]
-            ) -> tuple[Durations, list[tuple[str, str]]]:
+def resolve(
+    raw: tuple[Any, Any, Any], names: tuple[str, str, str]
+) -> tuple[Durations, list[tuple[str, str]]]:
     """Check the TTL, interval and timeout as given (``raw``; None: unset, derived) and return
     them with every problem found, as :func:`check` does; the last problem ends with the fix
     for all of them (:func:`repair`), e.g. ``Fix: lease_ttl=0.3 and leave
@@ -163,10 +192,11 @@ def resolve(raw: tuple[Any, Any, Any], names: tuple[str, str, str]
     found += check(given, names)
     if found:
         fixed = repair(given)
-        changes = [f"leave {name} unset" if after is None else f"{name}={after!r}"
-                   for name, before, after, bad in zip(names, given, fixed, unusable,
-                                                       strict=True)
-                   if after != before or bad]
+        changes = [
+            f"leave {name} unset" if after is None else f"{name}={after!r}"
+            for name, before, after, bad in zip(names, given, fixed, unusable, strict=True)
+            if after != before or bad
+        ]
         head, why = found[-1]
         found[-1] = (head, f"{why}. Fix: {' and '.join(changes)}")
     return given, found

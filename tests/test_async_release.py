@@ -32,8 +32,9 @@ CALLS = 2000
 
 
 @pytest.fixture(scope="module", params=["solo", "prefork"])
-def rig(request: pytest.FixtureRequest, broker: RedisServer,
-        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+def rig(
+    request: pytest.FixtureRequest, broker: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Rig]:
     rig = Rig(broker, request.param, tmp_path_factory.mktemp(request.param), ttl=30.0)
     yield rig
     rig.close()
@@ -57,23 +58,33 @@ def test_a_process_killed_right_after_writing_its_release_still_releases(rig: Ri
     # The earlier test's counters (already noting their releases) are not this execution's.
     earlier = set(rig.leases.scan_iter("lease:*:fence"))
     rig.send("echo", "killed", 0, queue=queue)
-    key = wait_for(lambda: next((k for k in rig.leases.scan_iter("lease:*:fence")
-                                 if k not in earlier), None), 20, message=rig.logs)
+    key = wait_for(
+        lambda: next((k for k in rig.leases.scan_iter("lease:*:fence") if k not in earlier), None),
+        20,
+        message=rig.logs,
+    )
     # The release script notes the released token beside the fencing counter: the key went
     # because it was released, long before its 30 s TTL could expire it.
-    wait_for(lambda: b":" in (rig.leases.get(key) or b""), 10,
-             message=lambda: f"not released: {rig.leases.get(key)!r}\n{rig.logs()}")
+    wait_for(
+        lambda: b":" in (rig.leases.get(key) or b""),
+        10,
+        message=lambda: f"not released: {rig.leases.get(key)!r}\n{rig.logs()}",
+    )
     assert rig.lease_keys() == []
 
 
 # -- in process: a reply that never arrives ----------------------------------------------------
 
+
 @pytest.fixture
 def proxied(redis_server: RedisServer, tmp_path: Path) -> Iterator[tuple[TcpProxy, Celery]]:
     with TcpProxy(redis_server.port) as proxy:
         app = Celery("pending", broker="memory://", set_as_current=False)
-        app.conf.update(lease_backend=f"redis://127.0.0.1:{proxy.port}/0", lease_ttl=1.5,
-                        lease_store_timeout=0.4)
+        app.conf.update(
+            lease_backend=f"redis://127.0.0.1:{proxy.port}/0",
+            lease_ttl=1.5,
+            lease_store_timeout=0.4,
+        )
         yield proxy, app
         proxy.heal()
         for lease in heartbeat().held():
@@ -82,15 +93,22 @@ def proxied(redis_server: RedisServer, tmp_path: Path) -> Iterator[tuple[TcpProx
 
 
 def test_a_release_whose_reply_never_arrives_holds_nothing_past_one_ttl(
-    proxied: tuple[TcpProxy, Celery], redis_server: RedisServer,
+    proxied: tuple[TcpProxy, Celery],
+    redis_server: RedisServer,
 ) -> None:
     proxy, app = proxied
     settings = resolve_settings(app.conf, {}, "test")
     client = store.client_for(settings.url, settings.options.store_timeout)
     direct = redis_server.client()
     with received(signals.lease_released) as ended:
-        got = lifecycle.take(settings, client, "lease:{unanswered}",
-                             lifecycle.HolderInfo("t", "id", "h"), NoTarget(), sender="t")
+        got = lifecycle.take(
+            settings,
+            client,
+            "lease:{unanswered}",
+            lifecycle.HolderInfo("t", "id", "h"),
+            NoTarget(),
+            sender="t",
+        )
         assert isinstance(got, Lease)
         proxy.blackhole()
         ending = lifecycle.end(got, sender="t", wait=False)
@@ -99,15 +117,19 @@ def test_a_release_whose_reply_never_arrives_holds_nothing_past_one_ttl(
         assert [e["released"] for e in ended] == [None]  # sent as the execution ends
         # The heartbeat gives up on the reply once the store timeout has passed (at its next
         # wake-up, within a second), without waiting for it, and gives the connection back.
-        wait_for(lambda: not pending.has_pending(), 0.4 + 1.0 + 1.0,
-                 message="the unanswered release is still pending")
+        wait_for(
+            lambda: not pending.has_pending(),
+            0.4 + 1.0 + 1.0,
+            message="the unanswered release is still pending",
+        )
         # Nothing reached the server: the key lapses with its TTL, never later.
         wait_for(lambda: direct.exists("lease:{unanswered}") == 0, 1.5 + 0.5)
         assert time.monotonic() - ended_at < 1.5 + 0.5
 
 
 def test_the_next_acquire_waits_for_an_unanswered_release_at_most_the_store_timeout(
-    proxied: tuple[TcpProxy, Celery], redis_server: RedisServer,
+    proxied: tuple[TcpProxy, Celery],
+    redis_server: RedisServer,
 ) -> None:
     proxy, app = proxied
     settings = resolve_settings(app.conf, {}, "test")

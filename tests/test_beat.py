@@ -50,8 +50,9 @@ BEAT_KEY = "lease:{celery.beat:ops_app}"
 class BeatProcess:
     """One ``celery -A <app> beat`` subprocess with its own schedule file, pidfile and log."""
 
-    def __init__(self, env: Mapping[str, str], log_dir: Path, name: str,
-                 leased: bool = True, app: str = APP) -> None:
+    def __init__(
+        self, env: Mapping[str, str], log_dir: Path, name: str, leased: bool = True, app: str = APP
+    ) -> None:
         self.env = dict(env)
         self.name, self.app = name, app
         self.log_path = log_dir / f"beat-{name}.log"
@@ -60,18 +61,36 @@ class BeatProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> BeatProcess:
-        command = [sys.executable, "-m", "celery", "-A", self.app, "beat", "-l", "info",
-                   "-s", str(self.dir / f"schedule-{self.name}"),
-                   "--pidfile", str(self.dir / f"beat-{self.name}.pid")]
+        command = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            self.app,
+            "beat",
+            "-l",
+            "info",
+            "-s",
+            str(self.dir / f"schedule-{self.name}"),
+            "--pidfile",
+            str(self.dir / f"beat-{self.name}.pid"),
+        ]
         if self.leased:
             command += ["-S", "celery_lease.beat:LeasedScheduler"]
         environ = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         environ["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPO_ROOT), environ.get("PYTHONPATH", "")) if p)
+            p for p in (str(REPO_ROOT), environ.get("PYTHONPATH", "")) if p
+        )
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=environ, cwd=self.dir, start_new_session=True)
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=environ,
+                cwd=self.dir,
+                start_new_session=True,
+            )
         return self
 
     @property
@@ -130,8 +149,14 @@ def _leader_pid(client: redis.Redis) -> int | None:
 def test_overlong_periodic_run_never_overlaps_and_the_skip_is_visible(
     redis_url: str, worker_factory: WorkerFactory, beats: list[BeatProcess], tmp_path: Path
 ) -> None:
-    env = _env(redis_url, worker_factory.queue, BEAT_PERIOD="0.4", SLOW_SECONDS="1.0",
-               LEASE_TTL="1.5", RECORD_SIGNALS="1")
+    env = _env(
+        redis_url,
+        worker_factory.queue,
+        BEAT_PERIOD="0.4",
+        SLOW_SECONDS="1.0",
+        LEASE_TTL="1.5",
+        RECORD_SIGNALS="1",
+    )
     worker = worker_factory(APP, pool="threads", concurrency=3, env=env)
     beat = BeatProcess(env, tmp_path, "solo-beat", leased=False).start()
     beats.append(beat)
@@ -141,8 +166,12 @@ def test_overlong_periodic_run_never_overlaps_and_the_skip_is_visible(
         conflicts = [s for s in _records(client, "signals") if s["signal"] == "lease_conflict"]
         return len(_records(client, "runs:beat")) >= 3 and len(conflicts) >= 3
 
-    wait_for(enough, 25, interval=0.1,
-             message=lambda: f"beat:\n{beat.log()[-2000:]}\nworker:\n{worker.log_tail()}")
+    wait_for(
+        enough,
+        25,
+        interval=0.1,
+        message=lambda: f"beat:\n{beat.log()[-2000:]}\nworker:\n{worker.log_tail()}",
+    )
     beat.stop()
     runs = sorted(_records(client, "runs:beat"), key=lambda r: r["start"])
     for earlier, later in itertools.pairwise(runs):
@@ -154,7 +183,8 @@ def test_overlong_periodic_run_never_overlaps_and_the_skip_is_visible(
     assert conflict["key"].startswith("lease:{ops.slow")
     assert conflict["policy"] == "skip"
     assert conflict["holder_task_id"] in {r["id"] for r in runs} | {
-        s["task_id"] for s in _records(client, "signals") if s["signal"] == "lease_acquired"}
+        s["task_id"] for s in _records(client, "signals") if s["signal"] == "lease_acquired"
+    }
     assert conflict["remaining"] > 0
     assert "skipped: task ops.slow[" in worker.log_text()
     assert "result stored as SUCCESS with a skip marker" in worker.log_text()
@@ -173,8 +203,9 @@ def test_two_beats_elect_one_leader_and_fail_over_on_kill_and_pause(
     redis_url: str, worker_factory: WorkerFactory, beats: list[BeatProcess], tmp_path: Path
 ) -> None:
     ttl = 1.5
-    env = _env(redis_url, worker_factory.queue, BEAT_PERIOD="0.25", BEAT_TASK="tick",
-               BEAT_TTL=str(ttl))
+    env = _env(
+        redis_url, worker_factory.queue, BEAT_PERIOD="0.25", BEAT_TASK="tick", BEAT_TTL=str(ttl)
+    )
     worker = worker_factory(APP, pool="solo", env=env)
     client = redis.Redis.from_url(redis_url)
     b1 = BeatProcess(env, tmp_path, "b1").start()
@@ -183,8 +214,10 @@ def test_two_beats_elect_one_leader_and_fail_over_on_kill_and_pause(
     by_pid = {b1.pid: b1, b2.pid: b2}
 
     def logs() -> str:
-        return "\n".join(f"--- {b.name}\n{b.log()[-1500:]}" for b in beats) + \
-            f"\n--- worker\n{worker.log_tail()}"
+        return (
+            "\n".join(f"--- {b.name}\n{b.log()[-1500:]}" for b in beats)
+            + f"\n--- worker\n{worker.log_tail()}"
+        )
 
     first_pid = wait_for(lambda: _leader_pid(client), 20, message=logs)
     leader = by_pid[first_pid]
@@ -200,8 +233,9 @@ def test_two_beats_elect_one_leader_and_fail_over_on_kill_and_pause(
     takeover = time.monotonic() - killed_at
     assert takeover <= ttl + 0.5, f"takeover took {takeover:.2f}s"
     count = len(_ticks_by(client))
-    wait_for(lambda: any(pid == standby.pid for pid, _ in _ticks_by(client)[count:]), 10,
-             message=logs)
+    wait_for(
+        lambda: any(pid == standby.pid for pid, _ in _ticks_by(client)[count:]), 10, message=logs
+    )
 
     # 2. A third beat joins as standby; pause the leader (SIGSTOP) for longer than the TTL.
     current = standby
@@ -214,8 +248,11 @@ def test_two_beats_elect_one_leader_and_fail_over_on_kill_and_pause(
     assert time.monotonic() - paused_at <= ttl + 0.5
     resumed_log_at = len(current.log())
     current.signal(signal.SIGCONT)
-    wait_for(lambda: "lost leadership, back to standby" in current.log()[resumed_log_at:], 10,
-             message=logs)
+    wait_for(
+        lambda: "lost leadership, back to standby" in current.log()[resumed_log_at:],
+        10,
+        message=logs,
+    )
     after = current.log()[resumed_log_at:]
     before_loss = after.split("lost leadership, back to standby", 1)[0]
     # It noticed the loss before sending anything, and never sends while standby.
@@ -231,26 +268,37 @@ def test_two_beats_elect_one_leader_and_fail_over_on_kill_and_pause(
     b3.signal(signal.SIGKILL)
     wait_for(lambda: _leader_pid(client) == current.pid, ttl + 3, interval=0.01, message=logs)
     count = len(_ticks_by(client))
-    wait_for(lambda: any(pid == current.pid for pid, _ in _ticks_by(client)[count:]), 10,
-             message=logs)
+    wait_for(
+        lambda: any(pid == current.pid for pid, _ in _ticks_by(client)[count:]), 10, message=logs
+    )
     fences = [store.parse_value(client.get(BEAT_KEY) or b"").fencing_token]
     assert fences[0] > 0
 
 
-def _ticking(redis_url: str, worker_factory: WorkerFactory, period: float,
-             ttl: float) -> tuple[dict[str, str], redis.Redis]:
+def _ticking(
+    redis_url: str, worker_factory: WorkerFactory, period: float, ttl: float
+) -> tuple[dict[str, str], redis.Redis]:
     """A solo worker running ``ops.tick``, and the beat environment that sends it every
     ``period`` with a ``ttl`` leader lease; returns it and a client of the store."""
-    env = _env(redis_url, worker_factory.queue, BEAT_PERIOD=str(period), BEAT_TASK="tick",
-               BEAT_TTL=str(ttl))
+    env = _env(
+        redis_url,
+        worker_factory.queue,
+        BEAT_PERIOD=str(period),
+        BEAT_TASK="tick",
+        BEAT_TTL=str(ttl),
+    )
     worker_factory(APP, pool="solo", env=env)
     return env, redis.Redis.from_url(redis_url)
 
 
-@pytest.mark.parametrize("offset", [0.0, -4.0, 6.0],
-                         ids=["clocks agree", "leader 4 s slow", "leader 6 s fast"])
+@pytest.mark.parametrize(
+    "offset", [0.0, -4.0, 6.0], ids=["clocks agree", "leader 4 s slow", "leader 6 s fast"]
+)
 def test_a_graceful_stop_hands_over_at_once_and_the_successor_sends_one_period_after_the_last(
-    redis_url: str, worker_factory: WorkerFactory, beats: list[BeatProcess], tmp_path: Path,
+    redis_url: str,
+    worker_factory: WorkerFactory,
+    beats: list[BeatProcess],
+    tmp_path: Path,
     offset: float,
 ) -> None:
     # A long TTL: only the release on shutdown explains a fast takeover. The successor's own
@@ -268,21 +316,18 @@ def test_a_graceful_stop_hands_over_at_once_and_the_successor_sends_one_period_a
     successor = BeatProcess(env, tmp_path, "successor").start()
     beats.append(successor)
     wait_for(lambda: "standby; leader is" in successor.log(), 20, message=successor.log)
-    wait_for(lambda: len(_ticks_by(client)) == 1, period + 10, interval=0.01,
-             message=leader.log)
+    wait_for(lambda: len(_ticks_by(client)) == 1, period + 10, interval=0.01, message=leader.log)
     leader.stop()  # SIGTERM: beat syncs, the scheduler closes and releases the lease
     stopped_at = time.monotonic()
-    wait_for(lambda: _leader_pid(client) == successor.pid, 10, interval=0.01,
-             message=successor.log)
+    wait_for(lambda: _leader_pid(client) == successor.pid, 10, interval=0.01, message=successor.log)
     assert time.monotonic() - stopped_at < 5  # far below the 20 s TTL
-    wait_for(lambda: "loaded 1 last-run time(s)" in successor.log(), 5,
-             message=successor.log)
-    wait_for(lambda: len(_ticks_by(client)) == 2, period + 10, interval=0.01,
-             message=successor.log)
+    wait_for(lambda: "loaded 1 last-run time(s)" in successor.log(), 5, message=successor.log)
+    wait_for(lambda: len(_ticks_by(client)) == 2, period + 10, interval=0.01, message=successor.log)
     (pid1, at1), (pid2, at2) = _ticks_by(client)
     assert (pid1, pid2) == (leader.pid, successor.pid)
-    assert period - 0.75 <= at2 - at1 <= period + 1.5, \
+    assert period - 0.75 <= at2 - at1 <= period + 1.5, (
         f"the successor sent {at2 - at1:.2f}s after the leader's last send (period {period}s)"
+    )
 
 
 def test_a_clean_stop_wakes_a_standby_that_would_not_try_again_for_a_renew_interval(
@@ -299,8 +344,7 @@ def test_a_clean_stop_wakes_a_standby_that_would_not_try_again_for_a_renew_inter
     beats.append(standby)
     wait_for(lambda: "standby; leader is" in standby.log(), 20, message=standby.log)
     leader.stop()
-    wait_for(lambda: _leader_pid(client) == standby.pid, 5, interval=0.01,
-             message=standby.log)
+    wait_for(lambda: _leader_pid(client) == standby.pid, 5, interval=0.01, message=standby.log)
     assert "released leadership" in leader.log()
 
 
@@ -324,8 +368,9 @@ class RecordingScheduler(Scheduler):  # type: ignore[misc]
 
     sent: list[str]
 
-    def apply_async(self, entry: Any, producer: Any = None, advance: bool = True,
-                    **kwargs: Any) -> Any:
+    def apply_async(
+        self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
+    ) -> Any:
         self.sent = [*getattr(self, "sent", []), entry.name]
         # What Celery's apply_async returns: Celery 5.3.0 logs its ``id`` unconditionally.
         return SimpleNamespace(id=f"recorded-{len(self.sent)}")
@@ -334,13 +379,16 @@ class RecordingScheduler(Scheduler):  # type: ignore[misc]
 def _recording_app(name: str, redis_url: str, ttl: float, every: float) -> Celery:
     """An app whose beat wraps a :class:`RecordingScheduler` with one entry, ``every``."""
     app = Celery(name, broker=redis_url)
-    app.conf.update(beat_scheduler="tests.test_beat:RecordingScheduler", lease_beat_ttl=ttl,
-                    beat_schedule={"every": {"task": "x.y", "schedule": every}})
+    app.conf.update(
+        beat_scheduler="tests.test_beat:RecordingScheduler",
+        lease_beat_ttl=ttl,
+        beat_schedule={"every": {"task": "x.y", "schedule": every}},
+    )
     return app
 
 
 def test_leased_scheduler_wraps_the_configured_scheduler_and_only_the_leader_sends(
-    redis_url: str
+    redis_url: str,
 ) -> None:
     app = _recording_app("wrapped", redis_url, ttl=1.0, every=0.05)
     lazy = LeasedScheduler(app=app, lazy=True)
@@ -353,8 +401,9 @@ def test_leased_scheduler_wraps_the_configured_scheduler_and_only_the_leader_sen
 
     def ticks(scheduler: LeasedScheduler, until: float) -> None:
         end = time.monotonic() + until
-        wait_for(lambda: scheduler.tick() is None or time.monotonic() >= end, until + 1,
-                 interval=0.01)
+        wait_for(
+            lambda: scheduler.tick() is None or time.monotonic() >= end, until + 1, interval=0.01
+        )
 
     ticks(first, 0.3)
     ticks(second, 0.3)
@@ -373,15 +422,22 @@ def test_leased_scheduler_wraps_the_configured_scheduler_and_only_the_leader_sen
 
 
 def test_a_send_the_last_run_record_calls_early_is_not_made_and_the_record_is_loaded_again(
-    redis_url: str
+    redis_url: str,
 ) -> None:
     # A wrapped scheduler that re-read an older last run from its own storage after a
     # take-over (django-celery-beat's database) would send what the old leader just sent.
     app = _recording_app("early", redis_url, ttl=5.0, every=3600.0)
     scheduler = LeasedScheduler(app=app)
     try:
-        wait_for(lambda: scheduler.tick() is not None and scheduler.leader is not None
-                 and scheduler.leader.is_leader, 5, interval=0.01)
+        wait_for(
+            lambda: (
+                scheduler.tick() is not None
+                and scheduler.leader is not None
+                and scheduler.leader.is_leader
+            ),
+            5,
+            interval=0.01,
+        )
         assert scheduler.leader is not None
         scheduler.leader.record_run("every", 3600.0)  # the old leader sent it just now
         stale = app.now() - datetime.timedelta(hours=2)
@@ -400,8 +456,14 @@ def test_two_beats_wrapping_redbeat_elect_one_leader_and_fail_over(
     redis_url: str, worker_factory: WorkerFactory, beats: list[BeatProcess], tmp_path: Path
 ) -> None:
     ttl = 1.5
-    env = _env(redis_url, worker_factory.queue, BEAT_PERIOD="0.25", BEAT_TASK="tick",
-               BEAT_TTL=str(ttl), BEAT_INNER="redbeat")
+    env = _env(
+        redis_url,
+        worker_factory.queue,
+        BEAT_PERIOD="0.25",
+        BEAT_TASK="tick",
+        BEAT_TTL=str(ttl),
+        BEAT_INNER="redbeat",
+    )
     worker = worker_factory(APP, pool="solo", env=env)
     client = redis.Redis.from_url(redis_url)
     b1 = BeatProcess(env, tmp_path, "r1").start()
@@ -409,8 +471,10 @@ def test_two_beats_wrapping_redbeat_elect_one_leader_and_fail_over(
     beats += [b1, b2]
 
     def logs() -> str:
-        return "\n".join(f"--- {b.name}\n{b.log()[-1500:]}" for b in beats) + \
-            f"\n--- worker\n{worker.log_tail()}"
+        return (
+            "\n".join(f"--- {b.name}\n{b.log()[-1500:]}" for b in beats)
+            + f"\n--- worker\n{worker.log_tail()}"
+        )
 
     first_pid = wait_for(lambda: _leader_pid(client), 20, message=logs)
     leader, standby = (b1, b2) if first_pid == b1.pid else (b2, b1)
@@ -431,14 +495,18 @@ def test_a_scheduler_that_sends_by_apply_async_directly_is_guarded_too(redis_url
     # RedBeat's tick calls apply_async itself, never apply_entry: a beat that lost the lease
     # between its election and the send must not send.
     app = Celery("redbeat_guard", broker=redis_url)
-    app.conf.update(lease_beat_scheduler="redbeat.RedBeatScheduler", redbeat_redis_url=redis_url,
-                    redbeat_lock_key=None, lease_beat_ttl=2.0, task_default_queue="guarded",
-                    beat_schedule={"every": {"task": "x.y", "schedule": 0.05}})
+    app.conf.update(
+        lease_beat_scheduler="redbeat.RedBeatScheduler",
+        redbeat_redis_url=redis_url,
+        redbeat_lock_key=None,
+        lease_beat_ttl=2.0,
+        task_default_queue="guarded",
+        beat_schedule={"every": {"task": "x.y", "schedule": 0.05}},
+    )
     scheduler = LeasedScheduler(app=app)
     client = redis.Redis.from_url(redis_url)
     try:
-        wait_for(lambda: client.llen("guarded") > 0 or scheduler.tick() is None, 5,
-                 interval=0.02)
+        wait_for(lambda: client.llen("guarded") > 0 or scheduler.tick() is None, 5, interval=0.02)
         assert scheduler.leader is not None and scheduler.leader.is_leader
         assert type(scheduler.inner).__name__ == "RedBeatScheduler"
         sent = client.llen("guarded")
@@ -452,30 +520,55 @@ def test_a_scheduler_that_sends_by_apply_async_directly_is_guarded_too(redis_url
 
 
 def test_an_unnamed_apps_beat_refuses_to_guess_a_leader_key_in_one_line(
-    redis_url: str, tmp_path: Path,
+    redis_url: str,
+    tmp_path: Path,
 ) -> None:
-    environ = {**os.environ, BROKER_URL_ENV: redis_url, "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": os.pathsep.join(
-                   p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    environ = {
+        **os.environ,
+        BROKER_URL_ENV: redis_url,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+        ),
+    }
     done = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.apps.unnamed_app", "beat", "-l", "info",
-         "-s", str(tmp_path / "schedule")], capture_output=True, text=True, env=environ,
-        cwd=tmp_path, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.apps.unnamed_app",
+            "beat",
+            "-l",
+            "info",
+            "-s",
+            str(tmp_path / "schedule"),
+        ],
+        capture_output=True,
+        text=True,
+        env=environ,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert done.returncode == EX_CONFIG, done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     error = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
     assert len(error) == 1 and error[0].startswith(
         "Error: celery-lease refused to start this beat: celery beat leader lease: the app has "
-        "no name"), done.stderr
+        "no name"
+    ), done.stderr
     assert "Set lease_beat_key" in error[0]
     assert redis.Redis.from_url(redis_url).keys("lease:*") == []  # no election took place
 
 
 def _beat_app(name: str | None, redis_url: str, queue: str, **conf: Any) -> Celery:
     app = Celery(name, broker=redis_url, set_as_current=False)
-    app.conf.update(lease_beat_ttl=1.0, task_default_queue=queue,
-                    beat_schedule={f"{queue}-entry": {"task": f"{queue}.task", "schedule": 0.05}},
-                    **conf)
+    app.conf.update(
+        lease_beat_ttl=1.0,
+        task_default_queue=queue,
+        beat_schedule={f"{queue}-entry": {"task": f"{queue}.task", "schedule": 0.05}},
+        **conf,
+    )
     return app
 
 
@@ -484,29 +577,44 @@ def _lead(scheduler: LeasedScheduler, client: redis.Redis, queue: str) -> None:
 
 
 def test_apps_on_one_redis_each_lead_their_own_schedule(
-    redis_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    redis_url: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="celery_lease")
     client = redis.Redis.from_url(redis_url)
     schedulers = [
-        LeasedScheduler(app=_beat_app("billing", redis_url, "billing"),
-                        schedule_filename=str(tmp_path / "billing")),
-        LeasedScheduler(app=_beat_app("reports", redis_url, "reports"),
-                        schedule_filename=str(tmp_path / "reports")),
-        LeasedScheduler(app=_beat_app(None, redis_url, "first-unnamed",
-                                      lease_beat_key="lease:{celery.beat:first}"),
-                        schedule_filename=str(tmp_path / "first")),
-        LeasedScheduler(app=_beat_app("__main__", redis_url, "second-unnamed",
-                                      lease_beat_key="lease:{celery.beat:second}"),
-                        schedule_filename=str(tmp_path / "second")),
+        LeasedScheduler(
+            app=_beat_app("billing", redis_url, "billing"),
+            schedule_filename=str(tmp_path / "billing"),
+        ),
+        LeasedScheduler(
+            app=_beat_app("reports", redis_url, "reports"),
+            schedule_filename=str(tmp_path / "reports"),
+        ),
+        LeasedScheduler(
+            app=_beat_app(
+                None, redis_url, "first-unnamed", lease_beat_key="lease:{celery.beat:first}"
+            ),
+            schedule_filename=str(tmp_path / "first"),
+        ),
+        LeasedScheduler(
+            app=_beat_app(
+                "__main__", redis_url, "second-unnamed", lease_beat_key="lease:{celery.beat:second}"
+            ),
+            schedule_filename=str(tmp_path / "second"),
+        ),
     ]
     try:
         for scheduler in schedulers:
             _lead(scheduler, client, scheduler.app.conf.task_default_queue)
         assert all(s.leader is not None and s.leader.is_leader for s in schedulers)
         assert [s.leader.key for s in schedulers if s.leader] == [
-            "lease:{celery.beat:billing}", "lease:{celery.beat:reports}",
-            "lease:{celery.beat:first}", "lease:{celery.beat:second}"]
+            "lease:{celery.beat:billing}",
+            "lease:{celery.beat:reports}",
+            "lease:{celery.beat:first}",
+            "lease:{celery.beat:second}",
+        ]
         for queue in ("billing", "reports", "first-unnamed", "second-unnamed"):
             assert client.llen(queue) > 0, queue  # each schedule is sent by its own leader
         became = [r for r in caplog.records if r.getMessage().startswith("beat: became leader")]
@@ -537,8 +645,10 @@ def test_two_beats_sending_a_preempt_job_replace_the_run_that_outlived_its_perio
     beats += pair
 
     def logs() -> str:
-        return "\n".join(f"--- {b.name}\n{b.log()[-1500:]}" for b in pair) + \
-            f"\n--- worker\n{worker.log_tail()}"
+        return (
+            "\n".join(f"--- {b.name}\n{b.log()[-1500:]}" for b in pair)
+            + f"\n--- worker\n{worker.log_tail()}"
+        )
 
     def replaced() -> list[dict[str, Any]]:
         return [r for r in journal.read(redis_url, tag) if r["what"] == "end"]

@@ -19,8 +19,15 @@ __all__ = ["beats"]  # the fixture, used by name
 def test_ticks_during_a_long_run_coalesce_into_one_run_that_follows_it(
     redis_url: str, worker_factory: WorkerFactory, beats: list[BeatProcess], tmp_path: Path
 ) -> None:
-    env = _env(redis_url, worker_factory.queue, BEAT_PERIOD="0.3", SLOW_SECONDS="1.2",
-               LEASE_TTL="2.0", LEASE_ON_CONFLICT="coalesce", RECORD_SIGNALS="1")
+    env = _env(
+        redis_url,
+        worker_factory.queue,
+        BEAT_PERIOD="0.3",
+        SLOW_SECONDS="1.2",
+        LEASE_TTL="2.0",
+        LEASE_ON_CONFLICT="coalesce",
+        RECORD_SIGNALS="1",
+    )
     worker = worker_factory(APP, pool="threads", concurrency=3, env=env)
     beat = BeatProcess(env, tmp_path, "coalesce-beat", leased=False).start()
     beats.append(beat)
@@ -29,14 +36,20 @@ def test_ticks_during_a_long_run_coalesce_into_one_run_that_follows_it(
     def coalesced() -> list[dict[str, str]]:
         return [s for s in _records(client, "signals") if s["signal"] == "lease_coalesced"]
 
-    wait_for(lambda: len(_records(client, "runs:beat")) >= 3 and len(coalesced()) >= 6, 30,
-             interval=0.1,
-             message=lambda: f"beat:\n{beat.log()[-2000:]}\nworker:\n{worker.log_tail()}")
+    wait_for(
+        lambda: len(_records(client, "runs:beat")) >= 3 and len(coalesced()) >= 6,
+        30,
+        interval=0.1,
+        message=lambda: f"beat:\n{beat.log()[-2000:]}\nworker:\n{worker.log_tail()}",
+    )
     beat.stop()
     pending = {s["into"] for s in coalesced()}
     # Once quiet, every pending run has run: no trigger was lost.
-    wait_for(lambda: pending <= {r["id"] for r in _records(client, "runs:beat")}, 20,
-             message=lambda: f"{pending} {_records(client, 'runs:beat')}")
+    wait_for(
+        lambda: pending <= {r["id"] for r in _records(client, "runs:beat")},
+        20,
+        message=lambda: f"{pending} {_records(client, 'runs:beat')}",
+    )
     runs = sorted(_records(client, "runs:beat"), key=lambda r: r["start"])
     for earlier, later in itertools.pairwise(runs):
         assert later["start"] >= earlier["end"], f"runs overlapped: {earlier} {later}"

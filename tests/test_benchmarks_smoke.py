@@ -19,8 +19,7 @@ PLOTS = ("cycle.png", "overhead.png", "renewal.png", "detection.png", "stall.png
 
 
 def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(
-        value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @pytest.mark.timeout(150)
@@ -28,7 +27,10 @@ def test_quick_run_produces_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--quick", "--out", str(out)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=140,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=140,
     )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
 
@@ -48,11 +50,15 @@ def test_quick_run_produces_every_figure(tmp_path: Path) -> None:
             assert _number(ratio["median"])
     for n in renewal.NS:  # 3: every N, and python-redis-lock where it runs
         assert _number(results["renewal"]["passes"][str(n)]["round_trips_per_pass"])
-        assert _number(results["renewal"]["steady"]["celery_lease"][str(n)]
-                       ["cpu_percent_of_one_core"])
+        assert _number(
+            results["renewal"]["steady"]["celery_lease"][str(n)]["cpu_percent_of_one_core"]
+        )
         lock = results["renewal"]["steady"]["python_redis_lock"][str(n)]
-        assert "not_run" in lock if n not in renewal.REDIS_LOCK_NS else _number(
-            lock["round_trips_per_interval"])
+        assert (
+            "not_run" in lock
+            if n not in renewal.REDIS_LOCK_NS
+            else _number(lock["round_trips_per_interval"])
+        )
     for pool in detection.POOLS:  # 4: every pool, cause and body
         for cause in detection.CAUSES:
             for body in detection.BODIES:
@@ -83,11 +89,17 @@ def test_the_publish_benchmark_counts_one_lease_store_round_trip_per_dedupe_publ
     from benchmarks import publish
 
     found = publish.measure(publishes=20, rounds=1)
-    trips = {name: (v["broker"]["round_trips"], v["lease store"]["round_trips"])
-             for name, v in found.items()}
-    assert trips == {"plain": (1.0, 0.0), "dedupe, published": (1.0, 1.0),
-                     "dedupe, deduplicated": (0.0, 1.0), "debounce, new burst": (1.0, 2.0),
-                     "debounce, joined": (0.0, 1.0)}
+    trips = {
+        name: (v["broker"]["round_trips"], v["lease store"]["round_trips"])
+        for name, v in found.items()
+    }
+    assert trips == {
+        "plain": (1.0, 0.0),
+        "dedupe, published": (1.0, 1.0),
+        "dedupe, deduplicated": (0.0, 1.0),
+        "debounce, new burst": (1.0, 2.0),
+        "debounce, joined": (0.0, 1.0),
+    }
     assert all(_number(v["us_per_publish"]["median"]) for v in found.values())
 
 

@@ -28,27 +28,49 @@ T0 = 1_700_000_000.0
 FENCE = 1_800_000_000_000_000  # fencing tokens are microseconds: far above 2**53 / 1000
 
 
-def run(token: str, fence: int, start: float, end: float | None, key: str = "k1",
-        **extra: object) -> Execution:
+def run(
+    token: str, fence: int, start: float, end: float | None, key: str = "k1", **extra: object
+) -> Execution:
     """An execution granted in [start - 0.01, start] whose body ended at ``end``."""
-    fields = {"token": token, "key": key, "job": f"job-{token}", "task_id": f"task-{token}",
-              "fence": fence, "worker": "w@host", "pid": 100, "grant_lower": start - 0.01,
-              "grant_upper": start, "body_end": end, "outcome": "ok", "released": True,
-              "confirmed_lower": None}
+    fields = {
+        "token": token,
+        "key": key,
+        "job": f"job-{token}",
+        "task_id": f"task-{token}",
+        "fence": fence,
+        "worker": "w@host",
+        "pid": 100,
+        "grant_lower": start - 0.01,
+        "grant_upper": start,
+        "body_end": end,
+        "outcome": "ok",
+        "released": True,
+        "confirmed_lower": None,
+    }
     fields.update(extra)
     return Execution(**fields)  # type: ignore[arg-type]
 
 
-def write(id_: int, token: str, fence: int, at: float, accepted: bool = True,
-          key: str = "k1") -> Write:
+def write(
+    id_: int, token: str, fence: int, at: float, accepted: bool = True, key: str = "k1"
+) -> Write:
     return Write(id_, key, f"job-{token}", token, fence, "w@host", 100, accepted, at, at + 0.001)
 
 
 def worker(**extra: object) -> WorkerSample:
-    fields = {"name": "w0-prefork", "pool": "prefork", "restarts": 0, "answered_ping": True,
-              "same_process": True, "rss_start": 100 << 20, "rss_end": 110 << 20,
-              "sockets_start": 12, "sockets_end": 14, "peers_start": {"lease": 2},
-              "peers_end": {"lease": 3}}
+    fields = {
+        "name": "w0-prefork",
+        "pool": "prefork",
+        "restarts": 0,
+        "answered_ping": True,
+        "same_process": True,
+        "rss_start": 100 << 20,
+        "rss_end": 110 << 20,
+        "sockets_start": 12,
+        "sockets_end": 14,
+        "peers_start": {"lease": 2},
+        "peers_end": {"lease": 3},
+    }
     fields.update(extra)
     return WorkerSample(**fields)  # type: ignore[arg-type]
 
@@ -59,14 +81,23 @@ def clean() -> History:
     b = run("b", FENCE + 5, T0 + 3, T0 + 4)
     probe = run("p", FENCE + 9, T0 + 10.2, T0 + 11, job="probe-1")
     return History(
-        ttl=3.0, started_at=T0, nemesis_end=T0 + 9, finished_at=T0 + 15,
-        writes=[write(1, "a", a.fence, T0 + 1.2), write(2, "a", a.fence, T0 + 1.6),
-                write(3, "b", b.fence, T0 + 3.2), write(10, "p", probe.fence, T0 + 10.5)],
+        ttl=3.0,
+        started_at=T0,
+        nemesis_end=T0 + 9,
+        finished_at=T0 + 15,
+        writes=[
+            write(1, "a", a.fence, T0 + 1.2),
+            write(2, "a", a.fence, T0 + 1.6),
+            write(3, "b", b.fence, T0 + 3.2),
+            write(10, "p", probe.fence, T0 + 10.5),
+        ],
         executions=[a, b, probe],
-        jobs=[Job("job-a", "k1", "delay", "task-a", T0 + 0.9, "ran"),
-              Job("job-b", "k1", "send_task", "task-b", T0 + 2.9, "ran"),
-              Job("job-c", "k1", "duplicate", "task-c", T0 + 1.1, "skipped", holder="h:1"),
-              Job("probe-1", "k1", "probe", "task-p", T0 + 10.0, "ran")],
+        jobs=[
+            Job("job-a", "k1", "delay", "task-a", T0 + 0.9, "ran"),
+            Job("job-b", "k1", "send_task", "task-b", T0 + 2.9, "ran"),
+            Job("job-c", "k1", "duplicate", "task-c", T0 + 1.1, "skipped", holder="h:1"),
+            Job("probe-1", "k1", "probe", "task-p", T0 + 10.0, "ran"),
+        ],
         faults=[Fault("pause_store", "lease redis", T0 + 5, T0 + 6)],
         workers=[worker()],
     )
@@ -142,15 +173,17 @@ def test_a_loser_that_was_told_is_no_violation(told: str) -> None:
 
 def test_an_unresolved_job_and_a_skip_without_holder_are_found() -> None:
     history = clean()
-    history.jobs.append(Job("job-x", "k2", "retry", "task-x", T0 + 2, "unresolved",
-                            "state PENDING"))
+    history.jobs.append(
+        Job("job-x", "k2", "retry", "task-x", T0 + 2, "unresolved", "state PENDING")
+    )
     history.jobs[2].holder = ""
     assert sorted(rules(history)) == [(4, "job-unresolved"), (4, "skip-without-holder")]
 
 
 @pytest.mark.parametrize(("resolution", "granted"), [("skipped", None), ("ran", 14.5)])
 def test_a_probe_that_did_not_progress_within_ttl_plus_one_is_found(
-        resolution: str, granted: float | None) -> None:
+    resolution: str, granted: float | None
+) -> None:
     history = clean()
     history.jobs[3].resolution = resolution
     if granted is None:
@@ -172,16 +205,16 @@ def test_leaks_are_found_in_a_worker_that_was_not_restarted() -> None:
     history.keys_without_ttl = ["chaos-lease:k1:fence"]
     history.workers[0].peers_end = {"lease": 30}
     history.workers[0].rss_end = 400 << 20
-    assert sorted(rules(history)) == [(5, "key-without-ttl"), (5, "rss-grew"),
-                                      (5, "sockets-grew")]
+    assert sorted(rules(history)) == [(5, "key-without-ttl"), (5, "rss-grew"), (5, "sockets-grew")]
     history.workers[0].same_process = False  # two different processes prove nothing
     assert rules(history) == [(5, "key-without-ttl")]
 
 
 def test_the_summary_counts_faults_stalls_and_losses() -> None:
     history = clean()
-    history.executions.append(run("l", FENCE + 7, T0 + 5.5, None, key="k2", outcome="lost",
-                                  lost_cause="deadline"))
+    history.executions.append(
+        run("l", FENCE + 7, T0 + 5.5, None, key="k2", outcome="lost", lost_cause="deadline")
+    )
     counts = summarize(history, check(history))
     assert counts["faults_by_kind"] == {"pause_store": 1}
     assert counts["stall_after_fault_s"] == {"median": 4.501, "max": 4.501}  # next write T0+10.5
@@ -204,16 +237,25 @@ def test_a_saved_history_with_a_violation_exits_non_zero_and_lists_it(tmp_path: 
     assert main(["--check", str(saved)]) == 0
 
 
-def test_two_executions_of_one_key_that_both_ended_normally_while_overlapping_are_found(
-) -> None:
+def test_two_executions_of_one_key_that_both_ended_normally_while_overlapping_are_found() -> None:
     history = clean()
     history.executions.append(run("c", FENCE + 6, T0 + 3.5, T0 + 4.5))
     assert (6, "two-running") in rules(history)
 
 
 def folded(onto: str, decided: float, resolution: str = "ran") -> Job:
-    return Job("job-f", "k1", "dedupe", "task-f", decided, resolution, disposition="deduplicated",
-               folded_onto=onto, decided_lower=decided, decided_upper=decided + 0.01)
+    return Job(
+        "job-f",
+        "k1",
+        "dedupe",
+        "task-f",
+        decided,
+        resolution,
+        disposition="deduplicated",
+        folded_onto=onto,
+        decided_lower=decided,
+        decided_upper=decided + 0.01,
+    )
 
 
 def test_a_publish_folded_onto_a_copy_that_had_started_is_found() -> None:
@@ -231,8 +273,7 @@ def test_a_publish_folded_onto_a_copy_granted_after_it_or_skipped_is_no_violatio
 
 def test_a_claim_left_past_its_lifetime_or_without_one_is_found() -> None:
     history = clean()
-    claim = {"key": "lease:{k1}", "task_id": "task-x", "age": 4.0, "lifetime": 10.0,
-             "ttl": 6.0}
+    claim = {"key": "lease:{k1}", "task_id": "task-x", "age": 4.0, "lifetime": 10.0, "ttl": 6.0}
     history.leftover_claims = [claim]
     assert rules(history) == []
     history.leftover_claims = [{**claim, "age": 12.0, "ttl": 0.5}, {**claim, "ttl": -1.0}]
@@ -249,10 +290,13 @@ def handover() -> History:
     history.jobs += [
         Job("job-c", "c1", "coalesce", "task-c", T0 + 5, "coalesced", covered_by="pending-1"),
         Job("job-q1", "q1", "queue", "task-q1", T0 + 5, "ran"),
-        Job("job-q2", "q1", "queue", "task-q2", T0 + 5.2, "ran")]
-    history.parked += [Parked("task-c", "c1", "coalesce", "pending-1", T0 + 5.1, T0 + 5.2),
-                       Parked("task-q1", "q1", "queue", "task-q1", T0 + 5.1, T0 + 5.2),
-                       Parked("task-q2", "q1", "queue", "task-q2", T0 + 5.3, T0 + 5.4)]
+        Job("job-q2", "q1", "queue", "task-q2", T0 + 5.2, "ran"),
+    ]
+    history.parked += [
+        Parked("task-c", "c1", "coalesce", "pending-1", T0 + 5.1, T0 + 5.2),
+        Parked("task-q1", "q1", "queue", "task-q1", T0 + 5.1, T0 + 5.2),
+        Parked("task-q2", "q1", "queue", "task-q2", T0 + 5.3, T0 + 5.4),
+    ]
     return history
 
 
@@ -268,8 +312,7 @@ def test_a_coalesced_trigger_whose_covering_run_never_ran_is_a_lost_trigger() ->
     assert rules(history) == [(7, "lost-trigger")]  # emptied before it was submitted
     history.faults.append(Fault("failover", "SENTINEL FAILOVER", T0 + 4.9, T0 + 5.05))
     assert rules(history) == [(7, "lost-trigger")]  # a replica in sync kept the line
-    history.faults.append(Fault("failover", "SENTINEL FAILOVER", T0 + 4.9, T0 + 5.05,
-                                lossy=True))
+    history.faults.append(Fault("failover", "SENTINEL FAILOVER", T0 + 4.9, T0 + 5.05, lossy=True))
     assert rules(history) == []  # a node not in sync was promoted: the line may be lost
     history.faults.append(Fault("restart_empty", "lease redis", T0 + 4.9, T0 + 5.05))
     assert rules(history) == []  # the store may have been emptied after it was parked
@@ -299,8 +342,7 @@ def test_a_grant_within_the_cooldown_after_a_success_is_found() -> None:
     assert rules(history) == [(8, "started-in-cooldown")]
 
 
-def test_a_grant_after_the_cooldown_or_after_a_failure_or_an_erased_store_is_no_violation(
-        ) -> None:
+def test_a_grant_after_the_cooldown_or_after_a_failure_or_an_erased_store_is_no_violation() -> None:
     history = clean()
     history.cooldown = 0.9  # b's grant at T0 + 3 is after a's window (T0 + 2 + 0.9)
     assert rules(history) == []
@@ -320,11 +362,23 @@ def debounced() -> History:
     history = clean()
     history.debounce_cap = 2.0
     for n, at in enumerate((0.5, 0.8, 1.1)):
-        history.jobs.append(Job(f"job-b{n}", "b1", "debounce", f"task-b{n}", T0 + at, "ran",
-                                disposition="debounced", folded_onto="task-b0",
-                                decided_lower=T0 + at, decided_upper=T0 + at + 0.01))
-    history.executions.append(run("d", FENCE, T0 + 1.7, T0 + 2.5, key="b1", job="job-b2",
-                                  task_id="task-b0"))
+        history.jobs.append(
+            Job(
+                f"job-b{n}",
+                "b1",
+                "debounce",
+                f"task-b{n}",
+                T0 + at,
+                "ran",
+                disposition="debounced",
+                folded_onto="task-b0",
+                decided_lower=T0 + at,
+                decided_upper=T0 + at + 0.01,
+            )
+        )
+    history.executions.append(
+        run("d", FENCE, T0 + 1.7, T0 + 2.5, key="b1", job="job-b2", task_id="task-b0")
+    )
     history.writes.append(write(20, "d", FENCE, T0 + 2.0, key="b1"))
     return history
 
@@ -335,15 +389,15 @@ def test_a_clean_debounce_history_passes() -> None:
 
 def test_a_burst_that_ran_to_its_end_twice_is_found() -> None:
     history = debounced()
-    history.executions.append(run("d2", FENCE + 1, T0 + 3.0, T0 + 3.5, key="b1",
-                                  job="job-b2", task_id="task-b0"))
+    history.executions.append(
+        run("d2", FENCE + 1, T0 + 3.0, T0 + 3.5, key="b1", job="job-b2", task_id="task-b0")
+    )
     assert rules(history) == [(11, "burst-ran-twice")]
     history.faults.append(Fault("restart_empty", "lease redis", T0 + 0.9, T0 + 1.0))
     assert rules(history) == [(11, "burst-ran-twice")]  # emptied before the first run
     history.faults.append(Fault("failover", "SIGKILL of primary", T0 + 2.7, T0 + 2.8))
     assert rules(history) == [(11, "burst-ran-twice")]  # to a replica in sync: no excuse
-    history.faults.append(Fault("failover", "SIGKILL of primary", T0 + 2.7, T0 + 2.8,
-                                lossy=True))
+    history.faults.append(Fault("failover", "SIGKILL of primary", T0 + 2.7, T0 + 2.8, lossy=True))
     assert rules(history) == []  # to a node not in sync: the tombstone was lost with it
     history.faults = history.faults[:-2]
     history.faults.append(Fault("restart_empty", "lease redis", T0 + 2.7, T0 + 2.8))
@@ -353,11 +407,13 @@ def test_a_burst_that_ran_to_its_end_twice_is_found() -> None:
 def test_a_burst_whose_first_run_the_store_never_confirmed_released_may_run_again() -> None:
     history = debounced()
     history.executions[-1].released = None  # its release timed out: the store may not know
-    history.executions.append(run("d2", FENCE + 1, T0 + 3.0, T0 + 3.5, key="b1",
-                                  job="job-b2", task_id="task-b0"))
+    history.executions.append(
+        run("d2", FENCE + 1, T0 + 3.0, T0 + 3.5, key="b1", job="job-b2", task_id="task-b0")
+    )
     assert rules(history) == []  # as after a run that died before its release
-    history.executions.append(run("d3", FENCE + 2, T0 + 4.0, T0 + 4.5, key="b1",
-                                  job="job-b2", task_id="task-b0"))
+    history.executions.append(
+        run("d3", FENCE + 2, T0 + 4.0, T0 + 4.5, key="b1", job="job-b2", task_id="task-b0")
+    )
     assert rules(history) == [(11, "burst-ran-twice")]  # d2's release was confirmed
 
 
@@ -369,8 +425,7 @@ def test_a_burst_run_with_the_arguments_of_a_publish_before_the_last_is_found() 
     assert rules(history) == []  # the record was lost: the timer ran what it carried
 
 
-def test_a_burst_run_past_its_cap_is_found_unless_a_fault_or_the_previous_run_delayed_it(
-        ) -> None:
+def test_a_burst_run_past_its_cap_is_found_unless_a_fault_or_the_previous_run_delayed_it() -> None:
     history = debounced()
     late = history.executions[-1]
     late.grant_lower, late.grant_upper, late.body_end = T0 + 8.0, T0 + 8.01, T0 + 8.5
@@ -383,20 +438,30 @@ def test_a_burst_run_past_its_cap_is_found_unless_a_fault_or_the_previous_run_de
 
 def test_a_burst_left_waiting_past_its_cap_is_found() -> None:
     history = debounced()
-    history.leftover_claims.append({"key": "b2", "task_id": "task-x", "age": 9.0,
-                                    "lifetime": 2.0, "ttl": 86_400.0, "debounced": 3,
-                                    "due_in": 0.0})
+    history.leftover_claims.append(
+        {
+            "key": "b2",
+            "task_id": "task-x",
+            "age": 9.0,
+            "lifetime": 2.0,
+            "ttl": 86_400.0,
+            "debounced": 3,
+            "due_in": 0.0,
+        }
+    )
     assert rules(history) == [(11, "burst-left-waiting")]
     history.leftover_claims[-1]["age"] = 1.0  # still within its cap: no promise broken
     assert rules(history) == []
 
 
-def test_a_waiter_that_ran_and_retried_before_it_parked_is_ordered_by_its_run_after_the_park(
-        ) -> None:
+def test_a_waiter_that_ran_and_retried_before_it_parked_is_ordered_by_its_run_after_the_park() -> (
+    None
+):
     history = handover()
     # q2 ran once before any park (it asked for a retry), then its retry parked after q1's.
-    history.executions.append(run("q2a", FENCE + 25, T0 + 4.0, T0 + 4.5, key="q1",
-                                  task_id="task-q2", outcome="retry"))
+    history.executions.append(
+        run("q2a", FENCE + 25, T0 + 4.0, T0 + 4.5, key="q1", task_id="task-q2", outcome="retry")
+    )
     assert rules(history) == []
 
 
@@ -404,12 +469,23 @@ def preempted() -> History:
     """k1's holder a taken over by b at T0 + 1.5 (told at once, cause preempted), then b
     writes: no violation."""
     history = clean()
-    a = run("a", FENCE, T0 + 1, None, outcome="lost", lost_cause="preempted",
-            lost_at=T0 + 1.52, released=False)
+    a = run(
+        "a",
+        FENCE,
+        T0 + 1,
+        None,
+        outcome="lost",
+        lost_cause="preempted",
+        lost_at=T0 + 1.52,
+        released=False,
+    )
     b = run("b", FENCE + 5, T0 + 1.5, T0 + 2.5)
     history.executions[:2] = [a, b]
-    history.writes[:3] = [write(1, "a", a.fence, T0 + 1.2), write(2, "b", b.fence, T0 + 1.9),
-                          write(3, "b", b.fence, T0 + 2.2)]
+    history.writes[:3] = [
+        write(1, "a", a.fence, T0 + 1.2),
+        write(2, "b", b.fence, T0 + 1.9),
+        write(3, "b", b.fence, T0 + 2.2),
+    ]
     history.jobs[1].submitted_at = T0 + 1.4
     history.preemptions = [Preemption("b", "a", "k1", T0 + 1.5, 1)]
     history.preempt_grace = 0.5
@@ -452,10 +528,10 @@ def limited(n: int, overlapping: int) -> History:
     history.limit = n
     for i in range(overlapping):
         token = f"l{i}"
-        history.executions.append(
-            run(token, FENCE + 20 + i, T0 + 3 + i * 0.1, T0 + 5, key="l1"))
-        history.jobs.append(Job(f"job-{token}", "l1", "limited", f"task-{token}",
-                                T0 + 2.9 + i * 0.1, "ran"))
+        history.executions.append(run(token, FENCE + 20 + i, T0 + 3 + i * 0.1, T0 + 5, key="l1"))
+        history.jobs.append(
+            Job(f"job-{token}", "l1", "limited", f"task-{token}", T0 + 2.9 + i * 0.1, "ran")
+        )
     return history
 
 

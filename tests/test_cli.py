@@ -24,20 +24,33 @@ from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, REPO_ROOT, RESULT_B
 APP = "tests.apps.ops_app"
 
 
-def celery_lease(env: Mapping[str, str], *args: str, input: str | None = None,
-                 timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def celery_lease(
+    env: Mapping[str, str], *args: str, input: str | None = None, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
     """Run ``celery -A tests.apps.ops_app lease <args>`` and return the finished process."""
     environ = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
     environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO_ROOT), environ.get("PYTHONPATH", "")) if p)
+        p for p in (str(REPO_ROOT), environ.get("PYTHONPATH", "")) if p
+    )
     return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", APP, "lease", *args], input=input,
-        capture_output=True, text=True, env=environ, timeout=timeout, cwd=REPO_ROOT)
+        [sys.executable, "-m", "celery", "-A", APP, "lease", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=timeout,
+        cwd=REPO_ROOT,
+    )
 
 
 def _env(url: str, queue: str, **extra: str) -> dict[str, str]:
-    return {BROKER_URL_ENV: url, RESULT_BACKEND_ENV: url, QUEUE_ENV: queue, "LEASE_TTL": "2.0",
-            **extra}
+    return {
+        BROKER_URL_ENV: url,
+        RESULT_BACKEND_ENV: url,
+        QUEUE_ENV: queue,
+        "LEASE_TTL": "2.0",
+        **extra,
+    }
 
 
 def _app(url: str, queue: str) -> Any:
@@ -63,8 +76,14 @@ def held(redis_url: str, worker_factory: WorkerFactory) -> Iterator[dict[str, An
     a = app.send_task("ops.hold", ("alpha", 30))
     b = app.send_task("ops.hold", ("beta", 30))
     wait_for(lambda: _started(client, 2), 15, message=worker.log_tail)
-    yield {"env": env, "worker": worker, "app": app, "ids": {a.id: "alpha", b.id: "beta"},
-           "results": {"alpha": a, "beta": b}, "client": client}
+    yield {
+        "env": env,
+        "worker": worker,
+        "app": app,
+        "ids": {a.id: "alpha", b.id: "beta"},
+        "results": {"alpha": a, "beta": b},
+        "client": client,
+    }
     worker.kill()  # a warm shutdown would wait for the 30 s holds
 
 
@@ -102,18 +121,32 @@ def test_ls_lists_the_leases_real_workers_hold(held: dict[str, Any]) -> None:
     assert lines[-1] == "2 lease(s)"
     wide = celery_lease({**held["env"], "COLUMNS": "80"}, "ls", "--wide")
     assert wide.stdout.splitlines()[0].split() == [
-        "TASK", "TASK", "ID", "HOST", "PID", "FENCING", "TOKEN", "TIME", "LEFT", "KEY"]
+        "TASK",
+        "TASK",
+        "ID",
+        "HOST",
+        "PID",
+        "FENCING",
+        "TOKEN",
+        "TIME",
+        "LEFT",
+        "KEY",
+    ]
     for item in leases:  # in full, whatever the width
-        assert any(item["task_id"] in line and item["key"] in line
-                   for line in wide.stdout.splitlines())
+        assert any(
+            item["task_id"] in line and item["key"] in line for line in wide.stdout.splitlines()
+        )
 
     other = celery_lease(held["env"], "ls", "--task", "ops.slow")
     assert other.returncode == 0 and "no leases held by ops.slow" in other.stdout
     unknown = celery_lease(held["env"], "ls", "--task", "ops.nope")
     shown = celery_lease(held["env"], "show", "ops.nope")
     assert unknown.returncode == shown.returncode == 2
-    assert unknown.stderr == shown.stderr == \
-        "no task named 'ops.nope' is registered in app 'ops_app'\n"
+    assert (
+        unknown.stderr
+        == shown.stderr
+        == "no task named 'ops.nope' is registered in app 'ops_app'\n"
+    )
     mine = json.loads(celery_lease(held["env"], "ls", "--task", "ops.hold", "--json").stdout)
     assert len(mine) == 2
 
@@ -133,8 +166,9 @@ def test_show_names_the_key_a_call_takes_and_its_holder(held: dict[str, Any]) ->
     assert shown["key"] == alpha["key"]
     assert shown["holder"]["task_id"] == alpha["task_id"]
     # The same call spelled with keyword arguments takes the same key.
-    by_kwargs = celery_lease(held["env"], "show", "ops.hold", "--kwargs",
-                             '{"seconds": 30, "name": "alpha"}')
+    by_kwargs = celery_lease(
+        held["env"], "show", "ops.hold", "--kwargs", '{"seconds": 30, "name": "alpha"}'
+    )
     assert by_kwargs.returncode == 0, by_kwargs.stderr
     assert f"key:    {alpha['key']}" in by_kwargs.stdout
     assert f"[{alpha['task_id']}]" in by_kwargs.stdout
@@ -144,9 +178,7 @@ def test_show_names_the_key_a_call_takes_and_its_holder(held: dict[str, Any]) ->
     assert plain.returncode == 2 and "not a LeasedTask" in plain.stderr
 
 
-def test_release_asks_then_releases_and_the_holder_loses_its_lease(
-    held: dict[str, Any]
-) -> None:
+def test_release_asks_then_releases_and_the_holder_loses_its_lease(held: dict[str, Any]) -> None:
     listed = json.loads(celery_lease(held["env"], "ls", "--json").stdout)
     beta = next(i for i in listed if held["ids"][i["task_id"]] == "beta")
     declined = celery_lease(held["env"], "release", beta["key"], input="n\n")
@@ -168,17 +200,19 @@ def test_release_asks_then_releases_and_the_holder_loses_its_lease(
         held["results"]["alpha"].get(timeout=0.1)  # the other lease is untouched
 
 
-def test_release_refuses_when_the_lease_changed_after_it_was_shown(
-    held: dict[str, Any]
-) -> None:
+def test_release_refuses_when_the_lease_changed_after_it_was_shown(held: dict[str, Any]) -> None:
     listed = json.loads(celery_lease(held["env"], "ls", "--json").stdout)
     alpha = next(i for i in listed if held["ids"][i["task_id"]] == "alpha")
-    environ = {**os.environ, **held["env"], "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": str(REPO_ROOT)}
+    environ = {**os.environ, **held["env"], "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", APP, "lease", "release", alpha["key"]],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=environ, cwd=REPO_ROOT)
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environ,
+        cwd=REPO_ROOT,
+    )
     try:
         assert proc.stdout is not None
         shown = proc.stdout.readline()  # "<key> is held by ...", then the prompt
@@ -189,8 +223,9 @@ def test_release_refuses_when_the_lease_changed_after_it_was_shown(
         assert store.release(client, alpha["key"], alpha["token"])
         held["results"]["alpha"].get(timeout=10, propagate=False)
         again = held["app"].send_task("ops.hold", ("alpha", 30))
-        wait_for(lambda: (v := client.get(alpha["key"])) and
-                 store.parse_value(v).task_id == again.id, 15)
+        wait_for(
+            lambda: (v := client.get(alpha["key"])) and store.parse_value(v).task_id == again.id, 15
+        )
         out, err = proc.communicate("y\n", timeout=30)
     finally:
         proc.kill() if proc.poll() is None else None
@@ -211,14 +246,21 @@ def test_ls_scans_without_keys_on_a_big_keyspace(
     for i in range(20000):
         pipe.set(f"cache:item:{i}", "x")
     for i in range(300):
-        pipe.set(f"lease:{{fake:{i}}}", f"{'f' * 32}:{i + 1}:" + json.dumps(
-            {"task": "fake.task", "id": f"id-{i}", "host": "h", "pid": 1}))
+        pipe.set(
+            f"lease:{{fake:{i}}}",
+            f"{'f' * 32}:{i + 1}:"
+            + json.dumps({"task": "fake.task", "id": f"id-{i}", "host": "h", "pid": 1}),
+        )
         pipe.set(f"lease:{{fake:{i}}}:fence", str(i + 1))
     pipe.execute()
     client.execute_command("ACL", "SETUSER", "default", "-keys")  # KEYS now fails
     env = _env(url, worker_factory.queue)
-    worker = worker_factory(APP, pool="threads", concurrency=2,
-                            env={**env, BROKER_URL_ENV: url, RESULT_BACKEND_ENV: url})
+    worker = worker_factory(
+        APP,
+        pool="threads",
+        concurrency=2,
+        env={**env, BROKER_URL_ENV: url, RESULT_BACKEND_ENV: url},
+    )
     app = _app(url, worker_factory.queue)
     app.send_task("ops.hold", ("big", 30))
     wait_for(lambda: _started(client, 1), 15, message=worker.log_tail)
@@ -246,15 +288,18 @@ def test_doctor_fails_and_says_what_to_fix(
     throwaway_redis: RedisFactory, worker_factory: WorkerFactory
 ) -> None:
     server = throwaway_redis({"maxmemory-policy": "allkeys-lru"})
-    env = _env(server.url(0), worker_factory.queue, LEASE_ON_CONFLICT="retry",
-               VISIBILITY_TIMEOUT="1")
+    env = _env(
+        server.url(0), worker_factory.queue, LEASE_ON_CONFLICT="retry", VISIBILITY_TIMEOUT="1"
+    )
     done = celery_lease(env, "doctor")
     assert done.returncode == 1, done.stdout + done.stderr
     out = done.stdout
     assert "FAIL store" in out and "maxmemory-policy allkeys-lru may evict a live lease" in out
     assert "fix: CONFIG SET maxmemory-policy noeviction" in out
-    assert ("WARN task ops.hold: lease_on_conflict='retry' with a full line (lease_queue_max=100)"
-            " waits up to lease_ttl=2s") in out
+    assert (
+        "WARN task ops.hold: lease_on_conflict='retry' with a full line (lease_queue_max=100)"
+        " waits up to lease_ttl=2s"
+    ) in out
     assert "visibility_timeout" in out
 
     server.kill()
@@ -266,11 +311,18 @@ def test_doctor_fails_and_says_what_to_fix(
 def test_without_an_app_the_cli_says_how_to_give_one(redis_url: str) -> None:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("CELERY_")}
     environ["PYTHONPATH"] = str(REPO_ROOT)
-    done = subprocess.run([sys.executable, "-m", "celery", "lease", "ls"], capture_output=True,
-                          text=True, env=environ, timeout=30, cwd=REPO_ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "lease", "ls"],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=30,
+        cwd=REPO_ROOT,
+    )
     assert done.returncode == 2, done.stderr
-    assert "lease_backend is not set (app settings) and broker_url is not set either" \
-        in done.stderr  # what is wrong...
+    assert (
+        "lease_backend is not set (app settings) and broker_url is not set either" in done.stderr
+    )  # what is wrong...
     assert "hint: no app was given" in done.stderr and "celery -A proj lease" in done.stderr
 
 
@@ -280,10 +332,14 @@ def test_a_store_error_keeps_its_message_and_no_command_shows_a_credential(
     dead = f"redis://user:s3cr3t@127.0.0.1:{free_port()}/0"
     done = celery_lease(_env(redis_url, "q"), "ls", "--url", dead)
     assert done.returncode == 1
-    assert done.stderr.startswith("lease store error: ConnectionError: Error 111 connecting to "
-                                  "127.0.0.1"), done.stderr
-    for args in (("ls", "--url", dead), ("doctor", "--url", dead), ("release", "k", "--url",
-                                                                     dead, "--yes")):
+    assert done.stderr.startswith(
+        "lease store error: ConnectionError: Error 111 connecting to 127.0.0.1"
+    ), done.stderr
+    for args in (
+        ("ls", "--url", dead),
+        ("doctor", "--url", dead),
+        ("release", "k", "--url", dead, "--yes"),
+    ):
         run = celery_lease(_env(redis_url, "q", LEASE_BACKEND=dead), *args)
         assert run.returncode != 0 and "s3cr3t" not in run.stdout + run.stderr, args
     doctor = celery_lease(_env(redis_url, "q", LEASE_BACKEND=dead), "doctor")

@@ -35,17 +35,24 @@ def _cells(line: str) -> list[str]:
 
 def _ls_tables() -> list[tuple[str, list[str]]]:
     """(where, lines) of every sample ``celery lease ls`` table in the docs."""
-    return [(s.where, s.code.splitlines()) for s in ALL
-            if s.lang in LISTING and s.code.startswith("TASK ") and "TIME LEFT" in s.code]
+    return [
+        (s.where, s.code.splitlines())
+        for s in ALL
+        if s.lang in LISTING and s.code.startswith("TASK ") and "TIME LEFT" in s.code
+    ]
 
 
 def test_the_docs_ls_tables_are_what_ls_prints(redis_url: str) -> None:
     tables = _ls_tables()
-    assert {where.split(":")[0] for where, _ in tables} >= {"docs/operations.md",
-                                                            "docs/howto/hold.md"}
+    assert {where.split(":")[0] for where, _ in tables} >= {
+        "docs/operations.md",
+        "docs/howto/hold.md",
+    }
     env = {"TEST_BROKER_URL": redis_url}
-    with hold("invoice:42", ttl=30.0, url=redis_url), \
-            hold("nightly-report", ttl=30.0, url=redis_url):
+    with (
+        hold("invoice:42", ttl=30.0, url=redis_url),
+        hold("nightly-report", ttl=30.0, url=redis_url),
+    ):
         printed = celery_lease({**env, "COLUMNS": "200"}, "ls")
         wide = celery_lease(env, "ls", "--wide")
     assert printed.returncode == 0, printed.stderr
@@ -69,8 +76,9 @@ def test_the_docs_ls_tables_are_what_ls_prints(redis_url: str) -> None:
     def fixed(table: list[str]) -> list[tuple[str, ...]]:
         keep = ("TASK", "TASK ID", "KEY")
         header = _cells(table[0])
-        return [tuple(dict(zip(header, _cells(r), strict=True))[k] for k in keep)
-                for r in table[1:-1]]
+        return [
+            tuple(dict(zip(header, _cells(r), strict=True))[k] for k in keep) for r in table[1:-1]
+        ]
 
     assert _cells(hold_table[0]) == _cells(lines[0])
     assert fixed(hold_table) == fixed(lines)
@@ -78,6 +86,7 @@ def test_the_docs_ls_tables_are_what_ls_prints(redis_url: str) -> None:
 
 
 # -- exit codes -------------------------------------------------------------------------------
+
 
 def _listed_exit_codes() -> dict[int, list[str]]:
     """docs/operations.md's exit-code table: code -> its clauses (split at ``;``)."""
@@ -138,6 +147,7 @@ def _holding(name: str, *args: str, input: str | None = None) -> Callable[[Store
     def case(s: Store) -> Result:
         with hold(name, ttl=30.0, url=s.url):
             return _run(s.app, *args, input=input)
+
     return case
 
 
@@ -145,6 +155,7 @@ def _foreign(*args: str) -> Callable[[Store], Result]:
     def case(s: Store) -> Result:
         s.client.set("lease:{not-ours}", "written by another tool", ex=60)
         return _run(s.app, *args)
+
     return case
 
 
@@ -157,33 +168,51 @@ CASES: dict[str, tuple[int, Callable[[Store], Result] | str]] = {
     "`doctor`: a check failed": (1, lambda s: _run(_app(s.url, lease_min_replicas=1), "doctor")),
     "`doctor --strict`: a check warned": (1, _foreign("doctor", "--strict")),
     "`release`: refused (the lease changed since it was shown)": (
-        1, "tests/test_cli.py::test_release_refuses_when_the_lease_changed_after_it_was_shown"),
+        1,
+        "tests/test_cli.py::test_release_refuses_when_the_lease_changed_after_it_was_shown",
+    ),
     "`release`: declined at the prompt": (
-        1, _holding("x", "release", "lease:{hold:x}", input="n\n")),
+        1,
+        _holding("x", "release", "lease:{hold:x}", input="n\n"),
+    ),
     "`release`: no lease at the key": (1, lambda s: _run(s.app, "release", "lease:{hold:x}")),
     "`release`: a key celery-lease did not write": (
-        1, _foreign("release", "lease:{not-ours}", "--yes")),
+        1,
+        _foreign("release", "lease:{not-ours}", "--yes"),
+    ),
     "`show`: the key is free": (1, lambda s: _run(s.app, "show", "docs.sync", "7")),
     "`ls`: a cluster node did not answer (the list is incomplete)": (
-        1, "tests/test_cluster.py::test_a_dead_primary_costs_only_its_own_leases"),
+        1,
+        "tests/test_cluster.py::test_a_dead_primary_costs_only_its_own_leases",
+    ),
     "an unknown option or a missing argument": (2, lambda s: _run(s.app, "show")),
     "`ls --task` or `show` with a name no registered task has": (
-        2, lambda s: _run(s.app, "ls", "--task", "docs.nope")),
-    "`show` of a task that is not a `LeasedTask`": (
-        2, lambda s: _run(s.app, "show", "docs.plain")),
+        2,
+        lambda s: _run(s.app, "ls", "--task", "docs.nope"),
+    ),
+    "`show` of a task that is not a `LeasedTask`": (2, lambda s: _run(s.app, "show", "docs.plain")),
     "`show --kwargs` that is not a JSON object": (
-        2, lambda s: _run(s.app, "show", "docs.sync", "--kwargs", "[7]")),
+        2,
+        lambda s: _run(s.app, "show", "docs.sync", "--kwargs", "[7]"),
+    ),
     "`release` of an internal key (`…:fence`, `…:wake`, `…:last-run`)": (
-        2, lambda s: _run(s.app, "release", "lease:{hold:x}:fence")),
+        2,
+        lambda s: _run(s.app, "release", "lease:{hold:x}:fence"),
+    ),
     "a configuration error (an invalid `lease_*` setting)": (
-        2, lambda s: _run(Celery("bad", broker=s.url, set_as_current=False,
-                                 config_source={"lease_ttl": -1.0}), "ls")),
+        2,
+        lambda s: _run(
+            Celery("bad", broker=s.url, set_as_current=False, config_source={"lease_ttl": -1.0}),
+            "ls",
+        ),
+    ),
 }
 
 
 def test_the_exit_code_table_lists_exactly_the_cases_checked() -> None:
-    listed = {(code, clause) for code, clauses in _listed_exit_codes().items()
-              for clause in clauses}
+    listed = {
+        (code, clause) for code, clauses in _listed_exit_codes().items() for clause in clauses
+    }
     assert listed == {(code, clause) for clause, (code, _) in CASES.items()}
 
 
@@ -211,9 +240,12 @@ def test_doctor_says_acks_late_and_the_missing_time_limit_in_words(redis_url: st
     app = _app(redis_url, task_acks_late=True)
     result = _run(app, "doctor")
     line = next(x for x in result.output.splitlines() if "acks_late" in x)
-    assert "acks_late is on with no time_limit: a run longer than visibility_timeout=3600s is " \
-           "delivered again while it still runs" in line, line
+    assert (
+        "acks_late is on with no time_limit: a run longer than visibility_timeout=3600s is "
+        "delivered again while it still runs" in line
+    ), line
     limited = _run(_app(redis_url, task_acks_late=True, task_time_limit=7200), "doctor")
-    assert "acks_late is on with time_limit=7200s, not below visibility_timeout: a run " \
-           "longer than" in limited.output, limited.output
-
+    assert (
+        "acks_late is on with time_limit=7200s, not below visibility_timeout: a run "
+        "longer than" in limited.output
+    ), limited.output

@@ -51,8 +51,13 @@ def seed_url(setup: ClusterSetup) -> str:
 
 
 def holders(setup: ClusterSetup, ttl: float = TTL) -> Holders:
-    return Holders(lease_backend=seed_url(setup), lease_backend_options={"cluster": True},
-                   lease_ttl=ttl, lease_renew_interval=INTERVAL, lease_store_timeout=0.4)
+    return Holders(
+        lease_backend=seed_url(setup),
+        lease_backend_options={"cluster": True},
+        lease_ttl=ttl,
+        lease_renew_interval=INTERVAL,
+        lease_store_timeout=0.4,
+    )
 
 
 def holder_on_owner(setup: ClusterSetup, client: Any, key: str) -> store.Holder | None:
@@ -62,7 +67,8 @@ def holder_on_owner(setup: ClusterSetup, client: Any, key: str) -> store.Holder 
 
 
 def test_renewals_go_in_one_round_trip_per_primary(
-    cluster: ClusterSetup, monkeypatch: pytest.MonkeyPatch,
+    cluster: ClusterSetup,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     client = connection.client_for(seed_url(cluster), 1.0, {"cluster": True})
     keys = [f"lease:{{job:{i}}}" for i in range(600)]
@@ -87,8 +93,11 @@ def test_renewals_go_in_one_round_trip_per_primary(
     assert replies == [1] * len(keys)
     assert dict(writes) == {port: 1 for port in owners}, (writes, owners)  # one per primary
     for port, count in owners.items():
-        sent = {cmd: n - before[port].get(cmd, 0) for cmd, n in after[port].items()
-                if n != before[port].get(cmd, 0) and cmd not in ("info", "hello", "replconf")}
+        sent = {
+            cmd: n - before[port].get(cmd, 0)
+            for cmd, n in after[port].items()
+            if n != before[port].get(cmd, 0) and cmd not in ("info", "hello", "replconf")
+        }
         # Each primary ran its own keys' renewals and nothing else (no COMMAND GETKEYS; its
         # replica's REPLCONF ACK, once a second, is replication, not ours).
         assert sent == {"evalsha": count, "get": count, "pexpire": count}, (port, sent)
@@ -120,16 +129,23 @@ def test_a_slot_migrated_under_running_holders_keeps_their_leases(cluster: Clust
             with source.client() as node:  # the lease moved, its fencing counter did not yet
                 assert node.execute_command("CLUSTER COUNTKEYSINSLOT", slot) == 1
                 assert node.execute_command("CLUSTER GETKEYSINSLOT", slot, 2) == [
-                    fence_key(moving.key)]
+                    fence_key(moving.key)
+                ]
             since = time.monotonic()
-            wait_for(lambda: h.renewals_of(moving.key, since) >= 1, 5,
-                     message=lambda: f"no renewal while half-moved: {h.errors[-3:]}")
+            wait_for(
+                lambda: h.renewals_of(moving.key, since) >= 1,
+                5,
+                message=lambda: f"no renewal while half-moved: {h.errors[-3:]}",
+            )
 
         cluster.migrate_slot(slot, target, between=half_moved, first=(moving.key,))
         assert cluster.owner(slot) is target
         since = time.monotonic()
-        wait_for(lambda: all(h.renewals_of(r.key, since) >= 2 for r in h.runs), 10,
-                 message=lambda: f"renewals stopped after the move: {h.errors[-3:]}")
+        wait_for(
+            lambda: all(h.renewals_of(r.key, since) >= 2 for r in h.runs),
+            10,
+            message=lambda: f"renewals stopped after the move: {h.errors[-3:]}",
+        )
         assert all(r.ended is None and r.lost is None for r in h.runs)
         with target.client() as node:
             value = node.get(moving.key)
@@ -177,8 +193,11 @@ def test_a_cluster_that_is_down_runs_no_body_and_holders_keep_leases_to_their_de
         down_at = time.monotonic()
         survivor = cluster.live()[0]
         wait_for(lambda: survivor.cluster_info().get("cluster_state") == "fail", 10)
-        fresh = next(n for n in range(100, 200)  # a key a surviving primary would serve
-                     if cluster.owner(client.keyslot(h.key_of(n))) is not victim)
+        fresh = next(
+            n
+            for n in range(100, 200)  # a key a surviving primary would serve
+            if cluster.owner(client.keyslot(h.key_of(n))) is not victim
+        )
         outcome = h.start(fresh)
         assert outcome.done.wait(5) and outcome.error is not None
         assert "ClusterDown" in str(outcome.error) and "on cluster node" in str(outcome.error)
@@ -220,14 +239,19 @@ def test_a_dead_primary_costs_only_its_own_leases_when_the_cluster_stays_up(
         wait_for(lambda: all(r.ended is not None for r in h.runs if r.n in on_victim), ttl + 5)
         since = time.monotonic()
         others = [r for r in h.runs if r.n not in on_victim]
-        wait_for(lambda: all(h.renewals_of(r.key, since) >= 2 for r in others), 5,
-                 message=lambda: f"survivors stopped renewing: {h.errors[-3:]}")
+        wait_for(
+            lambda: all(h.renewals_of(r.key, since) >= 2 for r in others),
+            5,
+            message=lambda: f"survivors stopped renewing: {h.errors[-3:]}",
+        )
         assert all(r.ended is None for r in others)
         assert any(f"Error 111 connecting to {victim.address}" in e for e in h.errors)
+
         # New leases: granted on a surviving primary's slot, refused with the dead one named.
         def fresh_on(owner: Any) -> int:
-            return next(n for n in range(300, 600)
-                        if cluster.owner(client.keyslot(h.key_of(n))) is owner)
+            return next(
+                n for n in range(300, 600) if cluster.owner(client.keyslot(h.key_of(n))) is owner
+            )
 
         granted = h.start(fresh_on(next(p for p in order if p is not victim)))
         assert granted.error is None and h.running(granted.n) is not None
@@ -237,7 +261,8 @@ def test_a_dead_primary_costs_only_its_own_leases_when_the_cluster_stays_up(
         listed = CliRunner().invoke(lease, ["ls", "--json"], obj=SimpleNamespace(app=h.app))
         assert listed.exit_code == 1, (listed.output, listed.stderr, listed.exception)
         assert {i["key"] for i in json.loads(listed.stdout)} == {
-            r.key for r in h.runs if r.ended is None}
+            r.key for r in h.runs if r.ended is None
+        }
         assert f"warning: cluster node {victim.address}: Error 111" in listed.stderr
         if victim is seed:  # a client that knows no node but the dead seed: a store error
             with pytest.raises(ConnectionError, match="no Redis Cluster node answered"):
@@ -253,15 +278,19 @@ def resharded_cluster() -> Iterator[ClusterSetup]:
 
 @pytest.mark.parametrize("pool", POOLS)
 def test_a_worker_keeps_its_leases_while_their_slot_moves(
-    resharded_cluster: ClusterSetup, broker: RedisServer, tmp_path: Path, pool: str,
+    resharded_cluster: ClusterSetup,
+    broker: RedisServer,
+    tmp_path: Path,
+    pool: str,
 ) -> None:
     cluster = resharded_cluster
     rig = Rig(broker, pool, tmp_path, ttl=3.0)  # renewals every second
     try:
-        rig.worker(LEASE_BACKEND=seed_url(cluster),
-                   LEASE_BACKEND_OPTIONS=json.dumps({"cluster": True}))
+        rig.worker(
+            LEASE_BACKEND=seed_url(cluster), LEASE_BACKEND_OPTIONS=json.dumps({"cluster": True})
+        )
         # Fresh tags for each run (the journal is the shared broker's); solo runs one at a time.
-        tags = [f"slot-a-{pool}", f"slot-b-{pool}"][:1 if pool == "solo" else 2]
+        tags = [f"slot-a-{pool}", f"slot-b-{pool}"][: 1 if pool == "solo" else 2]
         for tag in tags:
             rig.send("hold", tag, 6.0, MODE.get(pool, "sleep"))
         started = {tag: rig.wait_event(tag, "start")[0] for tag in tags}
@@ -274,8 +303,11 @@ def test_a_worker_keeps_its_leases_while_their_slot_moves(
             with target.client() as node:
                 node.execute_command("ASKING")
                 low = node.pttl(key)
-                wait_for(lambda: (node.execute_command("ASKING"), node.pttl(key))[1] > low, 5,
-                         message="no renewal reached the importing node")
+                wait_for(
+                    lambda: (node.execute_command("ASKING"), node.pttl(key))[1] > low,
+                    5,
+                    message="no renewal reached the importing node",
+                )
 
         cluster.migrate_slot(slot, target, between=renewed_on_target, first=(key,))
         for tag in tags:
@@ -287,16 +319,21 @@ def test_a_worker_keeps_its_leases_while_their_slot_moves(
 
 @pytest.mark.parametrize("policy", ["fail", "retry"])
 def test_a_cluster_client_that_cannot_be_built_follows_lease_on_store_error(
-    policy: str, broker: RedisServer, tmp_path: Path,
+    policy: str,
+    broker: RedisServer,
+    tmp_path: Path,
 ) -> None:
     # Nothing listens on the seed: building the client (it asks the seed for the slot table)
     # is the store call that fails, before any lease command.
     dead_seed = f"redis://127.0.0.1:{free_port()}/0"
     rig = Rig(broker, "solo", tmp_path)
     try:
-        worker = rig.worker(LEASE_BACKEND=dead_seed, LEASE_ON_STORE_ERROR=policy,
-                            LEASE_BACKEND_OPTIONS=json.dumps({"cluster": True}),
-                            LEASE_STORE_OUTAGE_MAX="2.0")
+        worker = rig.worker(
+            LEASE_BACKEND=dead_seed,
+            LEASE_ON_STORE_ERROR=policy,
+            LEASE_BACKEND_OPTIONS=json.dumps({"cluster": True}),
+            LEASE_STORE_OUTAGE_MAX="2.0",
+        )
         tag = f"dead-seed-{policy}"
         result = rig.send("hold", tag, 0.1)
         with pytest.raises(LeaseStoreUnavailable, match="no Redis Cluster node answered"):
@@ -346,13 +383,19 @@ def test_doctor_reports_a_dead_primary_as_a_failure_and_checks_the_rest(victim_i
         assert done.exit_code == 1, done.output
         lines = done.output.splitlines()
         failed = [line for line in lines if line.startswith("FAIL")]
-        assert any(f"cluster node {victim.address}" in line and "Error 111" in line
-                   for line in failed), done.output
+        assert any(
+            f"cluster node {victim.address}" in line and "Error 111" in line for line in failed
+        ), done.output
         survivors = sorted(n.address for n in cluster.primaries() if n is not victim)
-        assert any(line.startswith("INFO") and "cluster, TLS off" in line
-                   and all(s in line for s in survivors) for line in lines), done.output
-        assert any(line.startswith("OK") and "latency median" in line for line in lines), \
+        assert any(
+            line.startswith("INFO")
+            and "cluster, TLS off" in line
+            and all(s in line for s in survivors)
+            for line in lines
+        ), done.output
+        assert any(line.startswith("OK") and "latency median" in line for line in lines), (
             done.output
+        )
 
 
 def test_a_lease_whose_slot_no_node_serves_fails_its_renewals_alone() -> None:
@@ -374,8 +417,11 @@ def test_a_lease_whose_slot_no_node_serves_fails_its_renewals_alone() -> None:
             client.nodes_manager.get_node_from_slot(slot)
         since = time.monotonic()
         # The orphan's renewals fail (retried) until its deadline; the other lease renews on.
-        wait_for(lambda: h.running(1) is None, ttl + 5,
-                 message=lambda: f"the orphaned lease was never lost: {h.errors[-3:]}")
+        wait_for(
+            lambda: h.running(1) is None,
+            ttl + 5,
+            message=lambda: f"the orphaned lease was never lost: {h.errors[-3:]}",
+        )
         run = next(r for r in h.runs if r.n == 1)
         assert run.lost is not None and run.lost.cause == "store_error", run.lost
         assert sum(1 for key, _ in h.failed if key == orphan) >= 2  # retried, not given up
@@ -393,21 +439,30 @@ def test_a_lease_whose_slot_no_node_serves_fails_its_renewals_alone() -> None:
 
 @pytest.mark.parametrize("how", ["FAILOVER", "FAILOVER TAKEOVER"])
 def test_a_holder_never_believes_in_a_lease_its_new_primary_does_not_hold(
-    cluster: ClusterSetup, how: str,
+    cluster: ClusterSetup,
+    how: str,
 ) -> None:
     # A replica promoted with CLUSTER FAILOVER (coordinated with its primary) or TAKEOVER
     # (without it: the old primary learns of it only from the cluster bus).
     ttl = 6.0
     client = connection.client_for(seed_url(cluster), 1.0, {"cluster": True})
-    with Holders(lease_backend=seed_url(cluster), lease_backend_options={"cluster": True},
-                 lease_ttl=ttl, lease_renew_interval=ttl / 3, lease_store_timeout=0.4) as h:
+    with Holders(
+        lease_backend=seed_url(cluster),
+        lease_backend_options={"cluster": True},
+        lease_ttl=ttl,
+        lease_renew_interval=ttl / 3,
+        lease_store_timeout=0.4,
+    ) as h:
         assert h.start(1).error is None
         run = h.running(1)
         assert run is not None
         slot = client.keyslot(run.key)
         old = cluster.owner(slot)
-        replica = next(n for n in cluster.replica_nodes()
-                       if n.info("replication").get("master_port") == old.port)
+        replica = next(
+            n
+            for n in cluster.replica_nodes()
+            if n.info("replication").get("master_port") == old.port
+        )
 
         def on_replica() -> bool:
             with replica.client() as node:
@@ -424,6 +479,7 @@ def test_a_holder_never_believes_in_a_lease_its_new_primary_does_not_hold(
             holder = holder_on_owner(cluster, client, run.key)
             if believed and run.lost is None and run.ended is None:
                 assert holder is not None and holder.token == run.token, (
-                    f"holder believes, the slot's owner has {holder}; errors: {h.errors[-3:]}")
+                    f"holder believes, the slot's owner has {holder}; errors: {h.errors[-3:]}"
+                )
             time.sleep(0.05)
         h.stop()

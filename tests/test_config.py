@@ -97,7 +97,10 @@ def test_defaults() -> None:
     options = resolve_options({}, {}, "t")
     assert (options.ttl, options.renew_interval, options.store_timeout) == (30.0, 10.0, 2.0)
     assert (options.on_conflict, options.on_store_error, options.key_prefix) == (
-        "skip", "retry", "lease")
+        "skip",
+        "retry",
+        "lease",
+    )
 
 
 def test_task_option_overrides_app_setting() -> None:
@@ -119,8 +122,11 @@ def test_cooldown_after_other_than_success_or_any_fails_at_registration() -> Non
 
 def test_a_zero_preempt_grace_and_a_cooldown_resolve_to_their_values() -> None:
     options = resolve_options({}, {"lease_cooldown": 90, "lease_preempt_grace": 0}, "t")
-    assert (options.cooldown, options.cooldown_after, options.preempt_grace) == \
-        (90.0, "success", 0.0)
+    assert (options.cooldown, options.cooldown_after, options.preempt_grace) == (
+        90.0,
+        "success",
+        0.0,
+    )
 
 
 def test_lease_key_naming_a_missing_parameter_fails_at_registration() -> None:
@@ -217,13 +223,13 @@ def test_lease_settings_is_one_named_object_that_still_unpacks() -> None:
     [
         ({"lease_beat_ttl": "30s"}, "lease_beat_ttl"),
         ({"lease_beat_ttl": 0}, "lease_beat_ttl"),
-        ({"lease_beat_ttl": 30.0, "lease_beat_renew_interval": 20.0},
-         "lease_beat_renew_interval"),
+        ({"lease_beat_ttl": 30.0, "lease_beat_renew_interval": 20.0}, "lease_beat_renew_interval"),
         ({"lease_beat_renew_interval": math.nan}, "lease_beat_renew_interval"),
     ],
 )
 def test_beat_settings_are_validated_like_tasks_and_name_the_beat_setting(
-    conf: dict[str, object], named: str,
+    conf: dict[str, object],
+    named: str,
 ) -> None:
     with pytest.raises(LeaseConfigError, match=named):
         beat_settings(make_app(**conf).conf)
@@ -235,10 +241,12 @@ def test_beat_interval_defaults_to_a_third_of_the_beat_ttl_not_the_task_interval
     assert settings.url == "redis://127.0.0.1:1/0"
 
 
-def test_a_ttl_too_short_for_a_working_store_timeout_is_refused_with_the_smallest_that_works(
-) -> None:
-    with pytest.raises(LeaseConfigError, match=r"lease_ttl=0.1 .* of 17 ms, below the 50 ms") \
-            as info:
+def test_a_ttl_too_short_for_a_working_store_timeout_is_refused_with_the_smallest_that_works() -> (
+    None
+):
+    with pytest.raises(
+        LeaseConfigError, match=r"lease_ttl=0.1 .* of 17 ms, below the 50 ms"
+    ) as info:
         register(make_app(), lease_ttl=0.1)
     assert f"smallest lease_ttl that works is {MIN_TTL}" in str(info.value)
     with pytest.raises(LeaseConfigError, match=r"lease_store_timeout=0.01 .* is 10 ms"):
@@ -246,7 +254,8 @@ def test_a_ttl_too_short_for_a_working_store_timeout_is_refused_with_the_smalles
     with pytest.raises(LeaseConfigError, match=r"lease_beat_ttl=0.2 .*below the 50 ms"):
         beat_settings({"lease_backend": "redis://h/0", "lease_beat_ttl": 0.2})
     assert resolve_options({}, {"lease_ttl": MIN_TTL}, "t").store_timeout == pytest.approx(
-        MIN_STORE_TIMEOUT)
+        MIN_STORE_TIMEOUT
+    )
 
 
 def test_every_unknown_setting_is_reported_in_one_error() -> None:
@@ -257,14 +266,14 @@ def test_every_unknown_setting_is_reported_in_one_error() -> None:
     for name, hint in (("lease_tll", "lease_ttl"), ("lease_on_confict", "lease_on_conflict")):
         assert f"{name}, did you mean {hint}?" in message
     assert "lease_frobnicate" in message
-    with pytest.raises(LeaseConfigError,
-            match=r"2 unknown task options.*lease_tl, .*lease_tll, "):
+    with pytest.raises(LeaseConfigError, match=r"2 unknown task options.*lease_tl, .*lease_tll, "):
         register(make_app(), lease_tll=5.0, lease_tl=1.0)
     with pytest.raises(LeaseConfigError) as both:  # options and settings in the same error
         register(make_app(lease_on_confict="fail"), lease_tll=5.0)
     assert str(both.value) == (
         "unknown task option lease_tll (task tests.test_config.job); did you mean lease_ttl?\n"
-        "unknown setting lease_on_confict (app.conf); did you mean lease_on_conflict?")
+        "unknown setting lease_on_confict (app.conf); did you mean lease_on_conflict?"
+    )
 
 
 DJANGO_SETTINGS = """\
@@ -279,8 +288,10 @@ CELERY_LEASE_ON_CONFLICT = "retry"
 
 
 @pytest.fixture
-def django_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                    ) -> Iterator[Callable[[str], str]]:
+def django_settings(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Callable[[str], str]]:
     """Write a settings module with ``extra`` lines; return its importable name."""
     monkeypatch.syspath_prepend(str(tmp_path))
     written = []
@@ -318,15 +329,19 @@ def test_namespaced_settings_take_effect_and_a_misspelt_one_is_refused_like_a_pl
     assert "did you mean lease_ttl?" in str(plain.value)
     assert str(namespaced.value) == (
         "unknown setting CELERY_LEASE_TLL (lease_tll) (app.conf); did you mean "
-        "CELERY_LEASE_TTL (lease_ttl)?")
+        "CELERY_LEASE_TTL (lease_ttl)?"
+    )
 
 
 def test_every_misspelt_namespaced_setting_is_reported_in_any_namespace_case(
     django_settings: Callable[[str], str],
 ) -> None:
     with pytest.raises(LeaseConfigError, match=r"^2 unknown settings") as info:
-        register(django_app(django_settings(
-            "CELERY_LEASE_TLL = 5.0\nCELERY_LEASE_RENEW_INTERVALL = 1.0\n")))
+        register(
+            django_app(
+                django_settings("CELERY_LEASE_TLL = 5.0\nCELERY_LEASE_RENEW_INTERVALL = 1.0\n")
+            )
+        )
     assert "did you mean CELERY_LEASE_RENEW_INTERVAL (lease_renew_interval)?" in str(info.value)
     with pytest.raises(LeaseConfigError, match=r"celery_lease_tll \(lease_tll\)"):
         register(django_app(django_settings("celery_lease_tll = 5.0\n"), namespace="celery"))
@@ -342,24 +357,44 @@ def test_an_upper_case_setting_without_a_namespace_is_refused_not_ignored(
         register(django_app(django_settings("LEASE_TTL = 5.0\n"), namespace=""))
     assert str(info.value) == (
         "unknown setting LEASE_TTL (app.conf); did you mean lease_ttl? (without "
-        "config_from_object(..., namespace=...) setting names are lower case)")
+        "config_from_object(..., namespace=...) setting names are lower case)"
+    )
     with pytest.raises(LeaseConfigError, match=r"^unknown setting Lease_Tll .*lease_ttl\?"):
         register(make_app(Lease_Tll=5.0))
 
 
-@pytest.mark.parametrize(("conf", "options"), [
-    ({"broker_url": "amqp://user:s3cr3t@host:5672//", "lease_backend": None}, {}),
-    ({"broker_url": "redis://user:s3cr3t@host:6379/0?socket_timeout=abc",
-      "lease_backend": None}, {}),
-    ({}, {"lease_backend": "redis://:s3cr3t@host:12x/0"}),
-    ({}, {"lease_backend": "redis://u:s3cr3t@host/0?password=s3cr3t&frob=1"}),
-    ({}, {"lease_backend": "sentinel://:s3cr3t@a:26379;sentinel://:s3cr3t@b:26379",
-          "lease_backend_options": {"frob": 1}}),
-    ({}, {"lease_backend": "rediss://h/0",
-          "lease_backend_options": [("ssl_password", "s3cr3t")]}),
-])
-def test_no_configuration_error_shows_a_credential(conf: dict[str, object],
-                                                   options: dict[str, object]) -> None:
+@pytest.mark.parametrize(
+    ("conf", "options"),
+    [
+        ({"broker_url": "amqp://user:s3cr3t@host:5672//", "lease_backend": None}, {}),
+        (
+            {
+                "broker_url": "redis://user:s3cr3t@host:6379/0?socket_timeout=abc",
+                "lease_backend": None,
+            },
+            {},
+        ),
+        ({}, {"lease_backend": "redis://:s3cr3t@host:12x/0"}),
+        ({}, {"lease_backend": "redis://u:s3cr3t@host/0?password=s3cr3t&frob=1"}),
+        (
+            {},
+            {
+                "lease_backend": "sentinel://:s3cr3t@a:26379;sentinel://:s3cr3t@b:26379",
+                "lease_backend_options": {"frob": 1},
+            },
+        ),
+        (
+            {},
+            {
+                "lease_backend": "rediss://h/0",
+                "lease_backend_options": [("ssl_password", "s3cr3t")],
+            },
+        ),
+    ],
+)
+def test_no_configuration_error_shows_a_credential(
+    conf: dict[str, object], options: dict[str, object]
+) -> None:
     app = make_app(**conf)
     with pytest.raises(LeaseConfigError) as info:
         register(app, **options).lease_settings()
@@ -388,12 +423,19 @@ BAD_TIMEOUTS = [None, 0.01, 0.06, 1.0, 5.0, math.nan]
 
 
 def test_the_suggested_fix_of_any_invalid_timing_passes_every_check(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     refused = 0
     for ttl, interval, timeout in itertools.product(BAD_TTLS, BAD_INTERVALS, BAD_TIMEOUTS):
-        given = {name: value for name, value in (
-            ("lease_ttl", ttl), ("lease_renew_interval", interval),
-            ("lease_store_timeout", timeout)) if value is not None}
+        given = {
+            name: value
+            for name, value in (
+                ("lease_ttl", ttl),
+                ("lease_renew_interval", interval),
+                ("lease_store_timeout", timeout),
+            )
+            if value is not None
+        }
         try:
             resolve_options({}, given, "t")
             continue
@@ -407,8 +449,9 @@ def test_the_suggested_fix_of_any_invalid_timing_passes_every_check(
         # The only warning left is about the interval as given (above a third), and its
         # suggestion passes too.
         for record in caplog.records:
-            assert f"lease_renew_interval={interval!r} (t) is above a third" in \
-                record.getMessage(), f"{given} -> {fixed}: {caplog.text}"
+            assert (
+                f"lease_renew_interval={interval!r} (t) is above a third" in record.getMessage()
+            ), f"{given} -> {fixed}: {caplog.text}"
             suggested = re.search(r"consider (lease_renew_interval=\S+)$", record.getMessage())
             if suggested:
                 resolve_options({}, _apply_fix(f". Fix: {suggested.group(1)}", fixed), "t")
@@ -421,33 +464,48 @@ def test_the_reported_chain_gets_one_fix_that_works() -> None:
         resolve_options({}, {"lease_ttl": 0.1, "lease_renew_interval": 20.0}, "t")
     assert str(info.value).endswith("Fix: lease_ttl=0.3 and leave lease_renew_interval unset")
     with pytest.raises(LeaseConfigError) as info:
-        beat_settings({"lease_backend": "redis://h/0", "lease_beat_ttl": 0.2,
-                       "lease_renew_interval": 5.0})
+        beat_settings(
+            {"lease_backend": "redis://h/0", "lease_beat_ttl": 0.2, "lease_renew_interval": 5.0}
+        )
     assert str(info.value).endswith("Fix: lease_beat_ttl=0.3")
-    beat_settings({"lease_backend": "redis://h/0", "lease_beat_ttl": 0.3,
-                   "lease_renew_interval": 5.0})
+    beat_settings(
+        {"lease_backend": "redis://h/0", "lease_beat_ttl": 0.3, "lease_renew_interval": 5.0}
+    )
 
 
 def test_every_invalid_value_is_reported_in_one_error() -> None:
     with pytest.raises(LeaseConfigError) as info:
-        register(make_app(), lease_ttl="30", lease_on_conflict="later", lease_key_prefix="a{b",
-                 lease_min_replicas=-1)
+        register(
+            make_app(),
+            lease_ttl="30",
+            lease_on_conflict="later",
+            lease_key_prefix="a{b",
+            lease_min_replicas=-1,
+        )
     message = str(info.value)
     assert message.startswith("4 invalid lease settings (task ")
     assert "\n" not in message
-    for named in ("lease_ttl='30' must be a number of seconds", "lease_key_prefix='a{b'",
-                  "lease_min_replicas=-1", "lease_on_conflict='later' is not one of"):
+    for named in (
+        "lease_ttl='30' must be a number of seconds",
+        "lease_key_prefix='a{b'",
+        "lease_min_replicas=-1",
+        "lease_on_conflict='later' is not one of",
+    ):
         assert named in message
 
 
-@pytest.mark.parametrize(("option", "value", "says"), [
-    ("lease_dedupe", "true", "must be True or False"),
-    ("lease_dedupe", 1, "must be True or False"),
-    ("lease_dedupe_ttl", 0, "above zero"),
-    ("lease_dedupe_ttl", "300", "number of seconds"),
-])
-def test_lease_dedupe_and_its_ttl_are_checked_at_registration(option: str, value: object,
-                                                              says: str) -> None:
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("lease_dedupe", "true", "must be True or False"),
+        ("lease_dedupe", 1, "must be True or False"),
+        ("lease_dedupe_ttl", 0, "above zero"),
+        ("lease_dedupe_ttl", "300", "number of seconds"),
+    ],
+)
+def test_lease_dedupe_and_its_ttl_are_checked_at_registration(
+    option: str, value: object, says: str
+) -> None:
     with pytest.raises(LeaseConfigError, match=f"{option}=.*{says}"):
         register(make_app(), **{option: value})
     with pytest.raises(LeaseConfigError, match=option):

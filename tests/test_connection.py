@@ -63,8 +63,11 @@ def works(client: redis.Redis) -> bool:
     """A full lease cycle on ``client``: acquire, renew, release."""
     key, token = f"lease:{{{uuid.uuid4().hex}}}", uuid.uuid4().hex
     granted = store.acquire(client, key, token, 5000, HOLDER).granted
-    return granted and store.renew_many(client, [(key, token, 5000)]) == [1] and \
-        store.release(client, key, token)
+    return (
+        granted
+        and store.renew_many(client, [(key, token, 5000)]) == [1]
+        and store.release(client, key, token)
+    )
 
 
 def assert_library_settings(client: redis.Redis, timeout: float) -> None:
@@ -77,11 +80,13 @@ def assert_library_settings(client: redis.Redis, timeout: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def unix_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SystemRedisServer,
-                                                                             str]]:
+def unix_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[SystemRedisServer, str]]:
     sock = str(tmp_path_factory.mktemp("sock") / "redis.sock")
-    server = SystemRedisServer(config={"unixsocket": sock, "unixsocketperm": "700",
-                                       "requirepass": "sockpw"}).start()
+    server = SystemRedisServer(
+        config={"unixsocket": sock, "unixsocketperm": "700", "requirepass": "sockpw"}
+    ).start()
     yield server, sock
     server.close()
 
@@ -120,12 +125,19 @@ def test_acl_credentials_in_the_url_reach_the_server(redis_url: str) -> None:
         server.close()
 
 
-@pytest.mark.parametrize("query", [
-    "decode_responses=true", "retry_on_timeout=true", "health_check_interval=30",
-    "socket_keepalive=false", "decode_responses=true&retry_on_timeout=yes&health_check_interval=5",
-])
+@pytest.mark.parametrize(
+    "query",
+    [
+        "decode_responses=true",
+        "retry_on_timeout=true",
+        "health_check_interval=30",
+        "socket_keepalive=false",
+        "decode_responses=true&retry_on_timeout=yes&health_check_interval=5",
+    ],
+)
 def test_query_options_that_would_weaken_the_client_are_overridden(
-        redis_url: str, query: str, caplog: pytest.LogCaptureFixture) -> None:
+    redis_url: str, query: str, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.WARNING, "celery_lease"):
         client = store.client_for(f"{redis_url}?{query}", 0.3)
     assert works(client)  # decode_responses=true used to break every acquire with a TypeError
@@ -145,24 +157,28 @@ def test_timeouts_in_the_broker_fallback_are_refused_naming_lease_backend() -> N
         register(app)
 
 
-@pytest.mark.parametrize(("url", "options", "match"), [
-    ("redis://h:6379/0?ssl_cert_reqs=required", None, "use rediss://"),
-    ("redis://h:6379/0", {"ssl_ca_certs": "/ca.pem"}, "use a rediss:// URL"),
-    ("rediss://h:6379/0?ssl_cert_reqs=sometimes", None, "CERT_REQUIRED"),
-    ("redis://h:6379/0?frobnicate=1", None, "unknown option 'frobnicate'"),
-    ("redis://h:6379/x", None, "database '/x' is not a number"),
-    ("sentinel://h:26379/0", None, "master_name"),
-    ("redis://h:6379/0", {"master_name": "m"}, "only apply to sentinel"),
-    ("redis+cluster://h:7000", None, r"\{'cluster': True\}"),
-    ("redis://h:7000/2", {"cluster": True}, "only database 0"),
-    ("unix:///tmp/r.sock", {"cluster": True}, "unix socket"),
-    ("redis://h:6379/0", {"cluster": "yes"}, "True or False"),
-    ("redis://h:6379/0", {"socket_timeout": 30}, "lease_store_timeout"),
-    ("redis://h:6379/0", "ssl=1", "must be a dict"),
-    ("redis://h:1;redis://h:2", None, "only for Sentinel"),
-])
-def test_unusable_configuration_is_refused_at_registration(url: str, options: object,
-                                                          match: str) -> None:
+@pytest.mark.parametrize(
+    ("url", "options", "match"),
+    [
+        ("redis://h:6379/0?ssl_cert_reqs=required", None, "use rediss://"),
+        ("redis://h:6379/0", {"ssl_ca_certs": "/ca.pem"}, "use a rediss:// URL"),
+        ("rediss://h:6379/0?ssl_cert_reqs=sometimes", None, "CERT_REQUIRED"),
+        ("redis://h:6379/0?frobnicate=1", None, "unknown option 'frobnicate'"),
+        ("redis://h:6379/x", None, "database '/x' is not a number"),
+        ("sentinel://h:26379/0", None, "master_name"),
+        ("redis://h:6379/0", {"master_name": "m"}, "only apply to sentinel"),
+        ("redis+cluster://h:7000", None, r"\{'cluster': True\}"),
+        ("redis://h:7000/2", {"cluster": True}, "only database 0"),
+        ("unix:///tmp/r.sock", {"cluster": True}, "unix socket"),
+        ("redis://h:6379/0", {"cluster": "yes"}, "True or False"),
+        ("redis://h:6379/0", {"socket_timeout": 30}, "lease_store_timeout"),
+        ("redis://h:6379/0", "ssl=1", "must be a dict"),
+        ("redis://h:1;redis://h:2", None, "only for Sentinel"),
+    ],
+)
+def test_unusable_configuration_is_refused_at_registration(
+    url: str, options: object, match: str
+) -> None:
     app = make_app(lease_backend=url, lease_backend_options=options)
     with pytest.raises(LeaseConfigError, match=match):
         register(app)
@@ -184,7 +200,8 @@ def test_lease_min_replicas_must_be_a_whole_number(value: object) -> None:
 def test_sentinel_url_in_celerys_spelling_is_parsed() -> None:
     spec = store_url.parse_store(
         "sentinel://:pw@h1:26379/2;sentinel://h2:26380/2",
-        {"master_name": "mymaster", "sentinel_kwargs": {"password": "spw"}})
+        {"master_name": "mymaster", "sentinel_kwargs": {"password": "spw"}},
+    )
     assert spec.kind == "sentinel" and spec.master_name == "mymaster"
     assert spec.sentinels == (("h1", 26379), ("h2", 26380))
     assert spec.params["db"] == 2 and spec.params["password"] == "pw"
@@ -192,8 +209,9 @@ def test_sentinel_url_in_celerys_spelling_is_parsed() -> None:
 
 
 def test_cluster_is_an_option_on_a_plain_seed_url() -> None:
-    spec = store_url.parse_store("rediss://u:p@h:7000", {"cluster": True,
-                                                          "ssl_ca_certs": "/ca.pem"})
+    spec = store_url.parse_store(
+        "rediss://u:p@h:7000", {"cluster": True, "ssl_ca_certs": "/ca.pem"}
+    )
     assert spec.kind == "cluster" and spec.tls and "db" not in spec.params
     assert spec.params["ssl_cert_reqs"] == ssl.CERT_REQUIRED
 
@@ -201,11 +219,17 @@ def test_cluster_is_an_option_on_a_plain_seed_url() -> None:
 # -- credentials never printed ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("url", [
-    "redis://user:hunter2@h:6379/0", "unix://:hunter2@/tmp/r.sock?db=0",
-    "unix:///tmp/r.sock?password=hunter2", "sentinel://:hunter2@h1:1/0;sentinel://:hunter2@h2:2/0",
-    "amqp://guest:hunter2@h:5672//", "redis://:hunter2@h:63 79/0",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://user:hunter2@h:6379/0",
+        "unix://:hunter2@/tmp/r.sock?db=0",
+        "unix:///tmp/r.sock?password=hunter2",
+        "sentinel://:hunter2@h1:1/0;sentinel://:hunter2@h2:2/0",
+        "amqp://guest:hunter2@h:5672//",
+        "redis://:hunter2@h:63 79/0",
+    ],
+)
 def test_safe_url_masks_every_password(url: str) -> None:
     assert "hunter2" not in store_url.safe_url(url)
 
@@ -238,24 +262,31 @@ def mtls_server(certs: Certificates) -> Iterator[TlsRedisServer]:
 
 
 @pytest.mark.parametrize("reqs", ["CERT_REQUIRED", "required"])
-def test_tls_with_the_ca_in_the_url_query(tls_server: TlsRedisServer, certs: Certificates,
-                                          reqs: str) -> None:
-    client = store.client_for(f"{tls_server.url()}?ssl_cert_reqs={reqs}&ssl_ca_certs="
-                              f"{certs.ca_file}", 0.5)
+def test_tls_with_the_ca_in_the_url_query(
+    tls_server: TlsRedisServer, certs: Certificates, reqs: str
+) -> None:
+    client = store.client_for(
+        f"{tls_server.url()}?ssl_cert_reqs={reqs}&ssl_ca_certs={certs.ca_file}", 0.5
+    )
     assert works(client)
     assert_library_settings(client, 0.5)
     assert topology.describe_topology(client).tls is True
 
 
-def test_tls_with_the_ca_in_lease_backend_options(tls_server: TlsRedisServer,
-                                                  certs: Certificates) -> None:
+def test_tls_with_the_ca_in_lease_backend_options(
+    tls_server: TlsRedisServer, certs: Certificates
+) -> None:
     assert works(store.client_for(tls_server.url(), 0.5, {"ssl_ca_certs": certs.ca_file}))
 
 
-def test_mutual_tls_with_a_client_certificate(mtls_server: TlsRedisServer,
-                                              certs: Certificates) -> None:
-    options = {"ssl_ca_certs": certs.ca_file, "ssl_certfile": certs.client_cert,
-               "ssl_keyfile": certs.client_key}
+def test_mutual_tls_with_a_client_certificate(
+    mtls_server: TlsRedisServer, certs: Certificates
+) -> None:
+    options = {
+        "ssl_ca_certs": certs.ca_file,
+        "ssl_certfile": certs.client_cert,
+        "ssl_keyfile": certs.client_key,
+    }
     assert works(store.client_for(mtls_server.url(), 0.5, options))
     with pytest.raises(redis.ConnectionError) as refused:
         store.client_for(mtls_server.url(), 0.5, {"ssl_ca_certs": certs.ca_file}).ping()
@@ -263,9 +294,11 @@ def test_mutual_tls_with_a_client_certificate(mtls_server: TlsRedisServer,
 
 
 def test_wrong_ca_refuses_the_worker_start_naming_the_setting(
-        tls_server: TlsRedisServer, certs: Certificates) -> None:
-    app = make_app(lease_backend=tls_server.url(),
-                   lease_backend_options={"ssl_ca_certs": certs.other_ca_file})
+    tls_server: TlsRedisServer, certs: Certificates
+) -> None:
+    app = make_app(
+        lease_backend=tls_server.url(), lease_backend_options={"ssl_ca_certs": certs.other_ca_file}
+    )
     register(app)
     with pytest.raises(LeaseConfigError, match=r"certificate verify failed.*ssl_ca_certs") as err:
         check_app(app)
@@ -284,33 +317,38 @@ def acl_server() -> Iterator[AclRedisServer]:
 
 def test_minimal_acl_user_cannot_run_keys_config_or_flush(acl_server: AclRedisServer) -> None:
     client = store.client_for(acl_server.lease_url(), 0.5)
-    for command in (("KEYS", "*"), ("CONFIG", "GET", "maxmemory"), ("FLUSHALL",),
-                    ("GET", "not-a-lease-key")):
+    for command in (
+        ("KEYS", "*"),
+        ("CONFIG", "GET", "maxmemory"),
+        ("FLUSHALL",),
+        ("GET", "not-a-lease-key"),
+    ):
         with pytest.raises(redis.exceptions.NoPermissionError):
             client.execute_command(*command)
 
 
 def test_store_check_under_acl_reads_the_eviction_policy_from_info(
-        acl_server: AclRedisServer) -> None:
+    acl_server: AclRedisServer,
+) -> None:
     client = store.client_for(acl_server.lease_url(), 0.5)
     assert topology.check_store(client).eviction_policy == "noeviction"
     layout = topology.describe_topology(client)
     assert (layout.kind, layout.eviction_policy, layout.policy_source) == (
-        "standalone", "noeviction", "INFO")
+        "standalone",
+        "noeviction",
+        "INFO",
+    )
     assert layout.primaries == (f"127.0.0.1:{acl_server.port}",) and not layout.tls
 
 
-def test_eviction_policy_is_unreadable_when_info_is_denied_too(
-        acl_server: AclRedisServer) -> None:
+def test_eviction_policy_is_unreadable_when_info_is_denied_too(acl_server: AclRedisServer) -> None:
     with acl_server.client() as admin:
-        admin.execute_command("ACL", "SETUSER", "bare", "reset", "on", ">pw", "~lease:*",
-                              "+get")
+        admin.execute_command("ACL", "SETUSER", "bare", "reset", "on", ">pw", "~lease:*", "+get")
     client = store.client_for(f"redis://bare:pw@127.0.0.1:{acl_server.port}/0", 0.5)
     assert topology.describe_topology(client).eviction_policy == "unreadable under ACL"
 
 
-def test_wrong_password_refuses_the_worker_start_as_permanent(
-        acl_server: AclRedisServer) -> None:
+def test_wrong_password_refuses_the_worker_start_as_permanent(acl_server: AclRedisServer) -> None:
     app = make_app(lease_backend=acl_server.lease_url(password="wrong"))
     register(app)
     with pytest.raises(LeaseConfigError, match="lease_backend") as err:
@@ -318,15 +356,24 @@ def test_wrong_password_refuses_the_worker_start_as_permanent(
     assert "unreachable" not in str(err.value) and "wrong" not in str(err.value)
 
 
-@pytest.mark.parametrize(("user", "rules", "named"), [
-    ("wrongkeys", ["reset", "on", ">pw", "~jobs:*", "-@all", "+info", "+evalsha", "+eval",
-                   "+get"], "key patterns do not cover lease_key_prefix 'lease'; grant "
-                            "'~lease:*'"),
-    ("noscripts", ["reset", "on", ">pw", "~lease:*", "-@all", "+info", "+get", "+set"],
-     "may not run +eval"),
-])
+@pytest.mark.parametrize(
+    ("user", "rules", "named"),
+    [
+        (
+            "wrongkeys",
+            ["reset", "on", ">pw", "~jobs:*", "-@all", "+info", "+evalsha", "+eval", "+get"],
+            "key patterns do not cover lease_key_prefix 'lease'; grant '~lease:*'",
+        ),
+        (
+            "noscripts",
+            ["reset", "on", ">pw", "~lease:*", "-@all", "+info", "+get", "+set"],
+            "may not run +eval",
+        ),
+    ],
+)
 def test_a_user_missing_a_permission_refuses_the_worker_start(
-        acl_server: AclRedisServer, user: str, rules: list[str], named: str) -> None:
+    acl_server: AclRedisServer, user: str, rules: list[str], named: str
+) -> None:
     with acl_server.client() as admin:
         admin.execute_command("ACL", "SETUSER", user, *rules)
     app = make_app(lease_backend=f"redis://{user}:pw@127.0.0.1:{acl_server.port}/0")
@@ -356,10 +403,10 @@ def test_scan_over_a_standalone_store_uses_scan_only(acl_server: AclRedisServer)
 
 
 def test_a_frozen_store_times_out_at_the_library_timeout_with_overrides_in_the_url(
-        throwaway_redis: RedisFactory) -> None:
+    throwaway_redis: RedisFactory,
+) -> None:
     server = throwaway_redis()
-    client = store.client_for(f"{server.url()}?retry_on_timeout=true&health_check_interval=1",
-                              0.3)
+    client = store.client_for(f"{server.url()}?retry_on_timeout=true&health_check_interval=1", 0.3)
     key, token = "lease:{frozen}", uuid.uuid4().hex
     store.acquire(client, key, token, 5000, HOLDER)
     server.pause()
@@ -372,17 +419,21 @@ def test_a_frozen_store_times_out_at_the_library_timeout_with_overrides_in_the_u
         server.resume()
 
 
-
 # -- the CLI on these stores ---------------------------------------------------------------
 
 
 def cli_env(redis_url: str, lease_backend: str) -> dict[str, str]:
-    return {BROKER_URL_ENV: redis_url, RESULT_BACKEND_ENV: redis_url, QUEUE_ENV: "cli-conn",
-            "LEASE_BACKEND": lease_backend}
+    return {
+        BROKER_URL_ENV: redis_url,
+        RESULT_BACKEND_ENV: redis_url,
+        QUEUE_ENV: "cli-conn",
+        "LEASE_BACKEND": lease_backend,
+    }
 
 
 def test_cli_under_the_minimal_acl_lists_and_describes_the_store(
-        acl_server: AclRedisServer, redis_url: str) -> None:
+    acl_server: AclRedisServer, redis_url: str
+) -> None:
     client = store.client_for(acl_server.lease_url(), 0.5)
     store.acquire(client, "lease:{cli-acl}", uuid.uuid4().hex, 30_000, HOLDER)
     env = cli_env(redis_url, acl_server.lease_url())

@@ -29,10 +29,21 @@ def _tag() -> str:
 
 
 def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, BROKER_URL_ENV: url, RESULT_BACKEND_ENV: url, QUEUE_ENV: "unused",
-           "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run([sys.executable, "-m", "celery", "-A", APP, "lease", *args],
-                          capture_output=True, text=True, env=env, timeout=60, cwd=REPO_ROOT)
+    env = {
+        **os.environ,
+        BROKER_URL_ENV: url,
+        RESULT_BACKEND_ENV: url,
+        QUEUE_ENV: "unused",
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", APP, "lease", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=REPO_ROOT,
+    )
 
 
 @pytest.fixture
@@ -44,7 +55,8 @@ def client_app(redis_url: str, worker_factory: WorkerFactory) -> Iterator[Any]:
 
 
 def test_a_copy_within_the_cooldown_is_skipped_with_its_end_listed_and_released_early(
-        redis_url: str, worker_factory: WorkerFactory, client_app: Any) -> None:
+    redis_url: str, worker_factory: WorkerFactory, client_app: Any
+) -> None:
     worker_factory(APP, env={})
     tag = _tag()
     assert once.delay(tag).get(timeout=30) == "ran"
@@ -73,7 +85,8 @@ def test_a_copy_within_the_cooldown_is_skipped_with_its_end_listed_and_released_
 
 
 def test_a_failure_leaves_no_cooldown_unless_lease_cooldown_after_is_any(
-        worker_factory: WorkerFactory, client_app: Any) -> None:
+    worker_factory: WorkerFactory, client_app: Any
+) -> None:
     worker_factory(APP, env={})
     tag = _tag()
     with pytest.raises(RuntimeError):
@@ -86,7 +99,8 @@ def test_a_failure_leaves_no_cooldown_unless_lease_cooldown_after_is_any(
 
 
 def test_a_copy_retried_from_the_cooldown_starts_only_once_it_is_over_on_the_stores_clock(
-        worker_factory: WorkerFactory, client_app: Any) -> None:
+    worker_factory: WorkerFactory, client_app: Any
+) -> None:
     worker_factory(APP, pool="threads", concurrency=2, env={})
     tag = _tag()
     assert retried.delay(tag).get(timeout=30) == "ran"
@@ -105,7 +119,8 @@ def in_process(redis_url: str) -> Iterator[None]:
 
 @pytest.mark.parametrize("mode", ["apply", "eager"])
 def test_apply_and_eager_mode_keep_the_cooldown_like_a_worker(
-        mode: str, redis_url: str, in_process: None) -> None:
+    mode: str, redis_url: str, in_process: None
+) -> None:
     cooldown_app.app.conf.task_always_eager = mode == "eager"
 
     def call(tag: str, fail: bool = False) -> Any:
@@ -123,7 +138,8 @@ def test_apply_and_eager_mode_keep_the_cooldown_like_a_worker(
 
 
 def test_a_message_the_execution_published_for_its_own_key_meets_its_cooldown_as_a_copy(
-        redis_url: str, in_process: None) -> None:
+    redis_url: str, in_process: None
+) -> None:
     cooldown_app.app.conf.task_always_eager = True
     tag = _tag()
     assert requeue.delay(tag).get() == "ran"

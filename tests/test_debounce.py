@@ -37,17 +37,23 @@ DELAY, CAP = 0.5, 2.0
 
 @pytest.fixture
 def client(redis_url: str, worker_factory: WorkerFactory) -> Iterator[redis.Redis]:
-    debounce_app.configure(redis_url, task_default_queue=worker_factory.queue,
-                           task_always_eager=False, lease_debounce=DELAY,
-                           lease_debounce_max=CAP)
+    debounce_app.configure(
+        redis_url,
+        task_default_queue=worker_factory.queue,
+        task_always_eager=False,
+        lease_debounce=DELAY,
+        lease_debounce_max=CAP,
+    )
     with redis.Redis.from_url(redis_url) as client:
         yield client
 
 
 def _spans(tag: str) -> list[tuple[float, float, Any]]:
     starts = {(r["id"], r["n"]): r["t"] for r in runs(tag) if r["what"] == "start"}
-    return sorted((t, next(r["t"] for r in runs(tag) if r["what"] == "end" and
-                          (r["id"], r["n"]) == k), k[1]) for k, t in starts.items())
+    return sorted(
+        (t, next(r["t"] for r in runs(tag) if r["what"] == "end" and (r["id"], r["n"]) == k), k[1])
+        for k, t in starts.items()
+    )
 
 
 def _never_two_running(tag: str) -> None:
@@ -60,17 +66,25 @@ def _now(client: redis.Redis) -> float:
     return float(seconds + micros / 1e6)
 
 
-@pytest.mark.parametrize(("given", "named"), [
-    ({"lease_debounce": 0}, "lease_debounce=0"),
-    ({"lease_debounce": "2"}, "lease_debounce='2'"),
-    ({"lease_debounce": True}, "lease_debounce=True"),
-    ({"lease_debounce": 2.0, "lease_debounce_max": 1.0}, "lease_debounce_max=1.0 (task t) is "
-                                                         "below lease_debounce=2.0"),
-    ({"lease_debounce_max": 5.0}, "lease_debounce_max=5.0 (task t) has no effect without "
-                                  "lease_debounce"),
-])
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ({"lease_debounce": 0}, "lease_debounce=0"),
+        ({"lease_debounce": "2"}, "lease_debounce='2'"),
+        ({"lease_debounce": True}, "lease_debounce=True"),
+        (
+            {"lease_debounce": 2.0, "lease_debounce_max": 1.0},
+            "lease_debounce_max=1.0 (task t) is below lease_debounce=2.0",
+        ),
+        (
+            {"lease_debounce_max": 5.0},
+            "lease_debounce_max=5.0 (task t) has no effect without lease_debounce",
+        ),
+    ],
+)
 def test_bad_debounce_settings_are_refused_naming_the_setting_and_the_fix(
-        given: dict[str, Any], named: str) -> None:
+    given: dict[str, Any], named: str
+) -> None:
     with pytest.raises(LeaseConfigError, match=named.replace("(", r"\(").replace(")", r"\)")):
         resolve_options({}, given, "task t")
 
@@ -79,9 +93,12 @@ def test_debounce_settings_are_checked_when_the_task_is_decorated() -> None:
     app = Celery("decorated", set_as_current=False)
     app.conf.lease_backend = "redis://127.0.0.1:1/0"
     with pytest.raises(LeaseConfigError, match=r"lease_debounce_max=0\.5"):
-        @app.task(shared=False, base=LeasedTask, name="d.bad", lease_debounce=1.0,
-                  lease_debounce_max=0.5)
+
+        @app.task(
+            shared=False, base=LeasedTask, name="d.bad", lease_debounce=1.0, lease_debounce_max=0.5
+        )
         def bad() -> None: ...
+
         bad.lease_settings()
 
 
@@ -92,12 +109,14 @@ def test_the_cap_defaults_to_ten_times_the_quiet_time() -> None:
 
 
 def test_a_burst_of_publishes_runs_once_with_the_latest_arguments_and_every_caller_shares_it(
-        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    client: redis.Redis, worker_factory: WorkerFactory
+) -> None:
     with received(signals.lease_published) as published:  # what metrics count
         results = [refresh.delay("a", n) for n in range(5)]
     last = _now(client)
-    assert [(p["disposition"], p["task_id"]) for p in published] == \
-        [("debounced", results[0].id)] * 5
+    assert [(p["disposition"], p["task_id"]) for p in published] == [
+        ("debounced", results[0].id)
+    ] * 5
     assert {r.lease_disposition for r in results} == {"debounced"}
     assert len({r.id for r in results}) == 1
     assert client.llen(worker_factory.queue) == 1  # the burst's one timer message
@@ -110,7 +129,8 @@ def test_a_burst_of_publishes_runs_once_with_the_latest_arguments_and_every_call
 
 
 def test_a_steady_stream_of_publishes_cannot_put_the_run_off_past_the_cap(
-        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    client: redis.Redis, worker_factory: WorkerFactory
+) -> None:
     worker_factory(APP)
     first = _now(client)
     results = []
@@ -128,7 +148,8 @@ def test_a_steady_stream_of_publishes_cannot_put_the_run_off_past_the_cap(
 
 
 def test_a_burst_due_while_the_previous_run_holds_the_key_waits_for_its_release(
-        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    client: redis.Redis, worker_factory: WorkerFactory
+) -> None:
     worker_factory(APP, pool="threads", concurrency=4)
     first = refresh.delay("h", 0, 2.5)
     wait_for(lambda: any(r["what"] == "start" for r in runs("h")), 20)
@@ -140,7 +161,8 @@ def test_a_burst_due_while_the_previous_run_holds_the_key_waits_for_its_release(
 
 
 def test_a_lost_timer_is_published_again_by_a_live_workers_sweep_and_runs_once(
-        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    client: redis.Redis, worker_factory: WorkerFactory
+) -> None:
     result = refresh.delay("l", 7)
     assert client.llen(worker_factory.queue) == 1
     client.delete(worker_factory.queue)  # the timer message is lost
@@ -150,10 +172,12 @@ def test_a_lost_timer_is_published_again_by_a_live_workers_sweep_and_runs_once(
 
 
 def test_a_second_timer_of_a_burst_does_nothing(
-        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    client: redis.Redis, worker_factory: WorkerFactory
+) -> None:
     result = refresh.delay("d", 3)
-    refresh.apply_async(("d", 99), task_id=result.id, headers={
-        DEBOUNCE_HEADER: refresh.lease_key_for(("d", 0))})  # a copy of the timer
+    refresh.apply_async(
+        ("d", 99), task_id=result.id, headers={DEBOUNCE_HEADER: refresh.lease_key_for(("d", 0))}
+    )  # a copy of the timer
     assert client.llen(worker_factory.queue) == 2
     worker_factory(APP)
     assert AsyncResult(result.id, app=debounce_app.app).get(timeout=30) == 3
@@ -162,7 +186,8 @@ def test_a_second_timer_of_a_burst_does_nothing(
 
 
 def test_the_original_timer_retried_after_its_copy_from_the_sweep_ran_does_not_run_it_again(
-        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    client: redis.Redis, worker_factory: WorkerFactory
+) -> None:
     result = refresh.delay("o", 5)
     key = refresh.lease_key_for(("o", 0))
     [raw] = client.lrange(worker_factory.queue, 0, -1)
@@ -171,40 +196,55 @@ def test_the_original_timer_retried_after_its_copy_from_the_sweep_ran_does_not_r
     worker = worker_factory(APP)  # its sweep publishes the late timer again: that copy runs
     assert result.get(timeout=30) == 5
     # The original comes back as its retry after a store error hid its fire's reply would.
-    refresh.apply_async(("o", 99), task_id=result.id, headers={
-        DEBOUNCE_HEADER: key, TIMER_HEADER: original, AGAIN_HEADER: "1"})
-    wait_for(lambda: "not run: its burst already ran" in worker.log_text(), 20,
-             message=lambda: worker.log_tail())
+    refresh.apply_async(
+        ("o", 99),
+        task_id=result.id,
+        headers={DEBOUNCE_HEADER: key, TIMER_HEADER: original, AGAIN_HEADER: "1"},
+    )
+    wait_for(
+        lambda: "not run: its burst already ran" in worker.log_text(),
+        20,
+        message=lambda: worker.log_tail(),
+    )
     assert [n for _, _, n in _spans("o")] == [5]
 
 
 def test_celery_lease_ls_shows_a_waiting_burst_its_publishes_and_when_it_is_due(
-        client: redis.Redis) -> None:
-    debounce_app.configure(debounce_app.app.conf.lease_backend, lease_debounce=30.0,
-                           lease_debounce_max=60.0)
+    client: redis.Redis,
+) -> None:
+    debounce_app.configure(
+        debounce_app.app.conf.lease_backend, lease_debounce=30.0, lease_debounce_max=60.0
+    )
     results = [refresh.delay("ls", n) for n in range(3)]
     obj = SimpleNamespace(app=debounce_app.app)
     listed = CliRunner().invoke(lease, ["ls", "--json"], obj=obj)
     assert listed.exit_code == 0, listed.output
     [shown] = [i for i in json.loads(listed.stdout) if i.get("kind") == "waiting"]
     assert (shown["task"], shown["task_id"], shown["key"], shown["debounced"]) == (
-        "db.refresh", results[0].id, refresh.lease_key_for(("ls", 0)), 3)
+        "db.refresh",
+        results[0].id,
+        refresh.lease_key_for(("ls", 0)),
+        3,
+    )
     assert 25.0 < shown["due_in"] <= 30.0 and shown["lifetime"] == 60.0
     table = CliRunner().invoke(lease, ["ls", "--wide"], obj=obj).output
     assert "1 waiting copy" in table and results[0].id in table
     done = CliRunner().invoke(lease, ["doctor"], obj=obj)
-    assert not any(line.startswith("FAIL") and "burst" in line
-                   for line in done.output.splitlines()), done.output
+    assert not any(
+        line.startswith("FAIL") and "burst" in line for line in done.output.splitlines()
+    ), done.output
 
 
 def test_eager_publishes_of_a_burst_run_once_after_the_quiet_time_with_the_latest_arguments(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     debounce_app.configure(debounce_app.app.conf.lease_backend, task_always_eager=True)
     try:
         first = _now(client)
         results = [refresh.delay("e", n) for n in range(4)]
-        assert len({r.id for r in results}) == 1 and {r.lease_disposition for r in results} \
-            == {"debounced"}
+        assert len({r.id for r in results}) == 1 and {r.lease_disposition for r in results} == {
+            "debounced"
+        }
         assert not results[0].ready()  # no run yet: it waits for the quiet time
         assert [r.get(timeout=10) for r in results] == [3] * 4
         [(start, _, n)] = _spans("e")
@@ -214,7 +254,8 @@ def test_eager_publishes_of_a_burst_run_once_after_the_quiet_time_with_the_lates
 
 
 def test_an_eager_burst_due_while_the_key_is_held_waits_for_the_release(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     debounce_app.configure(debounce_app.app.conf.lease_backend, task_always_eager=True)
     try:
         holder = refresh.delay("eh", 0, 1.5)
@@ -228,17 +269,28 @@ def test_an_eager_burst_due_while_the_key_is_held_waits_for_the_release(
 
 
 def test_an_early_timer_and_the_fired_burst_send_task_events_flower_shows(
-        client: redis.Redis, worker_factory: WorkerFactory) -> None:
-    debounce_app.configure(debounce_app.app.conf.lease_backend, lease_debounce=1.0,
-                           lease_debounce_max=5.0)
-    worker_factory(APP, env={"LEASE_DEBOUNCE": "1.0", "LEASE_DEBOUNCE_MAX": "5.0"},
-                   extra_args=("-E",))
-    with task_events(debounce_app.app,
-                     lambda e: e.get("type", "").startswith("task-lease-debounce"),
-                     lambda e: e["type"] == "task-lease-debounce-fired") as seen:
+    client: redis.Redis, worker_factory: WorkerFactory
+) -> None:
+    debounce_app.configure(
+        debounce_app.app.conf.lease_backend, lease_debounce=1.0, lease_debounce_max=5.0
+    )
+    worker_factory(
+        APP, env={"LEASE_DEBOUNCE": "1.0", "LEASE_DEBOUNCE_MAX": "5.0"}, extra_args=("-E",)
+    )
+    with task_events(
+        debounce_app.app,
+        lambda e: e.get("type", "").startswith("task-lease-debounce"),
+        lambda e: e["type"] == "task-lease-debounce-fired",
+    ) as seen:
         first = refresh.delay("ev", 1)
-        wait_for(lambda: _now(client) >= float(client.hget(burst_key(
-            refresh.lease_key_for(("ev", 0))), "first")) / 1000 + 0.5, 10)
+        wait_for(
+            lambda: (
+                _now(client)
+                >= float(client.hget(burst_key(refresh.lease_key_for(("ev", 0))), "first")) / 1000
+                + 0.5
+            ),
+            10,
+        )
         refresh.delay("ev", 2)  # the due time moves: the timer arrives early
         assert first.get(timeout=30) == 2
     assert [e["type"] for e in seen] == ["task-lease-debounced", "task-lease-debounce-fired"]
@@ -246,8 +298,9 @@ def test_an_early_timer_and_the_fired_burst_send_task_events_flower_shows(
     assert {e["uuid"] for e in seen} == {first.id}
     assert 0.0 < early["lease_due_in"] <= 1.0 and fired["lease_triggers"] == 2
     assert fired["lease_waited"] >= 1.4
-    assert lease_summary(SimpleNamespace(**{**fired, "state": "SUCCESS"})) == \
-        "debounced (2 publishes)"
+    assert (
+        lease_summary(SimpleNamespace(**{**fired, "state": "SUCCESS"})) == "debounced (2 publishes)"
+    )
     assert lease_summary(SimpleNamespace(**early)) == "debounced (waiting)"
 
 
@@ -261,45 +314,59 @@ def test_the_burst_scripts_and_the_sweep_note_run_on_redis_cluster_without_cross
         url = f"redis://127.0.0.1:{cluster.live()[0].port}/0"
         cluster_client = store.client_for(url, 2.0, {"cluster": True})
         for key in [f"lease:{{db:{i}}}" for i in range(6)]:  # spread over the primaries
-            started = stored.trigger(cluster_client, key, "b1", 30, 1000, '{"n": 1}', "{}",
-                                     1000, 9000)
+            started = stored.trigger(
+                cluster_client, key, "b1", 30, 1000, '{"n": 1}', "{}", 1000, 9000
+            )
             assert started.started and started.task_id == "b1"
             stored_handoff.watch(cluster_client, "lease", key, 2000, keep_earlier=True)
-            joined = stored.trigger(cluster_client, key, "b2", 30, 1000, '{"n": 2}', "{}",
-                                    1000, 9000)
+            joined = stored.trigger(
+                cluster_client, key, "b2", 30, 1000, '{"n": 2}', "{}", 1000, 9000
+            )
             assert (joined.started, joined.task_id, joined.count) == (False, "b1", 2)
             assert stored.look(cluster_client, key, 60_000).again_in is not None
-            wait_for(lambda key=key: stored.fire(cluster_client, key, "b1", 1000).outcome
-                     == "fire", 5)
+            wait_for(
+                lambda key=key: stored.fire(cluster_client, key, "b1", 1000).outcome == "fire", 5
+            )
             assert stored.read_burst(cluster_client, key) is None  # a tombstone now
             assert stored.fire(cluster_client, key, "b1", 1000).outcome == "stale"
 
 
 def test_arguments_the_json_serializer_takes_reach_the_run_as_the_worker_would_get_them(
-        client: redis.Redis) -> None:
-    debounce_app.configure(debounce_app.app.conf.lease_backend, task_always_eager=True,
-                           lease_debounce=0.05, lease_debounce_max=0.5)
+    client: redis.Redis,
+) -> None:
+    debounce_app.configure(
+        debounce_app.app.conf.lease_backend,
+        task_always_eager=True,
+        lease_debounce=0.05,
+        lease_debounce_max=0.5,
+    )
     try:
         import datetime
         import decimal
         import uuid as uuid_module
 
-        values = [uuid_module.UUID(int=7), datetime.datetime(2026, 12, 2, 1, 2, 3),
-                  decimal.Decimal("1.5"), {"1": [1, 2]}]
+        values = [
+            uuid_module.UUID(int=7),
+            datetime.datetime(2026, 12, 2, 1, 2, 3),
+            decimal.Decimal("1.5"),
+            {"1": [1, 2]},
+        ]
         result = refresh.delay("types", values)
         assert result.get(timeout=10) == values  # kombu's JSON gives the types back
         from kombu.exceptions import EncodeError
 
         with pytest.raises(EncodeError):  # as without lease_debounce: nothing is recorded
             refresh.delay("types", object())
-        assert not client.exists(burst_key(refresh.lease_key_for(("types", 0)))) or \
-            client.hget(burst_key(refresh.lease_key_for(("types", 0))), "fired")
+        assert not client.exists(burst_key(refresh.lease_key_for(("types", 0)))) or client.hget(
+            burst_key(refresh.lease_key_for(("types", 0))), "fired"
+        )
     finally:
         debounce_app.configure(debounce_app.app.conf.lease_backend, task_always_eager=False)
 
 
 def test_a_timer_whose_record_the_store_lost_runs_with_the_arguments_it_was_published_with(
-        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    client: redis.Redis, worker_factory: WorkerFactory
+) -> None:
     result = refresh.delay("w", 5)
     refresh.delay("w", 6)
     client.delete(burst_key(refresh.lease_key_for(("w", 0))))  # the store lost the record
@@ -309,12 +376,14 @@ def test_a_timer_whose_record_the_store_lost_runs_with_the_arguments_it_was_publ
 
 
 def test_publishes_while_the_store_is_paused_run_once_it_answers_and_end_their_burst(
-        client: redis.Redis, redis_url: str, worker_factory: WorkerFactory) -> None:
+    client: redis.Redis, redis_url: str, worker_factory: WorkerFactory
+) -> None:
     from celery_lease.store import debounce as stored
 
     with RedisServer() as leases:
-        debounce_app.configure(redis_url, task_default_queue=worker_factory.queue,
-                               lease_backend=leases.url())
+        debounce_app.configure(
+            redis_url, task_default_queue=worker_factory.queue, lease_backend=leases.url()
+        )
         leases.pause()  # the scripts reach the server; their replies come too late
         try:
             first, second = refresh.delay("p", 1), refresh.delay("p", 2)
@@ -335,8 +404,9 @@ def test_publishes_while_the_store_is_paused_run_once_it_answers_and_end_their_b
 def test_whether_a_task_debounces_is_known_without_a_lease_store_configured() -> None:
     from celery_lease import debounce
 
-    app = Celery("publisher", broker="amqp://guest:guest@127.0.0.1:5672//",
-                 set_as_current=False)  # no lease_backend, no Redis broker_url
+    app = Celery(
+        "publisher", broker="amqp://guest:guest@127.0.0.1:5672//", set_as_current=False
+    )  # no lease_backend, no Redis broker_url
 
     @app.task(shared=False, base=LeasedTask, name="p.plain")
     def plain() -> None: ...
@@ -360,11 +430,11 @@ def test_a_join_written_to_an_old_primary_that_stays_writable_is_no_join() -> No
 
     with SentinelSetup(replication_proxy=True) as setup:
         sentinel = setup.start()
-        sentinel_client = store.client_for(sentinel.sentinel_url, 1.0,
-                                           {"master_name": MASTER_NAME})
+        sentinel_client = store.client_for(sentinel.sentinel_url, 1.0, {"master_name": MASTER_NAME})
         key = "lease:{db:sentinel}"
-        started = stored.trigger(sentinel_client, key, "b1", 60_000, 120_000, "{}", "{}",
-                                 1000, 60_000)  # its pool: the primary
+        started = stored.trigger(
+            sentinel_client, key, "b1", 60_000, 120_000, "{}", "{}", 1000, 60_000
+        )  # its pool: the primary
         assert started.started
         old = sentinel.primary_port()
         with sentinel.sentinels[0].client() as admin:
@@ -374,12 +444,10 @@ def test_a_join_written_to_an_old_primary_that_stays_writable_is_no_join() -> No
         # writes: the sentinels do not confirm it, so the join does not count (published at
         # once by the caller).
         with pytest.raises(store.PrimaryUnconfirmed):
-            stored.trigger(sentinel_client, key, "b2", 60_000, 120_000, "{}", "{}", 1000,
-                           60_000)
+            stored.trigger(sentinel_client, key, "b2", 60_000, 120_000, "{}", "{}", 1000, 60_000)
 
 
-def test_a_start_or_a_fire_answered_by_an_old_primary_that_stays_writable_does_not_count(
-        ) -> None:
+def test_a_start_or_a_fire_answered_by_an_old_primary_that_stays_writable_does_not_count() -> None:
     from celery_lease import store
     from celery_lease.store import debounce as stored
     from harness.topologies import MASTER_NAME, SentinelSetup
@@ -390,8 +458,7 @@ def test_a_start_or_a_fire_answered_by_an_old_primary_that_stays_writable_does_n
         starter = store.client_for(sentinel.sentinel_url, 1.0, options)  # two pools, both
         timer = store.client_for(sentinel.sentinel_url, 1.5, options)  # on the primary
         key, other = "lease:{db:sentinel}", "lease:{db:other}"
-        assert stored.trigger(timer, key, "b1", 60_000, 120_000, "{}", "{}", 1000,
-                              60_000).started
+        assert stored.trigger(timer, key, "b1", 60_000, 120_000, "{}", "{}", 1000, 60_000).started
         assert starter.ping()
         old = sentinel.primary_port()
         with sentinel.sentinels[0].client() as admin:
@@ -405,8 +472,10 @@ def test_a_start_or_a_fire_answered_by_an_old_primary_that_stays_writable_does_n
         with pytest.raises(store.PrimaryUnconfirmed):
             stored.fire(timer, key, "b1", 60_000, now=True, timer="t-1")
         # Retried as the same timer again, on the primary the sentinels name: it runs once.
-        assert stored.fire(timer, key, "b1", 60_000, now=True, again=True,
-                           timer="t-1").outcome in ("fire", "missing")
+        assert stored.fire(timer, key, "b1", 60_000, now=True, again=True, timer="t-1").outcome in (
+            "fire",
+            "missing",
+        )
         assert stored.fire(timer, key, "b1", 60_000, now=True, timer="t-2").outcome == "stale"
 
 
@@ -435,5 +504,9 @@ def test_with_min_replicas_a_start_or_a_fire_no_replica_acknowledged_does_not_co
             stored.fire(client, key, "b1", 60_000, now=True, timer="t-1", min_replicas=1)
         proxy.heal()
         # Retried as the same timer again: it fires from its tombstone, replicated this time.
-        assert stored.fire(client, key, "b1", 60_000, now=True, again=True, timer="t-1",
-                           min_replicas=1).outcome == "fire"
+        assert (
+            stored.fire(
+                client, key, "b1", 60_000, now=True, again=True, timer="t-1", min_replicas=1
+            ).outcome
+            == "fire"
+        )

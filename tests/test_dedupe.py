@@ -32,8 +32,13 @@ APP = "tests.apps.dedupe_app"
 
 @pytest.fixture
 def client(redis_url: str, worker_factory: WorkerFactory) -> Iterator[redis.Redis]:
-    dedupe_app.configure(redis_url, worker_factory.queue, task_always_eager=False,
-                         lease_on_store_error="retry", lease_dedupe_ttl=300.0)
+    dedupe_app.configure(
+        redis_url,
+        worker_factory.queue,
+        task_always_eager=False,
+        lease_on_store_error="retry",
+        lease_dedupe_ttl=300.0,
+    )
     with redis.Redis.from_url(redis_url) as client:
         yield client
 
@@ -47,7 +52,8 @@ def started(tag: str, count: int = 1) -> bool:
 
 
 def test_publishes_of_one_key_while_nothing_runs_send_one_message_and_share_its_result(
-        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    client: redis.Redis, worker_factory: WorkerFactory
+) -> None:
     results = [sync.delay("a", n) for n in range(5)]
     assert [r.lease_disposition for r in results] == ["published"] + ["deduplicated"] * 4
     assert {r.id for r in results} == {results[0].id}
@@ -59,7 +65,8 @@ def test_publishes_of_one_key_while_nothing_runs_send_one_message_and_share_its_
 
 
 def test_a_publish_while_one_runs_waits_and_later_ones_are_folded_onto_it(
-        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    client: redis.Redis, worker_factory: WorkerFactory
+) -> None:
     worker_factory(APP)
     first = sync.delay("b", 0)
     wait_for(lambda: started("b"), 30, message="the first run did not start")
@@ -70,20 +77,28 @@ def test_a_publish_while_one_runs_waits_and_later_ones_are_folded_onto_it(
     open_gate("b")
     assert waiting.get(timeout=30) == folded[0].get(timeout=30) == f"run {waiting.id} (n=1)"
     assert [(r["what"], r["id"]) for r in runs("b")] == [
-        ("start", first.id), ("end", first.id), ("start", waiting.id), ("end", waiting.id)]
+        ("start", first.id),
+        ("end", first.id),
+        ("start", waiting.id),
+        ("end", waiting.id),
+    ]
     assert client.exists(claim_of("b")) == 0  # cleared when the waiting copy was granted
     assert sync.delay("b", 4).lease_disposition == "published"
 
 
 def test_a_revoked_waiting_copy_frees_its_claim_when_the_worker_drops_it(
-        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    client: redis.Redis, worker_factory: WorkerFactory
+) -> None:
     worker_factory(APP, pool="threads", concurrency=1)
     revoked = uuid()  # revoked before it is published: the worker drops it on receipt
     assert dedupe_app.app.control.revoke(revoked, reply=True, timeout=10)
     waiting = sync.apply_async(("c", 1), task_id=revoked)
     assert waiting.lease_disposition == "published"
-    wait_for(lambda: client.exists(claim_of("c")) == 0, 30,
-             message="the revoked copy's claim was not removed")
+    wait_for(
+        lambda: client.exists(claim_of("c")) == 0,
+        30,
+        message="the revoked copy's claim was not removed",
+    )
     assert waiting.state == "REVOKED" and runs("c") == []
     open_gate("c")
     later = sync.delay("c", 2)
@@ -92,7 +107,8 @@ def test_a_revoked_waiting_copy_frees_its_claim_when_the_worker_drops_it(
 
 
 def test_a_claim_lives_until_the_messages_expires_else_its_countdown_plus_lease_dedupe_ttl(
-        client: redis.Redis, redis_url: str, worker_factory: WorkerFactory) -> None:
+    client: redis.Redis, redis_url: str, worker_factory: WorkerFactory
+) -> None:
     sync.apply_async(("d",), expires=1.5)
     assert 0 < client.pttl(claim_of("d")) <= 1500
     dedupe_app.configure(redis_url, worker_factory.queue, lease_dedupe_ttl=0.5)
@@ -105,7 +121,8 @@ def test_a_claim_lives_until_the_messages_expires_else_its_countdown_plus_lease_
 
 
 def test_a_store_down_at_publish_publishes_unguarded_or_raises_per_lease_on_store_error(
-        client: redis.Redis, redis_url: str, worker_factory: WorkerFactory) -> None:
+    client: redis.Redis, redis_url: str, worker_factory: WorkerFactory
+) -> None:
     down = f"redis://127.0.0.1:{free_port()}/0"
     dedupe_app.configure(redis_url, worker_factory.queue, lease_backend=down)
     result = sync.delay("f")
@@ -114,8 +131,9 @@ def test_a_store_down_at_publish_publishes_unguarded_or_raises_per_lease_on_stor
     # The claim may have been written, its reply lost: the execution clears it if it names it.
     message = json.loads(client.lindex(worker_factory.queue, 0))
     assert message["headers"]["lease_claimed"] == sync.lease_key_for(("f",))
-    dedupe_app.configure(redis_url, worker_factory.queue, lease_backend=down,
-                         lease_on_store_error="fail")
+    dedupe_app.configure(
+        redis_url, worker_factory.queue, lease_backend=down, lease_on_store_error="fail"
+    )
     with pytest.raises(LeaseStoreUnavailable) as raised:
         sync.delay("f")
     assert raised.value.operation == "publish"
@@ -123,11 +141,15 @@ def test_a_store_down_at_publish_publishes_unguarded_or_raises_per_lease_on_stor
 
 
 def test_the_holders_self_requeue_is_published_runs_after_it_and_later_publishes_fold_onto_it(
-        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    client: redis.Redis, worker_factory: WorkerFactory
+) -> None:
     worker_factory(APP, pool="threads", concurrency=2)
     first = requeue.delay("g", 0)
-    requeued = wait_for(lambda: [r for r in runs("g") if r["what"] == "requeued"], 30,
-                        message="the holder did not requeue itself")[0]
+    requeued = wait_for(
+        lambda: [r for r in runs("g") if r["what"] == "requeued"],
+        30,
+        message="the holder did not requeue itself",
+    )[0]
     assert requeued["disposition"] == "published"
     folded = requeue.delay("g", 5)
     assert (folded.id, folded.lease_disposition) == (requeued["id"], "deduplicated")
@@ -138,7 +160,8 @@ def test_the_holders_self_requeue_is_published_runs_after_it_and_later_publishes
 
 
 def test_eager_mode_runs_at_once_and_claims_nothing(
-        client: redis.Redis, redis_url: str, worker_factory: WorkerFactory) -> None:
+    client: redis.Redis, redis_url: str, worker_factory: WorkerFactory
+) -> None:
     dedupe_app.configure(redis_url, worker_factory.queue, task_always_eager=True)
     open_gate("h")
     results = [sync.delay("h", n) for n in (0, 1)]
@@ -159,14 +182,14 @@ def test_the_claim_scripts_run_on_redis_cluster_without_crossslot() -> None:
         for key in keys:
             assert store.claim(client, key, "w1", 60_000, claimer("w1")).claimed
             assert store.claim(client, key, "w2", 60_000, claimer("w2")).task_id == "w1"
-            assert store.acquire(client, key, "a" * 32, 5000, "{}", task_id="w1",
-                                 claimed=True).granted
+            assert store.acquire(
+                client, key, "a" * 32, 5000, "{}", task_id="w1", claimed=True
+            ).granted
             assert store.claim(client, key, "w2", 60_000, claimer("w2")).claimed
             assert store.unclaim(client, key, "w2")
 
 
-def test_publishes_are_counted_by_disposition_and_a_fold_is_signalled(
-        client: redis.Redis) -> None:
+def test_publishes_are_counted_by_disposition_and_a_fold_is_signalled(client: redis.Redis) -> None:
     from prometheus_client import CollectorRegistry
 
     from celery_lease.metrics import LeaseMetrics
@@ -186,44 +209,63 @@ def test_publishes_are_counted_by_disposition_and_a_fold_is_signalled(
     finally:
         signals.lease_published.disconnect(metrics.on_published)
         signals.lease_deduplicated.disconnect(on_fold)
-    count = {d: registry.get_sample_value("celery_lease_publishes_total",
-                                          {"task": "dedupe.sync", "disposition": d})
-             for d in ("published", "deduplicated")}
+    count = {
+        d: registry.get_sample_value(
+            "celery_lease_publishes_total", {"task": "dedupe.sync", "disposition": d}
+        )
+        for d in ("published", "deduplicated")
+    }
     assert count == {"published": 1.0, "deduplicated": 1.0}
     [fold] = folds
     assert (fold["sender"], fold["task_id"], fold["requested_task_id"], fold["key"]) == (
-        sync, first.id, "asked-for", sync.lease_key_for(("m",)))
+        sync,
+        first.id,
+        "asked-for",
+        sync.lease_key_for(("m",)),
+    )
     assert 0.0 <= fold["age"] < 10.0
 
 
 def test_ls_and_doctor_show_a_waiting_copy_with_its_age_and_doctor_fails_one_past_its_lifetime(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     waiting = sync.delay("n")
     obj = SimpleNamespace(app=dedupe_app.app)
     listed = CliRunner().invoke(lease, ["ls", "--json"], obj=obj)
     assert listed.exit_code == 0, listed.output
     [shown] = [i for i in json.loads(listed.stdout) if i.get("kind") == "waiting"]
     assert (shown["task"], shown["task_id"], shown["key"]) == (
-        "dedupe.sync", waiting.id, sync.lease_key_for(("n",)))
+        "dedupe.sync",
+        waiting.id,
+        sync.lease_key_for(("n",)),
+    )
     assert 0.0 <= shown["age"] < 10.0 and shown["lifetime"] == 300.0
     table = CliRunner().invoke(lease, ["ls", "--wide"], obj=obj).output
     assert "1 waiting copy" in table and waiting.id in table
     client.persist(claim_of("n"))  # a claim that can no longer lapse
     done = CliRunner().invoke(lease, ["doctor"], obj=obj)
-    assert any(line.startswith("FAIL") and waiting.id in line and "no expiry" in line
-               for line in done.output.splitlines()), done.output
+    assert any(
+        line.startswith("FAIL") and waiting.id in line and "no expiry" in line
+        for line in done.output.splitlines()
+    ), done.output
 
 
 def test_a_publisher_without_a_lease_store_is_refused_at_delay_naming_lease_backend(
-        client: redis.Redis, redis_url: str, worker_factory: WorkerFactory) -> None:
-    dedupe_app.configure(redis_url, worker_factory.queue, lease_backend=None,
-                         broker_url="amqp://guest:guest@127.0.0.1:5672//")
+    client: redis.Redis, redis_url: str, worker_factory: WorkerFactory
+) -> None:
+    dedupe_app.configure(
+        redis_url,
+        worker_factory.queue,
+        lease_backend=None,
+        broker_url="amqp://guest:guest@127.0.0.1:5672//",
+    )
     with pytest.raises(LeaseConfigError, match="lease_backend"):
         sync.delay("o")
 
 
 def test_a_waiting_copy_skipped_on_a_conflict_removes_its_claim(
-        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    client: redis.Redis, worker_factory: WorkerFactory
+) -> None:
     worker_factory(APP, pool="threads", concurrency=2)  # the waiting copy starts at once
     first = skipping.delay("s")
     wait_for(lambda: started("s"), 30, message="the first run did not start")
@@ -237,7 +279,8 @@ def test_a_waiting_copy_skipped_on_a_conflict_removes_its_claim(
 
 
 def test_a_publish_that_fails_removes_its_claim_before_the_error_reaches_the_caller(
-        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    client: redis.Redis, worker_factory: WorkerFactory
+) -> None:
     deleted = int(client.info("commandstats").get("cmdstat_del", {}).get("calls", 0))
     with pytest.raises(TypeError):  # the message cannot be encoded: the broker refuses it
         sync.apply_async(("q",), headers={"unsendable": object()})
@@ -248,10 +291,10 @@ def test_a_publish_that_fails_removes_its_claim_before_the_error_reaches_the_cal
 
 
 def test_beats_sends_of_a_waiting_key_are_folded_and_a_send_task_publisher_is_not(
-        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    client: redis.Redis, worker_factory: WorkerFactory
+) -> None:
     scheduler = Scheduler(dedupe_app.app, lazy=True)
-    entry = ScheduleEntry("sync-b", "dedupe.sync", schedule(60.0), args=("bt",),
-                          app=dedupe_app.app)
+    entry = ScheduleEntry("sync-b", "dedupe.sync", schedule(60.0), args=("bt",), app=dedupe_app.app)
     sent = [scheduler.apply_async(entry, advance=False) for _ in range(3)]
     assert [r.lease_disposition for r in sent] == ["published"] + ["deduplicated"] * 2
     assert {r.id for r in sent} == {sent[0].id}
@@ -261,7 +304,8 @@ def test_beats_sends_of_a_waiting_key_are_folded_and_a_send_task_publisher_is_no
 
 
 def test_a_waiting_copy_retried_on_a_conflict_keeps_its_claim_and_later_publishes_fold_onto_it(
-        client: redis.Redis, worker_factory: WorkerFactory) -> None:
+    client: redis.Redis, worker_factory: WorkerFactory
+) -> None:
     worker_factory(APP, pool="threads", concurrency=2)  # the waiting copy starts at once
     first = sync.delay("r")
     wait_for(lambda: started("r"), 30, message="the first run did not start")
@@ -273,4 +317,8 @@ def test_a_waiting_copy_retried_on_a_conflict_keeps_its_claim_and_later_publishe
     assert first.get(timeout=30) == f"run {first.id} (n=0)"
     assert folded.get(timeout=30) == f"run {waiting.id} (n=1)"
     assert [(r["what"], r["id"]) for r in runs("r")] == [
-        ("start", first.id), ("end", first.id), ("start", waiting.id), ("end", waiting.id)]
+        ("start", first.id),
+        ("end", first.id),
+        ("start", waiting.id),
+        ("end", waiting.id),
+    ]

@@ -37,9 +37,13 @@ class DemoRun:
         self.lines: list[str] = []
         self.process = subprocess.Popen(
             [sys.executable, "-m", "example_project", "demo", *args],
-            cwd=REPO_ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True)
+            cwd=REPO_ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -81,9 +85,7 @@ def _scenes(path: Path) -> dict[str, dict[str, Any]]:
     return {scene["name"]: scene for scene in report["scenes"]}
 
 
-def test_demo_runs_every_scene_and_measures(
-    throwaway_redis: RedisFactory, tmp_path: Path
-) -> None:
+def test_demo_runs_every_scene_and_measures(throwaway_redis: RedisFactory, tmp_path: Path) -> None:
     server = throwaway_redis({"maxmemory-policy": "noeviction"})
     report = tmp_path / "demo.json"
     demo = DemoRun(["--redis-url", server.url(0), "--ttl", str(TTL), "--json", str(report)])
@@ -138,8 +140,9 @@ def test_the_pause_scene_on_other_pools(
 ) -> None:
     server = throwaway_redis({"maxmemory-policy": "noeviction"})
     report = tmp_path / "demo.json"
-    demo = DemoRun(["--redis-url", server.url(0), "--pool", pool, "--scene", "pause",
-                    "--json", str(report)])
+    demo = DemoRun(
+        ["--redis-url", server.url(0), "--pool", pool, "--scene", "pause", "--json", str(report)]
+    )
     assert demo.finish(timeout=60) == 0, demo.output
     pause = _scenes(report)["pause"]
     assert pause["passed"], demo.output
@@ -167,8 +170,11 @@ def test_demo_starts_an_embedded_redis_when_none_answers(tmp_path: Path) -> None
 def test_ctrl_c_stops_every_process_the_demo_started(throwaway_redis: RedisFactory) -> None:
     server = throwaway_redis({"maxmemory-policy": "noeviction"})
     demo = DemoRun(["--redis-url", server.url(0), "--scene", "long-run"])
-    wait_for(lambda: any("claims the lease" in line for line in demo.lines), 40,
-             message=lambda: f"the scene did not start:\n{demo.output}")
+    wait_for(
+        lambda: any("claims the lease" in line for line in demo.lines),
+        40,
+        message=lambda: f"the scene did not start:\n{demo.output}",
+    )
     prefix_line = next(line for line in demo.lines if line.startswith("Run: "))
     prefix = prefix_line.split(" under ", 1)[1].split(" ", 1)[0]
     assert len(_processes_with(f"DEMO_PREFIX={prefix}")) >= 2  # both workers (and children)
@@ -176,8 +182,11 @@ def test_ctrl_c_stops_every_process_the_demo_started(throwaway_redis: RedisFacto
     code = demo.finish(timeout=30)
     assert code == 130, demo.output
     assert "interrupted" in demo.output
-    wait_for(lambda: not _processes_with(f"DEMO_PREFIX={prefix}"), 5,
-             message="processes left behind after Ctrl-C")
+    wait_for(
+        lambda: not _processes_with(f"DEMO_PREFIX={prefix}"),
+        5,
+        message="processes left behind after Ctrl-C",
+    )
     assert server.client().dbsize() == 0
 
 
@@ -195,20 +204,50 @@ def test_a_skipped_duplicate_is_printed_after_the_claim_it_names(redis_url: str)
     key = "demo-job:report-1"
     stage = Stage(out, client, "events", {k: Worker(k, "prefork", {}) for k in "AB"}, key)
     claimed_at = time.time()
-    client.rpush("events", json.dumps({
-        "t": claimed_at + 0.01, "w": "B", "pid": 202, "ev": "conflict", "key": key,
-        "policy": "skip", "holder": "A@host:101", "remaining": 1.9, "holder_fence": 7}))
+    client.rpush(
+        "events",
+        json.dumps(
+            {
+                "t": claimed_at + 0.01,
+                "w": "B",
+                "pid": 202,
+                "ev": "conflict",
+                "key": key,
+                "policy": "skip",
+                "holder": "A@host:101",
+                "remaining": 1.9,
+                "holder_fence": 7,
+            }
+        ),
+    )
     stage.pump()
     assert "duplicate skipped" not in out.getvalue()  # held back: A's claim not seen yet
-    client.rpush("events", json.dumps({
-        "t": claimed_at, "w": "A", "pid": 101, "ev": "acquired", "key": key, "fence": 7}))
+    client.rpush(
+        "events",
+        json.dumps(
+            {"t": claimed_at, "w": "A", "pid": 101, "ev": "acquired", "key": key, "fence": 7}
+        ),
+    )
     stage.pump()
     text = out.getvalue()
     assert "claims the lease (#1)" in text and "duplicate skipped: A holds it" in text
     assert text.index("claims the lease") < text.index("duplicate skipped"), text
     # A conflict whose claim never shows up is printed anyway once HOLD has passed.
-    client.rpush("events", json.dumps({
-        "t": time.time() - 5, "w": "B", "pid": 202, "ev": "conflict", "key": key,
-        "policy": "skip", "holder": "A@host:303", "remaining": 1.0, "holder_fence": 9}))
+    client.rpush(
+        "events",
+        json.dumps(
+            {
+                "t": time.time() - 5,
+                "w": "B",
+                "pid": 202,
+                "ev": "conflict",
+                "key": key,
+                "policy": "skip",
+                "holder": "A@host:303",
+                "remaining": 1.0,
+                "holder_fence": 9,
+            }
+        ),
+    )
     stage.pump()
     assert out.getvalue().count("duplicate skipped") == 2

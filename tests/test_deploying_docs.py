@@ -40,16 +40,21 @@ def test_every_configuration_in_the_deploying_page_is_accepted(source: str) -> N
 
 def test_the_documented_acl_is_the_rule_generated_from_the_commands_the_code_sends() -> None:
     (command,) = blocks("shell")
-    assert command.strip() == permissions.setuser("lease", "s3cret", permissions.DEFAULT_FEATURES,
-                                                  ["lease:*"])
+    assert command.strip() == permissions.setuser(
+        "lease", "s3cret", permissions.DEFAULT_FEATURES, ["lease:*"]
+    )
 
 
 def test_the_documented_acl_applied_with_redis_cli_runs_a_lease_and_denies_config() -> None:
     (command,) = blocks("shell")
     with SystemRedisServer() as server:
         shell = command.replace("redis-cli", f"redis-cli -p {server.port}", 1)
-        assert subprocess.run(["bash", "-c", shell], capture_output=True, text=True,
-                              check=True).stdout.strip() == "OK"
+        assert (
+            subprocess.run(
+                ["bash", "-c", shell], capture_output=True, text=True, check=True
+            ).stdout.strip()
+            == "OK"
+        )
         client = store.client_for(f"redis://lease:s3cret@127.0.0.1:{server.port}/0", 1.0)
         assert permissions.denied(client, permissions.DEFAULT_FEATURES, ["lease"]) == []
         key, token = "lease:{docs}", uuid.uuid4().hex
@@ -67,5 +72,11 @@ def test_every_lua_script_is_run_by_a_feature_so_its_commands_are_in_a_rule() ->
 
 
 def test_a_scripts_commands_are_read_from_its_source_with_includes_and_pcalls() -> None:
-    assert permissions.script_commands("release_wake-3.lua") == ("get", "del", "set", "ltrim",
-                                                                  "rpush", "pexpire")
+    assert permissions.script_commands("release_wake-3.lua") == (
+        "get",
+        "del",
+        "set",
+        "ltrim",
+        "rpush",
+        "pexpire",
+    )

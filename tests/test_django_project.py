@@ -39,33 +39,43 @@ QUEUE = "celery"  # the default queue: the broker's Redis list of messages
 TTL = 1.5
 # A period django-celery-beat can store (its IntervalSchedule counts whole seconds) and a
 # short leader lease, so that a take-over fits in a test.
-FAST_BEAT = f'''
+FAST_BEAT = f"""
 CELERY_BEAT_SCHEDULE = {{
     "sync-account-7": {{"task": "accounts.tasks.sync_account", "schedule": 1.0, "args": [7]}},
 }}
 CELERY_LEASE_BEAT_TTL = {TTL}
 CELERY_BEAT_MAX_LOOP_INTERVAL = 1
-'''
+"""
 
 
 @pytest.fixture
 def project(tmp_path: Path, redis_url: str) -> Path:
     """The page's files, as written but for the Redis address, and the migrated database."""
-    files = {name: _local(body, redis_url) for name, body in
-             titled_blocks("howto/django.md").items()}
+    files = {
+        name: _local(body, redis_url) for name, body in titled_blocks("howto/django.md").items()
+    }
     files["proj/settings.py"] += FAST_BEAT
     files["accounts/__init__.py"] = ""  # a Django app is a package
     write_project(tmp_path, files)
-    migrate = subprocess.run([sys.executable, "-m", "django", "migrate", "-v", "0"],
-                             cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True,
-                             timeout=120)
+    migrate = subprocess.run(
+        [sys.executable, "-m", "django", "migrate", "-v", "0"],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert migrate.returncode == 0, migrate.stderr
     return tmp_path
 
 
 def _env(root: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(root), "DJANGO_SETTINGS_MODULE": "proj.settings",
-            "PYTHONUNBUFFERED": "1"}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(root),
+        "DJANGO_SETTINGS_MODULE": "proj.settings",
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 def _broker(redis_url: str) -> redis.Redis:
@@ -82,9 +92,20 @@ def test_delay_from_the_django_shell_goes_to_the_settings_broker(
     project: Path, redis_url: str
 ) -> None:
     shell = subprocess.run(
-        [sys.executable, "-m", "django", "shell", "-c",
-         "from accounts.tasks import sync_account; print(sync_account.delay(7).id)"],
-        cwd=project, env=_env(project), capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "django",
+            "shell",
+            "-c",
+            "from accounts.tasks import sync_account; print(sync_account.delay(7).id)",
+        ],
+        cwd=project,
+        env=_env(project),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert shell.returncode == 0, shell.stderr
     task_id = shell.stdout.strip().splitlines()[-1]
     messages = [json.loads(m) for m in _broker(redis_url).lrange(QUEUE, 0, -1)]
@@ -104,16 +125,32 @@ def beats(project: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
 
 def _beat(project: Path, name: str) -> subprocess.Popen[bytes]:
     with open(project / f"beat-{name}.log", "wb") as log:
-        return subprocess.Popen([sys.executable, "-m", "celery", "-A", "proj", "beat", "-l",
-                                 "info", "-s", str(project / f"schedule-{name}")],
-                                cwd=project, env=_env(project), stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "proj",
+                "beat",
+                "-l",
+                "info",
+                "-s",
+                str(project / f"schedule-{name}"),
+            ],
+            cwd=project,
+            env=_env(project),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
 
 def _logs(project: Path) -> str:
-    return "\n".join(f"--- beat {n}\n{(project / f'beat-{n}.log').read_text()[-2000:]}"
-                     for n in "ab")
+    return "\n".join(
+        f"--- beat {n}\n{(project / f'beat-{n}.log').read_text()[-2000:]}" for n in "ab"
+    )
 
 
 def _leader(leases: redis.Redis) -> int | None:
@@ -140,8 +177,9 @@ def test_two_beats_wrapping_the_database_scheduler_send_from_the_leader_only(
     wait_for(lambda: len(_senders(client)) >= 3, 20, message=logs)
     assert set(_senders(client)) == {first}  # the standby sent nothing
     with sqlite3.connect(project / "db.sqlite3") as db:  # the schedule lives in the database
-        rows = db.execute("SELECT task FROM django_celery_beat_periodictask "
-                          "WHERE name = 'sync-account-7'").fetchall()
+        rows = db.execute(
+            "SELECT task FROM django_celery_beat_periodictask WHERE name = 'sync-account-7'"
+        ).fetchall()
     assert rows == [("accounts.tasks.sync_account",)]
 
     by_pid[first].send_signal(signal.SIGKILL)
@@ -169,7 +207,7 @@ def test_a_schedule_change_after_a_take_over_does_not_resend_what_the_old_leader
 
     def watch() -> int:
         senders = _senders(client)
-        seen.extend((pid, time.monotonic()) for pid in senders[len(seen):])
+        seen.extend((pid, time.monotonic()) for pid in senders[len(seen) :])
         return len(seen)
 
     def logs() -> str:
@@ -182,9 +220,20 @@ def test_a_schedule_change_after_a_take_over_does_not_resend_what_the_old_leader
     (new,) = set(by_pid) - {old}
     wait_for(lambda: _leader(leases) == new, TTL + 10, message=logs)
     changed = subprocess.run(
-        [sys.executable, "-m", "django", "shell", "-c",
-         "from django_celery_beat.models import PeriodicTasks; PeriodicTasks.update_changed()"],
-        cwd=project, env=_env(project), capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "django",
+            "shell",
+            "-c",
+            "from django_celery_beat.models import PeriodicTasks; PeriodicTasks.update_changed()",
+        ],
+        cwd=project,
+        env=_env(project),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert changed.returncode == 0, changed.stderr
     wait_for(lambda: watch() >= 3, 3 * period, interval=0.02, message=logs)
     assert seen[2][0] == new

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tests.test_testing_plugin import titled_blocks, write_project
 
-CHECK = '''\
+CHECK = """\
 import json
 import proj.celery
 import accounts.tasks  # what app.autodiscover_tasks() imports in a Django project
@@ -29,20 +29,31 @@ print(json.dumps({
     "key": task.lease_key_for((7,)), "noeviction": app.conf.lease_require_noeviction,
     "beat_ttl": app.conf.lease_beat_ttl, "broker": app.conf.broker_url,
 }))
-'''
+"""
 
 
 def run_project(tmp_path: Path, settings_extra: str = "") -> subprocess.CompletedProcess[str]:
     files = titled_blocks("howto/django.md")
-    assert set(files) == {"proj/__init__.py", "proj/celery.py", "proj/settings.py",
-                          "accounts/tasks.py"}
+    assert set(files) == {
+        "proj/__init__.py",
+        "proj/celery.py",
+        "proj/settings.py",
+        "accounts/tasks.py",
+    }
     files["proj/celery.py"] = files["proj/celery.py"].replace(
-        '"django.conf:settings"', '"proj.settings"')
+        '"django.conf:settings"', '"proj.settings"'
+    )
     files["proj/settings.py"] += settings_extra
     files["check.py"] = CHECK
     write_project(tmp_path, files)
-    return subprocess.run([sys.executable, "check.py"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    return subprocess.run(
+        [sys.executable, "check.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
 
 
 def test_the_lease_settings_take_effect_through_the_celery_namespace(tmp_path: Path) -> None:

@@ -118,19 +118,25 @@ def extract(path: Path) -> list[Snippet]:
         body: list[str] = []
         i += 1
         while i < len(lines) and not lines[i].strip().startswith(fence):
-            body.append(lines[i][len(indent):] if lines[i].startswith(indent) else lines[i])
+            body.append(lines[i][len(indent) :] if lines[i].startswith(indent) else lines[i])
             i += 1
         start = i - len(body) + 1  # 1-based line of the first line of code
-        snippets.append(Snippet(path, start, lang.lower(), "\n".join(body) + "\n",
-                                marker.group(1) if marker else None,
-                                title.group(1) if title else None))
+        snippets.append(
+            Snippet(
+                path,
+                start,
+                lang.lower(),
+                "\n".join(body) + "\n",
+                marker.group(1) if marker else None,
+                title.group(1) if title else None,
+            )
+        )
         i += 1
     return snippets
 
 
 ALL = [s for path in DOC_FILES for s in extract(path)]
-RUN = [s for s in ALL
-       if s.skip_reason is None and s.lang not in LISTING and s.title is None]
+RUN = [s for s in ALL if s.skip_reason is None and s.lang not in LISTING and s.title is None]
 
 
 def _problem(s: Snippet) -> str | None:
@@ -148,10 +154,12 @@ def _problem(s: Snippet) -> str | None:
         return None
     if s.lang in SHELL:
         if s.marker and not s.marker.startswith("until "):
-            return f"unknown marker {s.marker!r} for a shell block (`until \"TEXT\"` or skip)"
+            return f'unknown marker {s.marker!r} for a shell block (`until "TEXT"` or skip)'
         return None
-    return (f"info string {s.lang!r} is not run: use python, sql, console, or text for "
-            "output, or `<!-- run: skip REASON -->`")
+    return (
+        f"info string {s.lang!r} is not run: use python, sql, console, or text for "
+        "output, or `<!-- run: skip REASON -->`"
+    )
 
 
 def test_every_snippet_says_how_it_runs() -> None:
@@ -182,7 +190,7 @@ def sync(account_id, full=False):
     return account_id
 '''
 
-RUNNER = '''
+RUNNER = """
 import json, sys, traceback
 from celery import Celery
 from celery_lease import LeasedTask
@@ -198,7 +206,7 @@ for where, filename, line, code in blocks:
         print(f"{where}: the python block starting here failed:", file=sys.stderr)
         traceback.print_exc()
         sys.exit(1)
-'''
+"""
 
 
 def _write_named_files(page: Path, workdir: Path, redis_url: str) -> None:
@@ -230,15 +238,25 @@ PY_PAGES = sorted({s.path for s in RUN if s.lang in PYTHON})
 
 @pytest.mark.parametrize("page", PY_PAGES, ids=lambda p: str(p.relative_to(REPO)))
 def test_python_snippets_of_the_page_run(page: Path, workdir: Path, redis_url: str) -> None:
-    blocks = [(s.where, str(s.path.relative_to(REPO)), s.line, _local(s.code, redis_url))
-              for s in RUN if s.path == page and s.lang in PYTHON]
-    proc = subprocess.run([sys.executable, "-c", RUNNER], input=json.dumps([redis_url, blocks]),
-                          capture_output=True, text=True, cwd=workdir, env=_env(workdir),
-                          timeout=120)
+    blocks = [
+        (s.where, str(s.path.relative_to(REPO)), s.line, _local(s.code, redis_url))
+        for s in RUN
+        if s.path == page and s.lang in PYTHON
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", RUNNER],
+        input=json.dumps([redis_url, blocks]),
+        capture_output=True,
+        text=True,
+        cwd=workdir,
+        env=_env(workdir),
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
 # -- SQL ---------------------------------------------------------------------------------------
+
 
 def _sql_case(s: Snippet) -> tuple[list[str], dict[str, object], list[tuple[int, str]]]:
     """Engines, parameters, and (markdown line, text) of each statement of a sql block."""
@@ -249,8 +267,7 @@ def _sql_case(s: Snippet) -> tuple[list[str], dict[str, object], list[tuple[int,
         if "=" in word:
             name, value = word.split("=", 1)
             params[name] = int(value) if value.lstrip("-").isdigit() else value
-    code = "\n".join("" if line.strip().startswith("--") else line
-                     for line in s.code.splitlines())
+    code = "\n".join("" if line.strip().startswith("--") else line for line in s.code.splitlines())
     statements, offset = [], 0
     for chunk in code.split(";"):
         if chunk.strip():
@@ -272,8 +289,10 @@ def postgres_db() -> Iterator[str]:
     try:
         admin = psycopg.connect(f"{PG_DSN} dbname=postgres", autocommit=True, connect_timeout=5)
     except psycopg.OperationalError as exc:
-        pytest.fail(f"the docs' SQL names PostgreSQL, which must answer on localhost:5432 "
-                    f"with trust auth for user postgres: {exc}")
+        pytest.fail(
+            f"the docs' SQL names PostgreSQL, which must answer on localhost:5432 "
+            f"with trust auth for user postgres: {exc}"
+        )
     with admin:
         admin.execute(f'CREATE DATABASE "{name}"')
         try:
@@ -286,8 +305,9 @@ SQL_SNIPPETS = [s for s in RUN if s.lang in SQL]
 
 
 @pytest.mark.parametrize("snippet", SQL_SNIPPETS, ids=lambda s: s.where)
-def test_sql_snippet_runs_on_each_engine_it_names(snippet: Snippet,
-                                                  request: pytest.FixtureRequest) -> None:
+def test_sql_snippet_runs_on_each_engine_it_names(
+    snippet: Snippet, request: pytest.FixtureRequest
+) -> None:
     engines, params, statements = _sql_case(snippet)
     for engine in engines:
         execute = _executor(engine, request)
@@ -299,8 +319,9 @@ def test_sql_snippet_runs_on_each_engine_it_names(snippet: Snippet,
                 pytest.fail(f"{where}: on {engine}: {type(exc).__name__}: {exc}\n{statement}")
 
 
-def _executor(engine: str, request: pytest.FixtureRequest) -> Callable[[str, dict[str, object]],
-                                                                       object]:
+def _executor(
+    engine: str, request: pytest.FixtureRequest
+) -> Callable[[str, dict[str, object]], object]:
     """A function running one statement with named parameters in a fresh ``engine`` database."""
     if engine == "sqlite":
         db = sqlite3.connect(":memory:", isolation_level=None)
@@ -313,13 +334,13 @@ def _executor(engine: str, request: pytest.FixtureRequest) -> Callable[[str, dic
 
     def execute(statement: str, params: dict[str, object]) -> object:
         # psycopg spells a named parameter %(name)s; a literal % is doubled.
-        return pg.execute(re.sub(r"(?<!:):(\w+)", r"%(\1)s", statement.replace("%", "%%")),
-                          params)
+        return pg.execute(re.sub(r"(?<!:):(\w+)", r"%(\1)s", statement.replace("%", "%%")), params)
 
     return execute
 
 
 # -- shell -------------------------------------------------------------------------------------
+
 
 def commands(s: Snippet) -> list[str]:
     """The commands of a shell block (continuation lines joined)."""
@@ -342,30 +363,50 @@ def test_shell_snippet_runs(snippet: Snippet, workdir: Path, redis_url: str) -> 
         for n, command in enumerate(commands(snippet)):
             command = _local(command, redis_url)
             if until is None:
-                proc = subprocess.run(["bash", "-c", command], cwd=workdir, env=env,
-                                      capture_output=True, text=True, timeout=120)
+                proc = subprocess.run(
+                    ["bash", "-c", command],
+                    cwd=workdir,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
                 assert proc.returncode == 0, (
                     f"{snippet.where}: `{command}` exited {proc.returncode}\n"
-                    f"{(proc.stdout + proc.stderr)[-3000:]}")
+                    f"{(proc.stdout + proc.stderr)[-3000:]}"
+                )
                 continue
             log = workdir / f"service-{n}.log"
             with log.open("wb") as out:
-                service = subprocess.Popen(["bash", "-c", command], cwd=workdir,
-                                           env=env, stdout=out, stderr=subprocess.STDOUT,
-                                           start_new_session=True)
+                service = subprocess.Popen(
+                    ["bash", "-c", command],
+                    cwd=workdir,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             services.append(service)
 
-            def printed(service: subprocess.Popen[bytes] = service, log: Path = log,
-                        command: str = command) -> bool:
+            def printed(
+                service: subprocess.Popen[bytes] = service, log: Path = log, command: str = command
+            ) -> bool:
                 if service.poll() is not None:
-                    raise AssertionError(f"{snippet.where}: `{command}` exited "
-                                         f"{service.returncode}:\n{log.read_text()[-3000:]}")
+                    raise AssertionError(
+                        f"{snippet.where}: `{command}` exited "
+                        f"{service.returncode}:\n{log.read_text()[-3000:]}"
+                    )
                 return until in log.read_text(errors="replace")
 
-            wait_for(printed, 60, interval=0.1,
-                     message=lambda log=log, command=command: (
-                         f"{snippet.where}: `{command}` never printed {until!r}:\n"
-                         f"{log.read_text()[-3000:]}"))
+            wait_for(
+                printed,
+                60,
+                interval=0.1,
+                message=lambda log=log, command=command: (
+                    f"{snippet.where}: `{command}` never printed {until!r}:\n"
+                    f"{log.read_text()[-3000:]}"
+                ),
+            )
     finally:
         for service in services:
             _stop(service)
@@ -385,7 +426,8 @@ def _stop(service: subprocess.Popen[bytes]) -> None:
 
 def test_extractor_reports_markdown_line_numbers(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
-    page.write_text(textwrap.dedent("""\
+    page.write_text(
+        textwrap.dedent("""\
         # Title
 
         <!-- run: skip installs packages -->
@@ -398,8 +440,8 @@ def test_extractor_reports_markdown_line_numbers(tmp_path: Path) -> None:
             ```python
             x = 1
             ```
-        """))
+        """)
+    )
     first, second = extract(page)
     assert (first.line, first.lang, first.skip_reason) == (5, "console", "installs packages")
-    assert (second.line, second.lang, second.code, second.marker) == (11, "python", "x = 1\n",
-                                                                       None)
+    assert (second.line, second.lang, second.code, second.marker) == (11, "python", "x = 1\n", None)

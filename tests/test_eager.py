@@ -59,7 +59,10 @@ CASES: dict[str, tuple[Callable[[str], Any], Any, int]] = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_successor_of_the_holder_runs_after_it_in_eager_mode_as_on_a_worker(
-    case: str, redis_url: str, eager: None, worker_factory: WorkerFactory,
+    case: str,
+    redis_url: str,
+    eager: None,
+    worker_factory: WorkerFactory,
 ) -> None:
     call, expected, count = CASES[case]
     assert call(f"eager-{case}").get(timeout=10) == expected
@@ -71,14 +74,18 @@ def test_a_successor_of_the_holder_runs_after_it_in_eager_mode_as_on_a_worker(
     worker_factory(APP, pool="threads", concurrency=2)
     first = call(f"worker-{case}")
     assert first.get(timeout=30) == expected
-    wait_for(lambda: len(_steps(f"worker-{case}")) == 2 * count, 30,
-             message=lambda: str(_steps(f"worker-{case}")))
+    wait_for(
+        lambda: len(_steps(f"worker-{case}")) == 2 * count,
+        30,
+        message=lambda: str(_steps(f"worker-{case}")),
+    )
     _one_after_another(f"worker-{case}", count)
     wait_for(lambda: _lease_keys(redis_url) == [], 10, message="a lease was left behind")
 
 
 def test_with_apply_a_replacement_and_a_retry_run_after_the_holder(
-    redis_url: str, eager: None,
+    redis_url: str,
+    eager: None,
 ) -> None:
     successor_app.app.conf.task_always_eager = False  # apply() alone is eager too
     assert replaced.apply(("apply-replace", 0, 2)).get() == "done at 2"
@@ -89,10 +96,12 @@ def test_with_apply_a_replacement_and_a_retry_run_after_the_holder(
 
 
 def test_a_chain_of_the_same_key_runs_each_link_in_turn_in_eager_mode(
-    redis_url: str, eager: None,
+    redis_url: str,
+    eager: None,
 ) -> None:
-    result = chain(requeue.si("chain", 0, 0), requeue.si("chain", 1, 1),
-                   requeue.si("chain", 2, 2)).delay()
+    result = chain(
+        requeue.si("chain", 0, 0), requeue.si("chain", 1, 1), requeue.si("chain", 2, 2)
+    ).delay()
     assert result.get() == 2 and not is_skipped(result.get())
     _one_after_another("chain", 3)
     assert _lease_keys(redis_url) == []
@@ -105,13 +114,15 @@ def test_a_self_requeue_a_thousand_deep_needs_no_deep_stack(redis_url: str, eage
 
 
 def test_a_conflict_retried_in_eager_mode_waits_for_the_holder_and_uses_no_retry(
-    redis_url: str, eager: None,
+    redis_url: str,
+    eager: None,
 ) -> None:
     """The call waits in its thread until the holder is gone (a worker's copy waits in the
     key's line), then runs: no retry is used up, as on a worker."""
     key = waiting.lease_key_for(("held-elsewhere",))
     client = store.client_for(redis_url, 1.0)
-    assert store.acquire(client, key, "f" * 32, 600, store.holder_json(
-        "succ.retry", "other-id", "elsewhere", 1)).granted
+    assert store.acquire(
+        client, key, "f" * 32, 600, store.holder_json("succ.retry", "other-id", "elsewhere", 1)
+    ).granted
     assert waiting.apply(("held-elsewhere",)).get() == 0  # request.retries: none used up
     assert _steps("held-elsewhere") == [("start", 0), ("end", 0)]

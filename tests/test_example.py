@@ -23,6 +23,7 @@ APP = "example_project.celery_app"
 
 # -- the fencing guard --------------------------------------------------------------------------
 
+
 def _check_guard(store: RedisFencedStore | SqliteFencedStore) -> None:
     assert store.write("ledger:1", "first", 5)
     assert not store.write("ledger:1", "stale", 4)  # lower token: refused
@@ -51,6 +52,7 @@ def test_sqlite_fenced_store_refuses_a_lower_token(tmp_path: Path) -> None:
 
 # -- the tasks on a real worker -----------------------------------------------------------------
 
+
 def _client_app(redis_url: str) -> Celery:
     app = make_app(redis_url)
     app.conf.lease_ttl = 2.0
@@ -69,8 +71,9 @@ def test_sync_account_is_leased_per_account_not_per_call(
     queue = worker_factory.queue
     calls = [
         app.send_task("example_project.tasks.sync_account", (42,), queue=queue),
-        app.send_task("example_project.tasks.sync_account", (42,), {"since": "2024-01-01"},
-                      queue=queue),
+        app.send_task(
+            "example_project.tasks.sync_account", (42,), {"since": "2024-01-01"}, queue=queue
+        ),
         app.send_task("example_project.tasks.sync_account", (43,), queue=queue),
     ]
     results = [call.get(timeout=30) for call in calls]
@@ -81,7 +84,8 @@ def test_sync_account_is_leased_per_account_not_per_call(
     assert all(r["pages"] == 3 for r in ran)
     ledger = RedisFencedStore(redis.Redis.from_url(redis_url), prefix="example")
     assert ledger.read("ledger:42").fence == next(
-        r["fencing_token"] for r in ran if r["account_id"] == 42)
+        r["fencing_token"] for r in ran if r["account_id"] == 42
+    )
 
 
 def test_reindex_checkpoints_on_lease_lost_and_the_next_run_resumes(
@@ -90,10 +94,17 @@ def test_reindex_checkpoints_on_lease_lost_and_the_next_run_resumes(
     worker = worker_factory(APP, pool="prefork", concurrency=1, env=_worker_env(redis_url))
     app = _client_app(redis_url)
     client = redis.Redis.from_url(redis_url)
-    first = app.send_task("example_project.tasks.reindex", ("products",), {"total_batches": 40},
-                          queue=worker_factory.queue)
-    key = wait_for(lambda: next(iter(client.scan_iter(match="lease:{*reindex*}")), None), 10,
-                   message=lambda: worker.log_tail())
+    first = app.send_task(
+        "example_project.tasks.reindex",
+        ("products",),
+        {"total_batches": 40},
+        queue=worker_factory.queue,
+    )
+    key = wait_for(
+        lambda: next(iter(client.scan_iter(match="lease:{*reindex*}")), None),
+        10,
+        message=lambda: worker.log_tail(),
+    )
     # Let some batches run: wait until the lease has been renewed once (a third of the TTL).
     lifetimes: list[int] = []
 
@@ -105,12 +116,15 @@ def test_reindex_checkpoints_on_lease_lost_and_the_next_run_resumes(
     client.delete(key)  # the lease disappears (an operator, an eviction): the holder must stop
     wait_for(first.ready, 10, message=lambda: worker.log_tail())
     assert first.failed() and type(first.result).__name__ == "LeaseLost"
-    checkpoint = int(RedisFencedStore(client, prefix="example").read("reindex:products").value
-                     or 0)
+    checkpoint = int(RedisFencedStore(client, prefix="example").read("reindex:products").value or 0)
     assert 0 < checkpoint < 40, worker.log_tail()
     assert "checkpoint saved" in worker.log_text()
-    second = app.send_task("example_project.tasks.reindex", ("products",),
-                           {"total_batches": 40}, queue=worker_factory.queue)
+    second = app.send_task(
+        "example_project.tasks.reindex",
+        ("products",),
+        {"total_batches": 40},
+        queue=worker_factory.queue,
+    )
     outcome: dict[str, Any] = second.get(timeout=30)
     assert outcome == {"index": "products", "resumed_from": checkpoint, "batches": 40}
 
@@ -120,8 +134,14 @@ def test_beat_ticks_that_arrive_during_a_slow_run_are_skipped(
 ) -> None:
     # beat sends refresh_dashboard every 0.5 s; each run takes 1.2 s: ticks overlap runs.
     env = _worker_env(redis_url, DASHBOARD_PERIOD="0.5", DASHBOARD_WORK_SECONDS="1.2")
-    worker = worker_factory(APP, pool="threads", concurrency=4, queue="celery", env=env,
-                            extra_args=["-B", "-s", str(tmp_path / "beat-schedule")])
+    worker = worker_factory(
+        APP,
+        pool="threads",
+        concurrency=4,
+        queue="celery",
+        env=env,
+        extra_args=["-B", "-s", str(tmp_path / "beat-schedule")],
+    )
     client = redis.Redis.from_url(redis_url)
 
     def outcomes() -> list[dict[str, Any]]:
@@ -132,9 +152,14 @@ def test_beat_ticks_that_arrive_during_a_slow_run_are_skipped(
                 found.append(meta["result"])
         return found
 
-    wait_for(lambda: sum(not is_skipped(r) for r in outcomes()) >= 2
-             and sum(is_skipped(r) for r in outcomes()) >= 2, 20,
-             message=lambda: f"{outcomes()}\n{worker.log_tail()}")
+    wait_for(
+        lambda: (
+            sum(not is_skipped(r) for r in outcomes()) >= 2
+            and sum(is_skipped(r) for r in outcomes()) >= 2
+        ),
+        20,
+        message=lambda: f"{outcomes()}\n{worker.log_tail()}",
+    )
     runs = [r for r in outcomes() if not is_skipped(r)]
     assert all(r["seconds"] >= 1.2 for r in runs)
     skipped = [r for r in outcomes() if is_skipped(r)]
@@ -143,19 +168,35 @@ def test_beat_ticks_that_arrive_during_a_slow_run_are_skipped(
 
 # -- python -m example_project compare ----------------------------------------------------------
 
+
 def test_compare_deletes_every_key_it_and_the_peers_wrote(redis_url: str, tmp_path: Path) -> None:
     """The crash scene leaves locks with no expiry (celery-singleton's defaults) and outside the
     run's prefix (celery-once's ``qo_`` keys); none of them may outlive the run."""
     figures = tmp_path / "compare.json"
     run = subprocess.run(
-        [sys.executable, "-m", "example_project", "compare", "--redis-url", redis_url,
-         "--lock", "1", "--scene", "crash", "--json", str(figures)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=180)
+        [
+            sys.executable,
+            "-m",
+            "example_project",
+            "compare",
+            "--redis-url",
+            redis_url,
+            "--lock",
+            "1",
+            "--scene",
+            "crash",
+            "--json",
+            str(figures),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     crash = json.loads(figures.read_text())["results"]["crash"]
     # The keys existed: the defaults' locks outlived the SIGKILL (none at all for singleton).
-    assert crash["celery-singleton"]["lock left after SIGKILL, library defaults (s)"] == \
-        "no expiry"
+    assert crash["celery-singleton"]["lock left after SIGKILL, library defaults (s)"] == "no expiry"
     assert crash["celery-once"]["lock left after SIGKILL, library defaults (s)"] > 3000
     left = redis.Redis.from_url(redis_url).keys("*")
     assert left == [], left

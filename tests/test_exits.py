@@ -23,6 +23,10 @@ CASES = Path(__file__).with_name("exit_points.py")
 def test_every_exit_point_of_taking_and_ending_a_lease_leaves_no_lease_held_by_nobody() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pytest", str(CASES), "-q", "-p", "no:cacheprovider"],
-        cwd=CASES.parent.parent, capture_output=True, text=True, timeout=280)
+        cwd=CASES.parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert " passed" in done.stdout and "failed" not in done.stdout, done.stdout[-3000:]

@@ -19,8 +19,9 @@ from tests.support.rig import MODE, POOLS, Rig, measured, resume_process, stop_p
 
 
 @pytest.fixture(scope="module", params=POOLS)
-def rig(request: pytest.FixtureRequest, broker: RedisServer,
-        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+def rig(
+    request: pytest.FixtureRequest, broker: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Rig]:
     rig = Rig(broker, request.param, tmp_path_factory.mktemp(request.param))
     rig.worker()
     yield rig
@@ -76,8 +77,13 @@ def test_overwritten_key_is_refused_and_left_alone(pool_rig: Rig) -> None:
     rig.leases.set(str(start["key"]), "someone-else:1:{}", px=60_000)
     lost = rig.wait_event("overwritten", "lost")[0]
     assert lost["cause"] == "refused"
-    wait_for(lambda: rig.journal("overwritten", "end") == [] and
-             rig.leases.get(str(start["key"])) == b"someone-else:1:{}", 5)
+    wait_for(
+        lambda: (
+            rig.journal("overwritten", "end") == []
+            and rig.leases.get(str(start["key"])) == b"someone-else:1:{}"
+        ),
+        5,
+    )
     assert 50_000 < rig.leases.pttl(str(start["key"])) <= 60_000  # not renewed, not deleted
 
 
@@ -182,8 +188,11 @@ def test_paused_past_lifetime_successor_runs_old_holder_learns_first(
         lost = rig.wait_event("paused-holder", "lost")[0]
         assert lost["pid"] == pid and lost["cause"] == "deadline"
         # A did nothing more as holder after the pause: no step, no end.
-        assert [e for e in rig.journal("paused-holder") if e["pid"] == pid
-                and e["event"] in ("step", "end") and e["t"] > stopped_at] == []
+        assert [
+            e
+            for e in rig.journal("paused-holder")
+            if e["pid"] == pid and e["event"] in ("step", "end") and e["t"] > stopped_at
+        ] == []
         # A's release left B's lease alone, and B finishes undisturbed.
         held = rig.leases.get(key)
         assert held is not None and held.decode().startswith(str(b_start["token"]))

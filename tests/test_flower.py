@@ -45,9 +45,17 @@ class Flower(CeleryProcess):
         self.base = f"http://127.0.0.1:{self.port}"
         super().__init__(
             APP,
-            ["flower", f"--port={self.port}", "--address=127.0.0.1", f"--conf={FLOWERCONFIG}",
-             "--db=" + str(log_dir / "fl")],
-            env={**env, "FLOWER_UNAUTHENTICATED_API": "true"}, log_dir=log_dir, name="flower")
+            [
+                "flower",
+                f"--port={self.port}",
+                "--address=127.0.0.1",
+                f"--conf={FLOWERCONFIG}",
+                "--db=" + str(log_dir / "fl"),
+            ],
+            env={**env, "FLOWER_UNAUTHENTICATED_API": "true"},
+            log_dir=log_dir,
+            name="flower",
+        )
         self.start()
 
     def log(self) -> str:
@@ -74,14 +82,20 @@ class Flower(CeleryProcess):
 
 
 @pytest.fixture
-def flower_setup(redis_url: str, worker_factory: WorkerFactory,
-                 tmp_path: Path) -> Iterator[dict[str, Any]]:
-    env = {BROKER_URL_ENV: redis_url, RESULT_BACKEND_ENV: redis_url,
-           QUEUE_ENV: worker_factory.queue, "LEASE_TTL": "1.5"}
+def flower_setup(
+    redis_url: str, worker_factory: WorkerFactory, tmp_path: Path
+) -> Iterator[dict[str, Any]]:
+    env = {
+        BROKER_URL_ENV: redis_url,
+        RESULT_BACKEND_ENV: redis_url,
+        QUEUE_ENV: worker_factory.queue,
+        "LEASE_TTL": "1.5",
+    }
     flower = Flower(env, tmp_path)
     try:
-        wait_for(lambda: flower.get("/healthcheck")[0] == 200, 30,
-                 message=lambda: flower.log()[-3000:])
+        wait_for(
+            lambda: flower.get("/healthcheck")[0] == 200, 30, message=lambda: flower.log()[-3000:]
+        )
         worker = worker_factory(APP, pool="threads", concurrency=3, env=env, extra_args=["-E"])
         from celery import Celery
 
@@ -89,10 +103,17 @@ def flower_setup(redis_url: str, worker_factory: WorkerFactory,
         app.conf.task_default_queue = worker_factory.queue
         # Flower only sees events sent after it connected: wait until a task shows up.
         probe = app.send_task("ops.tick", kwargs={"tag": "probe"})
-        wait_for(lambda: flower.get(f"/api/task/info/{probe.id}")[0] == 200, 20,
-                 message=lambda: flower.log()[-3000:])
-        yield {"flower": flower, "worker": worker, "app": app,
-               "client": redis.Redis.from_url(redis_url)}
+        wait_for(
+            lambda: flower.get(f"/api/task/info/{probe.id}")[0] == 200,
+            20,
+            message=lambda: flower.log()[-3000:],
+        )
+        yield {
+            "flower": flower,
+            "worker": worker,
+            "app": app,
+            "client": redis.Redis.from_url(redis_url),
+        }
         worker.kill()
     finally:
         flower.stop()
@@ -104,8 +125,11 @@ def _skipped_and_lost(setup: dict[str, Any]) -> tuple[Any, Any, Any, str]:
     wait_for(lambda: client.llen("started") >= 1, 15, message=setup["worker"].log_tail)
     duplicate = app.send_task("ops.hold", ("report", 30))
     assert duplicate.get(timeout=15)["lease_skipped"] is True
-    key = next(k.decode() for k in client.scan_iter(match="lease:{ops.hold:*", _type="STRING")
-               if not k.endswith(b":fence"))
+    key = next(
+        k.decode()
+        for k in client.scan_iter(match="lease:{ops.hold:*", _type="STRING")
+        if not k.endswith(b":fence")
+    )
     value = client.get(key)
     assert value is not None
     # Hold it through several renewals, then take the lease away as an operator would.
@@ -121,9 +145,18 @@ def _skipped_and_lost(setup: dict[str, Any]) -> tuple[Any, Any, Any, str]:
 
 def _task_list(flower: Flower) -> dict[str, Any]:
     """The rows of Flower's task list (the data behind its /tasks table), by task id."""
-    page = flower.post("/tasks/datatable", {
-        "draw": "1", "start": "0", "length": "50", "search[value]": "",
-        "order[0][column]": "0", "order[0][dir]": "desc", "columns[0][data]": "received"})
+    page = flower.post(
+        "/tasks/datatable",
+        {
+            "draw": "1",
+            "start": "0",
+            "length": "50",
+            "search[value]": "",
+            "order[0][column]": "0",
+            "order[0][dir]": "desc",
+            "columns[0][data]": "received",
+        },
+    )
     return {row["uuid"]: row for row in page["data"]}
 
 
@@ -132,8 +165,9 @@ def test_flower_shows_a_skipped_duplicate_and_a_lost_lease(flower_setup: dict[st
     holder, duplicate, held, key = _skipped_and_lost(flower_setup)
     worker_where = f"{flower_setup['worker'].hostname}:{flower_setup['worker'].pid}"
 
-    skipped = wait_for(lambda: (t := flower.json(f"/api/task/info/{duplicate.id}"))
-                       .get("lease_key") and t, 15)
+    skipped = wait_for(
+        lambda: (t := flower.json(f"/api/task/info/{duplicate.id}")).get("lease_key") and t, 15
+    )
     assert skipped["state"] == "LEASE-SKIPPED"
     assert skipped["lease_key"] == key
     assert skipped["lease_holder"] == worker_where
@@ -144,17 +178,26 @@ def test_flower_shows_a_skipped_duplicate_and_a_lost_lease(flower_setup: dict[st
     assert skipped["lease_remaining"] == round(skipped["lease_remaining"], 3)
     assert 0 < skipped["lease_remaining"] <= 1.5
 
-    lost = wait_for(lambda: (t := flower.json(f"/api/task/info/{holder.id}"))
-                    .get("state") == "FAILURE" and t.get("lease_key") and t, 15)
+    lost = wait_for(
+        lambda: (
+            (t := flower.json(f"/api/task/info/{holder.id}")).get("state") == "FAILURE"
+            and t.get("lease_key")
+            and t
+        ),
+        15,
+    )
     assert lost["lease_key"] == key
     assert lost["lease_cause"] == "refused"
     assert lost["lease_holder"] == worker_where
     assert lost["fencing_token"] == held.fencing_token
     # The error as a sentence, not Celery's repr of its arguments.
-    assert re.fullmatch(re.escape(f"LeaseLost: lease {key!r} lost (refused, fencing token "
-                                  f"{held.fencing_token}, found ") +
-                        r"\d+\.\d{3}s after its last confirmed renewal\)",
-                        lost["exception"]), lost["exception"]
+    assert re.fullmatch(
+        re.escape(
+            f"LeaseLost: lease {key!r} lost (refused, fencing token {held.fencing_token}, found "
+        )
+        + r"\d+\.\d{3}s after its last confirmed renewal\)",
+        lost["exception"],
+    ), lost["exception"]
     assert lost["lease"] == "lost (refused)"
 
     # The task list (the data behind Flower's /tasks table) has the lease column.
@@ -176,17 +219,34 @@ def test_flower_shows_a_skipped_duplicate_and_a_lost_lease(flower_setup: dict[st
     # Renewals send no events: the holder renewed several times, yet its events are just
     # received, started, lease-lost and failed.
     metrics = flower.get("/metrics")[1]
-    counts = {m.group(1): float(m.group(2)) for m in re.finditer(
-        r'flower_events_total\{task="ops.hold",type="([^"]+)",worker="[^"]+"\} (\S+)', metrics)}
-    assert counts == {"task-received": 2.0, "task-started": 2.0, "task-lease-skipped": 1.0,
-                      "task-lease-lost": 1.0, "task-failed": 1.0}, counts
+    counts = {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(
+            r'flower_events_total\{task="ops.hold",type="([^"]+)",worker="[^"]+"\} (\S+)', metrics
+        )
+    }
+    assert counts == {
+        "task-received": 2.0,
+        "task-started": 2.0,
+        "task-lease-skipped": 1.0,
+        "task-lease-lost": 1.0,
+        "task-failed": 1.0,
+    }, counts
 
 
 #: The flags every headless Chromium run gets: no GPU, no sandbox (containers run it as
 #: root), and none of the background traffic a first run would start.
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                  "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--hide-scrollbars")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+)
 
 
 @pytest.fixture
@@ -200,18 +260,29 @@ def chromium() -> str:
     return found
 
 
-def _screenshot(chromium: str, url: str, target: Path, width: int, profile: Path,
-                height: int = 1000) -> None:
+def _screenshot(
+    chromium: str, url: str, target: Path, width: int, profile: Path, height: int = 1000
+) -> None:
     subprocess.run(
-        [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
-         f"--window-size={width},{height}", "--virtual-time-budget=5000",
-         f"--screenshot={target}", url],
-        check=True, capture_output=True, timeout=90)
+        [
+            chromium,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={profile}",
+            f"--window-size={width},{height}",
+            "--virtual-time-budget=5000",
+            f"--screenshot={target}",
+            url,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=90,
+    )
     assert target.stat().st_size > 10_000, target
 
 
 def test_the_task_page_and_the_tasks_list_in_a_browser(
-        chromium: str, flower_setup: dict[str, Any], tmp_path: Path) -> None:
+    chromium: str, flower_setup: dict[str, Any], tmp_path: Path
+) -> None:
     """Both pages render in headless Chromium at 1280 and 1024 pixels wide.
 
     With CELERY_LEASE_SCREENSHOT=1 the whole task page at 1280 px (down to the lease fields)
@@ -230,8 +301,14 @@ def test_the_task_page_and_the_tasks_list_in_a_browser(
                     target = SCREENSHOT
             target.parent.mkdir(parents=True, exist_ok=True)
             # A fresh profile each time: nothing cached or remembered between runs.
-            _screenshot(chromium, flower.base + path, target, width,
-                        tmp_path / f"profile-{page}-{width}", height)
+            _screenshot(
+                chromium,
+                flower.base + path,
+                target,
+                width,
+                tmp_path / f"profile-{page}-{width}",
+                height,
+            )
 
 
 def test_flower_shows_a_coalesced_and_a_queued_duplicate(flower_setup: dict[str, Any]) -> None:
@@ -244,16 +321,22 @@ def test_flower_shows_a_coalesced_and_a_queued_duplicate(flower_setup: dict[str,
     marker = coalesced.get(timeout=15)
     assert marker["lease_coalesced"] is True
 
-    shown = wait_for(lambda: (t := flower.json(f"/api/task/info/{coalesced.id}"))
-                     .get("lease_key") and t, 15, message=lambda: flower.log()[-3000:])
+    shown = wait_for(
+        lambda: (t := flower.json(f"/api/task/info/{coalesced.id}")).get("lease_key") and t,
+        15,
+        message=lambda: flower.log()[-3000:],
+    )
     assert shown["state"] == "LEASE-COALESCED"
     assert shown["lease"] == "coalesced (pending run)"
     assert shown["lease_into"] == marker["into"]
     assert shown["lease_holder_task_id"] == coalesce_holder.id
     assert shown["lease_key"].startswith("lease:{ops.hold_coalesce:")
 
-    waiting = wait_for(lambda: (t := flower.json(f"/api/task/info/{queued.id}"))
-                       .get("lease_key") and t, 15, message=lambda: flower.log()[-3000:])
+    waiting = wait_for(
+        lambda: (t := flower.json(f"/api/task/info/{queued.id}")).get("lease_key") and t,
+        15,
+        message=lambda: flower.log()[-3000:],
+    )
     assert waiting["state"] == "LEASE-QUEUED"
     assert waiting["lease"] == "queued (#1)"
     assert waiting["lease_position"] == 1

@@ -48,7 +48,8 @@ def dump(client: redis.Redis, key: str) -> tuple[bytes | None, int]:
 
 @pytest.mark.parametrize("kind", sorted(OTHER_TYPES))
 def test_a_key_of_another_type_at_the_lease_key_is_held_and_no_script_touches_it(
-        client: redis.Redis, kind: str) -> None:
+    client: redis.Redis, kind: str
+) -> None:
     OTHER_TYPES[kind](client, KEY)
     before = dump(client, KEY)
     t = token()
@@ -61,10 +62,13 @@ def test_a_key_of_another_type_at_the_lease_key_is_held_and_no_script_touches_it
     assert client.exists(FENCE) == 0  # nothing was issued for it
 
 
-@pytest.mark.parametrize("counter", [b"abc", b"", b"-5", b":1", b"9007199254740991",
-                                     b"99999999999999999999999", "\u0663".encode()])
+@pytest.mark.parametrize(
+    "counter",
+    [b"abc", b"", b"-5", b":1", b"9007199254740991", b"99999999999999999999999", "\u0663".encode()],
+)
 def test_acquire_refuses_a_counter_that_is_not_ours_and_leaves_it_as_it_is(
-        client: redis.Redis, counter: bytes) -> None:
+    client: redis.Redis, counter: bytes
+) -> None:
     client.set(FENCE, counter, px=50_000)
     granted, value, pttl = acquire(client, token())
     assert (granted, value) == (0, b"") and 49_000 < pttl <= 50_000
@@ -79,10 +83,13 @@ def test_acquire_refuses_a_counter_of_another_type(client: redis.Redis, kind: st
     assert dump(client, FENCE) == before and client.exists(KEY) == 0
 
 
-@pytest.mark.parametrize("counter", [b"1", b"9007199254740989", b"12:" + b"a" * 32,
-                                     b"12;" + b"a" * 32, b"12#later-format"])
+@pytest.mark.parametrize(
+    "counter",
+    [b"1", b"9007199254740989", b"12:" + b"a" * 32, b"12;" + b"a" * 32, b"12#later-format"],
+)
 def test_acquire_counts_on_from_a_counter_in_any_shape_that_starts_with_its_digits(
-        client: redis.Redis, counter: bytes) -> None:
+    client: redis.Redis, counter: bytes
+) -> None:
     client.set(FENCE, counter)
     granted, fence, _ = acquire(client, token())
     digits = int(counter.split(b":")[0].split(b";")[0].split(b"#")[0])
@@ -91,7 +98,8 @@ def test_acquire_counts_on_from_a_counter_in_any_shape_that_starts_with_its_digi
 
 @pytest.mark.parametrize("kind", sorted(OTHER_TYPES))
 def test_a_release_whose_counter_became_another_type_releases_and_leaves_the_counter(
-        client: redis.Redis, kind: str) -> None:
+    client: redis.Redis, kind: str
+) -> None:
     t = token()
     acquire(client, t)
     client.delete(FENCE)
@@ -112,7 +120,8 @@ def test_a_release_whose_counter_became_a_foreign_string_leaves_it(client: redis
 
 @pytest.mark.parametrize("kind", ["string", *sorted(set(OTHER_TYPES) - {"list"})])
 def test_release_wake_leaves_a_wake_key_of_another_type_alone(
-        client: redis.Redis, kind: str) -> None:
+    client: redis.Redis, kind: str
+) -> None:
     t = token()
     acquire(client, t, key=HOLD)
     if kind == "string":
@@ -144,7 +153,8 @@ def near_misses(rng: random.Random) -> Iterator[bytes]:
 
 
 def test_no_script_errors_on_or_changes_a_random_or_near_miss_value_at_the_lease_key(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     rng = random.Random(20261201)
     for value in near_misses(rng):
         client.set(KEY, value, px=60_000)
@@ -158,19 +168,19 @@ def test_no_script_errors_on_or_changes_a_random_or_near_miss_value_at_the_lease
 
 
 def test_acquire_on_a_random_counter_grants_above_its_digits_or_refuses_and_leaves_it(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     rng = random.Random(7)
     for _ in range(300):
         counter = bytes(rng.getrandbits(8) for _ in range(rng.randrange(0, 24)))
         if rng.random() < 0.5:
-            counter = str(rng.randrange(10**rng.randrange(1, 20))).encode() + counter
+            counter = str(rng.randrange(10 ** rng.randrange(1, 20))).encode() + counter
         client.delete(KEY)
         client.set(FENCE, counter)
         granted, answer, _ = acquire(client, token())
-        digits = counter[:len(counter) - len(counter.lstrip(b"0123456789"))]
+        digits = counter[: len(counter) - len(counter.lstrip(b"0123456789"))]
         if digits and int(digits) < 2**53 - 1:
             assert granted == 1 and int(answer) > int(digits), counter
         else:
             assert (granted, answer) == (0, b""), counter
             assert client.get(FENCE) == counter and client.exists(KEY) == 0
-

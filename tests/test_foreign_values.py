@@ -41,20 +41,45 @@ def structured(rng: random.Random) -> list[Any]:
     """Lease values one change away from a real one, in every part, plus random ones."""
     good = token()
     fields: list[dict[str, Any]] = [
-        {"pid": "not-a-pid"}, {"pid": 1.5}, {"pid": True}, {"pid": -1}, {"pid": 2**70},
-        {"pid": None}, {"task": 7}, {"id": ["x"]}, {"host": {"a": 1}}, {"v": 0}, {"v": "1"},
-        {"v": True}, {"v": 1.0}]
+        {"pid": "not-a-pid"},
+        {"pid": 1.5},
+        {"pid": True},
+        {"pid": -1},
+        {"pid": 2**70},
+        {"pid": None},
+        {"task": 7},
+        {"id": ["x"]},
+        {"host": {"a": 1}},
+        {"v": 0},
+        {"v": "1"},
+        {"v": True},
+        {"v": 1.0},
+    ]
     values: list[Any] = [REPORTED, b"", b":", b"::", "\u0663:1:{}", b"\xff\xfe:1:{}"]
-    values += [f"{good}:12:".encode() + json.dumps({**json.loads(HOLDER), **f}).encode()
-               for f in fields]
-    values += [f"{good}:{fence}:{HOLDER}".encode()
-               for fence in ("", "-1", "1.0", "\u0663", "1" * 17, str(MAX_FENCE + 1), "1e3")]
-    values += [f"{good}:12:{tail}".encode() for tail in (
-        "[" * 100_000, "[" * 2000 + "]" * 2000, "{\"a\":" * 3000 + "1" + "}" * 3000,
-        '{"pid": 1' + "0" * 5000 + "}", '{"pid": 1' + "0" * 4000 + "}",
-        '{"pid": 1e999}', '{"pid": NaN}', "null", "[]", '"text"', "{" + "x" * 70_000)]
-    values += [bytes(rng.getrandbits(8) for _ in range(rng.randrange(0, 120)))
-               for _ in range(2000)]
+    values += [
+        f"{good}:12:".encode() + json.dumps({**json.loads(HOLDER), **f}).encode() for f in fields
+    ]
+    values += [
+        f"{good}:{fence}:{HOLDER}".encode()
+        for fence in ("", "-1", "1.0", "\u0663", "1" * 17, str(MAX_FENCE + 1), "1e3")
+    ]
+    values += [
+        f"{good}:12:{tail}".encode()
+        for tail in (
+            "[" * 100_000,
+            "[" * 2000 + "]" * 2000,
+            '{"a":' * 3000 + "1" + "}" * 3000,
+            '{"pid": 1' + "0" * 5000 + "}",
+            '{"pid": 1' + "0" * 4000 + "}",
+            '{"pid": 1e999}',
+            '{"pid": NaN}',
+            "null",
+            "[]",
+            '"text"',
+            "{" + "x" * 70_000,
+        )
+    ]
+    values += [bytes(rng.getrandbits(8) for _ in range(rng.randrange(0, 120))) for _ in range(2000)]
     values += [OtherType(kind) for kind in OTHER_TYPES]
     values += [None, 42, 1.5, ["a"]]
     return values
@@ -71,19 +96,28 @@ def test_parse_value_answers_every_random_or_near_miss_value_with_an_unknown_hol
 
 def test_parse_value_reads_what_celery_lease_writes_with_or_without_its_version() -> None:
     t = token()
-    for stored in (f"{t}:12:{HOLDER}",
-                   f'{t}:12:{{"task":"t.job","id":"task-1","host":"host","pid":42}}',
-                   f'{t}:12:{{"v":1,"task":"t.job","id":"task-1","host":"host","pid":42}}'):
+    for stored in (
+        f"{t}:12:{HOLDER}",
+        f'{t}:12:{{"task":"t.job","id":"task-1","host":"host","pid":42}}',
+        f'{t}:12:{{"v":1,"task":"t.job","id":"task-1","host":"host","pid":42}}',
+    ):
         holder = store.parse_value(stored.encode())
-        assert (holder.token, holder.fencing_token, holder.task_id, holder.where,
-                holder.version, holder.foreign) == (t, 12, "task-1", "host:42", 1, "")
+        assert (
+            holder.token,
+            holder.fencing_token,
+            holder.task_id,
+            holder.where,
+            holder.version,
+            holder.foreign,
+        ) == (t, 12, "task-1", "host:42", 1, "")
     long_name = "tâche\u2028" * 1000  # 6 000 characters, 11 000 once escaped
     written = f"{t}:12:{store.holder_json(long_name, 'id', 'host', 1)}"
     assert store.parse_value(written).task_name == long_name
 
 
-def test_a_value_of_a_later_format_version_is_held_by_a_known_holder_with_the_shared_fields(
-        ) -> None:
+def test_a_value_of_a_later_format_version_is_held_by_a_known_holder_with_the_shared_fields() -> (
+    None
+):
     t = token()
     later = f'{t}:12:{{"v":2,"task":"t.job","id":"task-1","host":"host","pid":42,"new":[1]}}'
     holder = store.parse_value(later)
@@ -95,8 +129,8 @@ def test_parse_counter_answers_every_random_value_and_reads_only_leading_digits(
     for _ in range(3000):
         value = bytes(rng.getrandbits(8) for _ in range(rng.randrange(0, 30)))
         if rng.random() < 0.5:
-            value = str(rng.randrange(10**rng.randrange(1, 20))).encode() + value
-        digits = value[:len(value) - len(value.lstrip(b"0123456789"))]
+            value = str(rng.randrange(10 ** rng.randrange(1, 20))).encode() + value
+        digits = value[: len(value) - len(value.lstrip(b"0123456789"))]
         expected = int(digits) if digits and int(digits) < MAX_FENCE else None
         assert store.parse_counter(value) == expected, value
     for other in (None, OtherType("hash"), 12, "\u0663"):
@@ -105,7 +139,8 @@ def test_parse_counter_answers_every_random_value_and_reads_only_leading_digits(
 
 @pytest.mark.parametrize("value", [REPORTED, b"\xff" * 40, f"{'a' * 32}:1:[[[".encode()])
 def test_acquire_on_a_foreign_value_is_a_conflict_held_by_an_unknown_holder_for_a_ttl(
-        client: redis.Redis, value: bytes) -> None:
+    client: redis.Redis, value: bytes
+) -> None:
     client.set("lease:{a}", value)  # no lifetime: held, as far as anyone knows, for a TTL more
     t = token()
     got = store.acquire(client, "lease:{a}", t, 1500, HOLDER)
@@ -117,7 +152,8 @@ def test_acquire_on_a_foreign_value_is_a_conflict_held_by_an_unknown_holder_for_
 
 @pytest.mark.parametrize("kind", sorted(OTHER_TYPES))
 def test_acquire_on_a_key_of_another_type_is_a_conflict_and_reads_show_its_type(
-        client: redis.Redis, kind: str) -> None:
+    client: redis.Redis, kind: str
+) -> None:
     OTHER_TYPES[kind](client, "lease:{a}")
     client.pexpire("lease:{a}", 4000)
     got = store.acquire(client, "lease:{a}", token(), 1500, HOLDER)
@@ -129,7 +165,8 @@ def test_acquire_on_a_key_of_another_type_is_a_conflict_and_reads_show_its_type(
 
 
 def test_acquire_on_a_damaged_counter_is_a_conflict_and_leaves_the_counter(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     client.hset(fence_key("lease:{a}"), "n", "1")
     got = store.acquire(client, "lease:{a}", token(), 1500, HOLDER)
     assert not got.granted and got.holder.foreign
@@ -138,7 +175,8 @@ def test_acquire_on_a_damaged_counter_is_a_conflict_and_leaves_the_counter(
 
 @pytest.mark.parametrize("counter", [b"\xff\xfe", b"12:\xff", "hash"])
 def test_released_last_answers_false_for_a_counter_it_did_not_write(
-        client: redis.Redis, counter: bytes | str) -> None:
+    client: redis.Redis, counter: bytes | str
+) -> None:
     if counter == "hash":
         client.hset(fence_key("lease:{a}"), "n", "1")
     else:
@@ -147,7 +185,8 @@ def test_released_last_answers_false_for_a_counter_it_did_not_write(
 
 
 def test_a_waiting_hold_on_a_wake_key_of_another_type_waits_its_time_and_is_not_woken(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     key = hold_key("lease", "invoice")
     client.set(wake_key(key), "theirs")
     started = time.monotonic()
@@ -158,8 +197,16 @@ def test_a_waiting_hold_on_a_wake_key_of_another_type_waits_its_time_and_is_not_
 
 def test_last_runs_leaves_out_what_beat_did_not_write(client: redis.Redis) -> None:
     seconds, _ = client.time()
-    client.hset("lease:{b}:last-run", mapping={"ok": repr(seconds - 12.5), "nan": "nan",
-                                                 "inf": "inf", "text": "soon", b"\xff": "1.0"})
+    client.hset(
+        "lease:{b}:last-run",
+        mapping={
+            "ok": repr(seconds - 12.5),
+            "nan": "nan",
+            "inf": "inf",
+            "text": "soon",
+            b"\xff": "1.0",
+        },
+    )
     ages = records.last_run_ages(client, "lease:{b}:last-run")
     assert list(ages) == ["ok"] and 12.5 <= ages["ok"] < 14.5
     client.delete("lease:{b}:last-run")
@@ -168,7 +215,8 @@ def test_last_runs_leaves_out_what_beat_did_not_write(client: redis.Redis) -> No
 
 
 def test_a_task_finding_foreign_values_at_its_key_skips_and_the_cli_shows_an_unknown_holder(
-        redis_url: str, worker_factory: WorkerFactory) -> None:
+    redis_url: str, worker_factory: WorkerFactory
+) -> None:
     from tests.apps import ops_app
 
     env = _env(redis_url, worker_factory.queue)
@@ -205,7 +253,8 @@ def test_a_task_finding_foreign_values_at_its_key_skips_and_the_cli_shows_an_unk
 
 
 def test_the_hand_over_keys_are_celery_leases_own_and_another_shape_there_is_not(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     from celery_lease.inspection import scan_foreign
     from celery_lease.keys import handoff_index_key, line_key, reservation_key
 

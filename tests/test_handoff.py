@@ -51,8 +51,11 @@ def _never_two_running(tag: str) -> None:
 def _handover_gaps(tag: str) -> list[float]:
     """Seconds from each run's end to the next run's start (store clock): the hand-over."""
     marks = [r for r in runs(tag) if r["what"] in ("start", "end")]
-    return [round(b["t"] - a["t"], 4) for a, b in itertools.pairwise(marks)
-            if a["what"] == "end" and b["what"] == "start"]
+    return [
+        round(b["t"] - a["t"], 4)
+        for a, b in itertools.pairwise(marks)
+        if a["what"] == "end" and b["what"] == "start"
+    ]
 
 
 def _waiting_state(url: str) -> list[bytes]:
@@ -66,7 +69,8 @@ def _waiting_state(url: str) -> list[bytes]:
 
 
 def test_coalesce_runs_one_pending_run_after_the_holder_with_the_latest_arguments(
-        app: Any, redis_url: str, worker_factory: WorkerFactory) -> None:
+    app: Any, redis_url: str, worker_factory: WorkerFactory
+) -> None:
     worker_factory(APP, pool="threads", concurrency=4)
     holder = coalesced.delay("c", 0, 3.0)
     wait_for(lambda: _started("c"), 20, message="the holder never started")
@@ -89,7 +93,8 @@ def test_coalesce_runs_one_pending_run_after_the_holder_with_the_latest_argument
 
 
 def test_queue_runs_every_duplicate_in_arrival_order_under_its_own_task_id(
-        app: Any, redis_url: str, worker_factory: WorkerFactory) -> None:
+    app: Any, redis_url: str, worker_factory: WorkerFactory
+) -> None:
     worker_factory(APP, pool="threads", concurrency=4)
     holder = queued.delay("q", 0, 1.0)
     wait_for(lambda: _started("q"), 20, message="the holder never started")
@@ -108,7 +113,8 @@ def test_queue_runs_every_duplicate_in_arrival_order_under_its_own_task_id(
 
 
 def test_a_duplicate_past_lease_queue_max_fails_with_lease_conflict(
-        app: Any, worker_factory: WorkerFactory) -> None:
+    app: Any, worker_factory: WorkerFactory
+) -> None:
     worker_factory(APP, pool="threads", concurrency=2, env={"LEASE_QUEUE_MAX": "1"})
     queued.delay("full", 0, 2.0)
     wait_for(lambda: _started("full"), 20, message="the holder never started")
@@ -120,7 +126,8 @@ def test_a_duplicate_past_lease_queue_max_fails_with_lease_conflict(
 
 
 def test_a_waiter_older_than_lease_queue_timeout_fails_saying_how_long_it_waited(
-        app: Any, worker_factory: WorkerFactory) -> None:
+    app: Any, worker_factory: WorkerFactory
+) -> None:
     worker_factory(APP, pool="threads", concurrency=2, env={"LEASE_QUEUE_TIMEOUT": "0.5"})
     queued.delay("late", 0, 2.0)
     wait_for(lambda: _started("late"), 20, message="the holder never started")
@@ -132,7 +139,8 @@ def test_a_waiter_older_than_lease_queue_timeout_fails_saying_how_long_it_waited
 
 @pytest.mark.parametrize("policy", ["coalesce", "queue"])
 def test_a_killed_holders_waiting_run_is_published_by_a_live_worker_after_its_ttl(
-        policy: str, app: Any, redis_url: str, worker_factory: WorkerFactory) -> None:
+    policy: str, app: Any, redis_url: str, worker_factory: WorkerFactory
+) -> None:
     task = coalesced if policy == "coalesce" else queued
     doomed = worker_factory(APP, pool="solo", env={"LEASE_TTL": "2.0"})
     task.delay("crash", 0, 60.0)
@@ -153,27 +161,34 @@ def test_a_killed_holders_waiting_run_is_published_by_a_live_worker_after_its_tt
 
 
 def test_a_coalesced_marker_names_the_pending_run_and_follow_returns_its_result(
-        app: Any, worker_factory: WorkerFactory) -> None:
+    app: Any, worker_factory: WorkerFactory
+) -> None:
     worker_factory(APP, pool="threads", concurrency=2)
     coalesced.delay("m", 0, 1.0)
     wait_for(lambda: _started("m"), 20, message="the holder never started")
     marker = coalesced.delay("m", 7).get(timeout=20)
-    assert marker["key"].endswith("}") and AsyncResult(marker["into"], app=app).get(
-        timeout=20) == 7
+    assert marker["key"].endswith("}") and AsyncResult(marker["into"], app=app).get(timeout=20) == 7
     assert follow(marker, timeout=20, app=app) == 7
     with pytest.raises(TypeError, match="takes the task's result"):
         is_coalesced(AsyncResult(marker["into"], app=app))
 
 
 def test_a_hand_over_whose_publish_was_lost_is_published_by_the_sweep_once_past_due(
-        app: Any, redis_url: str, worker_factory: WorkerFactory) -> None:
+    app: Any, redis_url: str, worker_factory: WorkerFactory
+) -> None:
     # The releasing worker died between its release (which reserved the key) and its publish.
     worker_factory(APP, pool="threads", concurrency=2, env={"LEASE_TTL": "2.0"})
     client = store.client_for(redis_url, 2.0)
     key, token = queued.lease_key_for(("lost", 1)), uuid.uuid4().hex
     assert store.acquire(client, key, token, 2000, "{}").granted
-    message = json.dumps({"task": "ho.queued", "args": ["lost", 1], "kwargs": {},
-                          "options": {"queue": app.conf.task_default_queue}})
+    message = json.dumps(
+        {
+            "task": "ho.queued",
+            "args": ["lost", 1],
+            "kwargs": {},
+            "options": {"queue": app.conf.task_default_queue},
+        }
+    )
     stored.watch(client, "lease", key, 2000)
     assert stored.park(client, key, "queue", "lost-run", message, 10, 60_000).outcome == "parked"
     handed = stored.release_handing_over(client, key, token, 2000, 60_000, 0).handed
@@ -186,7 +201,8 @@ def test_a_hand_over_whose_publish_was_lost_is_published_by_the_sweep_once_past_
 
 
 def test_retry_runs_the_duplicate_at_the_holders_release_not_its_lifetime_and_uses_no_retry(
-        app: Any, worker_factory: WorkerFactory) -> None:
+    app: Any, worker_factory: WorkerFactory
+) -> None:
     # lease_ttl=60: Celery's retry at the holder's remaining lifetime would wait a minute.
     worker_factory(APP, pool="threads", concurrency=2, env={"LEASE_TTL": "60.0"})
     holder = retried.delay("r", 0, 1.0)
@@ -201,7 +217,8 @@ def test_retry_runs_the_duplicate_at_the_holders_release_not_its_lifetime_and_us
 
 
 def test_retry_waits_for_a_holder_longer_than_four_ttls_without_failing(
-        app: Any, worker_factory: WorkerFactory) -> None:
+    app: Any, worker_factory: WorkerFactory
+) -> None:
     worker_factory(APP, pool="threads", concurrency=2, env={"LEASE_TTL": "0.6"})
     retried.delay("long", 0, 3.0)  # five TTLs, renewed
     wait_for(lambda: _started("long"), 20, message="the holder never started")
@@ -210,7 +227,8 @@ def test_retry_waits_for_a_holder_longer_than_four_ttls_without_failing(
 
 
 def test_a_pending_run_whose_holder_lost_its_lease_is_handed_over_by_the_sweep(
-        app: Any, redis_url: str, worker_factory: WorkerFactory) -> None:
+    app: Any, redis_url: str, worker_factory: WorkerFactory
+) -> None:
     worker_factory(APP, pool="threads", concurrency=2, env={"LEASE_TTL": "2.0"})
     coalesced.delay("gone", 0, 1.5)
     wait_for(lambda: _started("gone"), 20, message="the holder never started")
@@ -226,9 +244,14 @@ def _reserve_by_hand(app: Any, client: Any, tag: str, mode: str) -> tuple[str, s
     key, token = coalesced.lease_key_for((tag, 1)), uuid.uuid4().hex
     assert store.acquire(client, key, token, 2000, "{}").granted
     run_id = f"pending-{tag}"
-    message = json.dumps({"task": "ho.coalesced", "args": [tag, 1], "kwargs": {},
-                          "options": {"queue": app.conf.task_default_queue,
-                                      "headers": {"lease_handoff": key}}})
+    message = json.dumps(
+        {
+            "task": "ho.coalesced",
+            "args": [tag, 1],
+            "kwargs": {},
+            "options": {"queue": app.conf.task_default_queue, "headers": {"lease_handoff": key}},
+        }
+    )
     stored.watch(client, "lease", key, 2000)
     assert stored.park(client, key, "coalesce", run_id, message, 10, 60_000).task_id == run_id
     handed = stored.release_handing_over(client, key, token, 2000, 60_000, 0, mode=mode).handed
@@ -237,7 +260,8 @@ def _reserve_by_hand(app: Any, client: Any, tag: str, mode: str) -> tuple[str, s
 
 
 def test_a_coalesce_copy_that_arrives_while_the_key_is_reserved_joins_the_run_it_gets_its_args(
-        app: Any, redis_url: str, worker_factory: WorkerFactory) -> None:
+    app: Any, redis_url: str, worker_factory: WorkerFactory
+) -> None:
     worker_factory(APP, pool="threads", concurrency=2)
     client = store.client_for(redis_url, 2.0)
     _, handed = _reserve_by_hand(app, client, "join", "coalesce")
@@ -253,7 +277,8 @@ def test_a_coalesce_copy_that_arrives_while_the_key_is_reserved_joins_the_run_it
 
 
 def test_a_joined_run_whose_publish_was_lost_is_published_by_the_sweep_with_the_joined_args(
-        app: Any, redis_url: str, worker_factory: WorkerFactory) -> None:
+    app: Any, redis_url: str, worker_factory: WorkerFactory
+) -> None:
     worker_factory(APP, pool="threads", concurrency=2, env={"LEASE_TTL": "2.0"})
     client = store.client_for(redis_url, 2.0)
     _, handed = _reserve_by_hand(app, client, "swept", "coalesce")
@@ -263,7 +288,8 @@ def test_a_joined_run_whose_publish_was_lost_is_published_by_the_sweep_with_the_
 
 
 def test_a_queue_reservation_is_not_joined_by_a_coalesce_copy(
-        app: Any, redis_url: str, worker_factory: WorkerFactory) -> None:
+    app: Any, redis_url: str, worker_factory: WorkerFactory
+) -> None:
     worker_factory(APP, pool="threads", concurrency=2)
     client = store.client_for(redis_url, 2.0)
     key, handed = _reserve_by_hand(app, client, "nojoin", "queue")
@@ -277,7 +303,8 @@ def test_a_queue_reservation_is_not_joined_by_a_coalesce_copy(
 
 
 def test_copies_that_keep_arriving_through_the_hand_over_run_at_most_two_bodies(
-        app: Any, redis_url: str, worker_factory: WorkerFactory) -> None:
+    app: Any, redis_url: str, worker_factory: WorkerFactory
+) -> None:
     worker_factory(APP, pool="threads", concurrency=2)
     holder = coalesced.delay("burst", 0, 1.5)
     wait_for(lambda: _started("burst"), 20, message="the holder never started")
@@ -303,7 +330,8 @@ def test_copies_that_keep_arriving_through_the_hand_over_run_at_most_two_bodies(
 
 
 def test_a_handed_over_run_that_retries_runs_its_retry(
-        app: Any, worker_factory: WorkerFactory) -> None:
+    app: Any, worker_factory: WorkerFactory
+) -> None:
     # The retry is published under the run's own task id, with the run's headers: it must be
     # taken for the holder's successor, not for a second copy of the handed-over run.
     worker_factory(APP, pool="threads", concurrency=4)
@@ -319,7 +347,8 @@ def test_a_handed_over_run_that_retries_runs_its_retry(
 
 
 def test_a_retry_of_a_handed_over_run_whose_lease_was_lost_is_published_as_a_new_attempt(
-        app: Any) -> None:
+    app: Any,
+) -> None:
     # Its lease lost at its local deadline (renewals unconfirmed) while the store still held
     # its token, the run's release notes it as ran; the retry must not carry the hand-over
     # header, or it would be refused as a second copy of that run.
@@ -339,9 +368,14 @@ def test_a_retry_of_a_handed_over_run_whose_lease_was_lost_is_published_as_a_new
         lease.mark_lost("deadline", deliver=False)
         task.push_request(id="run-1")
         try:
-            publishing._apply_async(task, lease, ("k", 1), {}, {
-                "task_id": "run-1", "headers": {HANDOFF_HEADER: "key", "other": "kept"}},
-                publish_)
+            publishing._apply_async(
+                task,
+                lease,
+                ("k", 1),
+                {},
+                {"task_id": "run-1", "headers": {HANDOFF_HEADER: "key", "other": "kept"}},
+                publish_,
+            )
         finally:
             task.pop_request()
     assert sent["headers"] == {"other": "kept"}

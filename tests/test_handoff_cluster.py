@@ -27,9 +27,11 @@ def cluster() -> Iterator[ClusterSetup]:
 
 
 def test_lines_hand_over_on_every_primary_and_the_sweep_finds_them_from_its_own_slot(
-        cluster: ClusterSetup) -> None:
-    client = store.client_for(f"redis://127.0.0.1:{cluster.live()[0].port}/0", 2.0,
-                              {"cluster": True})
+    cluster: ClusterSetup,
+) -> None:
+    client = store.client_for(
+        f"redis://127.0.0.1:{cluster.live()[0].port}/0", 2.0, {"cluster": True}
+    )
     keys = [f"lease:{{ho.job:{n}}}" for n in range(12)]
     assert len({client.keyslot(k) for k in keys}) == 12
     assert {client.keyslot(line_key(k)) for k in keys[:1]} == {client.keyslot(keys[0])}
@@ -39,8 +41,9 @@ def test_lines_hand_over_on_every_primary_and_the_sweep_finds_them_from_its_own_
         tokens[key] = uuid.uuid4().hex
         assert store.acquire(client, key, tokens[key], 5000, "{}").granted
         stored.watch(client, "lease", key, 0)
-        assert stored.park(client, key, "queue", f"run-{key}", MESSAGE, 10,
-                           60_000).outcome == "parked"
+        assert (
+            stored.park(client, key, "queue", f"run-{key}", MESSAGE, 10, 60_000).outcome == "parked"
+        )
     listed = {i.key: i.waiting for i in inspection.scan_leases(client, "lease")}
     assert listed == dict.fromkeys(keys, 1)
     # Half the holders release (handing over); the other half die (their leases deleted).
@@ -51,8 +54,9 @@ def test_lines_hand_over_on_every_primary_and_the_sweep_finds_them_from_its_own_
         client.delete(key)
     app = Celery("cluster-sweep", broker="memory://", set_as_current=False)
     app.conf.task_always_eager = False
-    options = resolve_options({"lease_backend": "redis://x"}, {"lease_on_conflict": "queue"},
-                              "test")
+    options = resolve_options(
+        {"lease_backend": "redis://x"}, {"lease_on_conflict": "queue"}, "test"
+    )
     published = sweep_once(app, client, "lease", {"t": options})
     assert published == 6  # the dead holders' waiters; the released ones are reserved
     assert client.exists(handoff_index_key("lease")) == 1

@@ -39,7 +39,8 @@ def _hold(task: Any, tag: str, seconds: float) -> threading.Thread:
 
 
 def test_eager_coalesce_returns_the_marker_and_the_holder_runs_the_pending_run_after_it(
-        eager: None) -> None:
+    eager: None,
+) -> None:
     holder = _hold(coalesced, "e", 0.5)
     marker = coalesced.delay("e", 1).result
     assert is_coalesced(marker)
@@ -53,7 +54,11 @@ def test_eager_queue_waits_its_turn_and_returns_the_real_result(eager: None) -> 
     assert queued.delay("eq", 1).result == 1
     holder.join(10)
     assert [(r["what"], r["n"]) for r in runs("eq")][:4] == [
-        ("start", 0), ("end", 0), ("start", 1), ("end", 1)]
+        ("start", 0),
+        ("end", 0),
+        ("start", 1),
+        ("end", 1),
+    ]
 
 
 def test_ls_lists_a_keys_line_and_the_run_it_is_handed_to(redis_url: str) -> None:
@@ -71,10 +76,10 @@ def test_the_metrics_count_parked_duplicates_line_lengths_and_hand_overs() -> No
     registry = CollectorRegistry()
     LeaseMetrics(registry).connect()
     task = coalesced  # a sender with a name
-    signals.lease_coalesced.send(sender=task, key="k", task_id="a", into="p", joined=False,
-                                 holder_task_id="h")
-    signals.lease_queued.send(sender=task, key="k", task_id="b", position=3,
-                              holder_task_id="h")
+    signals.lease_coalesced.send(
+        sender=task, key="k", task_id="a", into="p", joined=False, holder_task_id="h"
+    )
+    signals.lease_queued.send(sender=task, key="k", task_id="b", position=3, holder_task_id="h")
     signals.lease_handed_over.send(sender="ho.coalesced", key="k", task_id="p", by="sweep")
     value = registry.get_sample_value
     assert value("celery_lease_coalesced_total", {"task": "ho.coalesced"}) == 1
@@ -87,12 +92,22 @@ def test_flower_summarises_a_coalesced_and_a_queued_duplicate() -> None:
     def task(**fields: Any) -> Any:
         return SimpleNamespace(**fields)
 
-    assert lease_summary(task(lease_key="k", lease_into="p", state="LEASE-COALESCED",
-                              lease_remaining=1.0)) == "coalesced (pending run)"
-    assert lease_summary(task(lease_key="k", lease_position=2, state="LEASE-QUEUED",
-                              lease_remaining=1.0)) == "queued (#2)"
-    assert lease_summary(task(lease_key="k", lease_position=2, state="SUCCESS",
-                              lease_remaining=1.0)) == "waited in line (#2)"
+    assert (
+        lease_summary(
+            task(lease_key="k", lease_into="p", state="LEASE-COALESCED", lease_remaining=1.0)
+        )
+        == "coalesced (pending run)"
+    )
+    assert (
+        lease_summary(
+            task(lease_key="k", lease_position=2, state="LEASE-QUEUED", lease_remaining=1.0)
+        )
+        == "queued (#2)"
+    )
+    assert (
+        lease_summary(task(lease_key="k", lease_position=2, state="SUCCESS", lease_remaining=1.0))
+        == "waited in line (#2)"
+    )
 
 
 def test_ls_shows_a_waiting_column_only_when_runs_wait(capsys: pytest.CaptureFixture[str]) -> None:
@@ -101,8 +116,9 @@ def test_ls_shows_a_waiting_column_only_when_runs_wait(capsys: pytest.CaptureFix
     held = inspection.LeaseInfo("lease:{a}", "t.job", "id-1", "web1", 7, 1, 12.0, "t" * 32)
     cli._print_leases([held], wide=False)
     assert "WAITING" not in capsys.readouterr().out
-    free = inspection.LeaseInfo("lease:{b}", "t.job", "", inspection.FREE_HOST, 0, 0, 0.0, "",
-                                waiting=2, reserved_for="r1")
+    free = inspection.LeaseInfo(
+        "lease:{b}", "t.job", "", inspection.FREE_HOST, 0, 0, 0.0, "", waiting=2, reserved_for="r1"
+    )
     cli._print_leases([held, free], wide=True)
     out = capsys.readouterr().out
     assert "WAITING" in out and "2 (handed to r1)" in out and "(free)" in out

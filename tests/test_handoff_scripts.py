@@ -19,25 +19,48 @@ LIFETIME = 60_000
 
 
 def take(client: redis.Redis, tok: str, task_id: str, handed_over: bool = False) -> Any:
-    return run(client, "acquire-4.lua", [KEY, fence_key(KEY), RESERVED],
-               [tok, TTL, HOLDER, TTL + 3_600_000, task_id, "1" if handed_over else "0"])
+    return run(
+        client,
+        "acquire-4.lua",
+        [KEY, fence_key(KEY), RESERVED],
+        [tok, TTL, HOLDER, TTL + 3_600_000, task_id, "1" if handed_over else "0"],
+    )
 
 
-def park(client: redis.Redis, mode: str, task_id: str, message: str, most: int = 10,
-         handed_over: bool = False) -> Any:
-    return run(client, "park-3.lua", [KEY, LINE, RESERVED],
-               [mode, task_id, message, most, LIFETIME, "1" if handed_over else "0"])
+def park(
+    client: redis.Redis,
+    mode: str,
+    task_id: str,
+    message: str,
+    most: int = 10,
+    handed_over: bool = False,
+) -> Any:
+    return run(
+        client,
+        "park-3.lua",
+        [KEY, LINE, RESERVED],
+        [mode, task_id, message, most, LIFETIME, "1" if handed_over else "0"],
+    )
 
 
-def release_handoff(client: redis.Redis, tok: str, reserve: int = 5000,
-                    timeout: int = 0, ran: str = "") -> Any:
-    return run(client, "release_handoff-4.lua", [KEY, fence_key(KEY), LINE, RESERVED],
-               [tok, reserve, LIFETIME, timeout, ran])
+def release_handoff(
+    client: redis.Redis, tok: str, reserve: int = 5000, timeout: int = 0, ran: str = ""
+) -> Any:
+    return run(
+        client,
+        "release_handoff-4.lua",
+        [KEY, fence_key(KEY), LINE, RESERVED],
+        [tok, reserve, LIFETIME, timeout, ran],
+    )
 
 
 def recover(client: redis.Redis, reserve: int = 5000, timeout: int = 0) -> Any:
-    return run(client, "release_handoff-4.lua", [KEY, fence_key(KEY), LINE, RESERVED],
-               ["", reserve, LIFETIME, timeout, ""])
+    return run(
+        client,
+        "release_handoff-4.lua",
+        [KEY, fence_key(KEY), LINE, RESERVED],
+        ["", reserve, LIFETIME, timeout, ""],
+    )
 
 
 def held(client: redis.Redis) -> str:
@@ -53,7 +76,8 @@ def test_park_on_a_free_key_writes_nothing_and_answers_free(client: redis.Redis)
 
 
 def test_coalesce_keeps_one_pending_run_whose_message_the_latest_duplicate_replaces(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     held(client)
     assert park(client, "coalesce", "p1", "first") == [1, "p1", 1]
     assert park(client, "coalesce", "p2", "latest") == [1, "p1", 1]  # joins p1
@@ -73,7 +97,8 @@ def test_queue_appends_in_arrival_order_up_to_its_bound(client: redis.Redis) -> 
 
 
 def test_queue_parks_a_task_id_once_so_a_second_copy_of_it_keeps_the_first_ones_place(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     held(client)
     assert park(client, "queue", "a", "ma", most=2) == [1, "a", 1]
     assert park(client, "queue", "b", "mb", most=2) == [1, "b", 2]
@@ -84,7 +109,8 @@ def test_queue_parks_a_task_id_once_so_a_second_copy_of_it_keeps_the_first_ones_
 
 
 def test_release_handoff_releases_reserves_the_key_for_the_head_and_answers_it(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     t = held(client)
     park(client, "queue", "a", "ma")
     park(client, "queue", "b", "mb")
@@ -98,7 +124,8 @@ def test_release_handoff_releases_reserves_the_key_for_the_head_and_answers_it(
 
 
 def test_a_reserved_key_is_held_for_other_task_ids_and_granted_to_the_reserved_one(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     t = held(client)
     park(client, "queue", "a", "ma")
     release_handoff(client, t)
@@ -111,7 +138,8 @@ def test_a_reserved_key_is_held_for_other_task_ids_and_granted_to_the_reserved_o
 
 
 def test_a_second_copy_of_a_handed_over_run_that_released_is_refused_one_that_died_is_not(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     t = held(client)
     park(client, "queue", "a", "ma")
     release_handoff(client, t)
@@ -126,7 +154,8 @@ def test_a_second_copy_of_a_handed_over_run_that_released_is_refused_one_that_di
 
 
 def test_a_copy_of_a_handed_over_run_retried_past_later_runs_is_refused_and_not_parked(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     def run_handed_over(task_id: str) -> None:
         holder = token()
         assert take(client, holder, task_id, handed_over=True)[0] == 1
@@ -156,7 +185,8 @@ def test_a_reservation_past_due_no_longer_holds_the_key(client: redis.Redis) -> 
 
 
 def test_release_handoff_without_a_line_answers_no_run_and_a_repeat_answers_1(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     t = held(client)
     assert release_handoff(client, t)[:2] == [1, ""]
     assert release_handoff(client, t) == 1
@@ -176,7 +206,8 @@ def test_release_handoff_takes_out_waiters_past_the_wait_timeout(client: redis.R
 
 
 def test_the_sweeps_look_leaves_a_held_key_to_its_holder_and_answers_its_time_left(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     held(client)
     park(client, "coalesce", "p1", "m")
     client.pexpire(LINE, 100)
@@ -186,7 +217,8 @@ def test_the_sweeps_look_leaves_a_held_key_to_its_holder_and_answers_its_time_le
 
 
 def test_the_sweeps_look_hands_over_once_the_holder_is_gone_and_again_once_past_due(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     held(client)
     park(client, "coalesce", "p1", "m")
     client.delete(KEY)  # the holder died and its lease expired

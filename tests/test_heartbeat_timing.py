@@ -55,14 +55,24 @@ def client(redis_url: str) -> redis.Redis:
     return store.client_for(redis_url, 0.5)
 
 
-def take(client: redis.Redis, name: str, sent_at: float = T0, ttl: float = 3.0,
-         **options: float) -> Lease:
+def take(
+    client: redis.Redis, name: str, sent_at: float = T0, ttl: float = 3.0, **options: float
+) -> Lease:
     """A lease granted by the real store, its times counted from ``sent_at``."""
     opts = resolve_options({}, {"lease_ttl": ttl, **options}, "test")
     key, token = f"lease:{{{name}}}", f"{name:0<32}"[:32]
     assert store.acquire(client, key, token, opts.ttl_ms, "{}").granted
-    return Lease(key=key, token=token, fencing_token=1, task_name="t", task_id=name,
-                 options=opts, client=client, target=Recorder(), sent_at=sent_at)
+    return Lease(
+        key=key,
+        token=token,
+        fencing_token=1,
+        task_name="t",
+        task_id=name,
+        options=opts,
+        client=client,
+        target=Recorder(),
+        sent_at=sent_at,
+    )
 
 
 class Driven(Heartbeat):
@@ -74,7 +84,8 @@ class Driven(Heartbeat):
 
 
 def test_a_lease_past_its_deadline_is_lost_before_anything_is_sent(
-    client: redis.Redis, fake_clock: FakeClock,
+    client: redis.Redis,
+    fake_clock: FakeClock,
 ) -> None:
     late = take(client, "late")
     due = take(client, "due", sent_at=T0 + 1.0)
@@ -89,7 +100,8 @@ def test_a_lease_past_its_deadline_is_lost_before_anything_is_sent(
 
 
 def test_leases_due_within_half_an_interval_ride_along_in_one_round_trip(
-    client: redis.Redis, fake_clock: FakeClock,
+    client: redis.Redis,
+    fake_clock: FakeClock,
 ) -> None:
     first = take(client, "a")  # interval 1 s: due at T0 + 1
     close = take(client, "b", sent_at=T0 + 0.4)  # due at T0 + 1.4: within half an interval
@@ -107,7 +119,8 @@ def test_leases_due_within_half_an_interval_ride_along_in_one_round_trip(
 
 
 def test_nothing_due_sends_nothing_and_wakes_at_the_next_renewal(
-    client: redis.Redis, fake_clock: FakeClock,
+    client: redis.Redis,
+    fake_clock: FakeClock,
 ) -> None:
     a = take(client, "a")
     b = take(client, "b", sent_at=T0 + 0.3)
@@ -117,7 +130,8 @@ def test_nothing_due_sends_nothing_and_wakes_at_the_next_renewal(
 
 
 def test_no_round_trip_is_sent_whose_timeout_could_outlive_a_deadline(
-    client: redis.Redis, fake_clock: FakeClock,
+    client: redis.Redis,
+    fake_clock: FakeClock,
 ) -> None:
     # store timeout 0.5 s; `ending` has 0.4 s left: a renewal sent now could still be on the
     # wire when that deadline passes, so the pass waits for the deadline instead.
@@ -137,8 +151,17 @@ def test_a_failed_renewal_is_retried_after_a_third_of_an_interval_until_the_dead
         port = s.getsockname()[1]
     dead = store.client_for(f"redis://127.0.0.1:{port}/0", 0.5)
     opts = resolve_options({}, {"lease_ttl": 6.0}, "test")  # interval 2 s
-    lease = Lease(key="lease:{x}", token="x" * 32, fencing_token=1, task_name="t",
-                  task_id="x", options=opts, client=dead, target=Recorder(), sent_at=T0)
+    lease = Lease(
+        key="lease:{x}",
+        token="x" * 32,
+        fencing_token=1,
+        task_name="t",
+        task_id="x",
+        options=opts,
+        client=dead,
+        target=Recorder(),
+        sent_at=T0,
+    )
     beat = Driven([lease])
     fake_clock.t = T0 + 2.0
     beat._pass()

@@ -47,7 +47,10 @@ def test_hold_is_visible_with_its_holder_and_released_at_exit(redis_url: str) ->
         info = read_lease(client, lease.key)
         assert info is not None
         assert (info.task, info.task_id, info.fencing_token) == (
-            HOLD_TASK_NAME, threading.current_thread().name, lease.fencing_token)
+            HOLD_TASK_NAME,
+            threading.current_thread().name,
+            lease.fencing_token,
+        )
         assert [i.key for i in scan_leases(client, "lease")] == [lease.key]
     assert read_lease(client, lease.key) is None
     assert not lease.lost
@@ -237,8 +240,9 @@ def test_many_threads_contending_never_hold_at_once(redis_url: str) -> None:
     def contend() -> None:
         nonlocal inside, overlaps
         while time.monotonic() < deadline:
-            with hold("contended", url=redis_url, ttl=2.0, on_conflict="wait",
-                      timeout=10.0) as lease:
+            with hold(
+                "contended", url=redis_url, ttl=2.0, on_conflict="wait", timeout=10.0
+            ) as lease:
                 with lock:
                     inside += 1
                     overlaps += inside > 1
@@ -254,8 +258,7 @@ def test_many_threads_contending_never_hold_at_once(redis_url: str) -> None:
     measured("hold handoffs in 2 s, 16 threads", "threads", float(len(fences)), unit="")
 
 
-def test_hold_async_loss_surfaces_as_lease_lost_and_external_cancel_stays(
-        redis_url: str) -> None:
+def test_hold_async_loss_surfaces_as_lease_lost_and_external_cancel_stays(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
 
     async def lost() -> str:
@@ -308,20 +311,40 @@ async def _take_when_free(url: str) -> Any:
 
 
 def test_celery_lease_ls_lists_a_hold_with_its_holder(redis_url: str) -> None:
-    env = {**os.environ, BROKER_URL_ENV: redis_url, RESULT_BACKEND_ENV: redis_url,
-           "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        BROKER_URL_ENV: redis_url,
+        RESULT_BACKEND_ENV: redis_url,
+        "PYTHONPATH": str(ROOT),
+    }
     with hold("listed", url=redis_url, ttl=30.0) as lease:
         done = subprocess.run(
-            [sys.executable, "-m", "celery", "-A", "tests.apps.lease_tasks_app", "lease", "ls",
-             "--json"], capture_output=True, text=True, env=env, timeout=60, cwd=ROOT)
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tests.apps.lease_tasks_app",
+                "lease",
+                "ls",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            cwd=ROOT,
+        )
     assert done.returncode == 0, done.stderr
     listed = json.loads(done.stdout)
     assert [(e["key"], e["task"], e["fencing_token"]) for e in listed] == [
-        (lease.key, HOLD_TASK_NAME, lease.fencing_token)]
+        (lease.key, HOLD_TASK_NAME, lease.fencing_token)
+    ]
 
 
 def test_hold_async_external_cancel_at_the_moment_of_loss_stays_a_cancellation(
-        redis_url: str) -> None:
+    redis_url: str,
+) -> None:
     async def main() -> str:
         try:
             async with hold_async("async-both", url=redis_url, ttl=5.0) as lease:
@@ -343,8 +366,10 @@ def test_waiting_hold_is_woken_on_a_redis_cluster() -> None:
     """The lease, its fencing counter and its wake list share one hash tag (one slot)."""
     with cluster_setup() as setup:
         app = Celery("on-cluster", set_as_current=False)
-        app.conf.update(lease_backend=f"redis://127.0.0.1:{setup.live()[0].port}/0",
-                        lease_backend_options={"cluster": True})
+        app.conf.update(
+            lease_backend=f"redis://127.0.0.1:{setup.live()[0].port}/0",
+            lease_backend_options={"cluster": True},
+        )
         holding, release, released_at = threading.Event(), threading.Event(), []
 
         def holder() -> None:

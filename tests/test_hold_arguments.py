@@ -37,11 +37,19 @@ def _release_soon(release: threading.Event) -> None:
     threading.Timer(0.2, release.set).start()
 
 
-@pytest.mark.parametrize("waiting", [{"timeout": 4.0}, {"blocking": True},
-                                     {"on_conflict": "wait"}, {"blocking": True, "timeout": 4.0},
-                                     {"on_conflict": "wait", "timeout": 4.0}])
+@pytest.mark.parametrize(
+    "waiting",
+    [
+        {"timeout": 4.0},
+        {"blocking": True},
+        {"on_conflict": "wait"},
+        {"blocking": True, "timeout": 4.0},
+        {"on_conflict": "wait", "timeout": 4.0},
+    ],
+)
 def test_timeout_or_blocking_true_waits_for_the_release(
-        redis_url: str, held_for_a_moment: threading.Event, waiting: dict) -> None:
+    redis_url: str, held_for_a_moment: threading.Event, waiting: dict
+) -> None:
     started = time.monotonic()
     _release_soon(held_for_a_moment)
     with hold("invoice:3", url=redis_url, ttl=5.0, **waiting) as lease:
@@ -49,10 +57,18 @@ def test_timeout_or_blocking_true_waits_for_the_release(
     assert 0.2 <= time.monotonic() - started < 4.0
 
 
-@pytest.mark.parametrize("at_once", [{}, {"blocking": False}, {"on_conflict": "raise"},
-                                     {"on_conflict": "raise", "blocking": False}])
+@pytest.mark.parametrize(
+    "at_once",
+    [
+        {},
+        {"blocking": False},
+        {"on_conflict": "raise"},
+        {"on_conflict": "raise", "blocking": False},
+    ],
+)
 def test_nothing_or_blocking_false_answers_at_once(
-        redis_url: str, held_for_a_moment: threading.Event, at_once: dict) -> None:
+    redis_url: str, held_for_a_moment: threading.Event, at_once: dict
+) -> None:
     started = time.monotonic()
     with pytest.raises(LeaseConflict):
         with hold("invoice:3", url=redis_url, **at_once):
@@ -60,15 +76,22 @@ def test_nothing_or_blocking_false_answers_at_once(
     assert time.monotonic() - started < 1.0
 
 
-@pytest.mark.parametrize(("given", "fix"), [
-    ({"on_conflict": "raise", "timeout": 4.0}, "timeout=4.0 would do nothing. Fix: to wait"),
-    ({"on_conflict": "raise", "blocking": True}, "blocking=True would do nothing. Fix: to wait"),
-    ({"blocking": False, "timeout": 4.0}, "timeout=4.0 would do nothing.*Fix: drop one"),
-    ({"on_conflict": "queue"}, "on_conflict='queue'.*not one of 'raise', 'wait'"),
-    ({"timeout": -1.0}, "timeout=-1.0.*must be None"),
-])
+@pytest.mark.parametrize(
+    ("given", "fix"),
+    [
+        ({"on_conflict": "raise", "timeout": 4.0}, "timeout=4.0 would do nothing. Fix: to wait"),
+        (
+            {"on_conflict": "raise", "blocking": True},
+            "blocking=True would do nothing. Fix: to wait",
+        ),
+        ({"blocking": False, "timeout": 4.0}, "timeout=4.0 would do nothing.*Fix: drop one"),
+        ({"on_conflict": "queue"}, "on_conflict='queue'.*not one of 'raise', 'wait'"),
+        ({"timeout": -1.0}, "timeout=-1.0.*must be None"),
+    ],
+)
 def test_a_combination_in_which_an_argument_would_do_nothing_is_refused(
-        given: dict, fix: str) -> None:
+    given: dict, fix: str
+) -> None:
     with pytest.raises(LeaseConfigError, match=fix):
         hold("invoice:3", url="redis://localhost:1/0", **given)
     with pytest.raises(LeaseConfigError, match=fix):
@@ -90,7 +113,8 @@ def test_acquire_reads_like_a_lock(redis_url: str, held_for_a_moment: threading.
 
 
 def test_the_old_wait_with_blocking_false_spelling_still_answers_at_once_with_a_warning(
-        redis_url: str, held_for_a_moment: threading.Event) -> None:
+    redis_url: str, held_for_a_moment: threading.Event
+) -> None:
     with pytest.warns(DeprecationWarning, match="will be refused in a later release") as seen:
         old = hold("invoice:3", url=redis_url, on_conflict="wait", blocking=False)
     with pytest.warns(DeprecationWarning) as seen_async:
@@ -110,7 +134,8 @@ def test_the_old_wait_with_blocking_false_spelling_still_answers_at_once_with_a_
 
 
 def test_hold_async_timeout_waits_for_the_release(
-        redis_url: str, held_for_a_moment: threading.Event) -> None:
+    redis_url: str, held_for_a_moment: threading.Event
+) -> None:
     async def main() -> int:
         async with hold_async("invoice:3", url=redis_url, timeout=4.0) as lease:
             return lease.fencing_token

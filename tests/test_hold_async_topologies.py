@@ -33,8 +33,9 @@ from tests.support.secure import (
 certs = pytest.fixture(scope="module", name="certs")(certificates)
 
 
-def _woken_by_release(conf: dict[str, Any], blocked: Callable[[], int],
-                      caplog: pytest.LogCaptureFixture) -> float:
+def _woken_by_release(
+    conf: dict[str, Any], blocked: Callable[[], int], caplog: pytest.LogCaptureFixture
+) -> float:
     """A thread holds ``"topo"`` (TTL 30 s); a ``hold_async`` waits for it in BLPOP on the
     server (``blocked()`` counts blocked clients); the holder releases. Returns the seconds
     from that release to the waiter's entry."""
@@ -82,43 +83,58 @@ def _blocked(*clients: redis.Redis) -> Callable[[], int]:
 @pytest.fixture(scope="module")
 def unix_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str]]:
     sock = str(tmp_path_factory.mktemp("sock") / "redis.sock")
-    server = SystemRedisServer(config={"unixsocket": sock, "unixsocketperm": "700",
-                                       "requirepass": "sockpw"}).start()
+    server = SystemRedisServer(
+        config={"unixsocket": sock, "unixsocketperm": "700", "requirepass": "sockpw"}
+    ).start()
     yield server, sock
     server.close()
 
 
 def test_async_wait_over_a_unix_socket_with_a_password(
-        unix_server: tuple[Any, str], caplog: pytest.LogCaptureFixture) -> None:
+    unix_server: tuple[Any, str], caplog: pytest.LogCaptureFixture
+) -> None:
     _, sock = unix_server
     admin = redis.Redis(unix_socket_path=sock, password="sockpw")
-    woken = _woken_by_release({"lease_backend": f"unix://:sockpw@{sock}?db=0"},
-                              _blocked(admin), caplog)
+    woken = _woken_by_release(
+        {"lease_backend": f"unix://:sockpw@{sock}?db=0"}, _blocked(admin), caplog
+    )
     assert woken < 1.0  # by the release, not at the holder's expiry 30 s away
 
 
-def test_async_wait_over_mutual_tls(certs: Certificates,
-                                    caplog: pytest.LogCaptureFixture) -> None:
+def test_async_wait_over_mutual_tls(certs: Certificates, caplog: pytest.LogCaptureFixture) -> None:
     with TlsRedisServer(certs, mutual=True) as server:
-        tls = {"ssl_ca_certs": certs.ca_file, "ssl_certfile": certs.client_cert,
-               "ssl_keyfile": certs.client_key}
-        woken = _woken_by_release({"lease_backend": server.url(0),
-                                   "lease_backend_options": tls},
-                                  _blocked(server.client()), caplog)
+        tls = {
+            "ssl_ca_certs": certs.ca_file,
+            "ssl_certfile": certs.client_cert,
+            "ssl_keyfile": certs.client_key,
+        }
+        woken = _woken_by_release(
+            {"lease_backend": server.url(0), "lease_backend_options": tls},
+            _blocked(server.client()),
+            caplog,
+        )
     assert woken < 1.0
 
 
 def test_async_wait_through_a_sentinel_reached_over_tls(
-        certs: Certificates, caplog: pytest.LogCaptureFixture) -> None:
+    certs: Certificates, caplog: pytest.LogCaptureFixture
+) -> None:
     with TlsSentinelSetup(certs) as setup:
         setup.start()
         tls = {"ssl_ca_certs": certs.ca_file}
         with setup.admin() as admin:
             woken = _woken_by_release(
-                {"lease_backend": setup.sentinel_url,
-                 "lease_backend_options": {"master_name": MASTER_NAME, **tls,
-                                           "sentinel_kwargs": tls}},
-                _blocked(admin), caplog)
+                {
+                    "lease_backend": setup.sentinel_url,
+                    "lease_backend_options": {
+                        "master_name": MASTER_NAME,
+                        **tls,
+                        "sentinel_kwargs": tls,
+                    },
+                },
+                _blocked(admin),
+                caplog,
+            )
     assert woken < 1.0
 
 
@@ -126,21 +142,35 @@ def test_async_wait_on_a_redis_cluster(caplog: pytest.LogCaptureFixture) -> None
     with cluster_setup() as setup:
         nodes = setup.live()
         woken = _woken_by_release(
-            {"lease_backend": f"redis://127.0.0.1:{nodes[0].port}/0",
-             "lease_backend_options": {"cluster": True}},
-            _blocked(*(n.client() for n in setup.primaries())), caplog)
+            {
+                "lease_backend": f"redis://127.0.0.1:{nodes[0].port}/0",
+                "lease_backend_options": {"cluster": True},
+            },
+            _blocked(*(n.client() for n in setup.primaries())),
+            caplog,
+        )
     assert woken < 1.0
 
 
 def test_an_option_redis_asyncio_cannot_take_is_named_instead_of_a_client() -> None:
-    spec = StoreSpec("cluster", True, {"host": "127.0.0.1", "port": 7000, "ssl": True,
-                                       "ssl_cert_reqs": ssl.CERT_REQUIRED,
-                                       "ssl_ca_path": "/etc/ssl/certs", "ssl_password": "pw"})
+    spec = StoreSpec(
+        "cluster",
+        True,
+        {
+            "host": "127.0.0.1",
+            "port": 7000,
+            "ssl": True,
+            "ssl_cert_reqs": ssl.CERT_REQUIRED,
+            "ssl_ca_path": "/etc/ssl/certs",
+            "ssl_password": "pw",
+        },
+    )
     params = inspect.signature(async_cluster.RedisCluster.__init__).parameters
     missing = [k for k in ("ssl_ca_path", "ssl_password") if k not in params]
     if not missing:
         pytest.skip("this redis-py's async RedisCluster takes every TLS option")
     why = build_async_client(spec, 1.0)
-    assert why == (f"redis.asyncio's RedisCluster (redis-py {redis.__version__}) takes no "
-                   f"{', '.join(missing)}")
+    assert why == (
+        f"redis.asyncio's RedisCluster (redis-py {redis.__version__}) takes no {', '.join(missing)}"
+    )
     assert "pw" not in why

@@ -38,6 +38,7 @@ async def _until(predicate: Callable[[], object], timeout: float) -> bool:
 
 def _run(main: Callable[[], Awaitable[Any]], threads: int = 6) -> Any:
     """``asyncio.run(main())`` with a default executor of ``threads`` threads (2 cores' 6)."""
+
     async def with_executor() -> Any:
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(threads))
         return await main()
@@ -46,7 +47,8 @@ def _run(main: Callable[[], Awaitable[Any]], threads: int = 6) -> Any:
 
 
 def test_a_hundred_waiters_hold_no_executor_thread_and_are_handed_the_lease_in_turn(
-        redis_url: str) -> None:
+    redis_url: str,
+) -> None:
     client = redis.Redis.from_url(redis_url)
     fences: list[int] = []
     inside = overlaps = 0
@@ -96,7 +98,8 @@ def test_a_hundred_waiters_hold_no_executor_thread_and_are_handed_the_lease_in_t
 
 
 def test_hand_offs_go_on_while_the_programs_own_work_fills_the_default_executor(
-        redis_url: str) -> None:
+    redis_url: str,
+) -> None:
     busy = threading.Event()
     entered: list[int] = []
 
@@ -154,8 +157,7 @@ def _releases() -> Iterator[list[bool | None]]:
         signals.lease_released.disconnect(receiver)
 
 
-def test_cancelled_while_taking_releases_the_granted_lease_before_raising(
-        redis_url: str) -> None:
+def test_cancelled_while_taking_releases_the_granted_lease_before_raising(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
     key = hold_key("lease", "taking")
 
@@ -179,15 +181,15 @@ def test_cancelled_while_taking_releases_the_granted_lease_before_raising(
     assert _run(main) == (False, 0)
 
 
-def test_cancelled_while_waiting_ends_its_blpop_at_once_and_takes_nothing(
-        redis_url: str) -> None:
+def test_cancelled_while_waiting_ends_its_blpop_at_once_and_takes_nothing(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
     key = hold_key("lease", "waiting")
 
     async def main() -> None:
         async with hold_async("waiting", url=redis_url, ttl=30.0) as lease:
             task = asyncio.ensure_future(
-                hold_async("waiting", url=redis_url, on_conflict="wait").__aenter__())
+                hold_async("waiting", url=redis_url, on_conflict="wait").__aenter__()
+            )
             assert await _until(lambda: _blocked(client) == 1, 10.0)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -198,8 +200,7 @@ def test_cancelled_while_waiting_ends_its_blpop_at_once_and_takes_nothing(
     _run(main)
 
 
-def test_a_waiter_cancelled_in_its_wait_wakes_the_next_when_the_key_is_free(
-        redis_url: str) -> None:
+def test_a_waiter_cancelled_in_its_wait_wakes_the_next_when_the_key_is_free(redis_url: str) -> None:
     """The cancelled waiter may have taken a release's wake-up unread: it passes it on."""
     client = redis.Redis.from_url(redis_url)
     dead = hold("turn", url=redis_url, ttl=30.0)
@@ -214,7 +215,8 @@ def test_a_waiter_cancelled_in_its_wait_wakes_the_next_when_the_key_is_free(
 
     async def main() -> float:
         first = asyncio.ensure_future(
-            hold_async("turn", url=redis_url, on_conflict="wait").__aenter__())
+            hold_async("turn", url=redis_url, on_conflict="wait").__aenter__()
+        )
         other = asyncio.ensure_future(second())
         assert await _until(lambda: _blocked(client) == 2, 10.0)
         client.delete(hold_key("lease", "turn"))  # freed, and nobody was woken

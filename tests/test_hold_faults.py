@@ -35,8 +35,12 @@ class Holder:
     def __init__(self, url: str, name: str, context: str) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.apps.hold_holder", url, name, context],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -84,7 +88,8 @@ def start_holder() -> Any:
 
 @pytest.mark.parametrize("context", CONTEXTS)
 def test_deleted_key_raises_lease_lost_refused_in_the_block(
-        redis_url: str, start_holder: Any, context: str) -> None:
+    redis_url: str, start_holder: Any, context: str
+) -> None:
     holder = start_holder(redis_url, "deleted", context)
     fence = holder.expect("HELD", 30)[1]
     client = __import__("redis").Redis.from_url(redis_url)
@@ -95,7 +100,8 @@ def test_deleted_key_raises_lease_lost_refused_in_the_block(
 
 @pytest.mark.parametrize("context", CONTEXTS)
 def test_paused_store_raises_lease_lost_by_the_local_deadline(
-        throwaway_redis: Any, start_holder: Any, context: str) -> None:
+    throwaway_redis: Any, start_holder: Any, context: str
+) -> None:
     server = throwaway_redis()
     holder = start_holder(server.url(0), "paused-store", context)
     fence = holder.expect("HELD", 30)[1]
@@ -112,14 +118,16 @@ def test_paused_store_raises_lease_lost_by_the_local_deadline(
 
 @pytest.mark.parametrize("context", CONTEXTS)
 def test_holder_paused_past_its_lifetime_loses_and_another_takes_over(
-        redis_url: str, start_holder: Any, context: str) -> None:
+    redis_url: str, start_holder: Any, context: str
+) -> None:
     holder = start_holder(redis_url, "paused-holder", context)
     fence = int(holder.expect("HELD", 30)[1])
     holder.proc.send_signal(signal.SIGSTOP)
     try:
         # The stopped holder renews nothing: its key expires and this process takes it.
-        with hold("paused-holder", url=redis_url, ttl=TTL, on_conflict="wait",
-                  timeout=TTL * 3) as lease:
+        with hold(
+            "paused-holder", url=redis_url, ttl=TTL, on_conflict="wait", timeout=TTL * 3
+        ) as lease:
             assert lease.fencing_token > fence
             holder.proc.send_signal(signal.SIGCONT)
             words = holder.expect("LOST", TTL + 5)
@@ -133,8 +141,12 @@ def test_holder_paused_past_its_lifetime_loses_and_another_takes_over(
 def test_greenlets_contending_under_gevent_never_hold_at_once(redis_url: str) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "tests.apps.hold_contend", redis_url, "8", "2.0"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-        env={**os.environ, "PYTHONPATH": str(ROOT)})
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["overlaps"] == 0 and result["rising"] is True

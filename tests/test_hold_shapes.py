@@ -82,16 +82,31 @@ def _shapes(url: str, runs: Runs) -> dict[str, Callable[[], Any]]:
     partial = held(functools.partial(plain, 2))
     obj = held(Callable_())
     return {
-        "function": function, "method": Methods().method, "classmethod": Methods.klass,
-        "staticmethod": Methods.static, "partial": partial, "callable object": lambda: obj(2),
+        "function": function,
+        "method": Methods().method,
+        "classmethod": Methods.klass,
+        "staticmethod": Methods.static,
+        "partial": partial,
+        "callable object": lambda: obj(2),
         "generator": lambda: list(generator()),
     }
 
 
-@pytest.mark.parametrize("shape", ["function", "method", "classmethod", "staticmethod",
-                                   "partial", "callable object", "generator"])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        "function",
+        "method",
+        "classmethod",
+        "staticmethod",
+        "partial",
+        "callable object",
+        "generator",
+    ],
+)
 def test_each_shape_is_held_for_its_real_run_and_two_runs_never_overlap(
-        redis_url: str, shape: str) -> None:
+    redis_url: str, shape: str
+) -> None:
     runs = Runs(redis_url)
     assert run_in_threads(_shapes(redis_url, runs)[shape], 2) == []
     assert (runs.unheld, runs.overlaps) == (0, 0)
@@ -127,8 +142,16 @@ def test_coroutine_shapes_are_held_while_awaited_and_never_overlap(redis_url: st
     async def main() -> None:
         coroutine = function()
         assert not client.exists(KEY)  # nothing taken until it is awaited
-        await asyncio.gather(coroutine, function(), Service().method(), Service().method(),
-                             partial(), partial(), obj(), obj())
+        await asyncio.gather(
+            coroutine,
+            function(),
+            Service().method(),
+            Service().method(),
+            partial(),
+            partial(),
+            obj(),
+            obj(),
+        )
 
     asyncio.run(main())
     assert (overlaps, unheld) == (0, 0)
@@ -136,7 +159,8 @@ def test_coroutine_shapes_are_held_while_awaited_and_never_overlap(redis_url: st
 
 
 def test_a_generator_takes_at_its_first_step_and_releases_when_closed_or_collected(
-        redis_url: str) -> None:
+    redis_url: str,
+) -> None:
     client = redis.Redis.from_url(redis_url)
     cleaned: list[str] = []
 
@@ -184,7 +208,8 @@ def test_a_held_generator_passes_sent_and_thrown_values_to_its_body(redis_url: s
 
 
 def test_a_loss_while_a_generator_is_suspended_is_raised_in_its_body_at_the_next_step(
-        redis_url: str) -> None:
+    redis_url: str,
+) -> None:
     client = redis.Redis.from_url(redis_url)
     lost = threading.Event()
     seen: list[str] = []
@@ -224,8 +249,7 @@ def test_an_async_generator_function_is_refused_naming_the_fix(redis_url: str) -
         hold("shape", url=redis_url)(ticks)
 
 
-def test_a_call_that_returns_an_unstarted_coroutine_is_refused_and_released(
-        redis_url: str) -> None:
+def test_a_call_that_returns_an_unstarted_coroutine_is_refused_and_released(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
 
     async def work() -> int:

@@ -35,8 +35,9 @@ from harness.waiting import wait_for
 
 def make_app(url: str, **conf: Any) -> Celery:
     app = Celery("inproc", broker="memory://", backend="cache+memory://", set_as_current=False)
-    app.conf.update({"lease_backend": url, "task_always_eager": True,
-                     "task_eager_propagates": True, **conf})
+    app.conf.update(
+        {"lease_backend": url, "task_always_eager": True, "task_eager_propagates": True, **conf}
+    )
     return app
 
 
@@ -75,8 +76,13 @@ def test_eager_conflict_returns_the_skip_marker_and_is_skipped_wants_the_value(
         return n
 
     client = store.client_for(redis_url, 1.0)
-    store.acquire(client, job.lease_key_for((1,)), "f" * 32, 5000, store.holder_json(
-        "job", "other-id", "h", 1))
+    store.acquire(
+        client,
+        job.lease_key_for((1,)),
+        "f" * 32,
+        5000,
+        store.holder_json("job", "other-id", "h", 1),
+    )
     outcome = job.apply((1,))
     with pytest.raises(TypeError, match=r"is_skipped\(result.get\(\)\)"):
         is_skipped(outcome)  # the EagerResult itself, not the marker it holds
@@ -106,8 +112,7 @@ def test_refusing_a_duplicate_costs_one_round_trip(redis_url: str) -> None:
     after = calls()
     delta = {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
     # One EVALSHA on the wire; GET and PTTL run inside the script; INFO is this probe.
-    assert delta == {"cmdstat_evalsha": 1, "cmdstat_get": 1, "cmdstat_pttl": 1,
-                     "cmdstat_info": 1}
+    assert delta == {"cmdstat_evalsha": 1, "cmdstat_get": 1, "cmdstat_pttl": 1, "cmdstat_info": 1}
     assert elapsed < 1.0  # nothing waited or polled
 
 
@@ -127,22 +132,29 @@ def test_every_error_pickles_and_survives_json_serialization() -> None:
         copy = pickle.loads(pickle.dumps(error))
         assert type(copy) is type(error) and copy.args == error.args
         rebuilt = backend.exception_to_python(
-            json.loads(json.dumps(backend.prepare_exception(error, "json"))))
+            json.loads(json.dumps(backend.prepare_exception(error, "json")))
+        )
         assert type(rebuilt) is type(error) and rebuilt.args == error.args, error
     lost = errors[0]
     assert isinstance(lost, LeaseLost)
     assert (lost.key, lost.cause, lost.fencing_token, lost.late) == (
-        "lease:{k}", "refused", 7, 0.25)
+        "lease:{k}",
+        "refused",
+        7,
+        0.25,
+    )
 
 
 def test_a_lost_lease_says_what_its_seconds_count_from() -> None:
     # An operator's release is found at the next renewal: no deadline was missed.
     assert str(LeaseLost("lease:{k}", "refused", 7, 3.3374)) == (
         "lease 'lease:{k}' lost (refused, fencing token 7, found 3.337s after its last "
-        "confirmed renewal)")
+        "confirmed renewal)"
+    )
     for cause in ("deadline", "store_error"):
         assert str(LeaseLost("lease:{k}", cause, 7, 0.012)).endswith(
-            "found 0.012s after its local deadline)")
+            "found 0.012s after its local deadline)"
+        )
 
 
 def test_no_command_names_the_key_after_release(redis_url: str) -> None:
@@ -179,8 +191,11 @@ def test_no_command_names_the_key_after_release(redis_url: str) -> None:
     def is_renewal(line: str) -> bool:
         return store.renewal._renew.sha in line or "PEXPIRE" in line.upper()
 
-    first_release = next(i for i, line in enumerate(mentions)
-                         if store.protocol._release.sha in line or "'DEL'" in line or "DEL" in line)
+    first_release = next(
+        i
+        for i, line in enumerate(mentions)
+        if store.protocol._release.sha in line or "'DEL'" in line or "DEL" in line
+    )
     assert sum(map(is_renewal, mentions[:first_release])) >= 2  # the heartbeat was at work
     late = [line for line in mentions[first_release:] if is_renewal(line)]
     assert late == [], "a renewal named the key after its release"
@@ -230,8 +245,13 @@ def test_exit_without_release_is_prompt_and_lease_expires(redis_url: str) -> Non
         print("holding", flush=True)
     """)
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=20, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     assert "holding" in done.stdout, done.stderr
     assert time.monotonic() - started < 10
     client = redis.Redis.from_url(redis_url)
@@ -250,8 +270,11 @@ def test_forked_child_never_renews_or_releases_the_parents_lease(redis_url: str)
         assert lease is not None
         pid = os.fork()
         if pid == 0:  # the child: its heartbeat is fresh, the parent's lease is not its own
-            ok = heartbeat().held() == [] and lease.pid != os.getpid() \
-                and process.pid() == os.getpid()  # the id kept without a system call
+            ok = (
+                heartbeat().held() == []
+                and lease.pid != os.getpid()
+                and process.pid() == os.getpid()
+            )  # the id kept without a system call
             os._exit(0 if ok else 1)
         _, status = os.waitpid(pid, 0)
         result["child_ok"] = os.waitstatus_to_exitcode(status) == 0

@@ -41,8 +41,13 @@ def f(a: Any, b: Any = 2) -> None:
 
 def test_call_spellings_take_the_same_lease() -> None:
     task = task_of(f)
-    spellings = [((1, 2), {}), ((1,), {"b": 2}), ((), {"a": 1, "b": 2}), ((), {"b": 2, "a": 1}),
-                 ((1,), {})]
+    spellings = [
+        ((1, 2), {}),
+        ((1,), {"b": 2}),
+        ((), {"a": 1, "b": 2}),
+        ((), {"b": 2, "a": 1}),
+        ((1,), {}),
+    ]
     keys = {task.lease_key_for(args, kwargs) for args, kwargs in spellings}
     assert len(keys) == 1
     assert task.lease_key_for((1, 3)) not in keys
@@ -56,10 +61,20 @@ def test_argument_types_are_distinguished() -> None:
 
 def test_serializer_types_produce_a_key() -> None:
     task = task_of(f)
-    key = task.lease_key_for((uuid.uuid4(), {
-        "when": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), "d": dt.date(2026, 1, 1),
-        "amount": decimal.Decimal("1.50"), "raw": b"\x00\xff", 3: {"nested": {4: [1, 2]}},
-        "s": {3, 1, 2}, "dur": dt.timedelta(seconds=5)}))
+    key = task.lease_key_for(
+        (
+            uuid.uuid4(),
+            {
+                "when": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+                "d": dt.date(2026, 1, 1),
+                "amount": decimal.Decimal("1.50"),
+                "raw": b"\x00\xff",
+                3: {"nested": {4: [1, 2]}},
+                "s": {3, 1, 2},
+                "dur": dt.timedelta(seconds=5),
+            },
+        )
+    )
     assert key.startswith("lease:{")
 
 
@@ -85,12 +100,21 @@ def test_long_task_names_and_custom_keys_are_bounded() -> None:
 
 
 def test_sets_and_dicts_do_not_depend_on_hash_seed() -> None:
-    code = ("from celery_lease.keys import encode_value; "
-            "print(encode_value({'x', 'y', 'z', 'w'}).hex(), "
-            "encode_value({'b': 1, 'a': 2, 'c': {'z', 'q'}}).hex())")
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={"PYTHONHASHSEED": str(seed), "PATH": ""}).stdout
-            for seed in (1, 2, 3)}
+    code = (
+        "from celery_lease.keys import encode_value; "
+        "print(encode_value({'x', 'y', 'z', 'w'}).hex(), "
+        "encode_value({'b': 1, 'a': 2, 'c': {'z', 'q'}}).hex())"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONHASHSEED": str(seed), "PATH": ""},
+        ).stdout
+        for seed in (1, 2, 3)
+    }
     assert len(outs) == 1
 
 
@@ -118,6 +142,7 @@ def test_signature_is_read_through_wrappers() -> None:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             return fn(*args, **kwargs)
+
         return wrapper
 
     task = task_of(deco(f))
@@ -145,10 +170,10 @@ def test_braces_in_names_and_custom_keys_cannot_move_the_hash_tag() -> None:
     odd_key = task_of(f, name="c2", lease_key=lambda a, b=2: "}x{")
     for task in (odd_name, odd_key):
         key = task.lease_key_for((1,))
-        tag = key[key.index("{") + 1:key.index("}")]
+        tag = key[key.index("{") + 1 : key.index("}")]
         assert key.endswith("}") and "{" not in tag
         fence = fence_key(key)
-        assert fence[fence.index("{") + 1:fence.index("}")] == tag
+        assert fence[fence.index("{") + 1 : fence.index("}")] == tag
 
 
 def test_bad_lease_key_callable_and_self_referential_argument_name_the_task() -> None:
@@ -171,8 +196,10 @@ def test_every_key_written_beside_a_lease_shares_its_hash_tag_and_is_known_inter
 
 
 def test_the_task_module_does_not_import_the_worker_module() -> None:
-    code = ("import sys, celery_lease.task; "
-            "assert 'celery_lease.worker' not in sys.modules, 'task imports worker'")
+    code = (
+        "import sys, celery_lease.task; "
+        "assert 'celery_lease.worker' not in sys.modules, 'task imports worker'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 

@@ -34,8 +34,9 @@ def _client_app(url: str, lease_tasks: dict[str, Any], queue: str = "celery") ->
 
 
 def test_eager_apply_takes_a_lease_without_changing_the_task_class(redis_url: str) -> None:
-    app = _client_app(redis_url, {"thirdparty.close_day": {"lease_key": ["day"]},
-                                  "thirdparty.sync_*": {}})
+    app = _client_app(
+        redis_url, {"thirdparty.close_day": {"lease_key": ["day"]}, "thirdparty.sync_*": {}}
+    )
     app.finalize()
     task = app.tasks["thirdparty.close_day"]
     cls = type(task)
@@ -54,8 +55,9 @@ def test_eager_apply_takes_a_lease_without_changing_the_task_class(redis_url: st
     finally:
         celery_lease.signals.lease_acquired.disconnect(on_acquired)
     # Keyed by `day` only, bound to the real signature (the keyword `note` is left out).
-    assert seen == [build_key("lease", "thirdparty.close_day", signature, ["day"],
-                              ("2024-01-01",), {})]
+    assert seen == [
+        build_key("lease", "thirdparty.close_day", signature, ["day"], ("2024-01-01",), {})
+    ]
     assert type(task) is cls and not isinstance(task, LeasedTask)
     result = app.tasks["thirdparty.sync_account"].apply((7,)).get()
     assert result["account_id"] == 7 and result["fencing_token"] > 0
@@ -75,15 +77,19 @@ def test_eager_duplicate_while_one_runs_is_skipped(redis_url: str) -> None:
     assert first == ["closed d"]
 
 
-@pytest.mark.parametrize("setting, match", [
-    ({"nothing.matches.*": {}}, r"lease_tasks\['nothing.matches.\*'\] matches no registered"),
-    ({"thirdparty.close_day": {"lease_tll": 3.0}}, r"lease_tll.*did you mean lease_ttl"),
-    ({"thirdparty.close_day": {"lease_key": ["month"]}}, r"'month'.*not a parameter"),
-    ({"thirdparty.close_day": {"lease_ttl": -1}}, r"lease_ttl=-1"),
-    ({"thirdparty.*": {}, "thirdparty.close_*": {}}, r"matches both"),
-])
+@pytest.mark.parametrize(
+    "setting, match",
+    [
+        ({"nothing.matches.*": {}}, r"lease_tasks\['nothing.matches.\*'\] matches no registered"),
+        ({"thirdparty.close_day": {"lease_tll": 3.0}}, r"lease_tll.*did you mean lease_ttl"),
+        ({"thirdparty.close_day": {"lease_key": ["month"]}}, r"'month'.*not a parameter"),
+        ({"thirdparty.close_day": {"lease_ttl": -1}}, r"lease_ttl=-1"),
+        ({"thirdparty.*": {}, "thirdparty.close_*": {}}, r"matches both"),
+    ],
+)
 def test_bad_entries_are_clear_errors_naming_the_entry(
-        redis_url: str, setting: dict[str, Any], match: str) -> None:
+    redis_url: str, setting: dict[str, Any], match: str
+) -> None:
     app = _client_app(redis_url, setting)
     with pytest.raises(LeaseConfigError, match=match):
         apply_lease_tasks(app)
@@ -91,7 +97,8 @@ def test_bad_entries_are_clear_errors_naming_the_entry(
 
 @pytest.mark.parametrize("pool", ["threads", "prefork"])
 def test_worker_leases_the_tasks_and_retries_an_autoretry_task(
-        redis_url: str, worker_factory: Any, pool: str) -> None:
+    redis_url: str, worker_factory: Any, pool: str
+) -> None:
     worker_factory(APP, pool=pool, concurrency=4)
     app = _client_app(redis_url, {}, worker_factory.queue)
     client = redis.Redis.from_url(redis_url)
@@ -114,9 +121,11 @@ def test_worker_leases_the_tasks_and_retries_an_autoretry_task(
 
 
 def test_worker_refuses_to_start_on_a_pattern_matching_nothing(
-        redis_url: str, worker_factory: Any, tmp_path: Path) -> None:
-    worker = worker_factory(APP, env={"TEST_LEASE_TASKS": json.dumps({"billing.*": {}})},
-                            ready_timeout=None)
+    redis_url: str, worker_factory: Any, tmp_path: Path
+) -> None:
+    worker = worker_factory(
+        APP, env={"TEST_LEASE_TASKS": json.dumps({"billing.*": {}})}, ready_timeout=None
+    )
     assert worker.wait(60) not in (None, 0)
     assert "lease_tasks['billing.*'] matches no registered task" in worker.log_text()
 
@@ -177,7 +186,8 @@ ORDERS = ["setting, then task", "task, then setting", "finalize, then setting"]
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("path", list(EAGER_PATHS))
 def test_the_body_runs_under_a_lease_for_its_key_whatever_path_first_evaluates_the_task(
-        redis_url: str, path: str, order: str) -> None:
+    redis_url: str, path: str, order: str
+) -> None:
     app, task = _plain_app(redis_url, order)
     assert app.finalized is (order == "finalize, then setting")
     assert EAGER_PATHS[path](app, task) == _expected_key(7)
@@ -218,8 +228,7 @@ def test_what_beat_sends_runs_under_a_lease_for_its_key(redis_url: str) -> None:
     assert scheduler.apply_async(entry, advance=False).get() == _expected_key(7)
 
 
-def test_a_bad_entry_for_the_task_being_run_is_raised_by_its_first_apply(
-        redis_url: str) -> None:
+def test_a_bad_entry_for_the_task_being_run_is_raised_by_its_first_apply(redis_url: str) -> None:
     app = Celery("hc", broker="memory://", set_as_current=False)
     app.conf.update(lease_backend=redis_url, lease_tasks={NAME: {"lease_key": ["y"]}})
     task = app.task(name=NAME, shared=False)(_plain_job)
@@ -228,7 +237,8 @@ def test_a_bad_entry_for_the_task_being_run_is_raised_by_its_first_apply(
 
 
 def test_use_lease_backend_points_a_task_leased_by_the_setting_at_the_test_store(
-        redis_url: str, throwaway_redis: Any) -> None:
+    redis_url: str, throwaway_redis: Any
+) -> None:
     app, task = _plain_app(redis_url, "task, then setting")
     assert task.apply((7,)).get() == _expected_key(7)  # its settings resolved on redis_url
     other = throwaway_redis().url()
@@ -247,25 +257,29 @@ def test_use_lease_backend_points_a_task_leased_by_the_setting_at_the_test_store
 
 
 def test_lease_options_on_a_task_that_takes_no_lease_are_refused_at_finalize_and_first_apply(
-        redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     app = Celery("stray", broker="memory://", set_as_current=False)
     app.conf.lease_backend = redis_url
-    task = app.task(name="stray.sync", shared=False, lease_key=("x",), lease_ttl=10.0)(
-        _plain_job)
-    fix = (r"task stray.sync has lease option\(s\) lease_key, lease_ttl but takes no lease .*"
-           r"base=LeasedTask .*or name it in app.conf.lease_tasks")
+    task = app.task(name="stray.sync", shared=False, lease_key=("x",), lease_ttl=10.0)(_plain_job)
+    fix = (
+        r"task stray.sync has lease option\(s\) lease_key, lease_ttl but takes no lease .*"
+        r"base=LeasedTask .*or name it in app.conf.lease_tasks"
+    )
     with caplog.at_level("ERROR", logger="celery_lease"):
         app.finalize()
-    assert any(r.name == "celery_lease" and "stray.sync" in r.getMessage()
-               for r in caplog.records)
+    assert any(r.name == "celery_lease" and "stray.sync" in r.getMessage() for r in caplog.records)
     with pytest.raises(LeaseConfigError, match=fix):
         task.apply((7,))
     with pytest.raises(LeaseConfigError, match=fix):
         apply_lease_tasks(app)
     # A misspelt one is named in the same error, so that adding the base is the last fix.
     typo = app.task(name="stray.typo", shared=False, lease_tll=10.0)(_plain_job)
-    with pytest.raises(LeaseConfigError, match=r"and unknown task option lease_tll \(task "
-                                               r"stray.typo\); did you mean lease_ttl\?"):
+    with pytest.raises(
+        LeaseConfigError,
+        match=r"and unknown task option lease_tll \(task "
+        r"stray.typo\); did you mean lease_ttl\?",
+    ):
         typo.apply((7,))
 
 
@@ -283,11 +297,20 @@ def test_a_task_leased_by_the_setting_keeps_its_own_lease_options(redis_url: str
 
 
 def test_the_doctor_judges_a_task_leased_by_the_setting_by_its_own_lease_options(
-        redis_url: str) -> None:
+    redis_url: str,
+) -> None:
     from celery_lease.doctor import diagnose
 
-    app = _client_app(redis_url, {"thirdparty.close_day": {
-        "lease_key": ["day"], "lease_on_conflict": "retry", "lease_ttl": 7200.0}})
+    app = _client_app(
+        redis_url,
+        {
+            "thirdparty.close_day": {
+                "lease_key": ["day"],
+                "lease_on_conflict": "retry",
+                "lease_ttl": 7200.0,
+            }
+        },
+    )
     app.conf.broker_transport_options = {"visibility_timeout": 3600}
     app.finalize()
     findings = [f for f in diagnose(app, at_start=True) if f.subject == "task thirdparty.close_day"]

@@ -98,8 +98,10 @@ def test_skipped_link_of_a_chain_fails_the_chain_instead_of_hanging(rig: Rig) ->
     rig.send("hold", "ch", 3.0, "sleep")
     rig.wait_event("ch", "start")
     sig = rig.app.signature
-    flow = chain(sig("hold", args=("ch", 0.1, "sleep"), queue=rig.queue),
-                 sig("hold", args=("ch-next", 0.1, "sleep"), queue=rig.queue)).apply_async()
+    flow = chain(
+        sig("hold", args=("ch", 0.1, "sleep"), queue=rig.queue),
+        sig("hold", args=("ch-next", 0.1, "sleep"), queue=rig.queue),
+    ).apply_async()
     with pytest.raises(LeaseConflict):
         flow.get(timeout=15)
     assert rig.journal("ch-next", "start") == []
@@ -134,8 +136,12 @@ def test_running_task_revoked_with_terminate_leaves_no_lease(rig: Rig) -> None:
     result = rig.send("hold", "r4t", 30.0, "sleep")
     key = str(rig.wait_event("r4t", "start")[0]["key"])
     result.revoke(terminate=True)
-    wait_for(lambda: not rig.leases.exists(key), rig.ttl + 1.0, interval=0.01,
-             message="lease outlived one TTL after revoke(terminate=True)")
+    wait_for(
+        lambda: not rig.leases.exists(key),
+        rig.ttl + 1.0,
+        interval=0.01,
+        message="lease outlived one TTL after revoke(terminate=True)",
+    )
 
 
 def test_hard_time_limit_never_deletes_the_next_holders_lease(rig: Rig) -> None:
@@ -231,18 +237,26 @@ def test_conflict_visible_in_log_signal_and_event(rig: Rig) -> None:
     with rig.app.connection() as conn:
         recv = rig.app.events.Receiver(conn, handlers={"*": received.append})
         listener = threading.Thread(
-            target=lambda: recv.capture(limit=None, timeout=30), daemon=True)
+            target=lambda: recv.capture(limit=None, timeout=30), daemon=True
+        )
         listener.start()
         try:
             # The receiver is bound once it sees our own probe event.
             with rig.app.events.default_dispatcher() as dispatcher:
-                wait_for(lambda: dispatcher.send("probe") is None and any(
-                    e["type"] == "probe" for e in received), 10, interval=0.2)
+                wait_for(
+                    lambda: (
+                        dispatcher.send("probe") is None
+                        and any(e["type"] == "probe" for e in received)
+                    ),
+                    10,
+                    interval=0.2,
+                )
             holder = rig.send("hold", "r16", 3.0, "sleep")
             rig.wait_event("r16", "start")
             rig.send("hold", "r16", 3.0, "sleep").get(timeout=20)
-            skipped = wait_for(lambda: [e for e in received
-                                        if e["type"] == "task-lease-skipped"], 10)[0]
+            skipped = wait_for(
+                lambda: [e for e in received if e["type"] == "task-lease-skipped"], 10
+            )[0]
         finally:
             recv.should_stop = True
     assert skipped["lease_holder_task_id"] == holder.id

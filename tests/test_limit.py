@@ -466,8 +466,10 @@ def test_a_slot_handed_by_a_worker_killed_before_its_publish_is_published_by_a_l
     _worker(rig, 4)  # a live worker: its sweep publishes the reserved run once past due
     assert waiting.get(timeout=60) == tag
     started = [s for s in rig.journal(tag, "start") if s.get("seq") == 2]
-    print(f"a lost slot publish: published by the sweep {started[0]['t'] - killed_at:.1f}s "
-          "after the releaser died (lease_ttl=6)")
+    print(
+        f"a lost slot publish: published by the sweep {started[0]['t'] - killed_at:.1f}s "
+        "after the releaser died (lease_ttl=6)"
+    )
     # Taken by the copy the sweep published: a tombstone, which refuses any other copy of it.
     assert str(rig.leases.hget(key, f"r:{waiting.id}")).endswith(":ran'")  # b'<ms>:ran'
     assert len(started) == 1 and max(s["running"] for s in rig.journal(tag, "start")) <= 2

@@ -20,9 +20,14 @@ APP = "tests.apps.retry_publish_app"
 Events = Callable[[], list[dict[str, object]]]
 
 
-def _lose_while_publishing(task: str, tag: str, pool: str, redis_url: str,
-                           throwaway_redis: RedisFactory, worker_factory: WorkerFactory,
-                           ) -> tuple[AsyncResult, Events]:
+def _lose_while_publishing(
+    task: str,
+    tag: str,
+    pool: str,
+    redis_url: str,
+    throwaway_redis: RedisFactory,
+    worker_factory: WorkerFactory,
+) -> tuple[AsyncResult, Events]:
     """Run ``task`` on a ``pool`` worker, pause its lease store once it started, and let it
     publish (the publish's store call waits for the paused store) until the heartbeat declared
     its loss; then resume the store. Returns its result and the journal reader."""
@@ -50,10 +55,14 @@ def _lose_while_publishing(task: str, tag: str, pool: str, redis_url: str,
 
 @pytest.mark.parametrize("pool", ["solo", "prefork", "threads", "gevent"])
 def test_a_loss_during_the_publish_of_a_retry_keeps_the_retry(
-    pool: str, redis_url: str, throwaway_redis: RedisFactory, worker_factory: WorkerFactory,
+    pool: str,
+    redis_url: str,
+    throwaway_redis: RedisFactory,
+    worker_factory: WorkerFactory,
 ) -> None:
-    first, events = _lose_while_publishing("retry_late", "a", pool, redis_url,
-                                           throwaway_redis, worker_factory)
+    first, events = _lose_while_publishing(
+        "retry_late", "a", pool, redis_url, throwaway_redis, worker_factory
+    )
     # Before, the loss landed in the retry's publish, which Celery's retry turns into
     # Reject(requeue=False): the message was dropped and the job never ran again.
     assert first.get(timeout=30) == 1
@@ -68,10 +77,14 @@ def test_a_loss_during_the_publish_of_a_retry_keeps_the_retry(
 
 @pytest.mark.parametrize("pool", ["solo", "threads"])
 def test_a_loss_during_a_self_requeue_is_raised_once_the_message_is_out(
-    pool: str, redis_url: str, throwaway_redis: RedisFactory, worker_factory: WorkerFactory,
+    pool: str,
+    redis_url: str,
+    throwaway_redis: RedisFactory,
+    worker_factory: WorkerFactory,
 ) -> None:
-    first, events = _lose_while_publishing("requeue_late", "b", pool, redis_url,
-                                           throwaway_redis, worker_factory)
+    first, events = _lose_while_publishing(
+        "requeue_late", "b", pool, redis_url, throwaway_redis, worker_factory
+    )
     # The body is told (LeaseLost from its delay()), after the message went out: step 1 runs.
     # Before, the loss landed in the publish's claim: no message, and step 1 never ran.
     wait_for(lambda: [e.get("step") for e in events() if e["event"] == "start"] == [0, 1], 30)

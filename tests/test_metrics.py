@@ -53,9 +53,14 @@ def test_prefork_metrics_count_held_conflicts_losses_and_renewals(
     multiproc = tmp_path / "prom"
     multiproc.mkdir()
     port = free_port()
-    env = {BROKER_URL_ENV: redis_url, RESULT_BACKEND_ENV: redis_url,
-           QUEUE_ENV: worker_factory.queue, "LEASE_TTL": "1.5", "METRICS_PORT": str(port),
-           "PROMETHEUS_MULTIPROC_DIR": str(multiproc)}
+    env = {
+        BROKER_URL_ENV: redis_url,
+        RESULT_BACKEND_ENV: redis_url,
+        QUEUE_ENV: worker_factory.queue,
+        "LEASE_TTL": "1.5",
+        "METRICS_PORT": str(port),
+        "PROMETHEUS_MULTIPROC_DIR": str(multiproc),
+    }
     worker = worker_factory(APP, pool="prefork", concurrency=2, env=env)
     wait_for(lambda: _scrape(port) is not None, 15, message=worker.log_tail)
     app = Celery("client", broker=redis_url, backend=redis_url)
@@ -79,8 +84,11 @@ def test_prefork_metrics_count_held_conflicts_losses_and_renewals(
     margin_sum = _value(samples, "celery_lease_renewal_margin_seconds_sum", task="ops.hold")
     assert margin_sum > 0  # each renewal still had most of the TTL left
 
-    key = next(k.decode() for k in client.scan_iter(match="lease:{ops.hold:*", _type="STRING")
-               if not k.endswith(b":fence"))
+    key = next(
+        k.decode()
+        for k in client.scan_iter(match="lease:{ops.hold:*", _type="STRING")
+        if not k.endswith(b":fence")
+    )
     value = client.get(key)
     assert value is not None
     assert store.revoke(client, key, store.parse_value(value).token)
@@ -89,21 +97,30 @@ def test_prefork_metrics_count_held_conflicts_losses_and_renewals(
 
     def lost() -> Samples | None:
         samples = _scrape(port)
-        return samples if _value(samples, "celery_lease_lost_total", task="ops.hold",
-                                 cause="refused") == 1.0 else None
+        return (
+            samples
+            if _value(samples, "celery_lease_lost_total", task="ops.hold", cause="refused") == 1.0
+            else None
+        )
 
     samples = wait_for(lost, 10, message=worker.log_tail)
     assert _value(samples, "celery_lease_held", task="ops.hold") == 0.0
     worker.kill()
 
 
-def _multiproc_env(redis_url: str, worker_factory: WorkerFactory, tmp_path: Path,
-                   port: int) -> dict[str, str]:
+def _multiproc_env(
+    redis_url: str, worker_factory: WorkerFactory, tmp_path: Path, port: int
+) -> dict[str, str]:
     multiproc = tmp_path / "prom"
     multiproc.mkdir()
-    return {BROKER_URL_ENV: redis_url, RESULT_BACKEND_ENV: redis_url,
-            QUEUE_ENV: worker_factory.queue, "LEASE_TTL": "1.5", "METRICS_PORT": str(port),
-            "PROMETHEUS_MULTIPROC_DIR": str(multiproc)}
+    return {
+        BROKER_URL_ENV: redis_url,
+        RESULT_BACKEND_ENV: redis_url,
+        QUEUE_ENV: worker_factory.queue,
+        "LEASE_TTL": "1.5",
+        "METRICS_PORT": str(port),
+        "PROMETHEUS_MULTIPROC_DIR": str(multiproc),
+    }
 
 
 def test_held_gauge_returns_to_zero_once_the_child_holding_the_lease_is_sigkilled(
@@ -124,8 +141,7 @@ def test_held_gauge_returns_to_zero_once_the_child_holding_the_lease_is_sigkille
 
     def held_is(value: float) -> Samples | None:
         samples = _scrape(port)
-        return samples if _value(samples, "celery_lease_held", task="ops.hold") == value \
-            else None
+        return samples if _value(samples, "celery_lease_held", task="ops.hold") == value else None
 
     wait_for(lambda: held_is(1.0), 10, message=worker.log_tail)
     os.kill(child, signal.SIGKILL)  # no exit hook runs: the parent's scrape must reap it
@@ -154,13 +170,18 @@ def test_documented_install_call_serves_with_the_default_address_and_only_once(
     # `metrics.install(app, port=...)` as docs/operations.md writes it: no addr argument.
     port = free_port()
     (tmp_path / "documented_metrics_app.py").write_text(DOCUMENTED_CALL_APP.format(port=port))
-    env = {BROKER_URL_ENV: redis_url, RESULT_BACKEND_ENV: redis_url,
-           QUEUE_ENV: worker_factory.queue, "PYTHONPATH": str(tmp_path)}
+    env = {
+        BROKER_URL_ENV: redis_url,
+        RESULT_BACKEND_ENV: redis_url,
+        QUEUE_ENV: worker_factory.queue,
+        "PYTHONPATH": str(tmp_path),
+    }
     worker = worker_factory("documented_metrics_app", pool="solo", env=env)
     worker.wait_ready()
     samples = wait_for(lambda: _scrape(port), 15, message=worker.log_tail)
-    assert any(name.startswith("python_") or name.startswith("process_")
-               for name, _ in samples)  # the default registry is what is served
+    assert any(
+        name.startswith("python_") or name.startswith("process_") for name, _ in samples
+    )  # the default registry is what is served
     log = worker.log_text()
     assert "Traceback" not in log
     assert log.count("lease metrics served on") == 1, worker.log_tail()
@@ -168,30 +189,35 @@ def test_documented_install_call_serves_with_the_default_address_and_only_once(
 
 
 def test_install_refuses_a_second_port_in_the_same_process() -> None:
-    code = ("from celery import Celery\n"
-            "from celery_lease import metrics\n"
-            "app = Celery('x')\n"
-            "first = metrics.install(app, port=19808)\n"
-            "assert metrics.install(app, port=19808) is first\n"
-            "try:\n"
-            "    metrics.install(app, port=19809)\n"
-            "except ValueError as exc:\n"
-            "    print(exc)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, check=True).stdout
+    code = (
+        "from celery import Celery\n"
+        "from celery_lease import metrics\n"
+        "app = Celery('x')\n"
+        "first = metrics.install(app, port=19808)\n"
+        "assert metrics.install(app, port=19808) is first\n"
+        "try:\n"
+        "    metrics.install(app, port=19809)\n"
+        "except ValueError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     assert "already set up on 0.0.0.0:19808" in out
 
 
-def test_reaping_keeps_live_and_counter_files_and_removes_dead_live_gauges(
-    tmp_path: Path
-) -> None:
+def test_reaping_keeps_live_and_counter_files_and_removes_dead_live_gauges(tmp_path: Path) -> None:
     from celery_lease.metrics import reap_dead_processes
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait(timeout=30)
     live = os.getpid()
-    names = [f"gauge_livesum_{dead.pid}.db", f"gauge_livesum_{live}.db",
-             f"counter_{dead.pid}.db", f"gauge_all_{dead.pid}.db"]
+    names = [
+        f"gauge_livesum_{dead.pid}.db",
+        f"gauge_livesum_{live}.db",
+        f"counter_{dead.pid}.db",
+        f"gauge_all_{dead.pid}.db",
+    ]
     for name in names:
         (tmp_path / name).write_bytes(b"")
     assert reap_dead_processes(str(tmp_path)) == [dead.pid]

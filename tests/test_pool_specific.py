@@ -66,8 +66,9 @@ def test_starved_green_heartbeat_check_raises_before_anything_else(
 def test_black_holed_store_raises_by_the_local_deadline(make_rig: MakeRig) -> None:
     rig = make_rig("prefork")
     with TcpProxy(rig.store.port) as proxy:
-        rig.worker(LEASE_BACKEND=f"redis://127.0.0.1:{proxy.port}/0",
-                   LEASE_STORE_DIRECT=rig.store.url())
+        rig.worker(
+            LEASE_BACKEND=f"redis://127.0.0.1:{proxy.port}/0", LEASE_STORE_DIRECT=rig.store.url()
+        )
         rig.send("hold", "bh", 30.0, "sleep")
         rig.wait_event("bh", "start")
         proxy.blackhole()
@@ -109,8 +110,13 @@ def test_eviction_policy_is_warned_at_start_naming_the_refusing_setting_and_refu
     assert "maxmemory-policy allkeys-lru may evict a live lease" in worker.log_text()
     assert "noeviction" in worker.log_text()
     assert "lease_require_noeviction=True makes the worker refuse" in worker.log_text()
-    refusing = CeleryWorker(APP, pool="solo", queue=rig.queue, log_dir=rig.log_dir,
-                            env=rig.env(LEASE_REQUIRE_NOEVICTION="1"))
+    refusing = CeleryWorker(
+        APP,
+        pool="solo",
+        queue=rig.queue,
+        log_dir=rig.log_dir,
+        env=rig.env(LEASE_REQUIRE_NOEVICTION="1"),
+    )
     refusing.start()
     code = refusing.wait(30)
     assert code not in (None, 0), refusing.log_tail()
@@ -120,8 +126,9 @@ def test_eviction_policy_is_warned_at_start_naming_the_refusing_setting_and_refu
 
 def test_missing_backend_refuses_worker_start_naming_the_setting(make_rig: MakeRig) -> None:
     rig = make_rig("solo")
-    worker = CeleryWorker("tests.apps.no_backend_app", pool="solo", queue=rig.queue,
-                          log_dir=rig.log_dir)
+    worker = CeleryWorker(
+        "tests.apps.no_backend_app", pool="solo", queue=rig.queue, log_dir=rig.log_dir
+    )
     worker.start()
     code = worker.wait(30)
     assert code not in (None, 0), worker.log_tail()

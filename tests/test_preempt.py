@@ -32,22 +32,31 @@ def _tag() -> str:
 
 @pytest.fixture
 def client_app(redis_url: str, worker_factory: WorkerFactory) -> Iterator[Any]:
-    preempt_app.app.conf.update(broker_url=redis_url, result_backend=redis_url,
-                                lease_backend=redis_url,
-                                task_default_queue=worker_factory.queue)
+    preempt_app.app.conf.update(
+        broker_url=redis_url,
+        result_backend=redis_url,
+        lease_backend=redis_url,
+        task_default_queue=worker_factory.queue,
+    )
     yield preempt_app.app
     preempt_app.app.conf.task_default_queue = "celery"
 
 
 def _started(tag: str, count: int) -> list[dict[str, Any]]:
-    return wait_for(lambda: [r for r in runs(tag) if r["what"] == "start"][count - 1:] and
-                    [r for r in runs(tag) if r["what"] == "start"], 30,
-                    message=lambda: f"{count} start(s) of {tag}: {runs(tag)}")
+    return wait_for(
+        lambda: (
+            [r for r in runs(tag) if r["what"] == "start"][count - 1 :]
+            and [r for r in runs(tag) if r["what"] == "start"]
+        ),
+        30,
+        message=lambda: f"{count} start(s) of {tag}: {runs(tag)}",
+    )
 
 
 @pytest.mark.parametrize("pool", ["prefork", "threads", "gevent"])
 def test_the_newcomer_runs_and_the_old_body_gets_lease_lost_preempted_with_its_write_refused(
-        pool: str, worker_factory: WorkerFactory, client_app: Any) -> None:
+    pool: str, worker_factory: WorkerFactory, client_app: Any
+) -> None:
     worker_factory(APP, pool=pool, concurrency=2, env={})
     tag = _tag()
     first = work.delay(tag, "old")
@@ -66,8 +75,9 @@ def test_the_newcomer_runs_and_the_old_body_gets_lease_lost_preempted_with_its_w
     assert record["old", "lost"]["at"] - takeover["at"] < preempt_app.TTL / 3
 
 
-def _preempted_gracefully(worker_factory: WorkerFactory, checkpoint: float
-                          ) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, Any]]:
+def _preempted_gracefully(
+    worker_factory: WorkerFactory, checkpoint: float
+) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, Any]]:
     """A ``pre.graceful`` holder that checkpoints ``checkpoint`` seconds once preempted, and
     its newcomer: what each recorded, and the take-over."""
     worker_factory(APP, pool="threads", concurrency=2, env={})
@@ -82,27 +92,31 @@ def _preempted_gracefully(worker_factory: WorkerFactory, checkpoint: float
 
 
 def test_with_a_grace_the_newcomer_starts_once_the_old_body_ended(
-        worker_factory: WorkerFactory, client_app: Any) -> None:
+    worker_factory: WorkerFactory, client_app: Any
+) -> None:
     record, takeover = _preempted_gracefully(worker_factory, 0.5)  # well within the grace
     assert record["new", "start"]["at"] >= record["old", "end"]["at"]  # never both at once
     assert record["new", "start"]["at"] < takeover["at"] + GRACE  # woken by the end
 
 
 def test_with_a_grace_a_holder_that_does_not_end_is_overlapped_only_after_the_grace(
-        worker_factory: WorkerFactory, client_app: Any) -> None:
+    worker_factory: WorkerFactory, client_app: Any
+) -> None:
     record, takeover = _preempted_gracefully(worker_factory, GRACE + 2)  # past the grace
     assert record["new", "start"]["at"] >= takeover["at"] + GRACE
     assert record["old", "end"]["late_write_accepted"] is False
 
 
 def test_the_preempted_execution_sends_task_lease_preempted_with_its_cause(
-        worker_factory: WorkerFactory, client_app: Any) -> None:
+    worker_factory: WorkerFactory, client_app: Any
+) -> None:
     worker_factory(APP, pool="threads", concurrency=2, env={}, extra_args=("-E",))
     seen: list[dict[str, Any]] = []
     ready = threading.Event()
 
     def capture() -> None:
         with client_app.connection_for_read() as conn:
+
             def on_event(event: dict[str, Any]) -> None:
                 if event.get("type") == "task-lease-preempted":
                     seen.append(event)
@@ -129,7 +143,8 @@ def test_the_preempted_execution_sends_task_lease_preempted_with_its_cause(
 
 
 def test_a_take_over_clears_the_newcomers_dedupe_claim_so_the_next_publish_is_queued(
-        worker_factory: WorkerFactory, client_app: Any) -> None:
+    worker_factory: WorkerFactory, client_app: Any
+) -> None:
     worker_factory(APP, pool="threads", concurrency=2, env={})
     tag = _tag()
     first = deduped.delay(tag, "old")
@@ -146,8 +161,9 @@ def test_a_take_over_clears_the_newcomers_dedupe_claim_so_the_next_publish_is_qu
         first.get(timeout=30)
 
 
-def _without_the_notice(ttl: float, grace: float, old_hold: float
-                        ) -> tuple[dict[tuple[str, str], float], float]:
+def _without_the_notice(
+    ttl: float, grace: float, old_hold: float
+) -> tuple[dict[tuple[str, str], float], float]:
     """An old run preempted by a new one in this process, the notice unable to arrive: the
     store's user has the preempt commands but no channel, so the old process cannot subscribe
     and the newcomer's PUBLISH is refused. What each run did (monotonic times) and when the
@@ -156,12 +172,16 @@ def _without_the_notice(ttl: float, grace: float, old_hold: float
     job, _ = preempt_app.in_process("redis://x@127.0.0.1:1/0", prefix)
     (need,) = acl.needs(job.app)
     with AclRedisServer() as server:
-        rule = [r for r in lease_acl("nochan", "pw", prefix, features=sorted(need.features))
-                if not r.startswith("&")]
+        rule = [
+            r
+            for r in lease_acl("nochan", "pw", prefix, features=sorted(need.features))
+            if not r.startswith("&")
+        ]
         with server.client() as admin:
             admin.execute_command("ACL", "SETUSER", *rule)
-        job, seen = preempt_app.in_process(f"redis://nochan:pw@{HOST}:{server.port}/0",
-                                           prefix, ttl, grace, old_hold)
+        job, seen = preempt_app.in_process(
+            f"redis://nochan:pw@{HOST}:{server.port}/0", prefix, ttl, grace, old_hold
+        )
         thread = threading.Thread(target=job.apply, args=(("t", "old"),))
         thread.start()
         wait_for(lambda: seen, 10, message="the old run never started")
@@ -171,8 +191,7 @@ def _without_the_notice(ttl: float, grace: float, old_hold: float
     return {(run, what): at for run, what, at in seen}, taken_at
 
 
-def test_a_take_over_found_by_the_renewal_is_a_preemption_and_wakes_the_waiting_newcomer(
-        ) -> None:
+def test_a_take_over_found_by_the_renewal_is_a_preemption_and_wakes_the_waiting_newcomer() -> None:
     # The old holder learns it from its renewal (every second with lease_ttl=3), and its end
     # must wake the newcomer that waits out a 20 s grace, as on the notice's path.
     grace = 20.0

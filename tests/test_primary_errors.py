@@ -36,8 +36,13 @@ INTERVAL = 0.5
 
 
 def holders(url: str, **conf: object) -> Holders:
-    return Holders(lease_backend=url, lease_ttl=TTL, lease_renew_interval=INTERVAL,
-                   lease_store_timeout=0.4, **conf)
+    return Holders(
+        lease_backend=url,
+        lease_ttl=TTL,
+        lease_renew_interval=INTERVAL,
+        lease_store_timeout=0.4,
+        **conf,
+    )
 
 
 def refused_without_running(h: Holders, n: int, error: str, node: str) -> None:
@@ -49,8 +54,9 @@ def refused_without_running(h: Holders, n: int, error: str, node: str) -> None:
     assert all(r.n != n for r in h.runs)
 
 
-def kept_to_its_deadline(h: Holders, run: Run, failing_since: float, error: str, node: str,
-                         cause: str = "store_error") -> None:
+def kept_to_its_deadline(
+    h: Holders, run: Run, failing_since: float, error: str, node: str, cause: str = "store_error"
+) -> None:
     """``run`` held on while its renewals failed with ``error`` on ``node``, and was lost as
     ``cause`` at its local deadline (not before: the store never refused it)."""
     wait_for(lambda: run.ended is not None, TTL + 5, message="the holder never lost its lease")
@@ -60,8 +66,10 @@ def kept_to_its_deadline(h: Holders, run: Run, failing_since: float, error: str,
 
 
 def test_a_replica_whose_primary_is_down_answers_masterdown_like_any_store_error() -> None:
-    with SystemRedisServer(config={"replica-serve-stale-data": "no"}) as server, \
-            holders(server.url()) as h:
+    with (
+        SystemRedisServer(config={"replica-serve-stale-data": "no"}) as server,
+        holders(server.url()) as h,
+    ):
         assert h.start(1).error is None
         run = h.running(1)
         assert run is not None
@@ -74,11 +82,13 @@ def test_a_replica_whose_primary_is_down_answers_masterdown_like_any_store_error
         kept_to_its_deadline(h, run, failing_since, "MasterDownError", node)
 
 
-def test_a_store_loading_its_dataset_answers_loading_like_any_store_error(
-        tmp_path: Path) -> None:
+def test_a_store_loading_its_dataset_answers_loading_like_any_store_error(tmp_path: Path) -> None:
     # 20 000 keys at 200 us each: the restarted server answers LOADING for about 4 s > TTL.
-    node = Node(tmp_path, "loading", {"key-load-delay": "200",
-                                      "loading-process-events-interval-bytes": "1024"})
+    node = Node(
+        tmp_path,
+        "loading",
+        {"key-load-delay": "200", "loading-process-events-interval-bytes": "1024"},
+    )
     try:
         node.start()
         with node.client() as admin:
@@ -129,8 +139,7 @@ def test_an_acquire_whose_keys_a_migration_split_answers_tryagain_like_any_store
                 refusals.append(outcome.error)
                 assert h.runs == []
 
-        cluster.migrate_slot(slot, target, between=acquire_while_split,
-                             first=(fence_key(key),))
+        cluster.migrate_slot(slot, target, between=acquire_while_split, first=(fence_key(key),))
         assert len(refusals) == 1
         error = refusals[0]
         assert isinstance(error, LeaseStoreUnavailable), error

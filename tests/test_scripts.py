@@ -28,8 +28,9 @@ from celery_lease.store import FENCE_COUNTER_EXTRA_MS, holder_json, lua
 
 SCRIPTS = lua.names()
 _FOLDER = resources.files(lua.__package__).joinpath("scripts")
-INCLUDES = sorted(f"includes/{p.name}" for p in _FOLDER.joinpath("includes").iterdir()
-                  if p.name.endswith(".lua"))
+INCLUDES = sorted(
+    f"includes/{p.name}" for p in _FOLDER.joinpath("includes").iterdir() if p.name.endswith(".lua")
+)
 
 _ENTRY = re.compile(r"^(KEYS|ARGV)\[([^\]]+)\]\s+\S", re.M)
 _RANGE = re.compile(r"^\d+\.\.n(\+\d+)?$")  # "1..n", "2..n+1": any number of entries
@@ -37,6 +38,7 @@ _INCLUDE = re.compile(r"^ *--@include (\S+)$", re.M)
 
 
 # --- the header check ---------------------------------------------------------------------
+
 
 def _code(body: str) -> str:
     """``body`` without its Lua comments (a comment naming ``KEYS[3]`` is not a use)."""
@@ -49,8 +51,10 @@ def _used(code: str, kind: str) -> set[int]:
 
 def _by_variable(code: str, kind: str) -> bool:
     """True when ``code`` indexes ``kind`` by a variable (``KEYS[i]``, ``ipairs(KEYS)``)."""
-    return re.search(rf"\b{kind}\[\s*[A-Za-z_]|\bi?pairs\(\s*{kind}\s*\)|#{kind}\b(?!\s*\[)",
-                     code) is not None
+    return (
+        re.search(rf"\b{kind}\[\s*[A-Za-z_]|\bi?pairs\(\s*{kind}\s*\)|#{kind}\b(?!\s*\[)", code)
+        is not None
+    )
 
 
 def _named(header_text: str, kind: str) -> tuple[set[int], list[str]]:
@@ -75,16 +79,24 @@ def header_problems(header_text: str | None, body: str) -> list[str]:
     for kind in ("KEYS", "ARGV"):
         named, ranges = _named(header_text, kind)
         used = _used(code, kind)
-        problems += [f"the header names {kind}[{n}], which the body does not use"
-                     for n in sorted(named - used)]
-        problems += [f"the body uses {kind}[{n}], which the header does not name"
-                     for n in sorted(used - named)]
+        problems += [
+            f"the header names {kind}[{n}], which the body does not use"
+            for n in sorted(named - used)
+        ]
+        problems += [
+            f"the body uses {kind}[{n}], which the header does not name"
+            for n in sorted(used - named)
+        ]
         if ranges and not _by_variable(code, kind):
-            problems.append(f"the header names {kind}[{ranges[0]}], but the body never indexes "
-                            f"{kind} by a variable")
+            problems.append(
+                f"the header names {kind}[{ranges[0]}], but the body never indexes "
+                f"{kind} by a variable"
+            )
         if not ranges and _by_variable(code, kind):
-            problems.append(f"the body indexes {kind} by a variable, but the header names no "
-                            f"range like {kind}[1..n]")
+            problems.append(
+                f"the body indexes {kind} by a variable, but the header names no "
+                f"range like {kind}[1..n]"
+            )
     return problems
 
 
@@ -117,16 +129,18 @@ def _includes_of(path: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def test_the_header_check_reports_a_missing_header_an_unused_key_and_an_unnamed_argument(
-) -> None:
+def test_the_header_check_reports_a_missing_header_an_unused_key_and_an_unnamed_argument() -> None:
     header = "Get a key.\n\nKEYS[1]  the key\nKEYS[2]  another key\n\nARGV[1]  a token\n"
     assert header_problems(header, "return KEYS[1] .. KEYS[2] .. ARGV[1]  -- ARGV[3]") == []
     assert header_problems(None, "return KEYS[1]") == [
-        "no header: the file must open with a --[[ ... ]] block"]
+        "no header: the file must open with a --[[ ... ]] block"
+    ]
     assert header_problems(header, "return KEYS[1] .. ARGV[1]") == [
-        "the header names KEYS[2], which the body does not use"]
+        "the header names KEYS[2], which the body does not use"
+    ]
     assert header_problems(header, "return KEYS[1] .. KEYS[2] .. ARGV[1] .. ARGV[3]") == [
-        "the body uses ARGV[3], which the header does not name"]
+        "the body uses ARGV[3], which the header does not name"
+    ]
 
 
 @pytest.mark.parametrize("path", SCRIPTS + INCLUDES)
@@ -135,7 +149,7 @@ def test_the_file_opens_with_a_header_saying_what_it_does_and_its_keys(path: str
     assert header.splitlines()[0].strip()
     assert _keys(header)
     if path in SCRIPTS:
-        returns = header[header.index("Returns"):] if "Returns" in header else ""
+        returns = header[header.index("Returns") :] if "Returns" in header else ""
         assert returns.removeprefix("Returns").strip(" :\n")
 
 
@@ -154,10 +168,10 @@ def test_the_key_count_in_the_file_name_is_the_number_of_keys_in_the_header(name
         assert sorted(keys, key=int) == [str(i) for i in range(1, key_count + 1)]
 
 
-@pytest.mark.parametrize(("name", "include"),
-                         [(name, inc) for name in SCRIPTS for inc in _includes_of(name)])
-def test_an_include_uses_only_keys_and_arguments_its_script_names(name: str,
-                                                                   include: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "include"), [(name, inc) for name in SCRIPTS for inc in _includes_of(name)]
+)
+def test_an_include_uses_only_keys_and_arguments_its_script_names(name: str, include: str) -> None:
     code, header = _code(_body(include)), _header(name)
     for kind in ("KEYS", "ARGV"):
         assert _used(code, kind) <= _named(header, kind)[0]
@@ -193,8 +207,12 @@ def run(client: redis.Redis, name: str, keys: Sequence[str], argv: Sequence[Any]
 
 
 def acquire(client: redis.Redis, tok: str, key: str = KEY, ttl: int = TTL) -> Any:
-    return run(client, "acquire-4.lua", [key, fence_key(key), reservation_key(key)],
-               [tok, ttl, HOLDER, ttl + FENCE_COUNTER_EXTRA_MS, "task-1", "0"])
+    return run(
+        client,
+        "acquire-4.lua",
+        [key, fence_key(key), reservation_key(key)],
+        [tok, ttl, HOLDER, ttl + FENCE_COUNTER_EXTRA_MS, "task-1", "0"],
+    )
 
 
 def release(client: redis.Redis, tok: str, key: str = KEY) -> Any:
@@ -212,7 +230,8 @@ def micros(client: redis.Redis) -> int:
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_the_script_sent_by_sha_is_the_assembled_source_without_header_or_includes(
-        client: redis.Redis, name: str) -> None:
+    client: redis.Redis, name: str
+) -> None:
     script = lua.load(name)
     assert script.source == lua.source(name)
     assert not script.source.startswith("--[[") and "--@include" not in script.source
@@ -220,7 +239,8 @@ def test_the_script_sent_by_sha_is_the_assembled_source_without_header_or_includ
 
 
 def test_acquire_grants_a_free_key_with_its_lifetime_and_a_fencing_token_from_the_clock(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     t = token()
     before = micros(client)
     granted, fence, ttl = acquire(client, t)
@@ -234,7 +254,8 @@ def test_acquire_grants_a_free_key_with_its_lifetime_and_a_fencing_token_from_th
 
 
 def test_acquire_takes_the_fencing_token_one_past_a_counter_ahead_of_the_clock(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     ahead = micros(client) + 10**12
     client.set(FENCE, str(ahead))
     assert acquire(client, token())[1] == str(ahead + 1)
@@ -242,7 +263,8 @@ def test_acquire_takes_the_fencing_token_one_past_a_counter_ahead_of_the_clock(
 
 
 def test_acquire_with_the_same_token_again_answers_the_whole_value_and_its_lifetime_left(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     t = token()
     fence = acquire(client, t)[1]
     granted, value, pttl = acquire(client, t)
@@ -252,7 +274,8 @@ def test_acquire_with_the_same_token_again_answers_the_whole_value_and_its_lifet
 
 
 def test_acquire_answers_the_holder_value_and_its_lifetime_left_to_another_token(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     t = token()
     fence = acquire(client, t, ttl=60_000)[1]
     granted, value, pttl = acquire(client, token())
@@ -262,14 +285,16 @@ def test_acquire_answers_the_holder_value_and_its_lifetime_left_to_another_token
 
 
 def test_acquire_answers_minus_1_as_the_lifetime_of_a_holder_key_without_one(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     value = f"{token()}:7:{HOLDER}"
     client.set(KEY, value)
     assert acquire(client, token()) == [0, value, -1]
 
 
 def test_fencing_tokens_strictly_increase_across_grants_even_after_the_counter_is_deleted(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     seen = []
     for _ in range(4):
         t = token()
@@ -280,8 +305,7 @@ def test_fencing_tokens_strictly_increase_across_grants_even_after_the_counter_i
     assert all(a < b for a, b in itertools.pairwise(seen))
 
 
-def test_renew_sets_the_holders_lifetime_back_to_the_ttl_and_answers_1(
-        client: redis.Redis) -> None:
+def test_renew_sets_the_holders_lifetime_back_to_the_ttl_and_answers_1(client: redis.Redis) -> None:
     t = token()
     acquire(client, t, ttl=60_000)
     assert run(client, "renew-1.lua", [KEY], [t, 2000]) == 1
@@ -296,27 +320,30 @@ def test_renew_answers_0_for_an_absent_key_and_does_not_create_it(client: redis.
 
 
 def test_renew_answers_minus_1_for_a_key_held_by_another_token_and_leaves_its_lifetime(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     acquire(client, token(), ttl=2000)
     value = client.get(KEY)
     assert run(client, "renew-1.lua", [KEY], [token(), 60_000]) == -1
     assert client.pttl(KEY) <= 2000 and client.get(KEY) == value
 
 
-def test_renew_many_answers_one_character_per_key_in_the_order_of_keys(
-        client: redis.Redis) -> None:
+def test_renew_many_answers_one_character_per_key_in_the_order_of_keys(client: redis.Redis) -> None:
     mine, theirs = token(), token()
     acquire(client, mine, key="lease:{a}", ttl=2000)
     acquire(client, theirs, key="lease:{c}", ttl=2000)
     keys = ["lease:{a}", "lease:{b}", "lease:{c}"]
-    assert run(client, "renew_many.lua", keys, [60_000, f"{mine}:", f"{mine}:", f"{mine}:"]) \
-        == "102"
+    assert (
+        run(client, "renew_many.lua", keys, [60_000, f"{mine}:", f"{mine}:", f"{mine}:"]) == "102"
+    )
     assert 59_000 < client.pttl("lease:{a}") <= 60_000
     assert client.exists("lease:{b}") == 0
     assert client.pttl("lease:{c}") <= 2000
     reordered = ["lease:{b}", "lease:{c}", "lease:{a}"]
-    assert run(client, "renew_many.lua", reordered, [60_000, f"{mine}:", f"{mine}:", f"{mine}:"]) \
+    assert (
+        run(client, "renew_many.lua", reordered, [60_000, f"{mine}:", f"{mine}:", f"{mine}:"])
         == "021"
+    )
 
 
 def test_renew_many_of_no_keys_answers_an_empty_string(client: redis.Redis) -> None:
@@ -324,7 +351,8 @@ def test_renew_many_of_no_keys_answers_an_empty_string(client: redis.Redis) -> N
 
 
 def test_release_deletes_the_key_and_notes_the_token_beside_the_counter_keeping_its_lifetime(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     t = token()
     fence = acquire(client, t)[1]
     assert release(client, t) == 1
@@ -343,7 +371,8 @@ def test_a_repeated_release_answers_1_and_changes_nothing(client: redis.Redis) -
 
 
 def test_release_by_a_token_that_never_held_answers_0_and_leaves_the_holder(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     t = token()
     fence = acquire(client, t)[1]
     value = client.get(KEY)
@@ -362,7 +391,8 @@ def test_release_after_the_lease_expired_answers_0(client: redis.Redis) -> None:
 
 
 def test_a_repeated_release_after_the_next_grant_still_answers_1_for_the_first_token(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     first, second = token(), token()
     fence = acquire(client, first)[1]
     assert release(client, first) == 1
@@ -377,7 +407,8 @@ def test_a_repeated_release_after_the_next_grant_still_answers_1_for_the_first_t
 
 
 def test_release_of_a_lease_whose_counter_lapsed_notes_the_token_with_an_hours_lifetime(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     t = token()
     acquire(client, t)
     client.delete(FENCE)  # lapsed: the lease was renewed for longer than the TTL plus an hour
@@ -391,7 +422,8 @@ def test_release_of_a_lease_whose_counter_lapsed_notes_the_token_with_an_hours_l
 
 
 def test_release_wake_releases_and_leaves_exactly_one_wake_element_with_its_lifetime(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     t = token()
     fence = acquire(client, t, key=HOLD)[1]
     client.rpush(WAKE, "1", "1", "1")  # stale elements no waiter took
@@ -422,7 +454,8 @@ def test_release_wake_by_another_token_answers_0_and_wakes_no_one(client: redis.
 
 
 def test_revoke_deletes_the_lease_and_does_not_note_the_token_beside_the_counter(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     t = token()
     fence = acquire(client, t)[1]
     assert run(client, "revoke-1.lua", [KEY], [t]) == 1
@@ -432,7 +465,8 @@ def test_revoke_deletes_the_lease_and_does_not_note_the_token_beside_the_counter
 
 
 def test_revoke_with_a_token_that_no_longer_holds_answers_0_and_leaves_the_key(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     acquire(client, token())
     value = client.get(KEY)
     assert run(client, "revoke-1.lua", [KEY], [token()]) == 0
@@ -448,20 +482,36 @@ def claimer(task_id: str) -> str:
     return holder_json("t.job", task_id, "web1", 7)
 
 
-def claim(client: redis.Redis, task_id: str, lifetime: int = 60_000,
-          take_over: bool = False) -> Any:
-    return run(client, "claim-2.lua", [CLAIM, KEY],
-               [task_id, lifetime, claimer(task_id), "1" if take_over else "0"])
+def claim(
+    client: redis.Redis, task_id: str, lifetime: int = 60_000, take_over: bool = False
+) -> Any:
+    return run(
+        client,
+        "claim-2.lua",
+        [CLAIM, KEY],
+        [task_id, lifetime, claimer(task_id), "1" if take_over else "0"],
+    )
 
 
 def acquire_claimed(client: redis.Redis, tok: str, task_id: str) -> Any:
-    return run(client, "acquire-4.lua", [KEY, FENCE, reservation_key(KEY), CLAIM],
-               [tok, TTL, holder_json("t.job", task_id, "host", 42),
-                TTL + FENCE_COUNTER_EXTRA_MS, task_id, "0"])
+    return run(
+        client,
+        "acquire-4.lua",
+        [KEY, FENCE, reservation_key(KEY), CLAIM],
+        [
+            tok,
+            TTL,
+            holder_json("t.job", task_id, "host", 42),
+            TTL + FENCE_COUNTER_EXTRA_MS,
+            task_id,
+            "0",
+        ],
+    )
 
 
 def test_claim_of_a_free_slot_stamps_the_servers_clock_the_lifetime_and_the_claimer(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     before = micros(client)
     assert claim(client, "w1") == [1, "", 0]
     after = micros(client)
@@ -471,7 +521,8 @@ def test_claim_of_a_free_slot_stamps_the_servers_clock_the_lifetime_and_the_clai
 
 
 def test_claim_while_a_copy_waits_answers_its_task_id_and_age_and_writes_nothing(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     claim(client, "w1")
     value, pttl = client.get(CLAIM), client.pttl(CLAIM)
     claimed, task_id, age = claim(client, "w2", lifetime=999_000)
@@ -480,7 +531,8 @@ def test_claim_while_a_copy_waits_answers_its_task_id_and_age_and_writes_nothing
 
 
 def test_claim_by_the_waiting_copys_own_task_id_claims_again_with_the_new_lifetime(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     claim(client, "w1", lifetime=1000)
     assert claim(client, "w1", lifetime=90_000) == [1, "", 0]
     assert 89_000 < client.pttl(CLAIM) <= 90_000
@@ -505,7 +557,8 @@ def test_a_claim_naming_the_leases_holder_is_stale_and_claimed_over(client: redi
 
 @pytest.mark.parametrize("foreign", ["list", "garbage", "12:34:not json"])
 def test_claim_over_a_key_celery_lease_did_not_write_answers_2_and_leaves_it(
-        client: redis.Redis, foreign: str) -> None:
+    client: redis.Redis, foreign: str
+) -> None:
     if foreign == "list":
         client.rpush(CLAIM, "x")
     else:
@@ -526,7 +579,8 @@ def test_unclaim_removes_only_a_claim_naming_the_task_id(client: redis.Redis) ->
 
 
 def test_acquire_3_grants_as_acquire_2_and_clears_the_claim_naming_its_task_id(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     claim(client, "w1")
     t = token()
     granted, fence, ttl = acquire_claimed(client, t, "w1")
@@ -535,7 +589,8 @@ def test_acquire_3_grants_as_acquire_2_and_clears_the_claim_naming_its_task_id(
 
 
 def test_acquire_3_leaves_a_claim_of_another_task_id_and_a_refused_grant_keeps_its_own(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     claim(client, "w2")
     assert acquire_claimed(client, token(), "w1")[0] == 1  # w1 runs, w2 still waits
     assert client.get(CLAIM).endswith(claimer("w2"))
@@ -547,7 +602,8 @@ LAST_RUN = last_run_key(beat_leader_key("lease", "proj"))
 
 
 def test_record_run_stamps_the_entry_with_the_servers_clock_and_gives_the_record_its_lifetime(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     before = micros(client)
     stamp = run(client, "record_run-1.lua", [LAST_RUN], ["report", 60_000])
     after = micros(client)
@@ -557,8 +613,7 @@ def test_record_run_stamps_the_entry_with_the_servers_clock_and_gives_the_record
     assert 59_000 < client.pttl(LAST_RUN) <= 60_000
 
 
-def test_record_run_raises_the_records_lifetime_and_never_lowers_it(
-        client: redis.Redis) -> None:
+def test_record_run_raises_the_records_lifetime_and_never_lowers_it(client: redis.Redis) -> None:
     run(client, "record_run-1.lua", [LAST_RUN], ["daily", 600_000])
     run(client, "record_run-1.lua", [LAST_RUN], ["often", 5_000])  # a shorter period
     assert 599_000 < client.pttl(LAST_RUN) <= 600_000
@@ -569,7 +624,8 @@ def test_record_run_raises_the_records_lifetime_and_never_lowers_it(
 
 
 def test_last_runs_answers_the_servers_clock_and_the_record_as_a_flat_list(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     stamp = run(client, "record_run-1.lua", [LAST_RUN], ["report", 60_000])
     seconds, us, fields = run(client, "last_runs-1.lua", [LAST_RUN], [])
     now = int(seconds) * 1_000_000 + int(us)
@@ -577,27 +633,40 @@ def test_last_runs_answers_the_servers_clock_and_the_record_as_a_flat_list(
     assert int(stamp.replace(".", "")) <= now <= micros(client)
 
 
-def test_last_runs_of_an_absent_record_answers_the_clock_and_no_fields(
-        client: redis.Redis) -> None:
+def test_last_runs_of_an_absent_record_answers_the_clock_and_no_fields(client: redis.Redis) -> None:
     seconds, us, fields = run(client, "last_runs-1.lua", [LAST_RUN], [])
     assert fields == [] and int(seconds) > 0 and 0 <= int(us) < 1_000_000
 
 
-@pytest.mark.parametrize("line", ["\t--@include held.lua", "--@include held.lua  ",
-                                  "--@include  held.lua"])
+@pytest.mark.parametrize(
+    "line", ["\t--@include held.lua", "--@include held.lua  ", "--@include  held.lua"]
+)
 def test_an_include_line_the_loader_cannot_read_is_refused_not_dropped(line: str) -> None:
     with pytest.raises(ValueError, match="not an include line"):
         lua._expand(f"local x = 1\n{line}\nreturn x\n", ())
 
 
 def test_acl_check_answers_the_commands_the_user_may_not_run_and_runs_none(
-        client: redis.Redis, redis_url: str) -> None:
+    client: redis.Redis, redis_url: str
+) -> None:
     specs = ["GET %k", "SET %k 1", "WAIT 0 0", "GET jobs:{t}", "PING", "BLPOP %k 1"]
     assert run(client, "acl_check-1.lua", [KEY], specs) == []  # the default user: all
     assert client.exists(KEY) == 0  # asked about, not run
     name = f"acl-check-{token()[:8]}"
-    client.execute_command("ACL", "SETUSER", name, "reset", "on", ">pw", "~lease:*", "-@all",
-                           "+evalsha", "+eval", "+get", "+blpop")
+    client.execute_command(
+        "ACL",
+        "SETUSER",
+        name,
+        "reset",
+        "on",
+        ">pw",
+        "~lease:*",
+        "-@all",
+        "+evalsha",
+        "+eval",
+        "+get",
+        "+blpop",
+    )
     try:
         with redis.Redis.from_url(redis_url, username=name, password="pw") as limited:
             assert run(limited, "acl_check-1.lua", [KEY], specs) == [2, 3, 4, 5]
@@ -606,15 +675,31 @@ def test_acl_check_answers_the_commands_the_user_may_not_run_and_runs_none(
 
 
 def test_release_wake_answers_the_refusal_of_its_wake_and_still_releases(
-        client: redis.Redis, redis_url: str) -> None:
+    client: redis.Redis, redis_url: str
+) -> None:
     name = f"no-rpush-{token()[:8]}"
-    client.execute_command("ACL", "SETUSER", name, "reset", "on", ">pw", "~lease:*", "-@all",
-                           "+evalsha", "+eval", "+get", "+set", "+del", "+pexpire")
+    client.execute_command(
+        "ACL",
+        "SETUSER",
+        name,
+        "reset",
+        "on",
+        ">pw",
+        "~lease:*",
+        "-@all",
+        "+evalsha",
+        "+eval",
+        "+get",
+        "+set",
+        "+del",
+        "+pexpire",
+    )
     t = token()
     fence = acquire(client, t, key=HOLD)[1]
     try:
-        with redis.Redis.from_url(redis_url, username=name, password="pw",
-                                  decode_responses=True) as limited:
+        with redis.Redis.from_url(
+            redis_url, username=name, password="pw", decode_responses=True
+        ) as limited:
             answer = release_wake(limited, t)
     finally:
         client.execute_command("ACL", "DELUSER", name)
@@ -628,7 +713,8 @@ def pass_turn(client: redis.Redis, lifetime: int = 2000) -> Any:
 
 
 def test_pass_turn_on_a_free_key_leaves_exactly_one_wake_element_with_its_lifetime(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     client.rpush(WAKE, "1", "1")  # stale elements no waiter took
     assert pass_turn(client, lifetime=1500) == 1
     assert client.lrange(WAKE, 0, -1) == ["1"]
@@ -643,13 +729,28 @@ def test_pass_turn_on_a_held_key_answers_0_and_wakes_no_one(client: redis.Redis)
 
 
 def test_pass_turn_answers_the_refusal_of_its_wake_and_leaves_no_list(
-        client: redis.Redis, redis_url: str) -> None:
+    client: redis.Redis, redis_url: str
+) -> None:
     name = f"no-rpush-{token()[:8]}"
-    client.execute_command("ACL", "SETUSER", name, "reset", "on", ">pw", "~lease:*", "-@all",
-                           "+evalsha", "+eval", "+exists", "+del", "+pexpire")
+    client.execute_command(
+        "ACL",
+        "SETUSER",
+        name,
+        "reset",
+        "on",
+        ">pw",
+        "~lease:*",
+        "-@all",
+        "+evalsha",
+        "+eval",
+        "+exists",
+        "+del",
+        "+pexpire",
+    )
     try:
-        with redis.Redis.from_url(redis_url, username=name, password="pw",
-                                  decode_responses=True) as limited:
+        with redis.Redis.from_url(
+            redis_url, username=name, password="pw", decode_responses=True
+        ) as limited:
             answer = pass_turn(limited)
     finally:
         client.execute_command("ACL", "DELUSER", name)
@@ -657,14 +758,21 @@ def test_pass_turn_answers_the_refusal_of_its_wake_and_leaves_no_list(
     assert client.exists(WAKE) == 0
 
 
-def release_cooldown(client: redis.Redis, tok: str, cooldown: int = 60_000, key: str = KEY,
-                     counter_extra: int = FENCE_COUNTER_EXTRA_MS) -> Any:
-    return run(client, "release_cooldown-2.lua", [key, fence_key(key)],
-               [tok, cooldown, counter_extra])
+def release_cooldown(
+    client: redis.Redis,
+    tok: str,
+    cooldown: int = 60_000,
+    key: str = KEY,
+    counter_extra: int = FENCE_COUNTER_EXTRA_MS,
+) -> Any:
+    return run(
+        client, "release_cooldown-2.lua", [key, fence_key(key)], [tok, cooldown, counter_extra]
+    )
 
 
 def test_release_cooldown_turns_the_lease_into_a_record_living_the_cooldown_on_the_stores_clock(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     t = token()
     fence = acquire(client, t)[1]
     before_ms = micros(client) // 1000
@@ -680,7 +788,8 @@ def test_release_cooldown_turns_the_lease_into_a_record_living_the_cooldown_on_t
 
 
 def test_acquire_during_a_cooldown_is_refused_and_the_next_grant_counts_past_it(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     t = token()
     fence = int(acquire(client, t)[1])
     client.set(FENCE, str(fence + 10**9), keepttl=True)  # a counter ahead of the clock
@@ -695,7 +804,8 @@ def test_acquire_during_a_cooldown_is_refused_and_the_next_grant_counts_past_it(
 
 
 def test_a_repeated_release_cooldown_answers_1_and_does_not_start_the_cooldown_again(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     t = token()
     acquire(client, t)
     assert release_cooldown(client, t) == 1
@@ -706,7 +816,8 @@ def test_a_repeated_release_cooldown_answers_1_and_does_not_start_the_cooldown_a
 
 
 def test_release_cooldown_by_a_token_that_does_not_hold_answers_0_and_writes_nothing(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     holder = token()
     acquire(client, holder)
     value, counter = client.get(KEY), client.get(FENCE)
@@ -715,7 +826,8 @@ def test_release_cooldown_by_a_token_that_does_not_hold_answers_0_and_writes_not
 
 
 def test_release_cooldown_keeps_the_fencing_counter_alive_past_a_long_cooldown(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     t = token()
     acquire(client, t)
     assert release_cooldown(client, t, cooldown=2 * COUNTER_TTL) == 1
@@ -723,7 +835,8 @@ def test_release_cooldown_keeps_the_fencing_counter_alive_past_a_long_cooldown(
 
 
 def test_release_cooldown_refused_under_maxmemory_releases_without_a_cooldown(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     t = token()
     fence = acquire(client, t)[1]
     old = client.config_get("maxmemory")["maxmemory"]
@@ -737,8 +850,14 @@ def test_release_cooldown_refused_under_maxmemory_releases_without_a_cooldown(
     assert client.get(FENCE) == f"{fence}:{t}"
 
 
-def take_over(client: redis.Redis, tok: str, old: str, key: str = KEY,
-              task_id: str = "task-2", claimed: bool = False) -> Any:
+def take_over(
+    client: redis.Redis,
+    tok: str,
+    old: str,
+    key: str = KEY,
+    task_id: str = "task-2",
+    claimed: bool = False,
+) -> Any:
     keys = [key, fence_key(key), reservation_key(key), *([claim_key(key)] if claimed else [])]
     return run(client, "preempt-4.lua", keys, [tok, TTL, HOLDER, COUNTER_TTL, task_id, "0", old])
 
@@ -749,7 +868,8 @@ def preempted(holder: str, old: str) -> str:
 
 
 def test_preempt_replaces_the_holders_token_and_issues_a_higher_fencing_token(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     old, new = token(), token()
     fence = int(acquire(client, old)[1])
     granted, new_fence, pttl = take_over(client, new, old)
@@ -762,8 +882,7 @@ def test_preempt_replaces_the_holders_token_and_issues_a_higher_fencing_token(
     assert take_over(client, new, old)[:2] == [1, client.get(KEY)]  # a repeat: same grant
 
 
-def test_preempt_refuses_a_holder_it_did_not_see_and_a_cooldown_record(
-        client: redis.Redis) -> None:
+def test_preempt_refuses_a_holder_it_did_not_see_and_a_cooldown_record(client: redis.Redis) -> None:
     seen, third = token(), token()
     acquire(client, third)  # the key changed hands since `seen` was read
     value = client.get(KEY)
@@ -784,15 +903,18 @@ def test_preempt_of_a_free_key_grants_it_as_acquire_does(client: redis.Redis) ->
 
 
 def test_preempt_clears_the_claim_naming_the_newcomer_in_the_same_script(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     old = token()
     acquire(client, old)
     claim(client, "task-2")  # the newcomer's publish claimed the waiting slot
     assert take_over(client, token(), old, task_id="task-2", claimed=True)[0] == 1
     assert client.exists(CLAIM) == 0  # the next publish is queued again
     claim(client, "task-4")  # a copy published after the newcomer: its claim stays
-    assert take_over(client, token(), client.get(KEY).split(":")[0], task_id="task-3",
-                     claimed=True)[0] == 1
+    assert (
+        take_over(client, token(), client.get(KEY).split(":")[0], task_id="task-3", claimed=True)[0]
+        == 1
+    )
     assert client.get(CLAIM).endswith(claimer("task-4"))
 
 
@@ -803,14 +925,17 @@ def test_preempt_refused_keeps_the_claim_and_a_reserved_free_key(client: redis.R
     assert take_over(client, token(), token(), task_id="task-2", claimed=True)[0] == 0
     assert client.get(CLAIM).endswith(claimer("task-2"))  # still waiting: not taken over
     release(client, third)
-    client.hset(reservation_key(KEY), mapping={"id": "queued-1",
-                                                "due": str(micros(client) // 1000 + 60_000)})
+    client.hset(
+        reservation_key(KEY),
+        mapping={"id": "queued-1", "due": str(micros(client) // 1000 + 60_000)},
+    )
     granted, answer, _ = take_over(client, token(), third, task_id="task-2")
     assert (granted, answer) == (0, "reserved:queued-1") and client.exists(KEY) == 0
 
 
 def test_preempt_refused_under_maxmemory_leaves_the_holder_and_the_claim(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     old = token()
     acquire(client, old)
     claim(client, "task-2")
@@ -826,7 +951,8 @@ def test_preempt_refused_under_maxmemory_leaves_the_holder_and_the_claim(
 
 
 def test_wake_preempter_leaves_exactly_the_preempted_token_with_its_lifetime(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     wake = wake_key(KEY)
     client.rpush(wake, "stale")
     t = token()
@@ -837,11 +963,22 @@ def test_wake_preempter_leaves_exactly_the_preempted_token_with_its_lifetime(
 
 # --- the slots of a limited key (lease_limit=N) ---------------------------------------------
 
-def take_slot(client: redis.Redis, tok: str, limit: int = 3, ttl: int = TTL,
-              task_id: str = "", claimed: bool = False) -> Any:
+
+def take_slot(
+    client: redis.Redis,
+    tok: str,
+    limit: int = 3,
+    ttl: int = TTL,
+    task_id: str = "",
+    claimed: bool = False,
+) -> Any:
     same = f',"id":"{task_id}",' if task_id else ""
-    return run(client, "acquire_slot-3.lua", [KEY, FENCE, *([CLAIM] if claimed else [])],
-               [tok, ttl, HOLDER, ttl + FENCE_COUNTER_EXTRA_MS, limit, same, task_id])
+    return run(
+        client,
+        "acquire_slot-3.lua",
+        [KEY, FENCE, *([CLAIM] if claimed else [])],
+        [tok, ttl, HOLDER, ttl + FENCE_COUNTER_EXTRA_MS, limit, same, task_id],
+    )
 
 
 def release_slot(client: redis.Redis, tok: str, wake: bool = False) -> Any:
@@ -860,7 +997,8 @@ def server_ms(client: redis.Redis) -> int:
 
 
 def test_acquire_slot_grants_n_slots_each_with_its_own_deadline_and_refuses_the_next(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     toks = [token() for _ in range(4)]
     before = server_ms(client)
     fences = [take_slot(client, t) for t in toks[:3]]
@@ -880,7 +1018,8 @@ def test_acquire_slot_grants_n_slots_each_with_its_own_deadline_and_refuses_the_
 
 
 def test_a_repeated_acquire_slot_is_granted_again_with_the_same_fencing_token(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     t = token()
     _, fence, _ = take_slot(client, t)
     granted, value, pttl = take_slot(client, t)
@@ -889,7 +1028,8 @@ def test_a_repeated_acquire_slot_is_granted_again_with_the_same_fencing_token(
 
 
 def test_an_expired_slot_frees_at_its_own_deadline_and_is_deleted_by_the_next_acquire(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     short, long_ = token(), token()
     take_slot(client, short, limit=2, ttl=300)
     take_slot(client, long_, limit=2)
@@ -902,7 +1042,8 @@ def test_an_expired_slot_frees_at_its_own_deadline_and_is_deleted_by_the_next_ac
 
 
 def test_a_lower_limit_evicts_no_holder_and_refuses_until_enough_have_ended(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     toks = [token() for _ in range(3)]
     for t in toks:
         take_slot(client, t, limit=3)
@@ -914,8 +1055,7 @@ def test_a_lower_limit_evicts_no_holder_and_refuses_until_enough_have_ended(
     assert take_slot(client, token(), limit=2)[0] == 1 and client.hget(KEY, "n") == "2"
 
 
-def test_acquire_slot_refuses_a_task_id_that_holds_a_live_slot_already(
-        client: redis.Redis) -> None:
+def test_acquire_slot_refuses_a_task_id_that_holds_a_live_slot_already(client: redis.Redis) -> None:
     first = token()
     take_slot(client, first, task_id="task-1")
     granted, value, _ = take_slot(client, token(), task_id="task-1")
@@ -924,7 +1064,8 @@ def test_acquire_slot_refuses_a_task_id_that_holds_a_live_slot_already(
 
 
 def test_acquire_slot_issues_fencing_tokens_above_the_plain_leases_and_the_plain_lease_waits(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     plain = token()
     _, plain_fence, _ = acquire(client, plain)
     granted, value, pttl = take_slot(client, token())
@@ -937,7 +1078,8 @@ def test_acquire_slot_issues_fencing_tokens_above_the_plain_leases_and_the_plain
 
 
 def test_slot_renewal_moves_only_its_own_deadline_and_refuses_an_ended_slot(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     mine, other = token(), token()
     take_slot(client, mine, ttl=1000)
     take_slot(client, other, ttl=1000)
@@ -949,8 +1091,15 @@ def test_slot_renewal_moves_only_its_own_deadline_and_refuses_an_ended_slot(
     release_slot(client, other)
     assert run(client, "renew_slot-1.lua", [KEY], [other, 60_000]) == -1
     client.set("lease:{t}:plain", f"{token()}:1:{HOLDER}", px=TTL)
-    assert run(client, "renew_slots.lua", [KEY, "lease:{t}:plain", "lease:{t}:gone"],
-               [TTL, mine, mine, mine]) == "120"
+    assert (
+        run(
+            client,
+            "renew_slots.lua",
+            [KEY, "lease:{t}:plain", "lease:{t}:gone"],
+            [TTL, mine, mine, mine],
+        )
+        == "120"
+    )
     assert run(client, "renew_slot-1.lua", ["lease:{t}:gone"], [mine, TTL]) == 0
     # The plain renewal does not renew a slot: a hash is another type for it.
     assert run(client, "renew_many.lua", [KEY], [TTL, f"{mine}:"]) == "2"
@@ -966,7 +1115,8 @@ def test_renewal_of_a_slot_past_its_deadline_is_refused(client: redis.Redis) -> 
 
 
 def test_release_slot_deletes_only_its_own_slot_and_the_last_one_deletes_the_key(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     a, b = token(), token()
     take_slot(client, a)
     take_slot(client, b)
@@ -1009,7 +1159,8 @@ def test_revoke_slot_deletes_only_that_slot_and_notes_no_end(client: redis.Redis
 
 
 def test_a_slot_granted_to_a_claimed_message_clears_its_claim_and_a_refusal_keeps_it(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     claim(client, "w1")
     take_slot(client, token(), limit=1 + 1, task_id="w0")
     assert take_slot(client, token(), limit=2, task_id="w2", claimed=True)[0] == 1
@@ -1026,21 +1177,33 @@ def test_a_slot_granted_to_a_claimed_message_clears_its_claim_and_a_refusal_keep
 LINE_OF_KEY, RESERVED_OF_KEY = f"{KEY}:line", reservation_key(KEY)
 
 
-def park_slot(client: redis.Redis, mode: str, task_id: str, message: str, limit: int = 2,
-              most: int = 10) -> Any:
-    return run(client, "park_slot-2.lua", [KEY, LINE_OF_KEY],
-               [mode, task_id, message, most, 60_000, limit])
+def park_slot(
+    client: redis.Redis, mode: str, task_id: str, message: str, limit: int = 2, most: int = 10
+) -> Any:
+    return run(
+        client, "park_slot-2.lua", [KEY, LINE_OF_KEY], [mode, task_id, message, most, 60_000, limit]
+    )
 
 
-def release_slot_handoff(client: redis.Redis, tok: str, limit: int = 2, reserve: int = 5000,
-                         timeout: int = 0, ran: str = "") -> Any:
-    return run(client, "release_slot_handoff-4.lua",
-               [KEY, FENCE, LINE_OF_KEY, RESERVED_OF_KEY],
-               [tok, reserve, 60_000, timeout, ran, limit])
+def release_slot_handoff(
+    client: redis.Redis,
+    tok: str,
+    limit: int = 2,
+    reserve: int = 5000,
+    timeout: int = 0,
+    ran: str = "",
+) -> Any:
+    return run(
+        client,
+        "release_slot_handoff-4.lua",
+        [KEY, FENCE, LINE_OF_KEY, RESERVED_OF_KEY],
+        [tok, reserve, 60_000, timeout, ran, limit],
+    )
 
 
 def test_park_slot_parks_only_while_all_n_slots_are_held_and_writes_nothing_otherwise(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     first = token()
     take_slot(client, first, limit=2)
     assert park_slot(client, "queue", "q1", "m1") == [0, 0]  # one slot free: take it
@@ -1054,7 +1217,8 @@ def test_park_slot_parks_only_while_all_n_slots_are_held_and_writes_nothing_othe
 
 
 def test_a_slots_release_reserves_the_freed_slot_for_the_lines_head_which_only_it_takes(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     a, b = token(), token()
     take_slot(client, a, limit=2)
     take_slot(client, b, limit=2)
@@ -1085,12 +1249,17 @@ def two_held_and_one_waiting(client: redis.Redis, mode: str, task_id: str) -> st
 
 
 def sweep_look(client: redis.Redis, reserve: int = 5000) -> Any:
-    return run(client, "release_handoff-4.lua", [KEY, FENCE, LINE_OF_KEY, RESERVED_OF_KEY],
-               ["", reserve, 60_000, 0, ""])
+    return run(
+        client,
+        "release_handoff-4.lua",
+        [KEY, FENCE, LINE_OF_KEY, RESERVED_OF_KEY],
+        ["", reserve, 60_000, 0, ""],
+    )
 
 
 def test_a_slot_reservation_past_due_stays_reserved_and_the_sweeps_look_publishes_it_again(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     a = two_held_and_one_waiting(client, "coalesce", "p1")
     assert release_slot_handoff(client, a, reserve=100)[3].startswith("p1\n")
     wait = sweep_look(client)
@@ -1106,7 +1275,8 @@ def test_a_slot_reservation_past_due_stays_reserved_and_the_sweeps_look_publishe
 
 
 def test_a_copy_of_a_run_the_sweep_published_again_is_refused_once_one_took_its_slot(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     a = two_held_and_one_waiting(client, "queue", "q1")
     release_slot_handoff(client, a, reserve=50)
     time.sleep(0.1)  # past due
@@ -1122,7 +1292,8 @@ def test_a_copy_of_a_run_the_sweep_published_again_is_refused_once_one_took_its_
 
 
 def test_the_sweeps_look_finds_a_slot_hash_free_once_only_tombstones_are_left(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     # Every holder died without a release: the tombstone keeps the hash, and holds nothing.
     client.hset(KEY, mapping={"n": "2", "r:q1": f"{server_ms(client) + 60_000}:ran"})
     client.pexpire(KEY, 60_000)
@@ -1134,10 +1305,15 @@ def test_the_sweeps_look_finds_a_slot_hash_free_once_only_tombstones_are_left(
 
 
 def test_a_slot_reservation_never_taken_frees_its_slot_once_its_lifetime_ends(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     a = two_held_and_one_waiting(client, "coalesce", "p1")
-    run(client, "release_slot_handoff-4.lua", [KEY, FENCE, LINE_OF_KEY, RESERVED_OF_KEY],
-        [a, 50, 150, 0, "", 2])  # due in 50 ms, a lifetime of 150 ms
+    run(
+        client,
+        "release_slot_handoff-4.lua",
+        [KEY, FENCE, LINE_OF_KEY, RESERVED_OF_KEY],
+        [a, 50, 150, 0, "", 2],
+    )  # due in 50 ms, a lifetime of 150 ms
     time.sleep(0.1)  # past due, within its lifetime
     assert take_slot(client, token(), limit=2, task_id="other")[0] == 0
     time.sleep(0.1)  # past its lifetime: the reservation is no slot any more
@@ -1146,7 +1322,8 @@ def test_a_slot_reservation_never_taken_frees_its_slot_once_its_lifetime_ends(
 
 
 def test_a_slots_release_hands_over_every_free_slot_fails_expired_waiters_and_clears_the_key(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     short, a = token(), token()
     take_slot(client, short, limit=3, ttl=100)
     take_slot(client, a, limit=3)
@@ -1165,7 +1342,8 @@ def test_a_slots_release_hands_over_every_free_slot_fails_expired_waiters_and_cl
 
 
 def test_a_handed_over_runs_slot_release_clears_the_sweeps_reservation_of_it(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     a = token()
     client.hset(RESERVED_OF_KEY, mapping={"id": "q9", "due": "1", "el": "q9\n1\nm"})
     take_slot(client, a, limit=2, task_id="q9")
@@ -1179,14 +1357,22 @@ BURST = KEY + ":burst"
 DAY = 86_400_000
 
 
-def trigger(client: redis.Redis, task_id: str, arguments: str, delay: int = 1000,
-            cap: int = 5000, late: int = 60_000) -> Any:
-    return run(client, "debounce-1.lua", [BURST],
-               [task_id, delay, cap, arguments, HOLDER, DAY, late])
+def trigger(
+    client: redis.Redis,
+    task_id: str,
+    arguments: str,
+    delay: int = 1000,
+    cap: int = 5000,
+    late: int = 60_000,
+) -> Any:
+    return run(
+        client, "debounce-1.lua", [BURST], [task_id, delay, cap, arguments, HOLDER, DAY, late]
+    )
 
 
 def test_debounce_starts_a_burst_stamped_with_the_stores_clock_and_a_lifetime_past_its_cap(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     before = micros(client) // 1000
     assert trigger(client, "b-1", '{"n": 1}') == [1, "b-1", 1000, 1]
     record = client.hgetall(BURST)
@@ -1198,7 +1384,8 @@ def test_debounce_starts_a_burst_stamped_with_the_stores_clock_and_a_lifetime_pa
 
 
 def test_debounce_joining_keeps_the_first_id_and_the_latest_arguments_and_moves_the_due_time(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     trigger(client, "b-1", '{"n": 1}')
     first_due = int(client.hget(BURST, "due"))
     time.sleep(0.05)
@@ -1210,7 +1397,8 @@ def test_debounce_joining_keeps_the_first_id_and_the_latest_arguments_and_moves_
 
 
 def test_debounce_never_moves_the_due_time_past_the_first_publish_plus_the_cap(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     trigger(client, "b-1", "{}", delay=200, cap=300)
     deadline = int(client.hget(BURST, "until"))
     for _ in range(4):
@@ -1223,9 +1411,13 @@ def test_debounce_never_moves_the_due_time_past_the_first_publish_plus_the_cap(
 
 @pytest.mark.parametrize("foreign", ["list", "hash", "string"])
 def test_debounce_over_a_key_celery_lease_did_not_write_answers_2_and_leaves_it(
-        client: redis.Redis, foreign: str) -> None:
-    {"list": lambda: client.rpush(BURST, "x"), "hash": lambda: client.hset(BURST, "a", "b"),
-     "string": lambda: client.set(BURST, "x")}[foreign]()
+    client: redis.Redis, foreign: str
+) -> None:
+    {
+        "list": lambda: client.rpush(BURST, "x"),
+        "hash": lambda: client.hset(BURST, "a", "b"),
+        "string": lambda: client.set(BURST, "x"),
+    }[foreign]()
     assert trigger(client, "b-1", "{}")[0] == 2
     assert client.type(BURST) == foreign
     assert fire(client, "b-1") == [0, "", 0, 0]
@@ -1233,7 +1425,8 @@ def test_debounce_over_a_key_celery_lease_did_not_write_answers_2_and_leaves_it(
 
 
 def test_debounce_fire_tells_an_early_timer_the_time_left_and_a_stale_one_nothing(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     trigger(client, "b-1", '{"n": 1}', delay=1000)
     code, _, left, _ = fire(client, "b-1")
     assert code == 1 and 900 < left <= 1000
@@ -1241,7 +1434,8 @@ def test_debounce_fire_tells_an_early_timer_the_time_left_and_a_stale_one_nothin
 
 
 def test_debounce_a_timer_of_a_burst_the_record_has_no_trace_of_runs_as_published_once(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     # Its start was lost with a failover; another burst started on the new primary since.
     trigger(client, "b-1", '{"n": 1}', delay=1000)
     assert fire(client, "lost", timer="t-1") == [3, "", 0, 0]
@@ -1269,13 +1463,20 @@ def test_debounce_a_timer_of_a_burst_the_record_has_no_trace_of_runs_as_publishe
     assert fire(client, "now-1", now="1", timer="t-n") == [0, "", 0, 0]  # not again
 
 
-def fire(client: redis.Redis, task_id: str, now: str = "0", tombstone: int = 5000,
-         again: str = "0", timer: str = "") -> Any:
+def fire(
+    client: redis.Redis,
+    task_id: str,
+    now: str = "0",
+    tombstone: int = 5000,
+    again: str = "0",
+    timer: str = "",
+) -> Any:
     return run(client, "debounce_fire-1.lua", [BURST], [task_id, now, tombstone, again, timer])
 
 
 def test_debounce_fire_at_the_due_time_leaves_a_tombstone_so_a_second_timer_does_nothing(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     trigger(client, "b-1", '{"n": 1}', delay=50)
     trigger(client, "b-2", '{"n": 2}', delay=50)
     time.sleep(0.08)
@@ -1292,7 +1493,8 @@ def test_debounce_fire_at_the_due_time_leaves_a_tombstone_so_a_second_timer_does
 
 
 def test_debounce_fire_of_a_timer_whose_record_the_store_lost_runs_it_as_published(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     assert fire(client, "b-1", timer="t-1") == [3, "", 0, 0]
     assert client.hgetall(BURST) == {"id": "b-1", "fired": "1", "timer": "t-1"}
     assert fire(client, "b-1", timer="t-2") == [0, "", 0, 0]  # a second copy: nothing
@@ -1302,7 +1504,8 @@ def test_debounce_fire_of_a_timer_whose_record_the_store_lost_runs_it_as_publish
 
 
 def test_debounce_look_answers_a_burst_late_past_its_grace_and_writes_nothing(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     assert run(client, "debounce_look-1.lua", [BURST], [100]) == [0, "", "", 0]
     trigger(client, "b-1", '{"n": 1}', delay=50)
     code, _, _, again = run(client, "debounce_look-1.lua", [BURST], [100])
@@ -1322,7 +1525,8 @@ def test_watch_keeping_an_earlier_note_never_puts_the_look_off(client: redis.Red
 
 
 def test_debounce_joining_a_burst_whose_timer_is_late_says_so_to_publish_it_again(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     trigger(client, "b-1", '{"n": 1}', delay=20)
     time.sleep(0.08)
     assert trigger(client, "b-2", '{"n": 2}', delay=20, late=50) == [3, "b-1", 0, 2]
@@ -1338,7 +1542,8 @@ def test_debounce_fire_now_fires_its_own_burst_before_its_due_time(client: redis
 
 
 def test_debounce_fire_now_without_its_trigger_leaves_a_tombstone_its_late_trigger_respects(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     assert fire(client, "b-1", now="1") == [3, "", 0, 0]
     assert client.hgetall(BURST) == {"id": "b-1", "fired": "1", "timer": ""}
     assert 4000 < client.pttl(BURST) <= 5000
@@ -1352,7 +1557,8 @@ def test_debounce_fire_now_without_its_trigger_leaves_a_tombstone_its_late_trigg
 
 
 def test_debounce_a_burst_over_a_fired_one_keeps_it_for_its_timer_whose_fire_reply_was_lost(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     trigger(client, "b-1", '{"n": 1}', delay=10)
     time.sleep(0.03)
     assert fire(client, "b-1")[0] == 2  # its reply lost: the timer is retried, "again"
@@ -1363,7 +1569,8 @@ def test_debounce_a_burst_over_a_fired_one_keeps_it_for_its_timer_whose_fire_rep
 
 
 def test_debounce_fire_again_from_the_tombstone_is_only_for_the_timer_that_fired_not_its_copy(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     trigger(client, "b-1", '{"n": 1}', delay=10)
     time.sleep(0.03)
     # The sweep published the late timer again (timer t-2): the copy fires first, and runs.
@@ -1380,7 +1587,8 @@ def test_debounce_fire_again_from_the_tombstone_is_only_for_the_timer_that_fired
 
 
 def test_debounce_a_message_published_at_once_whose_burst_ran_and_was_replaced_does_nothing(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     # Its trigger landed (the reply lost), a timer the joins published again fired the burst,
     # and a newer burst replaced the tombstone: the message itself, retried, must not run too.
     trigger(client, "b-1", '{"n": 1}', delay=10)
@@ -1395,7 +1603,8 @@ def test_debounce_a_message_published_at_once_whose_burst_ran_and_was_replaced_d
 
 
 def test_debounce_a_message_run_as_published_then_replaced_runs_again_only_as_itself(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     assert fire(client, "b-1", now="1", timer="t-1") == [3, "", 0, 0]  # its reply lost
     assert trigger(client, "b-2", '{"n": 2}')[:2] == [1, "b-2"]
     assert client.hget(BURST, "prev_id") == "b-1" and client.hget(BURST, "prev_msg") is None
@@ -1406,33 +1615,47 @@ def test_debounce_a_message_run_as_published_then_replaced_runs_again_only_as_it
 
 # --- a coalesce duplicate joins the run handed the key, until that run starts ----------------
 
+
 def _hand_over(client: redis.Redis, policy: str, message: str) -> str:
     """Hold KEY, park one duplicate (``policy``), release handing the key to it; its id."""
     line, reserved = f"{KEY}:line", reservation_key(KEY)
     holder = token()
     assert acquire(client, holder)[0] == 1
-    assert run(client, "park-3.lua", [KEY, line, reserved],
-               [policy, "run-b", message, 10, 60_000])[:2] == [1, "run-b"]
-    handed = run(client, "release_handoff-4.lua", [KEY, FENCE, line, reserved],
-                 [holder, 5000, 60_000, 0, "", policy])
+    assert run(client, "park-3.lua", [KEY, line, reserved], [policy, "run-b", message, 10, 60_000])[
+        :2
+    ] == [1, "run-b"]
+    handed = run(
+        client,
+        "release_handoff-4.lua",
+        [KEY, FENCE, line, reserved],
+        [holder, 5000, 60_000, 0, "", policy],
+    )
     assert handed[0] == 1 and handed[1].startswith("run-b\n")
     assert client.hget(reserved, "kind") == policy
     return "run-b"
 
 
 def _take(client: redis.Redis, task_id: str) -> Any:
-    return run(client, "acquire-4.lua", [KEY, FENCE, reservation_key(KEY)],
-               [token(), TTL, HOLDER, COUNTER_TTL, task_id, "1"])
+    return run(
+        client,
+        "acquire-4.lua",
+        [KEY, FENCE, reservation_key(KEY)],
+        [token(), TTL, HOLDER, COUNTER_TTL, task_id, "1"],
+    )
 
 
 def test_a_coalesce_duplicate_joins_the_reserved_run_and_its_grant_answers_the_latest_message(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     line, reserved = f"{KEY}:line", reservation_key(KEY)
     pending = _hand_over(client, "coalesce", '{"args": [1]}')
     for n in (2, 3):  # after the hand-over, before the run starts: each joins it
-        assert run(client, "park-3.lua", [KEY, line, reserved],
-                   ["coalesce", f"fresh-{n}", f'{{"args": [{n}]}}', 10, 60_000]) == [
-            1, pending, 1]
+        assert run(
+            client,
+            "park-3.lua",
+            [KEY, line, reserved],
+            ["coalesce", f"fresh-{n}", f'{{"args": [{n}]}}', 10, 60_000],
+        ) == [1, pending, 1]
     assert client.exists(line) == 0  # no second pending run
     assert client.hget(reserved, "el").endswith('\n{"args": [3]}')
     assert 0 < client.pttl(reserved) <= 60_000
@@ -1442,40 +1665,51 @@ def test_a_coalesce_duplicate_joins_the_reserved_run_and_its_grant_answers_the_l
     assert client.hmget(reserved, "id", "el", "kind", "new") == [None] * 4
     client.delete(KEY)  # once it started, a duplicate opens a new pending run, as before
     assert acquire(client, token())[0] == 1
-    assert run(client, "park-3.lua", [KEY, line, reserved],
-               ["coalesce", "run-c", "mc", 10, 60_000]) == [1, "run-c", 1]
+    assert run(
+        client, "park-3.lua", [KEY, line, reserved], ["coalesce", "run-c", "mc", 10, 60_000]
+    ) == [1, "run-c", 1]
 
 
 def test_a_reserved_run_nobody_joined_is_granted_with_no_message_as_an_ordinary_grant(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     pending = _hand_over(client, "coalesce", "mb")
     assert len(_take(client, pending)) == 3
 
 
-def test_a_queue_reservation_is_never_joined_by_a_coalesce_duplicate(
-        client: redis.Redis) -> None:
+def test_a_queue_reservation_is_never_joined_by_a_coalesce_duplicate(client: redis.Redis) -> None:
     line, reserved = f"{KEY}:line", reservation_key(KEY)
     _hand_over(client, "queue", "mb")
-    assert run(client, "park-3.lua", [KEY, line, reserved],
-               ["coalesce", "run-c", "mc", 10, 60_000]) == [1, "run-c", 1]
+    assert run(
+        client, "park-3.lua", [KEY, line, reserved], ["coalesce", "run-c", "mc", 10, 60_000]
+    ) == [1, "run-c", 1]
     assert client.hget(reserved, "el").endswith("\nmb") and client.hget(reserved, "new") == "0"
     assert len(_take(client, "run-b")) == 3
 
 
 def test_a_joined_reservation_handed_over_again_keeps_the_latest_message_and_a_new_one_is_fresh(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     line, reserved = f"{KEY}:line", reservation_key(KEY)
     _hand_over(client, "coalesce", "mb")
     run(client, "park-3.lua", [KEY, line, reserved], ["coalesce", "x", "latest", 10, 60_000])
     client.hset(reserved, "due", "1")  # its publish was lost: the sweep hands it over again
-    again = run(client, "release_handoff-4.lua", [KEY, FENCE, line, reserved],
-                ["", 5000, 60_000, 0, "", "coalesce"])
+    again = run(
+        client,
+        "release_handoff-4.lua",
+        [KEY, FENCE, line, reserved],
+        ["", 5000, 60_000, 0, "", "coalesce"],
+    )
     assert again[0] == 1 and again[1].startswith("run-b\n") and again[1].endswith("\nlatest")
     client.hdel(reserved, "id")  # (it started: its grant ended the reservation)
     holder = token()
     assert acquire(client, holder)[0] == 1
     run(client, "park-3.lua", [KEY, line, reserved], ["coalesce", "run-d", "md", 10, 60_000])
-    run(client, "release_handoff-4.lua", [KEY, FENCE, line, reserved],
-        [holder, 5000, 60_000, 0, "", "coalesce"])
+    run(
+        client,
+        "release_handoff-4.lua",
+        [KEY, FENCE, line, reserved],
+        [holder, 5000, 60_000, 0, "", "coalesce"],
+    )
     assert client.hget(reserved, "new") == "0"  # a fresh hand-over: nobody joined it yet
     assert len(_take(client, "run-d")) == 3

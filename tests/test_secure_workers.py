@@ -39,8 +39,15 @@ APP_FEATURES = (*permissions.DEFAULT_FEATURES, "handoff")
 class SecureRig(Rig):
     """A :class:`Rig` whose lease store is ``server``, reached as ``url`` with ``options``."""
 
-    def __init__(self, broker: RedisServer, pool: str, log_dir: Path, server: RedisServer,
-                 url: str, options: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        broker: RedisServer,
+        pool: str,
+        log_dir: Path,
+        server: RedisServer,
+        url: str,
+        options: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(broker, pool, log_dir)
         self.store.close()
         self.store = server.start()
@@ -48,8 +55,10 @@ class SecureRig(Rig):
         self.url, self.options = url if "://" in url else "", options
 
     def env(self, **extra: str) -> dict[str, str]:
-        env = super().env(LEASE_BACKEND=self.url or self.store.url(),
-                          LEASE_BACKEND_OPTIONS=json.dumps(self.options))
+        env = super().env(
+            LEASE_BACKEND=self.url or self.store.url(),
+            LEASE_BACKEND_OPTIONS=json.dumps(self.options),
+        )
         return {**env, **extra}
 
 
@@ -76,11 +85,13 @@ def paused_store_raises_by_the_deadline(rig: Rig, tag: str) -> None:
 # holder's key alone, renewals failing to the deadline. The rest of tests/test_faults.py
 # (killed holder, stray signals, duplicates) sends no command the ACL could deny.
 @pytest.fixture(scope="module", params=POOLS)
-def acl_rig(request: pytest.FixtureRequest, broker: RedisServer,
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+def acl_rig(
+    request: pytest.FixtureRequest, broker: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Rig]:
     server = AclRedisServer(features=APP_FEATURES)
-    rig = SecureRig(broker, request.param, tmp_path_factory.mktemp(f"acl-{request.param}"),
-                    server, "")
+    rig = SecureRig(
+        broker, request.param, tmp_path_factory.mktemp(f"acl-{request.param}"), server, ""
+    )
     rig.url = server.lease_url()
     rig.worker()
     yield rig
@@ -107,8 +118,13 @@ def test_minimal_acl_user_leaves_an_overwritten_key_alone(acl_rig: Rig) -> None:
     key = str(acl_rig.wait_event("acl-overwritten", "start", timeout=30)[0]["key"])
     acl_rig.leases.set(key, "someone-else:1:{}", px=60_000)
     assert acl_rig.wait_event("acl-overwritten", "lost")[0]["cause"] == "refused"
-    wait_for(lambda: acl_rig.journal("acl-overwritten", "end") == [] and
-             acl_rig.leases.get(key) == b"someone-else:1:{}", 5)
+    wait_for(
+        lambda: (
+            acl_rig.journal("acl-overwritten", "end") == []
+            and acl_rig.leases.get(key) == b"someone-else:1:{}"
+        ),
+        5,
+    )
     assert 50_000 < acl_rig.leases.pttl(key) <= 60_000  # not renewed, not deleted
 
 
@@ -118,22 +134,30 @@ def test_minimal_acl_user_paused_store_raises_by_the_local_deadline(acl_rig: Rig
 
 
 def test_a_worker_whose_user_lacks_one_command_of_the_rule_refuses_to_start_naming_it(
-        acl_rig: Rig) -> None:
+    acl_rig: Rig,
+) -> None:
     if acl_rig.pool != "solo":
         pytest.skip("the start check runs before any pool: one pool shows it")
     with acl_rig.store.client() as admin:
-        admin.execute_command("ACL", "SETUSER", *[
-            r for r in lease_acl("noset", "pw", features=APP_FEATURES) if r != "+set"])
+        admin.execute_command(
+            "ACL",
+            "SETUSER",
+            *[r for r in lease_acl("noset", "pw", features=APP_FEATURES) if r != "+set"],
+        )
     line = refusal(acl_rig, "no-set", f"redis://noset:pw@{HOST}:{acl_rig.store.port}/0", {})
     assert "may not run +set" in line and "celery lease acl" in line and ":pw@" not in line
 
 
 @pytest.fixture(scope="module")
-def tls_rig(broker: RedisServer, certs: Certificates,
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+def tls_rig(
+    broker: RedisServer, certs: Certificates, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Rig]:
     server = TlsRedisServer(certs, mutual=True)
-    options = {"ssl_ca_certs": certs.ca_file, "ssl_certfile": certs.client_cert,
-               "ssl_keyfile": certs.client_key}
+    options = {
+        "ssl_ca_certs": certs.ca_file,
+        "ssl_certfile": certs.client_cert,
+        "ssl_keyfile": certs.client_key,
+    }
     rig = SecureRig(broker, "solo", tmp_path_factory.mktemp("tls"), server, "", options)
     # Options the lease client overrides: neither may delay LeaseLost past the deadline.
     rig.url = f"{server.url()}?retry_on_timeout=true&health_check_interval=30"
@@ -147,8 +171,7 @@ def test_mutual_tls_worker_runs_a_leased_task(tls_rig: Rig) -> None:
     hold_and_finish(tls_rig, "tls-run")
 
 
-def test_mutual_tls_paused_store_raises_by_the_deadline_despite_url_options(
-        tls_rig: Rig) -> None:
+def test_mutual_tls_paused_store_raises_by_the_deadline_despite_url_options(tls_rig: Rig) -> None:
     tls_rig.reset()
     paused_store_raises_by_the_deadline(tls_rig, "tls-paused")
 
@@ -156,12 +179,21 @@ def test_mutual_tls_paused_store_raises_by_the_deadline_despite_url_options(
 def refusal(rig: Rig, name: str, url: str, options: dict[str, str]) -> str:
     """The one line a worker given ``url`` and ``options`` exits with, refusing to start."""
     env = rig.env(LEASE_BACKEND=url, LEASE_BACKEND_OPTIONS=json.dumps(options))
-    refused = CeleryWorker("tests.apps.lease_app", pool="solo", concurrency=1,
-                           queue=f"{rig.queue}-{name}", env=env, log_dir=rig.log_dir).start()
+    refused = CeleryWorker(
+        "tests.apps.lease_app",
+        pool="solo",
+        concurrency=1,
+        queue=f"{rig.queue}-{name}",
+        env=env,
+        log_dir=rig.log_dir,
+    ).start()
     try:
         assert refused.wait(60) is not None, f"the worker started ({name})"
-        lines = [line for line in refused.log_text().splitlines()
-                 if line.startswith("Error: celery-lease refused to start this worker")]
+        lines = [
+            line
+            for line in refused.log_text().splitlines()
+            if line.startswith("Error: celery-lease refused to start this worker")
+        ]
         assert len(lines) == 1, refused.log_text()
         return lines[0]
     finally:
@@ -169,26 +201,35 @@ def refusal(rig: Rig, name: str, url: str, options: dict[str, str]) -> str:
 
 
 def test_worker_with_the_wrong_ca_refuses_to_start_naming_the_setting(
-        tls_rig: Rig, certs: Certificates) -> None:
+    tls_rig: Rig, certs: Certificates
+) -> None:
     line = refusal(tls_rig, "wrong-ca", tls_rig.url, {"ssl_ca_certs": certs.other_ca_file})
     assert "ssl_ca_certs" in line and "certificate verify failed" in line
     assert "unreachable" not in line
 
 
 def test_worker_facing_an_expired_server_certificate_refuses_to_start_naming_it(
-        tls_rig: Rig, certs: Certificates) -> None:
+    tls_rig: Rig, certs: Certificates
+) -> None:
     with TlsRedisServer(certs, expired=True) as expired:
-        line = refusal(tls_rig, "expired-server", expired.url(),
-                       {"ssl_ca_certs": certs.ca_file})
+        line = refusal(tls_rig, "expired-server", expired.url(), {"ssl_ca_certs": certs.ca_file})
     assert "certificate has expired" in line
     assert "renew the certificate the server presents (its tls-cert-file)" in line
 
 
 def test_worker_with_an_expired_client_certificate_refuses_to_start_naming_the_setting(
-        tls_rig: Rig, certs: Certificates) -> None:
-    line = refusal(tls_rig, "expired-client", tls_rig.url,
-                   {"ssl_ca_certs": certs.ca_file, "ssl_certfile": certs.expired_client_cert,
-                    "ssl_keyfile": certs.expired_client_key})
+    tls_rig: Rig, certs: Certificates
+) -> None:
+    line = refusal(
+        tls_rig,
+        "expired-client",
+        tls_rig.url,
+        {
+            "ssl_ca_certs": certs.ca_file,
+            "ssl_certfile": certs.expired_client_cert,
+            "ssl_keyfile": certs.expired_client_key,
+        },
+    )
     # The server's refusal reaches the client as an "alert certificate expired" (named as such)
     # or, when it closes first, as an EOF during the handshake: both name ssl_certfile.
     assert "ssl_certfile" in line and "client certificate" in line
@@ -198,10 +239,12 @@ def test_a_lease_is_taken_through_a_sentinel_reached_over_tls(certs: Certificate
     with TlsSentinelSetup(certs) as setup:
         setup.start()
         tls = {"ssl_ca_certs": certs.ca_file}
-        with Holders(lease_backend=setup.sentinel_url,
-                     lease_backend_options={"master_name": MASTER_NAME, **tls,
-                                            "sentinel_kwargs": tls},
-                     lease_ttl=3.0, lease_renew_interval=0.5) as h:
+        with Holders(
+            lease_backend=setup.sentinel_url,
+            lease_backend_options={"master_name": MASTER_NAME, **tls, "sentinel_kwargs": tls},
+            lease_ttl=3.0,
+            lease_renew_interval=0.5,
+        ) as h:
             outcome = h.start(1)
             assert outcome.error is None, outcome.error
             run = h.running(1)
@@ -209,8 +252,11 @@ def test_a_lease_is_taken_through_a_sentinel_reached_over_tls(certs: Certificate
             with setup.admin() as admin:
                 raw = admin.get(run.key)
             assert raw is not None and store.parse_value(raw).token == run.token
-            wait_for(lambda: h.renewals_of(run.key, run.started) >= 1, 5,
-                     message=lambda: f"no renewal over TLS: {h.errors[-3:]}")
+            wait_for(
+                lambda: h.renewals_of(run.key, run.started) >= 1,
+                5,
+                message=lambda: f"no renewal over TLS: {h.errors[-3:]}",
+            )
             h.stop()
             assert outcome.error is None and run.lost is None
         with setup.admin() as admin:

@@ -36,10 +36,16 @@ def sentinel() -> Iterator[SentinelSetup]:
 def holders(setup: SentinelSetup, **conf: Any) -> Holders:
     """Holders on the set-up's sentinels; another ``lease_store_timeout`` gives them a client
     (connections, discovery) of their own, as another worker would have."""
-    return Holders(**{"lease_backend": setup.sentinel_url,
-                      "lease_backend_options": {"master_name": MASTER_NAME},
-                      "lease_ttl": TTL, "lease_renew_interval": INTERVAL,
-                      "lease_store_timeout": 0.4, **conf})
+    return Holders(
+        **{
+            "lease_backend": setup.sentinel_url,
+            "lease_backend_options": {"master_name": MASTER_NAME},
+            "lease_ttl": TTL,
+            "lease_renew_interval": INTERVAL,
+            "lease_store_timeout": 0.4,
+            **conf,
+        }
+    )
 
 
 def held_on(setup: SentinelSetup, port: int, key: str) -> store.Holder | None:
@@ -57,8 +63,11 @@ def test_a_replicated_lease_is_kept_on_the_new_primary(sentinel: SentinelSetup, 
         assert run is not None
         old = sentinel.primary_port()
         replica = next(node.port for node in sentinel.data if node.port != old)
-        wait_for(lambda: held_on(sentinel, replica, run.key) is not None, 5,
-                 message="the grant never reached the replica")
+        wait_for(
+            lambda: held_on(sentinel, replica, run.key) is not None,
+            5,
+            message="the grant never reached the replica",
+        )
         moved_at = time.monotonic()
         if how == "sigkill":
             sentinel.node_on(old).kill()
@@ -68,8 +77,11 @@ def test_a_replicated_lease_is_kept_on_the_new_primary(sentinel: SentinelSetup, 
         new = sentinel.wait_failover(old)
         promoted_at = time.monotonic()
         # The heartbeat finds the new primary and renews there, the lease never lapsed.
-        wait_for(lambda: h.renewals_of(run.key, promoted_at) >= 2, 10,
-                 message=lambda: f"no renewal on the new primary; errors: {h.errors[-3:]}")
+        wait_for(
+            lambda: h.renewals_of(run.key, promoted_at) >= 2,
+            10,
+            message=lambda: f"no renewal on the new primary; errors: {h.errors[-3:]}",
+        )
         holder = held_on(sentinel, new, run.key)
         assert holder is not None and holder.token == run.token
         assert holder.fencing_token == run.fencing_token
@@ -139,15 +151,20 @@ def test_min_replicas_runs_no_body_on_a_grant_no_replica_acknowledged(
 
 @pytest.mark.parametrize("pool", POOLS)
 def test_a_worker_whose_unreplicated_grant_vanished_gets_lease_lost(
-    sentinel: SentinelSetup, broker: RedisServer, tmp_path: Path, pool: str,
+    sentinel: SentinelSetup,
+    broker: RedisServer,
+    tmp_path: Path,
+    pool: str,
 ) -> None:
     proxy = sentinel.replication_proxy
     assert proxy is not None
     rig = Rig(broker, pool, tmp_path, ttl=TTL)
     tag = f"failover-{pool}"  # the journal is the shared broker's: one tag per run
     try:
-        rig.worker(LEASE_BACKEND=sentinel.sentinel_url,
-                   LEASE_BACKEND_OPTIONS=json.dumps({"master_name": MASTER_NAME}))
+        rig.worker(
+            LEASE_BACKEND=sentinel.sentinel_url,
+            LEASE_BACKEND_OPTIONS=json.dumps({"master_name": MASTER_NAME}),
+        )
         proxy.blackhole()
         rig.send("hold", tag, 60.0, MODE.get(pool, "sleep"))
         first = rig.wait_event(tag, "start")[0]
@@ -173,14 +190,16 @@ def _believes(run: Any) -> bool:
 
 @pytest.mark.parametrize("min_replicas", [0, 1])
 def test_a_holder_never_believes_in_a_lease_the_new_primary_lets_lapse(
-    sentinel: SentinelSetup, min_replicas: int,
+    sentinel: SentinelSetup,
+    min_replicas: int,
 ) -> None:
     # SENTINEL FAILOVER promotes the replica at once but leaves the old primary writable for
     # about ten seconds: renewals sent there over a pooled connection succeed and count for
     # nothing. A TTL below that lapses on the new primary unless the holder moves there.
     ttl = 6.0
-    with holders(sentinel, lease_ttl=ttl, lease_renew_interval=ttl / 3,
-                 lease_min_replicas=min_replicas) as h:
+    with holders(
+        sentinel, lease_ttl=ttl, lease_renew_interval=ttl / 3, lease_min_replicas=min_replicas
+    ) as h:
         assert h.start(1).error is None
         run = h.running(1)
         assert run is not None
@@ -200,7 +219,8 @@ def test_a_holder_never_believes_in_a_lease_the_new_primary_lets_lapse(
                 # can be granted the key there.
                 assert held is not None and held.token == run.token, (
                     f"holder believes in {run.key} but the new primary has {held}; "
-                    f"renewal errors: {h.errors[-3:]}")
+                    f"renewal errors: {h.errors[-3:]}"
+                )
             time.sleep(0.05)
         if min_replicas == 0:
             # It moved to the new primary and kept the lease (no replica needed there).
@@ -292,13 +312,18 @@ def test_a_replica_promoted_by_hand_takes_no_lease_from_the_primary(
             assert rival.running(1) is None
 
 
-@pytest.mark.parametrize(("conf", "exposed"), [
-    ({"lease_ttl": 4.0}, True),  # 4 s <= 1 s down-after + 3 s + 2 x 1.33 s
-    ({"lease_ttl": 4.0, "lease_min_replicas": 1}, False),  # replicas must acknowledge
-    ({"lease_ttl": 8.0, "lease_renew_interval": 0.5}, False),  # 8 s > 1 + 3 + 2 x 0.5
-])
+@pytest.mark.parametrize(
+    ("conf", "exposed"),
+    [
+        ({"lease_ttl": 4.0}, True),  # 4 s <= 1 s down-after + 3 s + 2 x 1.33 s
+        ({"lease_ttl": 4.0, "lease_min_replicas": 1}, False),  # replicas must acknowledge
+        ({"lease_ttl": 8.0, "lease_renew_interval": 0.5}, False),  # 8 s > 1 + 3 + 2 x 0.5
+    ],
+)
 def test_doctor_and_the_worker_start_check_name_a_ttl_a_partitioned_primary_can_outlast(
-    sentinel: SentinelSetup, caplog: pytest.LogCaptureFixture, conf: dict[str, Any],
+    sentinel: SentinelSetup,
+    caplog: pytest.LogCaptureFixture,
+    conf: dict[str, Any],
     exposed: bool,
 ) -> None:
     from celery import Celery
@@ -308,8 +333,11 @@ def test_doctor_and_the_worker_start_check_name_a_ttl_a_partitioned_primary_can_
     from celery_lease.worker import check_app
 
     app = Celery("failover_bound", broker="memory://", set_as_current=False)
-    app.conf.update(lease_backend=sentinel.sentinel_url,
-                    lease_backend_options={"master_name": MASTER_NAME}, **conf)
+    app.conf.update(
+        lease_backend=sentinel.sentinel_url,
+        lease_backend_options={"master_name": MASTER_NAME},
+        **conf,
+    )
 
     @app.task(base=LeasedTask, name="failover_bound.job", shared=False)  # type: ignore[misc]
     def job() -> None:
@@ -370,6 +398,7 @@ def test_a_duplicate_parked_on_an_old_primary_that_stays_writable_is_not_parked(
 def fail_over(setup: SentinelSetup, *replicated: str) -> tuple[int, int]:
     """``SENTINEL FAILOVER`` once every data node has the keys ``replicated``; the ports of the
     old primary (writable on old connections for about ten seconds more) and the new one."""
+
     def everywhere() -> bool:
         for node in setup.data:
             with node.client() as client:
@@ -385,7 +414,6 @@ def fail_over(setup: SentinelSetup, *replicated: str) -> tuple[int, int]:
     return old, setup.wait_failover(old)
 
 
-
 def granted_elsewhere(setup: SentinelSetup, new: int, key: str, successor: str) -> Any:
     """Lose ``key``'s grant on the ``new`` primary (as one that never replicated before a
     forced failover) and grant it there to ``successor``; the client that took it (another
@@ -395,6 +423,7 @@ def granted_elsewhere(setup: SentinelSetup, new: int, key: str, successor: str) 
     other = store.client_for(setup.sentinel_url, 0.9, {"master_name": MASTER_NAME})
     assert store.acquire(other, key, successor, 30_000, "{}").granted
     return other
+
 
 def holding(setup: SentinelSetup, key: str, token: str, info: str = "{}") -> Any:
     """A Sentinel-managed client whose ``token`` holds ``key`` (its pool: the primary now)."""

@@ -25,21 +25,27 @@ def _signals(client: redis.Redis, name: str) -> list[dict[str, Any]]:
 
 
 def test_every_signal_carries_key_token_fencing_token_and_timings(
-    redis_server: RedisServer, redis_url: str, worker_factory: WorkerFactory,
+    redis_server: RedisServer,
+    redis_url: str,
+    worker_factory: WorkerFactory,
     tcp_proxy: ProxyFactory,
 ) -> None:
     proxy = tcp_proxy(redis_server.port)
-    env = {BROKER_URL_ENV: redis_url, RESULT_BACKEND_ENV: redis_url,
-           QUEUE_ENV: worker_factory.queue, "LEASE_TTL": "2.0", "RECORD_SIGNALS": "1",
-           "LEASE_BACKEND": f"redis://127.0.0.1:{proxy.port}/0"}
+    env = {
+        BROKER_URL_ENV: redis_url,
+        RESULT_BACKEND_ENV: redis_url,
+        QUEUE_ENV: worker_factory.queue,
+        "LEASE_TTL": "2.0",
+        "RECORD_SIGNALS": "1",
+        "LEASE_BACKEND": f"redis://127.0.0.1:{proxy.port}/0",
+    }
     worker = worker_factory(APP, pool="threads", concurrency=2, env=env)
     app = Celery("client", broker=redis_url, backend=redis_url)
     app.conf.task_default_queue = worker_factory.queue
     client = redis.Redis.from_url(redis_url)
 
     holder = app.send_task("ops.hold", ("sig", 30))
-    acquired = wait_for(lambda: _signals(client, "lease_acquired"), 15,
-                        message=worker.log_tail)[0]
+    acquired = wait_for(lambda: _signals(client, "lease_acquired"), 15, message=worker.log_tail)[0]
     assert acquired["sender"] == "ops.hold" and acquired["task_id"] == holder.id
     key, token, fence = acquired["key"], acquired["token"], acquired["fencing_token"]
     assert key.startswith("lease:{ops.hold:") and len(token) == 32 and fence > 0
@@ -86,7 +92,10 @@ def test_every_signal_carries_key_token_fencing_token_and_timings(
     assert f"skipped: task ops.hold[{duplicate.id}] not run, lease {key} held by " in log
     assert f"(task {holder.id}, " in log and f"fencing_token={fence}); result stored" in log
     assert "lease conflict (skip)" not in log  # the generic line is DEBUG for a skip
-    assert f"lease renewal failed: key={key} task=ops.hold[{holder.id}] fencing_token={fence}" \
-        in log
-    assert f"lease lost: key={key} cause=refused task=ops.hold[{holder.id}] " \
-           f"fencing_token={fence}" in log
+    assert (
+        f"lease renewal failed: key={key} task=ops.hold[{holder.id}] fencing_token={fence}" in log
+    )
+    assert (
+        f"lease lost: key={key} cause=refused task=ops.hold[{holder.id}] "
+        f"fencing_token={fence}" in log
+    )

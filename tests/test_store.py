@@ -35,8 +35,7 @@ def test_acquire_sets_value_and_lifetime_in_one_write(client: redis.Redis) -> No
     assert stored.fencing_token == got.holder.fencing_token > 0
 
 
-def test_a_fresh_grant_is_the_result_and_holder_the_dataclasses_build(
-        client: redis.Redis) -> None:
+def test_a_fresh_grant_is_the_result_and_holder_the_dataclasses_build(client: redis.Redis) -> None:
     t = token()
     got = store.acquire(client, "lease:{a}", t, 1900, HOLDER)
     fence = got.holder.fencing_token
@@ -122,8 +121,7 @@ def test_release_notes_who_ended_last_and_the_next_grant_clears_it(client: redis
     assert after > fence and not store.released_last(client, "lease:{d}", a)
 
 
-def test_a_repeated_release_answers_true_until_a_later_holder_released(
-        client: redis.Redis) -> None:
+def test_a_repeated_release_answers_true_until_a_later_holder_released(client: redis.Redis) -> None:
     # A release sent again after a broken connection (its first reply may be lost after the
     # script ran) must not report a loss that did not happen, even when a waiter woken by that
     # release was granted the key before the repeat arrived.
@@ -154,7 +152,8 @@ def test_a_repeated_release_of_a_lost_lease_stays_false(client: redis.Redis) -> 
 
 
 def test_a_release_after_the_fence_counter_lapsed_still_notes_who_ended(
-        client: redis.Redis) -> None:
+    client: redis.Redis,
+) -> None:
     # A lease renewed for longer than TTL + 1 h outlives its counter: its release must still
     # be noted (a redelivery would run again, a repeated release would report a loss).
     a, b = token(), token()
@@ -192,8 +191,7 @@ def test_renew_many_is_one_round_trip_for_many_leases(client: redis.Redis) -> No
     assert int(client.info("stats")["total_connections_received"]) == before
 
 
-def test_renew_many_batches_by_ttl_and_size_and_answers_each_lease(
-        client: redis.Redis) -> None:
+def test_renew_many_batches_by_ttl_and_size_and_answers_each_lease(client: redis.Redis) -> None:
     count = store.RENEW_BATCH + 5  # two leases with another TTL: 1 003 + 2 leases
     leases = [(f"lease:{{b{i}}}", token(), 7000 if i in (1, 2) else 5000) for i in range(count)]
     for key, t, _ in leases:
@@ -258,13 +256,18 @@ def test_store_check_reports_the_eviction_policy(throwaway_redis: RedisFactory) 
 def test_every_key_of_a_lease_shares_one_cluster_slot(throwaway_redis: RedisFactory) -> None:
     from redis.cluster import RedisCluster
 
-    server = throwaway_redis({"cluster-enabled": "yes", "cluster-config-file": "nodes.conf"},
-                             port=_port_with_free_cluster_bus())
+    server = throwaway_redis(
+        {"cluster-enabled": "yes", "cluster-config-file": "nodes.conf"},
+        port=_port_with_free_cluster_bus(),
+    )
     server.client().execute_command("CLUSTER", "ADDSLOTS", *range(16384))
     from harness.waiting import wait_for
 
-    wait_for(lambda: b"cluster_state:ok" in server.client().execute_command("CLUSTER", "INFO"),
-             10, message="cluster did not come up")
+    wait_for(
+        lambda: b"cluster_state:ok" in server.client().execute_command("CLUSTER", "INFO"),
+        10,
+        message="cluster did not come up",
+    )
     cluster = RedisCluster(host="127.0.0.1", port=server.port, socket_timeout=2)
     key = "lease:{proj.tasks.sync:0123abcd}"
     t = token()
@@ -317,12 +320,12 @@ def test_a_paused_store_times_out_once_not_after_retries(
         server.resume()
 
 
-@pytest.mark.parametrize(
-    "text", ["t.job", "tâche \"quoted\" \\ back\nslash\x01", "\u2028\ud800", ""])
+@pytest.mark.parametrize("text", ["t.job", 'tâche "quoted" \\ back\nslash\x01', "\u2028\ud800", ""])
 def test_holder_json_is_the_compact_ascii_json_of_the_holder(text: str) -> None:
     import json
 
-    expected = json.dumps({"v": 1, "task": text, "id": text[::-1], "host": "hôst", "pid": 42},
-                          separators=(",", ":"))
+    expected = json.dumps(
+        {"v": 1, "task": text, "id": text[::-1], "host": "hôst", "pid": 42}, separators=(",", ":")
+    )
     assert store.holder_json(text, text[::-1], "hôst", 42) == expected
     assert store.parse_value(f"{'a' * 32}:7:{expected}").task_name == text

@@ -14,14 +14,17 @@ from tests.support.fixtures import RedisFactory, WorkerFactory
 
 
 def test_an_outage_longer_than_max_retries_is_waited_out_and_a_longer_one_than_the_bound_fails(
-    redis_url: str, throwaway_redis: RedisFactory, worker_factory: WorkerFactory,
+    redis_url: str,
+    throwaway_redis: RedisFactory,
+    worker_factory: WorkerFactory,
 ) -> None:
     lease_store = throwaway_redis()
     lease_store.stop()
     # TTL 1.5 s: Celery's own retries (one at most, every 0.5 s renew interval) would give up
     # within a second.
-    worker_factory("tests.apps.lease_app", env={"LEASE_BACKEND": lease_store.url(),
-                                                "LEASE_TTL": "1.5"})
+    worker_factory(
+        "tests.apps.lease_app", env={"LEASE_BACKEND": lease_store.url(), "LEASE_TTL": "1.5"}
+    )
     app = Celery("client", broker=redis_url, backend=redis_url, set_as_current=False)
     app.conf.task_default_queue = worker_factory.queue
     journal = redis.Redis.from_url(redis_url)

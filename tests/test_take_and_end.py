@@ -48,15 +48,24 @@ def app(redis_url: str) -> Iterator[Celery]:
 
 
 def test_take_counts_the_deadline_from_the_first_send_when_its_reply_was_lost(
-    app: Celery, fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch,
+    app: Celery,
+    fake_clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings = resolve_settings(app.conf, {}, "test")
     client = store.client_for(settings.url, settings.options.store_timeout)
     first_send = fake_clock.t
-    calls = lose_first_reply(monkeypatch, "acquire",
-                             lambda: setattr(fake_clock, "t", fake_clock.t + 2.0))
-    got = lifecycle.take(settings, client, "lease:{t:1}", lifecycle.HolderInfo("t", "id", "h"),
-                         NoTarget(), sender="t")
+    calls = lose_first_reply(
+        monkeypatch, "acquire", lambda: setattr(fake_clock, "t", fake_clock.t + 2.0)
+    )
+    got = lifecycle.take(
+        settings,
+        client,
+        "lease:{t:1}",
+        lifecycle.HolderInfo("t", "id", "h"),
+        NoTarget(),
+        sender="t",
+    )
     assert isinstance(got, Lease) and len(calls) == 2
     assert got.acquired_at == first_send
     assert got.deadline == first_send + 6.0 - settings.options.drift_margin
@@ -64,7 +73,9 @@ def test_take_counts_the_deadline_from_the_first_send_when_its_reply_was_lost(
 
 
 def test_beat_counts_its_deadline_from_the_first_send_when_its_reply_was_lost(
-    app: Celery, fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch,
+    app: Celery,
+    fake_clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     options, url, _ = beat_settings(app.conf)
     leader = BeatLeader(app, "lease:{celery.beat:lifecycle}", options, url)
@@ -83,12 +94,14 @@ def test_beat_counts_its_deadline_from_the_first_send_when_its_reply_was_lost(
 def test_conflict_returns_the_holder_and_finishes_the_target(app: Celery) -> None:
     settings = resolve_settings(app.conf, {}, "test")
     client = store.client_for(settings.url, settings.options.store_timeout)
-    first = lifecycle.take(settings, client, "lease:{t:2}", lifecycle.HolderInfo("t", "a", "h"),
-                           NoTarget(), sender="t")
+    first = lifecycle.take(
+        settings, client, "lease:{t:2}", lifecycle.HolderInfo("t", "a", "h"), NoTarget(), sender="t"
+    )
     assert isinstance(first, Lease)
     target = NoTarget()
-    second = lifecycle.take(settings, client, "lease:{t:2}",
-                            lifecycle.HolderInfo("t", "b", "h"), target, sender="t")
+    second = lifecycle.take(
+        settings, client, "lease:{t:2}", lifecycle.HolderInfo("t", "b", "h"), target, sender="t"
+    )
     assert isinstance(second, store.AcquireResult) and not second.granted
     assert second.holder.task_id == "a" and second.holder.fencing_token == first.fencing_token
     assert target.finished
@@ -98,13 +111,20 @@ def test_conflict_returns_the_holder_and_finishes_the_target(app: Celery) -> Non
 
 
 def test_end_records_a_deadline_that_passed_unnoticed_as_a_loss(
-    app: Celery, fake_clock: FakeClock,
+    app: Celery,
+    fake_clock: FakeClock,
 ) -> None:
     settings = resolve_settings(app.conf, {}, "test")
     client = store.client_for(settings.url, settings.options.store_timeout)
     with received(signals.lease_released) as seen:
-        lease = lifecycle.take(settings, client, "lease:{t:3}",
-                               lifecycle.HolderInfo("t", "c", "h"), NoTarget(), sender="t")
+        lease = lifecycle.take(
+            settings,
+            client,
+            "lease:{t:3}",
+            lifecycle.HolderInfo("t", "c", "h"),
+            NoTarget(),
+            sender="t",
+        )
         assert isinstance(lease, Lease)
         fake_clock.t += 7.0  # past the deadline, whether or not the heartbeat noticed yet
         ending = lifecycle.end(lease, sender="t")
@@ -119,16 +139,28 @@ def test_a_release_that_finds_the_key_gone_reports_the_loss(app: Celery, wait: b
     settings = resolve_settings(app.conf, {}, "test")
     client = store.client_for(settings.url, settings.options.store_timeout)
     with received(signals.lease_lost) as lost:
-        lease = lifecycle.take(settings, client, "lease:{t:4}",
-                               lifecycle.HolderInfo("t", "d", "h"), NoTarget(), sender="t")
+        lease = lifecycle.take(
+            settings,
+            client,
+            "lease:{t:4}",
+            lifecycle.HolderInfo("t", "d", "h"),
+            NoTarget(),
+            sender="t",
+        )
         assert isinstance(lease, Lease)
         redis.Redis.from_url(settings.url).delete("lease:{t:4}")  # gone before any renewal
         ending = lifecycle.end(lease, sender="t", wait=wait)
         if not wait:
             assert ending.released is None and ending.loss is None and lost == []
             # The reply is read before this process's next acquire.
-            other = lifecycle.take(settings, client, "lease:{t:5}",
-                                   lifecycle.HolderInfo("t", "e", "h"), NoTarget(), sender="t")
+            other = lifecycle.take(
+                settings,
+                client,
+                "lease:{t:5}",
+                lifecycle.HolderInfo("t", "e", "h"),
+                NoTarget(),
+                sender="t",
+            )
             assert isinstance(other, Lease)
             lifecycle.end(other, sender="t")
     assert [(x["key"], x["cause"]) for x in lost] == [("lease:{t:4}", "refused")]
@@ -142,8 +174,14 @@ def test_the_ending_end_returns_is_the_one_its_class_builds(app: Celery) -> None
     # end() builds its Ending without the frozen dataclass's __init__: the same object.
     settings = resolve_settings(app.conf, {}, "test")
     client = store.client_for(settings.url, settings.options.store_timeout)
-    lease = lifecycle.take(settings, client, "lease:{t:ending}",
-                           lifecycle.HolderInfo("t", "f", "h"), NoTarget(), sender="t")
+    lease = lifecycle.take(
+        settings,
+        client,
+        "lease:{t:ending}",
+        lifecycle.HolderInfo("t", "f", "h"),
+        NoTarget(),
+        sender="t",
+    )
     assert isinstance(lease, Lease)
     ending = lifecycle.end(lease, sender="t")
     assert ending == lifecycle.Ending(None, True, ending.held)

@@ -76,23 +76,40 @@ def test_use_lease_backend_points_the_tasks_at_the_store_and_restores(
 
 def test_the_testing_how_to_runs_as_shown_with_a_plain_pytest_command(tmp_path: Path) -> None:
     files = titled_blocks("howto/testing.md")
-    assert set(files) == {"pyproject.toml", "proj/tasks.py", "tests/conftest.py",
-                          "tests/test_eager.py", "tests/test_worker.py"}
+    assert set(files) == {
+        "pyproject.toml",
+        "proj/tasks.py",
+        "tests/conftest.py",
+        "tests/test_eager.py",
+        "tests/test_worker.py",
+    }
     write_project(tmp_path, files)
     # `pytest` as the page says: the console script (which, unlike `python -m pytest`, does not
     # put the current directory on sys.path) and no PYTHONPATH, so `proj` must be importable
     # through what the page itself gives.
     env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
     run = subprocess.run(
-        [str(Path(sys.executable).with_name("pytest")), "-q", "-p", "no:randomly",
-         "-p", "no:cacheprovider", "-o", "timeout=60"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
+        [
+            str(Path(sys.executable).with_name("pytest")),
+            "-q",
+            "-p",
+            "no:randomly",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "timeout=60",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert re.search(r"\b4 passed\b", run.stdout), run.stdout
 
 
-LIBRARY_APP = '''
+LIBRARY_APP = """
 import pytest
 import redis
 from celery import Celery
@@ -106,9 +123,9 @@ def plain_job(x):
 
     lease = current_lease()
     return lease.key if lease is not None else None
-'''
+"""
 
-LIBRARY_TEST = '''
+LIBRARY_TEST = """
 from lib_app import app, plain_job
 
 
@@ -119,18 +136,31 @@ def test_the_plugin_leases_a_task_named_by_the_setting_before_anything_finalized
     assert not app.finalized
     assert plain_job.delay(1).get().startswith("lease:{lib.plain_job:")
     assert plain_job.apply((1,)).get().startswith("lease:{lib.plain_job:")
-'''
+"""
 
 
-def test_the_plugin_alone_leases_tasks_named_by_lease_tasks_on_every_path(
-        tmp_path: Path) -> None:
+def test_the_plugin_alone_leases_tasks_named_by_lease_tasks_on_every_path(tmp_path: Path) -> None:
     # Neither the app's module nor the test imports celery_lease before the task runs: the
     # plugin pytest loads by itself is what applies the setting.
     write_project(tmp_path, {"lib_app.py": LIBRARY_APP, "test_lib.py": LIBRARY_TEST})
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
-         "-o", "timeout=60", "test_lib.py"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:randomly",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "timeout=60",
+            "test_lib.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert re.search(r"\b1 passed\b", run.stdout), run.stdout

@@ -32,7 +32,8 @@ def cluster_setup() -> Iterator[ClusterSetup]:
 
 
 def test_sentinel_url_and_master_name_give_a_client_of_the_primary(
-        sentinel_setup: SentinelSetup) -> None:
+    sentinel_setup: SentinelSetup,
+) -> None:
     client = store.client_for(sentinel_setup.sentinel_url, 0.5, {"master_name": MASTER_NAME})
     key, token = "lease:{sentinel-client}", uuid.uuid4().hex
     assert store.acquire(client, key, token, 5000, HOLDER).granted
@@ -48,7 +49,8 @@ def test_sentinel_url_and_master_name_give_a_client_of_the_primary(
 
 
 def test_cluster_option_gives_a_cluster_client_and_scan_covers_every_primary(
-        cluster_setup: ClusterSetup) -> None:
+    cluster_setup: ClusterSetup,
+) -> None:
     seed = cluster_setup.primaries()[0]
     client = store.client_for(f"redis://{seed.address}", 0.5, {"cluster": True})
     keys = [f"lease:{{spread-{i}}}" for i in range(60)]
@@ -61,9 +63,9 @@ def test_cluster_option_gives_a_cluster_client_and_scan_covers_every_primary(
     layout = topology.describe_topology(client)
     assert layout.kind == "cluster"
     assert sorted(layout.primaries) == sorted(n.address for n in cluster_setup.primaries())
-    assert sorted(layout.replicas) == sorted(
-        n.address for n in cluster_setup.replica_nodes())
+    assert sorted(layout.replicas) == sorted(n.address for n in cluster_setup.replica_nodes())
     assert layout.eviction_policy == "noeviction"
-    node_kwargs = client.get_redis_connection(client.get_primaries()[0]) \
-        .connection_pool.connection_kwargs
+    node_kwargs = client.get_redis_connection(
+        client.get_primaries()[0]
+    ).connection_pool.connection_kwargs
     assert node_kwargs["socket_timeout"] == 0.5 and node_kwargs["decode_responses"] is False

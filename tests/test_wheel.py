@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # The test's stand-in for the API client is slow, so that the duplicate starts while the
 # first run holds the lease (the task looks `fetch_pages` up when it runs).
-SLOW_FETCH = '''
+SLOW_FETCH = """
 
 _fetch_pages = fetch_pages
 
@@ -39,9 +39,9 @@ def fetch_pages(account_id, since):
 
     time.sleep(2.0)
     return _fetch_pages(account_id, since)
-'''
+"""
 
-CLIENT = '''\
+CLIENT = """\
 import json
 import celery_lease
 from proj import sync_account
@@ -50,7 +50,7 @@ from celery_lease import is_skipped
 results = [r.get(timeout=60) for r in [sync_account.delay(42), sync_account.delay(42)]]
 print(json.dumps({"results": results, "skipped": [is_skipped(r) for r in results],
                   "installed_at": celery_lease.__file__}))
-'''
+"""
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 REPOSITORY = "https://github.com/celery-lease/celery-lease"  # [project.urls] Source
 
@@ -66,8 +66,12 @@ def readme_block(title: str) -> str:
 @pytest.fixture(scope="module")
 def dists(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return out
 
 
@@ -96,8 +100,9 @@ def test_every_link_of_the_long_description_works_outside_the_repository(
     # so each link is absolute, and one into this repository names a file that exists.
     (wheel,) = dists.glob("celery_lease-*.whl")
     with zipfile.ZipFile(wheel) as whl:
-        metadata = whl.read(next(n for n in whl.namelist()
-                                 if n.endswith(".dist-info/METADATA"))).decode()
+        metadata = whl.read(
+            next(n for n in whl.namelist() if n.endswith(".dist-info/METADATA"))
+        ).decode()
     description = metadata.split("\n\n", 1)[1]
     assert "## Quick start" in description
     links = LINK.findall(description)
@@ -105,7 +110,7 @@ def test_every_link_of_the_long_description_works_outside_the_repository(
     for link in links:
         assert link.startswith(("https://", "#")), f"relative link in the README: {link}"
         if link.startswith(REPOSITORY + "/"):
-            path = re.sub(r"^/(blob|tree)/main/", "", link[len(REPOSITORY):]).split("#")[0]
+            path = re.sub(r"^/(blob|tree)/main/", "", link[len(REPOSITORY) :]).split("#")[0]
             assert (ROOT / path).exists(), f"README links to {path}, which does not exist"
 
 
@@ -123,8 +128,12 @@ def test_a_worker_from_the_installed_wheel_runs_the_quick_start_and_its_unit_tes
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)  # no system site packages, nothing from the repository
     python = env_dir / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "-q", f"{wheel}[testing]"],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", f"{wheel}[testing]"],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
 
     server = throwaway_redis()
     app_dir = tmp_path / "app"
@@ -138,19 +147,47 @@ def test_a_worker_from_the_installed_wheel_runs_the_quick_start_and_its_unit_tes
     env.update(PATH=f"{env_dir / 'bin'}{os.pathsep}{env['PATH']}")
 
     # The README's unit test, as written, with the installed plugin (an embedded Redis).
-    unit = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "test_proj.py"], cwd=app_dir, env=env, capture_output=True,
-                          text=True, timeout=120)
+    unit = subprocess.run(
+        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_proj.py"],
+        cwd=app_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert unit.returncode == 0 and "1 passed" in unit.stdout, unit.stdout + unit.stderr
 
     (app_dir / "proj.py").write_text(quick_start + SLOW_FETCH)
     worker = subprocess.Popen(
-        [str(env_dir / "bin" / "celery"), "-A", "proj", "worker", "--concurrency", "2",
-         "--loglevel", "INFO", "--without-gossip", "--without-mingle", "-n", "wheel@%h"],
-        cwd=app_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            str(env_dir / "bin" / "celery"),
+            "-A",
+            "proj",
+            "worker",
+            "--concurrency",
+            "2",
+            "--loglevel",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+            "-n",
+            "wheel@%h",
+        ],
+        cwd=app_dir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
-        client = subprocess.run([str(python), "client.py"], cwd=app_dir, env=env,
-                                capture_output=True, text=True, timeout=90)
+        client = subprocess.run(
+            [str(python), "client.py"],
+            cwd=app_dir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
     finally:
         worker.terminate()
         log, _ = worker.communicate(timeout=30)

@@ -11,8 +11,19 @@ from celery_lease.testing import LeaseRedis
 
 # What the hot path sends: command names, SHA1s, keys (a task name may be non-ASCII), tokens,
 # holder JSON, int milliseconds (and the negative and large ones a script never gets).
-ARGS = ("EVALSHA", "a" * 40, 2, "lease:{tâche:0123abcd}", b"raw\x00\xffbytes",
-        "f" * 32, 30000, -1, 2**63, "", '{"v":1,"task":"t","id":"x","host":"h","pid":7}')
+ARGS = (
+    "EVALSHA",
+    "a" * 40,
+    2,
+    "lease:{tâche:0123abcd}",
+    b"raw\x00\xffbytes",
+    "f" * 32,
+    30000,
+    -1,
+    2**63,
+    "",
+    '{"v":1,"task":"t","id":"x","host":"h","pid":7}',
+)
 
 
 def test_the_c_packer_writes_the_bytes_the_python_packer_writes() -> None:

@@ -36,7 +36,8 @@ def _write(app: Celery, key: str) -> written.WrittenAcquire:
 
 
 def test_take_reads_the_written_acquire_and_the_lease_is_its_token_and_send_time(
-    app: Celery, redis_url: str,
+    app: Celery,
+    redis_url: str,
 ) -> None:
     w = _write(app, "lease:{w:1}")
     got = _take(app, "lease:{w:1}", w)
@@ -60,7 +61,8 @@ def test_a_written_acquire_that_finds_the_key_held_is_a_conflict_naming_the_hold
 
 
 def test_a_written_acquire_the_server_has_no_script_for_is_sent_again_with_its_source(
-    app: Celery, redis_url: str,
+    app: Celery,
+    redis_url: str,
 ) -> None:
     redis.Redis.from_url(redis_url).script_flush()
     w = _write(app, "lease:{w:3}")  # answered NOSCRIPT: the script did not run
@@ -70,7 +72,8 @@ def test_a_written_acquire_the_server_has_no_script_for_is_sent_again_with_its_s
 
 
 def test_a_written_acquire_whose_reply_was_lost_is_asked_again_with_its_token(
-    app: Celery, redis_url: str,
+    app: Celery,
+    redis_url: str,
 ) -> None:
     w = _write(app, "lease:{w:4}")
     admin = redis.Redis.from_url(redis_url)
@@ -87,7 +90,8 @@ def test_a_written_acquire_whose_reply_was_lost_is_asked_again_with_its_token(
 
 
 def test_an_abandoned_written_acquire_releases_its_grant_and_never_another_holders(
-    app: Celery, redis_url: str,
+    app: Celery,
+    redis_url: str,
 ) -> None:
     admin = redis.Redis.from_url(redis_url)
     _write(app, "lease:{w:5}").abandon()
@@ -101,7 +105,8 @@ def test_an_abandoned_written_acquire_releases_its_grant_and_never_another_holde
 
 
 def test_a_kept_acquire_goes_to_its_task_id_once_and_a_late_or_stale_one_is_abandoned(
-    app: Celery, redis_url: str,
+    app: Celery,
+    redis_url: str,
 ) -> None:
     admin = redis.Redis.from_url(redis_url)
     late = _write(app, "lease:{w:5b}")

@@ -42,8 +42,11 @@ __all__ = ["AsyncWaiter"]
 
 logger = logging.getLogger("celery_lease")
 _warned: set[str] = set()  # the reasons already logged
-_CERT_REQS_NAMES = {ssl.CERT_NONE: "none", ssl.CERT_OPTIONAL: "optional",
-                    ssl.CERT_REQUIRED: "required"}
+_CERT_REQS_NAMES = {
+    ssl.CERT_NONE: "none",
+    ssl.CERT_OPTIONAL: "optional",
+    ssl.CERT_REQUIRED: "required",
+}
 
 
 def _async_kwargs(timeout: float, tcp: bool) -> dict[str, Any]:
@@ -67,12 +70,15 @@ def _unserved(cls: Any, kwargs: Mapping[str, Any]) -> str | None:
     missing = sorted(k for k in kwargs if k not in params)
     if not missing:
         return None
-    return (f"redis.asyncio's {cls.__name__} (redis-py {redis.__version__}) takes no "
-            f"{', '.join(missing)}")
+    return (
+        f"redis.asyncio's {cls.__name__} (redis-py {redis.__version__}) takes no "
+        f"{', '.join(missing)}"
+    )
 
 
-def build_async_client(spec: StoreSpec, timeout: float,
-                       known_nodes: tuple[tuple[str, int], ...] = ()) -> Any:
+def build_async_client(
+    spec: StoreSpec, timeout: float, known_nodes: tuple[tuple[str, int], ...] = ()
+) -> Any:
     """A new ``redis.asyncio`` client for ``spec`` whose every call times out after
     ``timeout`` float seconds, or the reason (str) redis.asyncio cannot serve ``spec``.
 
@@ -88,15 +94,21 @@ def build_async_client(spec: StoreSpec, timeout: float,
         if skw.get("ssl_cert_reqs") is not None or any(k in skw for k in TLS_KEYS):
             skw["ssl"] = True
         credentials: dict[str, Any] = {
-            k: params.pop(k) for k in ("username", "password") if k in params}
+            k: params.pop(k) for k in ("username", "password") if k in params
+        }
         conn = {**params, **_async_kwargs(timeout, True)}
         # Sentinel hands both to the connections of a redis.asyncio.Redis: checked against it.
         why = _unserved(redis.asyncio.Redis, {**conn, **credentials}) or _unserved(
-            redis.asyncio.Redis, skw)
+            redis.asyncio.Redis, skw
+        )
         if why is not None:
             return why
-        sentinel = Sentinel(list(spec.sentinels), min_other_sentinels=spec.min_other_sentinels,
-                            sentinel_kwargs=skw, **conn)  # type: ignore[no-untyped-call]
+        sentinel = Sentinel(
+            list(spec.sentinels),
+            min_other_sentinels=spec.min_other_sentinels,
+            sentinel_kwargs=skw,
+            **conn,
+        )  # type: ignore[no-untyped-call]
         return sentinel.master_for(spec.master_name, **credentials)
     if spec.kind == "cluster":
         from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -137,17 +149,23 @@ class AsyncWaiter:
     def _client_or_reason(self) -> Any:
         if self._client is None:
             sync = client_for(self._url, self._timeout, self._options)
-            known = tuple(sorted({(n.host, int(n.port)) for n in sync.get_nodes()})
-                          ) if routing.is_cluster(sync) else ()
-            self._client = build_async_client(parse_store(self._url, self._options),
-                                              self._timeout, known)
+            known = (
+                tuple(sorted({(n.host, int(n.port)) for n in sync.get_nodes()}))
+                if routing.is_cluster(sync)
+                else ()
+            )
+            self._client = build_async_client(
+                parse_store(self._url, self._options), self._timeout, known
+            )
             if isinstance(self._client, str) and self._client not in _warned:
                 _warned.add(self._client)
                 logger.warning(
                     "hold_async: %s, so a waiting hold blocks one thread of the loop's default "
                     "executor in BLPOP (one per waiting hold; the holder's release and other "
                     "run_in_executor calls may queue behind them). Fix: a redis-py whose "
-                    "redis.asyncio takes it, or leave that option out", self._client)
+                    "redis.asyncio takes it, or leave that option out",
+                    self._client,
+                )
         return self._client
 
     async def wait(self, key: str, seconds: float) -> bool:
@@ -163,7 +181,8 @@ class AsyncWaiter:
         if isinstance(client, str):  # redis.asyncio cannot serve it: the sync BLPOP
             sync = client_for(self._url, self._timeout, self._options)
             return await asyncio.get_running_loop().run_in_executor(
-                None, protocol.wait_for_release, sync, key, seconds)
+                None, protocol.wait_for_release, sync, key, seconds
+            )
         try:
             return await client.blpop([wake_key(key)], max(seconds, 0.001)) is not None
         except RedisError as exc:

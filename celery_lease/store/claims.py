@@ -56,8 +56,14 @@ class Decision:
     foreign: str = ""
 
 
-def claim(client: redis.Redis, key: str, task_id: str, lifetime_ms: int, claimer: str,
-          take_over: bool = False) -> Decision:
+def claim(
+    client: redis.Redis,
+    key: str,
+    task_id: str,
+    lifetime_ms: int,
+    claimer: str,
+    take_over: bool = False,
+) -> Decision:
     """Claim lease ``key``'s waiting slot for the message ``task_id`` about to be published, for
     ``lifetime_ms`` (int milliseconds), unless another copy is waiting. One round trip.
 
@@ -81,8 +87,9 @@ def claim(client: redis.Redis, key: str, task_id: str, lifetime_ms: int, claimer
     confirmed = primary.managed(client)  # a Sentinel-managed client
     before = primary.written_to(client) if confirmed else None
     try:
-        claimed, answer, age = _claim(client, keys, (task_id, lifetime_ms, claimer,
-                                                     "1" if take_over else "0"))
+        claimed, answer, age = _claim(
+            client, keys, (task_id, lifetime_ms, claimer, "1" if take_over else "0")
+        )
         # A refusal read off a demoted primary (a replica since a failover, still answering
         # reads on an old connection) can name a copy whose grant on the new primary cleared
         # the claim: a lost trigger. On Sentinel it counts only once the sentinels confirm the

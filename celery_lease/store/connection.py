@@ -57,8 +57,9 @@ def _maint_off(cls: Any, kwargs: dict[str, Any]) -> None:
         kwargs["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
 
 
-def build_client(spec: StoreSpec, timeout: float,
-                 known_nodes: Sequence[tuple[str, int]] = ()) -> Any:
+def build_client(
+    spec: StoreSpec, timeout: float, known_nodes: Sequence[tuple[str, int]] = ()
+) -> Any:
     """A new redis-py client for ``spec``; every call times out after ``timeout`` (float s).
 
     Args:
@@ -80,8 +81,12 @@ def build_client(spec: StoreSpec, timeout: float,
             skw["ssl"] = True
         credentials = {k: params.pop(k) for k in ("username", "password") if k in params}
         conn = {**params, **_library_kwargs(timeout, True)}
-        sentinel = Sentinel(list(spec.sentinels), min_other_sentinels=spec.min_other_sentinels,
-                            sentinel_kwargs=skw, **conn)  # type: ignore[no-untyped-call]
+        sentinel = Sentinel(
+            list(spec.sentinels),
+            min_other_sentinels=spec.min_other_sentinels,
+            sentinel_kwargs=skw,
+            **conn,
+        )  # type: ignore[no-untyped-call]
         return sentinel.master_for(spec.master_name, **credentials)  # type: ignore[no-untyped-call]
     if spec.kind == "cluster":
         # A slot that no node serves costs only the leases in it: the client is built anyway
@@ -93,8 +98,11 @@ def build_client(spec: StoreSpec, timeout: float,
         _maint_off(LeaseCluster, kwargs)
         return _cluster_client(LeaseCluster, kwargs, known_nodes)
     if "path" in params:  # a pool of our own: redis.Redis drops socket_connect_timeout here
-        pool = redis.ConnectionPool(connection_class=redis.UnixDomainSocketConnection,
-                                    **params, **_library_kwargs(timeout, False))
+        pool = redis.ConnectionPool(
+            connection_class=redis.UnixDomainSocketConnection,
+            **params,
+            **_library_kwargs(timeout, False),
+        )
         return redis.Redis(connection_pool=pool)
     kwargs = {**params, **_library_kwargs(timeout, True)}
     _maint_off(redis.Redis, kwargs)
@@ -143,16 +151,22 @@ def _cluster_client(cls: Any, kwargs: dict[str, Any], known: Sequence[tuple[str,
     # address remembered from long ago must not lead a client that has a seed elsewhere).
     for extra in ([], others) if others else ([],):
         try:
-            client = cls(startup_nodes=[ClusterNode(h, p)  # type: ignore[no-untyped-call]
-                                        for h, p in extra], **{**kwargs, **retries})
+            client = cls(
+                startup_nodes=[
+                    ClusterNode(h, p)  # type: ignore[no-untyped-call]
+                    for h, p in extra
+                ],
+                **{**kwargs, **retries},
+            )
             break
         except RedisClusterException as exc:  # not a RedisError: no caller would handle it
             if not isinstance(exc.__cause__, (ConnectionError, TimeoutError)):
                 raise  # e.g. a node without cluster mode: a configuration problem
             if extra is others or not others:
                 tried = ", ".join(f"{h}:{p}" for h, p in [seed, *others])
-                raise ConnectionError(f"no Redis Cluster node answered (tried {tried}): "
-                                      f"{exc.__cause__}") from exc
+                raise ConnectionError(
+                    f"no Redis Cluster node answered (tried {tried}): {exc.__cause__}"
+                ) from exc
     client.retry = kwargs["retry"]
     if "cluster_error_retry_attempts" in kwargs:
         client.cluster_error_retry_attempts = kwargs["cluster_error_retry_attempts"]

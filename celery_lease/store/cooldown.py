@@ -61,8 +61,12 @@ def release_into_cooldown(client: redis.Redis, key: str, token: str, cooldown_ms
     reply = primary.released(client, key, send, bool, 0)  # 1 and a refusal's text: released
     if isinstance(reply, (bytes, str)):  # released, the record refused: the server's reason
         text = reply.decode() if isinstance(reply, bytes) else reply
-        logger.warning("lease %s released without its cooldown: the store refused the "
-                       "cooldown record (%s), so a copy may start at once. Fix: free memory "
-                       "on the store (maxmemory)", key, text)
+        logger.warning(
+            "lease %s released without its cooldown: the store refused the "
+            "cooldown record (%s), so a copy may start at once. Fix: free memory "
+            "on the store (maxmemory)",
+            key,
+            text,
+        )
         return True
     return bool(reply)

@@ -48,8 +48,14 @@ def _run(script: lua.Script, client: redis.Redis, key: str, argv: tuple[Any, ...
         raise routing.note(exc, client, key) from None
 
 
-def _decide(script: lua.Script, client: redis.Redis, key: str, argv: tuple[Any, ...],
-            counts: Callable[[Any], bool], min_replicas: int) -> Any:
+def _decide(
+    script: lua.Script,
+    client: redis.Redis,
+    key: str,
+    argv: tuple[Any, ...],
+    counts: Callable[[Any], bool],
+    min_replicas: int,
+) -> Any:
     """Run a decision on lease ``key``'s burst. A reply for which ``counts(reply)`` is True
     counts only once ``min_replicas`` replicas acknowledged it (``WAIT`` in the same round
     trip, :mod:`celery_lease.store.replicated`) and, on a Sentinel-managed client, once the
@@ -68,15 +74,21 @@ def _decide(script: lua.Script, client: redis.Redis, key: str, argv: tuple[Any, 
     if min_replicas > 0:
         try:
             reply, acked, wait_ms = replicated.run(
-                script, client, (burst_key(key),), argv, min_replicas)
+                script, client, (burst_key(key),), argv, min_replicas
+            )
         except RedisError as exc:
             raise routing.note(exc, client, key) from None
         if counts(reply) and (isinstance(acked, Exception) or acked < min_replicas):
             if isinstance(acked, RedisError):
                 raise routing.note(acked, client, key)
-            raise routing.note(NotReplicated(
-                f"WAIT {min_replicas}: only {acked} replica(s) acknowledged the decision "
-                f"within {wait_ms} ms (lease_min_replicas)"), client, key)
+            raise routing.note(
+                NotReplicated(
+                    f"WAIT {min_replicas}: only {acked} replica(s) acknowledged the decision "
+                    f"within {wait_ms} ms (lease_min_replicas)"
+                ),
+                client,
+                key,
+            )
     else:
         reply = _run(script, client, key, argv)
     problem = primary.confirm(client, before) if confirmed and counts(reply) else None

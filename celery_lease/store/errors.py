@@ -72,30 +72,51 @@ def permanent_error(error: BaseException, setting: str = "lease_backend") -> str
     """
     text = f"{type(error).__name__}: {error}"
     lowered = text.lower()
-    if isinstance(error, AuthenticationError) or "wrongpass" in lowered or \
-            "invalid username-password" in lowered or "noauth" in lowered:
-        return (f"{text}; the store refused the credentials: fix the user name and password "
-                f"in {setting} (redis://user:password@host:6379/0)")
+    if (
+        isinstance(error, AuthenticationError)
+        or "wrongpass" in lowered
+        or "invalid username-password" in lowered
+        or "noauth" in lowered
+    ):
+        return (
+            f"{text}; the store refused the credentials: fix the user name and password "
+            f"in {setting} (redis://user:password@host:6379/0)"
+        )
     # Redis 7.0 words a command a script may not run as ERR, not NOPERM.
-    if isinstance(error, NoPermissionError) or "noperm" in lowered or \
-            "the user executing the script can't" in lowered:
-        return (f"{text}; the ACL user lacks a permission the lease store needs: grant the "
-                f"rule `celery lease acl` prints (docs/deploying.md, section ACL), or use "
-                f"another user in {setting}")
+    if (
+        isinstance(error, NoPermissionError)
+        or "noperm" in lowered
+        or "the user executing the script can't" in lowered
+    ):
+        return (
+            f"{text}; the ACL user lacks a permission the lease store needs: grant the "
+            f"rule `celery lease acl` prints (docs/deploying.md, section ACL), or use "
+            f"another user in {setting}"
+        )
     if "db index" in lowered:
         return f"{text}; the server has no such database: fix the database number in {setting}"
     if "certificate has expired" in lowered or "certificate is not yet valid" in lowered:
-        return (f"{text}; the server's TLS certificate is outside its validity period: renew "
-                f"the certificate the server presents (its tls-cert-file), or fix this host's "
-                f"clock; the CA in ssl_ca_certs of {setting} / lease_backend_options is not "
-                f"the problem")
+        return (
+            f"{text}; the server's TLS certificate is outside its validity period: renew "
+            f"the certificate the server presents (its tls-cert-file), or fix this host's "
+            f"clock; the CA in ssl_ca_certs of {setting} / lease_backend_options is not "
+            f"the problem"
+        )
     if "alert certificate expired" in lowered:
-        return (f"{text}; the server refused the client certificate as expired: renew the "
-                f"certificate in ssl_certfile (and its ssl_keyfile) in {setting} / "
-                f"lease_backend_options")
-    if "certificate" in lowered or "ssl" in lowered or "tls" in lowered or \
-            isinstance(error.__cause__ or error.__context__, ssl.SSLError):
-        return (f"{text}; the TLS handshake failed: check ssl_ca_certs (the CA that signed the "
-                f"server's certificate), ssl_certfile / ssl_keyfile (client certificate) and "
-                f"the rediss:// host name in {setting} / lease_backend_options")
+        return (
+            f"{text}; the server refused the client certificate as expired: renew the "
+            f"certificate in ssl_certfile (and its ssl_keyfile) in {setting} / "
+            f"lease_backend_options"
+        )
+    if (
+        "certificate" in lowered
+        or "ssl" in lowered
+        or "tls" in lowered
+        or isinstance(error.__cause__ or error.__context__, ssl.SSLError)
+    ):
+        return (
+            f"{text}; the TLS handshake failed: check ssl_ca_certs (the CA that signed the "
+            f"server's certificate), ssl_certfile / ssl_keyfile (client certificate) and "
+            f"the rediss:// host name in {setting} / lease_backend_options"
+        )
     return None

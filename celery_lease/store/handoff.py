@@ -28,8 +28,19 @@ from redis.exceptions import RedisError
 from ..keys import fence_key, handoff_index_key, line_key, reservation_key
 from . import lua, primary, routing
 
-__all__ = ["INDEX_LIFETIME_MS", "HandOff", "Parked", "Waiting", "forget", "park",
-           "read_line", "recover", "release_handing_over", "take_due", "watch"]
+__all__ = [
+    "INDEX_LIFETIME_MS",
+    "HandOff",
+    "Parked",
+    "Waiting",
+    "forget",
+    "park",
+    "read_line",
+    "recover",
+    "release_handing_over",
+    "take_due",
+    "watch",
+]
 
 #: The sweep index's lifetime, int milliseconds: raised to this at every note (a day).
 INDEX_LIFETIME_MS = 24 * 3600 * 1000
@@ -111,16 +122,26 @@ class HandOff:
     more: tuple[Waiting, ...] = ()
 
 
-def _run(script: lua.Script, client: redis.Redis, key: str, keys: tuple[str, ...],
-         argv: tuple[Any, ...]) -> Any:
+def _run(
+    script: lua.Script, client: redis.Redis, key: str, keys: tuple[str, ...], argv: tuple[Any, ...]
+) -> Any:
     try:
         return script(client, keys, argv)
     except RedisError as exc:
         raise routing.note(exc, client, key) from None
 
 
-def park(client: redis.Redis, key: str, mode: str, task_id: str, message: str, max_length: int,
-         lifetime_ms: int, limit: int = 1, handed_over: bool = False) -> Parked:
+def park(
+    client: redis.Redis,
+    key: str,
+    mode: str,
+    task_id: str,
+    message: str,
+    max_length: int,
+    lifetime_ms: int,
+    limit: int = 1,
+    handed_over: bool = False,
+) -> Parked:
     """Park a duplicate of ``key`` (``mode`` ``"coalesce"`` or ``"queue"``) in its line.
 
     Args:
@@ -145,8 +166,13 @@ def park(client: redis.Redis, key: str, mode: str, task_id: str, message: str, m
     if limit > 1:
         reply = _run(_park_slot, client, key, (key, line_key(key)), (*argv, limit))
     else:
-        reply = _run(_park, client, key, (key, line_key(key), reservation_key(key)),
-                     (*argv, "1" if handed_over else "0"))
+        reply = _run(
+            _park,
+            client,
+            key,
+            (key, line_key(key), reservation_key(key)),
+            (*argv, "1" if handed_over else "0"),
+        )
     code = int(reply[0])
     if confirmed and code == 1:
         # A duplicate parked on a primary a failover demoted (still writable on an old
@@ -167,21 +193,33 @@ def park(client: redis.Redis, key: str, mode: str, task_id: str, message: str, m
 
 def _handoff(reply: list[Any]) -> HandOff:
     handed = Waiting.parse(reply[1]) if reply[1] else None
-    return HandOff(True, handed, tuple(Waiting.parse(r) for r in reply[3:]), None,
-                   int(reply[2]))
+    return HandOff(True, handed, tuple(Waiting.parse(r) for r in reply[3:]), None, int(reply[2]))
 
 
 def _slot_handoff(reply: list[Any]) -> HandOff:
     count = int(reply[2])
-    handed = [Waiting.parse(r) for r in reply[3:3 + count]]
-    return HandOff(True, handed[0] if handed else None,
-                   tuple(Waiting.parse(r) for r in reply[3 + count:]), None, int(reply[1]),
-                   tuple(handed[1:]))
+    handed = [Waiting.parse(r) for r in reply[3 : 3 + count]]
+    return HandOff(
+        True,
+        handed[0] if handed else None,
+        tuple(Waiting.parse(r) for r in reply[3 + count :]),
+        None,
+        int(reply[1]),
+        tuple(handed[1:]),
+    )
 
 
-def release_handing_over(client: redis.Redis, key: str, token: str, reserve_ms: int,
-                         lifetime_ms: int, timeout_ms: int, ran: str = "",
-                         limit: int = 1, mode: str = "queue") -> HandOff:
+def release_handing_over(
+    client: redis.Redis,
+    key: str,
+    token: str,
+    reserve_ms: int,
+    lifetime_ms: int,
+    timeout_ms: int,
+    ran: str = "",
+    limit: int = 1,
+    mode: str = "queue",
+) -> HandOff:
     """Release ``key`` if ``token`` holds it, and hand it over to the next waiting run (the
     reservation holds the key for ``reserve_ms`` int milliseconds). Safe to repeat: a repeat
     answers ``released=True`` and hands nothing over again.
@@ -233,8 +271,14 @@ def _found(got: HandOff) -> bool:
     return got.released
 
 
-def recover(client: redis.Redis, key: str, reserve_ms: int, lifetime_ms: int,
-            timeout_ms: int, mode: str = "queue") -> HandOff:
+def recover(
+    client: redis.Redis,
+    key: str,
+    reserve_ms: int,
+    lifetime_ms: int,
+    timeout_ms: int,
+    mode: str = "queue",
+) -> HandOff:
     """The crash sweep's look at ``key``: hand it over only if nobody holds it and no
     reservation is due (``release_handoff-4.lua`` without a token); ``mode`` as for
     :func:`release_handing_over`.
@@ -248,8 +292,13 @@ def recover(client: redis.Redis, key: str, reserve_ms: int, lifetime_ms: int,
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
-    reply = _run(_release, client, key, (key, fence_key(key), line_key(key), reservation_key(key)),
-                 ("", reserve_ms, lifetime_ms, timeout_ms, "", mode))
+    reply = _run(
+        _release,
+        client,
+        key,
+        (key, fence_key(key), line_key(key), reservation_key(key)),
+        ("", reserve_ms, lifetime_ms, timeout_ms, "", mode),
+    )
     code = int(reply[0])
     if code == 0:
         return HandOff(True, wait_ms=int(reply[1]))
@@ -275,8 +324,9 @@ def read_line(client: redis.Redis, key: str) -> tuple[list[Waiting], Waiting | N
     return elements, handed
 
 
-def watch(client: redis.Redis, prefix: str, key: str, delay_ms: int,
-          keep_earlier: bool = False) -> None:
+def watch(
+    client: redis.Redis, prefix: str, key: str, delay_ms: int, keep_earlier: bool = False
+) -> None:
     """Note ``key`` for the sweep to look at in ``delay_ms`` int milliseconds (store clock);
     ``keep_earlier``: unless it is noted for sooner already (a debounce burst's note).
 
@@ -284,8 +334,13 @@ def watch(client: redis.Redis, prefix: str, key: str, delay_ms: int,
         redis.exceptions.RedisError: on store errors.
     """
     index = handoff_index_key(prefix)
-    _run(_watch, client, index, (index,), (key, max(int(delay_ms), 0), INDEX_LIFETIME_MS,
-                                           "1" if keep_earlier else "0"))
+    _run(
+        _watch,
+        client,
+        index,
+        (index,),
+        (key, max(int(delay_ms), 0), INDEX_LIFETIME_MS, "1" if keep_earlier else "0"),
+    )
 
 
 def take_due(client: redis.Redis, prefix: str, limit: int, ahead_ms: int) -> list[tuple[str, int]]:

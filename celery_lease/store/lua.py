@@ -47,8 +47,10 @@ def _expand(body: str, seen: tuple[str, ...]) -> str:
         found = _INCLUDE.match(line.rstrip("\n"))
         if found is None:
             if "--@include" in line:  # a tab, trailing blanks: never dropped in silence
-                raise ValueError(f"{line.strip()!r} is not an include line: write it as "
-                                 f"'--@include <file name>', indented with spaces only")
+                raise ValueError(
+                    f"{line.strip()!r} is not an include line: write it as "
+                    f"'--@include <file name>', indented with spaces only"
+                )
             lines.append(line)
             continue
         indent, name = found.groups()
@@ -56,8 +58,9 @@ def _expand(body: str, seen: tuple[str, ...]) -> str:
             raise ValueError(f"scripts/includes/{name} includes itself")
         path = f"includes/{name}"
         fragment = _expand(parts(path)[1], (*seen, name))
-        lines += [indent + part if part.strip() else part
-                  for part in fragment.splitlines(keepends=True)]
+        lines += [
+            indent + part if part.strip() else part for part in fragment.splitlines(keepends=True)
+        ]
     return "".join(lines)
 
 
@@ -91,9 +94,11 @@ def parts(path: str) -> tuple[str, str]:
     text = _read(path)
     found = _HEADER.match(text)
     if found is None:
-        raise ValueError(f"celery_lease/store/{_DIR}/{path} has no header: it must open with "
-                         f"a '--[[' block (what it does, KEYS, ARGV, Returns) closed by ']]'")
-    return found.group(1), text[found.end():]
+        raise ValueError(
+            f"celery_lease/store/{_DIR}/{path} has no header: it must open with "
+            f"a '--[[' block (what it does, KEYS, ARGV, Returns) closed by ']]'"
+        )
+    return found.group(1), text[found.end() :]
 
 
 class Script:
@@ -115,8 +120,9 @@ class Script:
         self.source = source(name)
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
 
-    def args(self, keys: Sequence[str], argv: Sequence[Any],
-             by_sha: bool = True) -> tuple[Any, ...]:
+    def args(
+        self, keys: Sequence[str], argv: Sequence[Any], by_sha: bool = True
+    ) -> tuple[Any, ...]:
         """The ``EVALSHA`` command for ``keys`` and ``argv``; ``by_sha=False``: ``EVAL`` with the
         source, which also caches the script on the server that runs it."""
         if by_sha:
@@ -129,8 +135,9 @@ class Script:
         Raises:
             redis.exceptions.RedisError: as the command raised it.
         """
-        send = functools.partial(wire.call, client) if wire.usable(client) \
-            else client.execute_command
+        send = (
+            functools.partial(wire.call, client) if wire.usable(client) else client.execute_command
+        )
         try:
             return send(*self.args(keys, argv))
         except redis.exceptions.NoScriptError:

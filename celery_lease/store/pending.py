@@ -61,11 +61,29 @@ class PendingRelease:
     deleted; False when the token no longer held it; None when no reply could be read).
     """
 
-    __slots__ = ("_lock", "broke", "client", "conn", "done", "key", "on_reply", "overdue_at",
-                 "timeout", "token", "ttl")
+    __slots__ = (
+        "_lock",
+        "broke",
+        "client",
+        "conn",
+        "done",
+        "key",
+        "on_reply",
+        "overdue_at",
+        "timeout",
+        "token",
+        "ttl",
+    )
 
-    def __init__(self, client: Any, conn: Any, key: str, token: str, ttl: float,
-                 on_reply: Callable[[bool | None], None]) -> None:
+    def __init__(
+        self,
+        client: Any,
+        conn: Any,
+        key: str,
+        token: str,
+        ttl: float,
+        on_reply: Callable[[bool | None], None],
+    ) -> None:
         self.client = client
         # The reply counts as lost once the socket timeout (the store timeout) has passed.
         self.timeout: float = getattr(conn, "socket_timeout", None) or ttl
@@ -108,8 +126,12 @@ class PendingRelease:
                         raise RedisTimeoutError("no reply within the store timeout")
                     released = bool(self.conn.read_response())
                 except ResponseError as exc:  # an error reply: the connection is still in step
-                    logger.warning("lease release failed (it expires within %.3fs): key=%s "
-                                   "error=%s", self.ttl, self.key, describe(exc))
+                    logger.warning(
+                        "lease release failed (it expires within %.3fs): key=%s error=%s",
+                        self.ttl,
+                        self.key,
+                        describe(exc),
+                    )
                 except BaseException as exc:  # no reply, or an interrupted read: start afresh
                     wire.broken(self.client, self.conn, exc)
                     if isinstance(exc, RedisConnectionError):
@@ -140,8 +162,12 @@ class PendingRelease:
         return None
 
     def _unanswered(self, error: RedisError) -> None:
-        logger.warning("lease release unanswered (it expires within %.3fs): key=%s error=%s",
-                       self.ttl, self.key, describe(error))
+        logger.warning(
+            "lease release unanswered (it expires within %.3fs): key=%s error=%s",
+            self.ttl,
+            self.key,
+            describe(error),
+        )
 
     def _ready(self) -> bool:
         """True when the reply can be read at once, or is overdue (given up without waiting)."""
@@ -155,8 +181,9 @@ _pending: list[PendingRelease] = []
 _lock = threading.Lock()
 
 
-def write(client: Any, key: str, token: str, ttl: float,
-          on_reply: Callable[[bool | None], None]) -> PendingRelease | None:
+def write(
+    client: Any, key: str, token: str, ttl: float, on_reply: Callable[[bool | None], None]
+) -> PendingRelease | None:
     """Write the release of ``key`` for ``token`` and return without reading its reply.
 
     Args:

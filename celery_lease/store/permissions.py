@@ -33,8 +33,18 @@ from redis.exceptions import NoPermissionError, ResponseError
 
 from . import lua, routing
 
-__all__ = ["DEFAULT_FEATURES", "FEATURES", "PROBE_KEY", "Denied", "Feature", "channels",
-           "commands", "denied", "script_commands", "setuser"]
+__all__ = [
+    "DEFAULT_FEATURES",
+    "FEATURES",
+    "PROBE_KEY",
+    "Denied",
+    "Feature",
+    "channels",
+    "commands",
+    "denied",
+    "script_commands",
+    "setuser",
+]
 
 _CALL = re.compile(r"redis\.p?call\(\s*['\"]([A-Za-z]+)['\"]")
 
@@ -79,50 +89,113 @@ class Feature:
 #: :func:`commands` always includes it. ``database`` and ``cluster`` are the store's, not
 #: features one chooses: a database other than 0 is selected on connecting; redis-py's
 #: cluster client reads the slot table and the command table, and follows ``ASK``.
-FEATURES: dict[str, Feature] = {f.name: f for f in (
-    Feature("tasks", "task leases (workers, eager calls): acquire, renew, release; the "
+FEATURES: dict[str, Feature] = {
+    f.name: f
+    for f in (
+        Feature(
+            "tasks",
+            "task leases (workers, eager calls): acquire, renew, release; the "
             "redelivery check reads the fencing counter, the start check reads INFO",
-            ("get", "info"), ("acquire-4.lua", "renew_many.lua", "renew-1.lua",
-                              "release-2.lua", "release_cooldown-2.lua")),
-    Feature("handoff", "lease_on_conflict 'coalesce' or 'queue': park a duplicate, the release "
-            "that hands the key over, the crash sweep's index", (),
-            ("park-3.lua", "release_handoff-4.lua", "watch-1.lua", "sweep_due-1.lua",
-             "unwatch-1.lua")),
-    Feature("hold", "celery_lease.hold and hold_async: the release wakes a waiting hold, "
+            ("get", "info"),
+            (
+                "acquire-4.lua",
+                "renew_many.lua",
+                "renew-1.lua",
+                "release-2.lua",
+                "release_cooldown-2.lua",
+            ),
+        ),
+        Feature(
+            "handoff",
+            "lease_on_conflict 'coalesce' or 'queue': park a duplicate, the release "
+            "that hands the key over, the crash sweep's index",
+            (),
+            (
+                "park-3.lua",
+                "release_handoff-4.lua",
+                "watch-1.lua",
+                "sweep_due-1.lua",
+                "unwatch-1.lua",
+            ),
+        ),
+        Feature(
+            "hold",
+            "celery_lease.hold and hold_async: the release wakes a waiting hold, "
             "on_conflict='wait' blocks for it, a cancelled waiter passes the turn on",
-            ("blpop",), ("release_wake-3.lua", "pass_turn-2.lua")),
-    Feature("preempt", "lease_on_conflict='preempt': the take-over, the notice published to the "
+            ("blpop",),
+            ("release_wake-3.lua", "pass_turn-2.lua"),
+        ),
+        Feature(
+            "preempt",
+            "lease_on_conflict='preempt': the take-over, the notice published to the "
             "old holder's process (a channel <prefix>:preempt:*, which the ACL user needs as "
             "&<prefix>:preempt:*), and the wait out of lease_preempt_grace",
-            ("publish", "subscribe", "blpop"), ("preempt-4.lua", "wake_preempter-1.lua"),
-            ("{prefix}:preempt:*",)),
-    Feature("beat", "LeasedScheduler: the leader lease and the last-run record, stamped "
+            ("publish", "subscribe", "blpop"),
+            ("preempt-4.lua", "wake_preempter-1.lua"),
+            ("{prefix}:preempt:*",),
+        ),
+        Feature(
+            "beat",
+            "LeasedScheduler: the leader lease and the last-run record, stamped "
             "and read on the store's clock; a stopping leader wakes a standby blocked on "
-            "its release", ("blpop",), ("record_run-1.lua", "last_runs-1.lua",
-                                        "release_wake-3.lua")),
-    Feature("cli", "celery lease ls / show / release: SCAN (never KEYS), value and lifetime "
+            "its release",
+            ("blpop",),
+            ("record_run-1.lua", "last_runs-1.lua", "release_wake-3.lua"),
+        ),
+        Feature(
+            "cli",
+            "celery lease ls / show / release: SCAN (never KEYS), value and lifetime "
             "read in one MULTI, the operator's release, the lines of waiting runs",
             ("scan", "multi", "exec", "pttl", "lrange", "hget"),
-            ("revoke-1.lua",)),
-    Feature("doctor", "celery lease doctor: latency and clock", ("ping", "time", "info")),
-    Feature("min_replicas", "lease_min_replicas above 0: WAIT after each acquire", ("wait",)),
-    Feature("limit", "lease_limit above 1 (and hold(limit=)): the slots of a limited key, "
+            ("revoke-1.lua",),
+        ),
+        Feature("doctor", "celery lease doctor: latency and clock", ("ping", "time", "info")),
+        Feature("min_replicas", "lease_min_replicas above 0: WAIT after each acquire", ("wait",)),
+        Feature(
+            "limit",
+            "lease_limit above 1 (and hold(limit=)): the slots of a limited key, "
             "taken, renewed and released one by one, listed by celery lease ls; with a "
             "policy that waits in the key's line, parked and handed over slot by slot",
-            ("hgetall", "time"), ("acquire_slot-3.lua", "renew_slots.lua", "renew_slot-1.lua",
-                                  "release_slot-3.lua", "revoke_slot-1.lua", "park_slot-2.lua",
-                                  "release_slot_handoff-4.lua")),
-    Feature("dedupe", "lease_dedupe: the waiting copy's claim, decided at publish, cleared by "
-            "the acquire that grants it, removed when its message will not run", (),
-            ("claim-2.lua", "acquire-4.lua", "unclaim-1.lua")),
-    Feature("debounce", "lease_debounce: the burst's record, decided at publish, read by its "
+            ("hgetall", "time"),
+            (
+                "acquire_slot-3.lua",
+                "renew_slots.lua",
+                "renew_slot-1.lua",
+                "release_slot-3.lua",
+                "revoke_slot-1.lua",
+                "park_slot-2.lua",
+                "release_slot_handoff-4.lua",
+            ),
+        ),
+        Feature(
+            "dedupe",
+            "lease_dedupe: the waiting copy's claim, decided at publish, cleared by "
+            "the acquire that grants it, removed when its message will not run",
+            (),
+            ("claim-2.lua", "acquire-4.lua", "unclaim-1.lua"),
+        ),
+        Feature(
+            "debounce",
+            "lease_debounce: the burst's record, decided at publish, read by its "
             "timer on a worker and by the crash sweep (the hand-over's index notes the key)",
-            ("hmget",), ("debounce-1.lua", "debounce_fire-1.lua", "debounce_look-1.lua",
-                         "watch-1.lua", "sweep_due-1.lua", "unwatch-1.lua")),
-    Feature("database", "a lease_backend database other than 0", ("select",)),
-    Feature("cluster", "Redis Cluster (redis-py's cluster client)",
-            ("cluster|slots", "command", "asking")),
-)}
+            ("hmget",),
+            (
+                "debounce-1.lua",
+                "debounce_fire-1.lua",
+                "debounce_look-1.lua",
+                "watch-1.lua",
+                "sweep_due-1.lua",
+                "unwatch-1.lua",
+            ),
+        ),
+        Feature("database", "a lease_backend database other than 0", ("select",)),
+        Feature(
+            "cluster",
+            "Redis Cluster (redis-py's cluster client)",
+            ("cluster|slots", "command", "asking"),
+        ),
+    )
+}
 
 #: The features of the rule docs/deploying.md shows: everything a default configuration uses.
 DEFAULT_FEATURES = ("tasks", "hold", "beat", "cli", "doctor")
@@ -133,17 +206,43 @@ PROBE_KEY = "{celery-lease:permission-probe}"
 # How each command is asked about: its words, %k standing for a key under the prefix; a
 # command not named here (new in a script) is asked about with a key as its first argument.
 _SHAPES = {
-    "evalsha": "EVALSHA " + "0" * 40 + " 1 %k", "eval": "EVAL return 1 %k",
-    "get": "GET %k", "set": "SET %k 1", "del": "DEL %k", "pexpire": "PEXPIRE %k 1",
-    "pttl": "PTTL %k", "time": "TIME", "info": "INFO", "rpush": "RPUSH %k 1",
-    "blpop": "BLPOP %k 1", "hset": "HSET %k f 1", "hmget": "HMGET %k f", "hdel": "HDEL %k f",
-    "lindex": "LINDEX %k 0", "lset": "LSET %k 0 1", "lpop": "LPOP %k", "llen": "LLEN %k",
-    "zadd": "ZADD %k 1 m", "zrangebyscore": "ZRANGEBYSCORE %k 0 1", "zscore": "ZSCORE %k m",
-    "zrem": "ZREM %k m", "exists": "EXISTS %k", "lrange": "LRANGE %k 0 -1",
-    "hgetall": "HGETALL %k", "scan": "SCAN 0", "hget": "HGET %k f", "hlen": "HLEN %k",
+    "evalsha": "EVALSHA " + "0" * 40 + " 1 %k",
+    "eval": "EVAL return 1 %k",
+    "get": "GET %k",
+    "set": "SET %k 1",
+    "del": "DEL %k",
+    "pexpire": "PEXPIRE %k 1",
+    "pttl": "PTTL %k",
+    "time": "TIME",
+    "info": "INFO",
+    "rpush": "RPUSH %k 1",
+    "blpop": "BLPOP %k 1",
+    "hset": "HSET %k f 1",
+    "hmget": "HMGET %k f",
+    "hdel": "HDEL %k f",
+    "lindex": "LINDEX %k 0",
+    "lset": "LSET %k 0 1",
+    "lpop": "LPOP %k",
+    "llen": "LLEN %k",
+    "zadd": "ZADD %k 1 m",
+    "zrangebyscore": "ZRANGEBYSCORE %k 0 1",
+    "zscore": "ZSCORE %k m",
+    "zrem": "ZREM %k m",
+    "exists": "EXISTS %k",
+    "lrange": "LRANGE %k 0 -1",
+    "hgetall": "HGETALL %k",
+    "scan": "SCAN 0",
+    "hget": "HGET %k f",
+    "hlen": "HLEN %k",
     "hexists": "HEXISTS %k f",
-    "multi": "MULTI", "exec": "EXEC", "ping": "PING", "wait": "WAIT 0 0", "select": "SELECT 0",
-    "cluster|slots": "CLUSTER SLOTS", "command": "COMMAND", "asking": "ASKING",
+    "multi": "MULTI",
+    "exec": "EXEC",
+    "ping": "PING",
+    "wait": "WAIT 0 0",
+    "select": "SELECT 0",
+    "cluster|slots": "CLUSTER SLOTS",
+    "command": "COMMAND",
+    "asking": "ASKING",
     # %p: the prefix; a channel is checked as the & patterns are (redis.acl_check_cmd does).
     "publish": "PUBLISH %p:preempt:" + PROBE_KEY + " 1",
     "subscribe": "SUBSCRIBE %p:preempt:" + PROBE_KEY,
@@ -166,8 +265,9 @@ def commands(features: Iterable[str]) -> tuple[str, ...]:
     unknown = wanted - FEATURES.keys()
     if unknown:
         raise KeyError(f"unknown feature(s) {sorted(unknown)}; known: {sorted(FEATURES)}")
-    return tuple(dict.fromkeys(c for f in FEATURES.values() if f.name in wanted
-                               for c in f.commands))
+    return tuple(
+        dict.fromkeys(c for f in FEATURES.values() if f.name in wanted for c in f.commands)
+    )
 
 
 def channels(features: Iterable[str], prefixes: Iterable[str]) -> list[str]:
@@ -182,12 +282,18 @@ def channels(features: Iterable[str], prefixes: Iterable[str]) -> list[str]:
     unknown = wanted - FEATURES.keys()
     if unknown:
         raise KeyError(f"unknown feature(s) {sorted(unknown)}; known: {sorted(FEATURES)}")
-    return sorted({c.format(prefix=p) for f in wanted for c in FEATURES[f].channels
-                   for p in prefixes})
+    return sorted(
+        {c.format(prefix=p) for f in wanted for c in FEATURES[f].channels for p in prefixes}
+    )
 
 
-def setuser(user: str, password: str, features: Iterable[str],
-            patterns: Sequence[str], channel_patterns: Sequence[str] = ()) -> str:
+def setuser(
+    user: str,
+    password: str,
+    features: Iterable[str],
+    patterns: Sequence[str],
+    channel_patterns: Sequence[str] = (),
+) -> str:
     """The ``redis-cli ACL SETUSER`` command giving ``user`` exactly the permissions of
     ``features`` on the key ``patterns`` (``"lease:*"``) and the pub/sub
     ``channel_patterns`` (:func:`channels`, ``&`` each): one line per feature, each adding
@@ -196,8 +302,15 @@ def setuser(user: str, password: str, features: Iterable[str],
     Raises:
         KeyError: an unknown feature name.
     """
-    head = ["redis-cli ACL SETUSER", user, "reset on", f"'>{password}'",
-            *(f"'~{p}'" for p in patterns), *(f"'&{c}'" for c in channel_patterns), "-@all"]
+    head = [
+        "redis-cli ACL SETUSER",
+        user,
+        "reset on",
+        f"'>{password}'",
+        *(f"'~{p}'" for p in patterns),
+        *(f"'&{c}'" for c in channel_patterns),
+        "-@all",
+    ]
     wanted, seen, lines = {"tasks", *features}, set[str](), []
     for feature in FEATURES.values():
         if feature.name not in wanted:
@@ -225,8 +338,7 @@ class Denied:
     key: str
 
 
-def denied(client: Any, features: Iterable[str], prefixes: Iterable[str]
-           ) -> list[Denied] | None:
+def denied(client: Any, features: Iterable[str], prefixes: Iterable[str]) -> list[Denied] | None:
     """What the store's user may not run of ``features`` (and ``tasks``) on a key under each
     of ``prefixes``, asked of the server without running anything (see the module docs).
 
@@ -246,14 +358,18 @@ def denied(client: Any, features: Iterable[str], prefixes: Iterable[str]
         key = f"{prefix}:{PROBE_KEY}"
         try:
             node = routing.owner(client, key)
-            reply = node.execute_command(*_CHECK.args(
-                (key,), [_shape(c).replace("%p", prefix) for c in names], by_sha=False))
+            reply = node.execute_command(
+                *_CHECK.args((key,), [_shape(c).replace("%p", prefix) for c in names], by_sha=False)
+            )
         except NoPermissionError as exc:  # the probe itself: EVAL, or the key, is refused
             text = str(exc).lower()
             return [Denied("tasks", () if "key" in text else ("eval",), key)]
         except ResponseError:
             return None  # no redis.acl_check_cmd here: nothing can be said
         refused = {names[int(i) - 1] for i in reply}
-        found += [Denied(f.name, tuple(c for c in f.commands if c in refused), key)
-                  for f in chosen if refused & set(f.commands)]
+        found += [
+            Denied(f.name, tuple(c for c in f.commands if c in refused), key)
+            for f in chosen
+            if refused & set(f.commands)
+        ]
     return found

@@ -25,8 +25,16 @@ from . import lua, routing
 from .protocol import FENCE_COUNTER_EXTRA_MS, WAKE_LIFETIME_MS, AcquireResult
 from .value import Holder, parse_value
 
-__all__ = ["next_message", "preempt_channel", "publish_preempted", "subscribe", "take_over",
-           "wait_preempted_end", "wake_preempter", "was_preempted"]
+__all__ = [
+    "next_message",
+    "preempt_channel",
+    "publish_preempted",
+    "subscribe",
+    "take_over",
+    "wait_preempted_end",
+    "wake_preempter",
+    "was_preempted",
+]
 
 _take_over = lua.load("preempt-4.lua")
 _wake_preempter = lua.load("wake_preempter-1.lua")
@@ -38,9 +46,19 @@ def preempt_channel(prefix: str, hostname: str, pid: int) -> str:
     return f"{prefix}:preempt:{hostname}:{pid}"
 
 
-def take_over(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
-              min_replicas: int = 0, task_id: str = "", handed_over: bool = False,
-              claimed: bool = False, *, from_token: str) -> AcquireResult:
+def take_over(
+    client: redis.Redis,
+    key: str,
+    token: str,
+    ttl_ms: int,
+    holder: str,
+    min_replicas: int = 0,
+    task_id: str = "",
+    handed_over: bool = False,
+    claimed: bool = False,
+    *,
+    from_token: str,
+) -> AcquireResult:
     """Take lease ``key`` over from the holder ``from_token`` for ``token`` (lifetime
     ``ttl_ms``, int milliseconds), in one script; a free key is granted as by
     :func:`celery_lease.store.acquire`, whose arguments and answer it shares (so
@@ -67,8 +85,9 @@ def take_over(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: st
         raise routing.note(exc, client, key) from None
     if granted and b":" not in value:
         return AcquireResult(True, Holder(token, int(value)), ttl_ms / 1000)
-    return AcquireResult(bool(granted), parse_value(value),
-                         (int(pttl) if int(pttl) >= 0 else ttl_ms) / 1000)
+    return AcquireResult(
+        bool(granted), parse_value(value), (int(pttl) if int(pttl) >= 0 else ttl_ms) / 1000
+    )
 
 
 def was_preempted(client: redis.Redis, key: str, token: str) -> bool:

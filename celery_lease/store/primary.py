@@ -87,7 +87,8 @@ def confirm(client: Any, before: Address | None) -> PrimaryUnconfirmed | None:
         # went to is not known. Writing again (the same token) lands on the new one.
         return PrimaryUnconfirmed(
             "the client moved to another primary during the write (Sentinel failover)",
-            moved_during_write=True)
+            moved_during_write=True,
+        )
     budget = pool.connection_kwargs.get("socket_timeout") or 1.0  # the store timeout
     named = _ask_all(manager.sentinels, pool.service_name, budget)
     answered = [address for address in named if address is not None]
@@ -95,18 +96,21 @@ def confirm(client: Any, before: Address | None) -> PrimaryUnconfirmed | None:
     if len(answered) < majority:
         return PrimaryUnconfirmed(
             f"only {len(answered)} of {len(named)} sentinels answered: whether "
-            f"{before[0]}:{before[1]} is still the primary cannot be known")
+            f"{before[0]}:{before[1]} is still the primary cannot be known"
+        )
     others = sorted({f"{h}:{p}" for h, p in answered if (h, p) != before})
     if not others:
         return None
     _rediscover(pool)
     return PrimaryUnconfirmed(
         f"written to {before[0]}:{before[1]}, but the sentinels name {', '.join(others)} as "
-        f"primary now (a failover): the write does not count")
+        f"primary now (a failover): the write does not count"
+    )
 
 
-def released(client: Any, key: str, send: Callable[[], Reply], found: Callable[[Reply], bool],
-             lost: Reply) -> Reply:
+def released(
+    client: Any, key: str, send: Callable[[], Reply], found: Callable[[Reply], bool], lost: Reply
+) -> Reply:
     """The answer of a token-checked release of lease ``key`` that counts: ``send()``'s reply,
     once the sentinels confirm the node it was written to when ``found(reply)`` (the token was
     there: the release deleted the key, now or earlier); ``lost`` when they do not, twice.
@@ -139,8 +143,12 @@ def released(client: Any, key: str, send: Callable[[], Reply], found: Callable[[
         problem = confirm(client, before)
         if problem is None:
             return reply
-        logger.warning("lease release of %s not confirmed by the sentinels (%s): sent to the "
-                       "primary they name", key, problem)
+        logger.warning(
+            "lease release of %s not confirmed by the sentinels (%s): sent to the "
+            "primary they name",
+            key,
+            problem,
+        )
     return lost
 
 

@@ -88,9 +88,17 @@ class AcquireResult:
     joined: str | None = field(default=None, kw_only=True)
 
 
-def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
-            min_replicas: int = 0, task_id: str = "", handed_over: bool = False,
-            claimed: bool = False) -> AcquireResult:
+def acquire(
+    client: redis.Redis,
+    key: str,
+    token: str,
+    ttl_ms: int,
+    holder: str,
+    min_replicas: int = 0,
+    task_id: str = "",
+    handed_over: bool = False,
+    claimed: bool = False,
+) -> AcquireResult:
     """Take lease ``key`` for ``token`` with lifetime ``ttl_ms`` (int milliseconds).
 
     One round trip (two when the server lost its script cache). Safe to repeat with the same
@@ -129,7 +137,8 @@ def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
     try:
         if min_replicas > 0:
             reply = primary.confirmed_grant(
-                client, lambda: _acquire_replicated(client, keys, argv, min_replicas))
+                client, lambda: _acquire_replicated(client, keys, argv, min_replicas)
+            )
         elif primary.managed(client):  # the caller releases an unconfirmed grant's token
             reply = primary.confirmed_grant(client, lambda: _acquire(client, keys, argv))
         else:
@@ -139,17 +148,29 @@ def acquire(client: redis.Redis, key: str, token: str, ttl_ms: int, holder: str,
     return acquire_answer(reply, token, ttl_ms)
 
 
-def acquire_call(key: str, token: str, ttl_ms: int, holder: str, task_id: str = "",
-                 handed_over: bool = False, claimed: bool = False,
-                 ) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+def acquire_call(
+    key: str,
+    token: str,
+    ttl_ms: int,
+    holder: str,
+    task_id: str = "",
+    handed_over: bool = False,
+    claimed: bool = False,
+) -> tuple[tuple[str, ...], tuple[Any, ...]]:
     """The keys and arguments of the acquire script (``acquire-4.lua``) for :func:`acquire`'s
     arguments (the same names): for :func:`acquire` and for an acquire written ahead of its
     execution (:mod:`celery_lease.store.written`)."""
     keys: tuple[str, ...] = (key, fence_key(key), reservation_key(key))
     if claimed:
         keys = (*keys, claim_key(key))
-    return keys, (token, ttl_ms, holder, ttl_ms + FENCE_COUNTER_EXTRA_MS, task_id,
-                  "1" if handed_over else "0")
+    return keys, (
+        token,
+        ttl_ms,
+        holder,
+        ttl_ms + FENCE_COUNTER_EXTRA_MS,
+        task_id,
+        "1" if handed_over else "0",
+    )
 
 
 def acquire_answer(reply: Any, token: str, ttl_ms: int) -> AcquireResult:
@@ -158,8 +179,12 @@ def acquire_answer(reply: Any, token: str, ttl_ms: int) -> AcquireResult:
     granted, value, pttl, *joined = reply
     if granted and b":" not in value:  # a fresh grant answers with the fencing token alone
         if joined:  # the reserved run a later duplicate joined: its latest message
-            return AcquireResult(True, granted_holder(token, int(value)), ttl_ms / 1000,
-                                 joined=joined[0].decode("utf-8", "replace"))
+            return AcquireResult(
+                True,
+                granted_holder(token, int(value)),
+                ttl_ms / 1000,
+                joined=joined[0].decode("utf-8", "replace"),
+            )
         return _granted(granted_holder(token, int(value)), ttl_ms / 1000)
     if not granted and value.startswith((b"reserved:", b"ran:")):
         kind, _, reserved_for = value.decode("utf-8", "replace").partition(":")
@@ -167,8 +192,9 @@ def acquire_answer(reply: Any, token: str, ttl_ms: int) -> AcquireResult:
         return AcquireResult(False, Holder("", 0, "", reserved_for, host), int(pttl) / 1000)
     # A key without a lifetime (pttl -1) is no lease of ours (each has one): a value or a
     # counter another tool wrote. It counts as held for one TTL more, so a retry waits a TTL.
-    return AcquireResult(bool(granted), parse_value(value),
-                         (int(pttl) if int(pttl) >= 0 else ttl_ms) / 1000)
+    return AcquireResult(
+        bool(granted), parse_value(value), (int(pttl) if int(pttl) >= 0 else ttl_ms) / 1000
+    )
 
 
 def _granted(holder: Holder, remaining: float) -> AcquireResult:
@@ -179,16 +205,19 @@ def _granted(holder: Holder, remaining: float) -> AcquireResult:
     return result
 
 
-def _acquire_replicated(client: Any, keys: tuple[str, ...], argv: tuple[Any, ...],
-                        min_replicas: int) -> Any:
+def _acquire_replicated(
+    client: Any, keys: tuple[str, ...], argv: tuple[Any, ...], min_replicas: int
+) -> Any:
     """The acquire script and ``WAIT`` in one round trip; a grant fewer replicas acknowledged
     is released again and raises (:func:`.replicated.grant`)."""
-    return replicated.grant(_acquire, client, keys, argv, min_replicas,
-                            lambda: _release(client, keys[:2], (argv[0],)))
+    return replicated.grant(
+        _acquire, client, keys, argv, min_replicas, lambda: _release(client, keys[:2], (argv[0],))
+    )
 
 
-def _decide(script: lua.Script, client: redis.Redis, key: str, keys: tuple[str, ...],
-            argv: tuple[Any, ...]) -> bool:
+def _decide(
+    script: lua.Script, client: redis.Redis, key: str, keys: tuple[str, ...], argv: tuple[Any, ...]
+) -> bool:
     """Run a yes/no ``script`` about lease ``key``; a store error names the node it came from."""
     try:
         return bool(script(client, keys, argv))
@@ -219,8 +248,9 @@ def release(client: redis.Redis, key: str, token: str) -> bool:
         redis.exceptions.RedisError: on store errors.
     """
     keys, argv = (key, fence_key(key)), (token,)
-    return primary.released(client, key, lambda: _decide(_release, client, key, keys, argv),
-                            bool, False)
+    return primary.released(
+        client, key, lambda: _decide(_release, client, key, keys, argv), bool, False
+    )
 
 
 def revoke(client: redis.Redis, key: str, token: str) -> bool:
@@ -256,12 +286,19 @@ def release_and_wake(client: redis.Redis, key: str, token: str) -> bool:
         raise routing.note(exc, client, key) from None
     if isinstance(reply, (bytes, str)):  # released, the wake refused: the server's reason
         text = reply.decode() if isinstance(reply, bytes) else reply
-        fix = ("free memory on the store (maxmemory)" if "OOM" in text else
-               "grant the ACL user +rpush (the rule `celery lease acl` prints, "
-               "docs/deploying.md section ACL)")
-        logger.warning("hold released %s but woke no waiting hold: the store refused the "
-                       "wake (%s); waiters take the key when it expires instead. Fix: %s",
-                       key, text, fix)
+        fix = (
+            "free memory on the store (maxmemory)"
+            if "OOM" in text
+            else "grant the ACL user +rpush (the rule `celery lease acl` prints, "
+            "docs/deploying.md section ACL)"
+        )
+        logger.warning(
+            "hold released %s but woke no waiting hold: the store refused the "
+            "wake (%s); waiters take the key when it expires instead. Fix: %s",
+            key,
+            text,
+            fix,
+        )
         return True
     return bool(reply)
 
@@ -320,5 +357,3 @@ def released_last(client: redis.Redis, key: str, token: str) -> bool:
     if isinstance(value, str):
         value = value.encode()
     return isinstance(value, bytes) and value.partition(b":")[2] == token.encode()
-
-

@@ -62,8 +62,10 @@ def read_many(client: Any, keys: Sequence[str]) -> list[tuple[Found, int]]:
         pipe.get(key)
         pipe.pttl(key)
     replies = pipe.execute(raise_on_error=False)
-    return [(_checked(client, key, replies[2 * i]), int(_raised(replies[2 * i + 1])))
-            for i, key in enumerate(keys)]
+    return [
+        (_checked(client, key, replies[2 * i]), int(_raised(replies[2 * i + 1])))
+        for i, key in enumerate(keys)
+    ]
 
 
 def _raised(reply: Any) -> Any:

@@ -41,7 +41,9 @@ _BATCH_REPLY = {ord("1"): 1, ord("0"): 0, ord("2"): -1}
 
 
 def renew_many(
-    client: redis.Redis, leases: Sequence[tuple[str, str, int]], min_replicas: int = 0,
+    client: redis.Redis,
+    leases: Sequence[tuple[str, str, int]],
+    min_replicas: int = 0,
     slots: Collection[int] = (),
 ) -> list[int | RedisError]:
     """Renew many leases in one round trip per primary (a pipeline of conditional renewals).
@@ -81,8 +83,10 @@ def renew_many(
     if before is not None and 1 in out:
         problem = primary.confirm(client, before)
         if problem is not None:
-            out = [routing.note(problem, client, key) if reply == 1 else reply
-                   for (key, _, _), reply in zip(leases, out, strict=True)]
+            out = [
+                routing.note(problem, client, key) if reply == 1 else reply
+                for (key, _, _), reply in zip(leases, out, strict=True)
+            ]
     return out
 
 
@@ -91,11 +95,14 @@ def _one(slots: frozenset[int], i: int) -> lua.Script:
     return _renew_slot if i in slots else _renew
 
 
-def _renew_cluster(client: redis.Redis, leases: Sequence[tuple[str, str, int]],
-                   slots: frozenset[int]) -> list[int | RedisError]:
+def _renew_cluster(
+    client: redis.Redis, leases: Sequence[tuple[str, str, int]], slots: frozenset[int]
+) -> list[int | RedisError]:
     """:func:`renew_many` on a cluster: ``renew-1.lua`` per lease, one round trip per primary."""
-    commands = [_one(slots, i).args((key,), (token, ttl_ms))
-                for i, (key, token, ttl_ms) in enumerate(leases)]
+    commands = [
+        _one(slots, i).args((key,), (token, ttl_ms))
+        for i, (key, token, ttl_ms) in enumerate(leases)
+    ]
     try:
         replies = routing.send_many(client, commands)
         stale = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
@@ -104,8 +111,10 @@ def _renew_cluster(client: redis.Redis, leases: Sequence[tuple[str, str, int]],
             # refused go again, as EVAL (which caches the script there), to their own primary.
             # Not SCRIPT LOAD on every primary: on a cluster with a primary down it stops at
             # that one, and the primaries after it would never get the script back.
-            again = routing.send_many(client, [_one(slots, i).args(
-                (leases[i][0],), leases[i][1:], by_sha=False) for i in stale])
+            again = routing.send_many(
+                client,
+                [_one(slots, i).args((leases[i][0],), leases[i][1:], by_sha=False) for i in stale],
+            )
             for i, reply in zip(stale, again, strict=True):
                 replies[i] = reply
     except RedisError as exc:
@@ -117,13 +126,15 @@ def _renew_cluster(client: redis.Redis, leases: Sequence[tuple[str, str, int]],
                 reply = _one(slots, i)(client, (key,), (token, ttl_ms))
             except RedisError as exc:
                 reply = exc
-        out.append(routing.note(reply, client, key) if isinstance(reply, RedisError)
-                   else int(reply))
+        out.append(
+            routing.note(reply, client, key) if isinstance(reply, RedisError) else int(reply)
+        )
     return out
 
 
-def _renew_batched(client: redis.Redis, leases: Sequence[tuple[str, str, int]],
-                   slots: frozenset[int]) -> list[int | RedisError]:
+def _renew_batched(
+    client: redis.Redis, leases: Sequence[tuple[str, str, int]], slots: frozenset[int]
+) -> list[int | RedisError]:
     """:func:`renew_many` on one primary: the batch script, per TTL and per
     :data:`RENEW_BATCH` leases (slots apart, ``renew_slots.lua``), all calls in one pipeline
     (one round trip)."""
@@ -131,31 +142,43 @@ def _renew_batched(client: redis.Redis, leases: Sequence[tuple[str, str, int]],
     chunks: list[tuple[int, bool, Sequence[int]]]
     if len(ttls) == 1 and not slots:  # the usual pass: one TTL, in order, no sorting
         ttl = ttls.pop()
-        spans = [range(at, min(at + RENEW_BATCH, len(leases)))
-                 for at in range(0, len(leases), RENEW_BATCH)]
+        spans = [
+            range(at, min(at + RENEW_BATCH, len(leases)))
+            for at in range(0, len(leases), RENEW_BATCH)
+        ]
         chunks = [(ttl, False, span) for span in spans]
-        calls = [(_renew_many, [key for key, _, _ in leases[span.start:span.stop]],
-                  [ttl, *[token + ":" for _, token, _ in leases[span.start:span.stop]]])
-                 for span in spans]
+        calls = [
+            (
+                _renew_many,
+                [key for key, _, _ in leases[span.start : span.stop]],
+                [ttl, *[token + ":" for _, token, _ in leases[span.start : span.stop]]],
+            )
+            for span in spans
+        ]
     else:
         order: dict[tuple[int, bool], list[int]] = {}
         for i, (_, _, ttl_ms) in enumerate(leases):
             order.setdefault((ttl_ms, i in slots), []).append(i)
-        chunks = [(ttl_ms, slot, idx[at:at + RENEW_BATCH])
-                  for (ttl_ms, slot), idx in order.items()
-                  for at in range(0, len(idx), RENEW_BATCH)]
-        calls = [(_renew_slots if slot else _renew_many, [leases[i][0] for i in chunk],
-                  [ttl_ms, *(leases[i][1] if slot else leases[i][1] + ":" for i in chunk)])
-                 for ttl_ms, slot, chunk in chunks]
-    send = functools.partial(wire.call_many if wire.usable(client) else routing.send_many,
-                             client)
+        chunks = [
+            (ttl_ms, slot, idx[at : at + RENEW_BATCH])
+            for (ttl_ms, slot), idx in order.items()
+            for at in range(0, len(idx), RENEW_BATCH)
+        ]
+        calls = [
+            (
+                _renew_slots if slot else _renew_many,
+                [leases[i][0] for i in chunk],
+                [ttl_ms, *(leases[i][1] if slot else leases[i][1] + ":" for i in chunk)],
+            )
+            for ttl_ms, slot, chunk in chunks
+        ]
+    send = functools.partial(wire.call_many if wire.usable(client) else routing.send_many, client)
     try:
         replies = send([script.args(keys, argv) for script, keys, argv in calls])
         if any(isinstance(r, NoScriptError) for r in replies):
             # The server lost its scripts: EVAL caches the script again (not SCRIPT LOAD,
             # which the minimal ACL in docs/deploying.md does not grant).
-            replies = send([script.args(keys, argv, by_sha=False)
-                            for script, keys, argv in calls])
+            replies = send([script.args(keys, argv, by_sha=False) for script, keys, argv in calls])
     except RedisError as exc:
         raise routing.note(exc, client, None) from None
     out: list[int | RedisError] = [0] * len(leases)
@@ -165,15 +188,19 @@ def _renew_batched(client: redis.Redis, leases: Sequence[tuple[str, str, int]],
                 out[i] = routing.note(reply, client, leases[i][0])
             continue
         if isinstance(chunk, range) and len(reply) == len(chunk):  # in order: one slice
-            out[chunk.start:chunk.stop] = map(_BATCH_REPLY.__getitem__, reply)
+            out[chunk.start : chunk.stop] = map(_BATCH_REPLY.__getitem__, reply)
             continue
         for i, code in zip(chunk, reply, strict=True):
             out[i] = _BATCH_REPLY[code]
     return out
 
 
-def _renew_replicated(client: redis.Redis, leases: Sequence[tuple[str, str, int]],
-                      min_replicas: int, slots: frozenset[int]) -> list[int | RedisError]:
+def _renew_replicated(
+    client: redis.Redis,
+    leases: Sequence[tuple[str, str, int]],
+    min_replicas: int,
+    slots: frozenset[int],
+) -> list[int | RedisError]:
     """:func:`renew_many` with ``WAIT``: per primary, its renewals and then ``WAIT
     min_replicas`` in one pipeline on one connection (``WAIT`` counts that connection's
     writes)."""
@@ -189,13 +216,13 @@ def _renew_replicated(client: redis.Redis, leases: Sequence[tuple[str, str, int]
     for node, indexes in by_node.values():
         wait_ms = routing.wait_ms(node)
 
-        def send(by_sha: bool, node: object = node, indexes: list[int] = indexes,
-                 wait_ms: int = wait_ms) -> list[object]:
+        def send(
+            by_sha: bool, node: object = node, indexes: list[int] = indexes, wait_ms: int = wait_ms
+        ) -> list[object]:
             pipe = node.pipeline(transaction=False)  # type: ignore[attr-defined]
             for i in indexes:
                 key, token, ttl_ms = leases[i]
-                pipe.execute_command(*_one(slots, i).args((key,), (token, ttl_ms),
-                                                          by_sha=by_sha))
+                pipe.execute_command(*_one(slots, i).args((key,), (token, ttl_ms), by_sha=by_sha))
             pipe.execute_command("WAIT", min_replicas, wait_ms)
             return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
 
@@ -207,8 +234,9 @@ def _renew_replicated(client: redis.Redis, leases: Sequence[tuple[str, str, int]
             if not routing.is_cluster(client):
                 raise routing.note(exc, client, None) from None
             replies, acked = [exc] * len(indexes), 0  # one unreachable primary: its leases only
-        if routing.is_cluster(client) and any(isinstance(r, (MovedError, AskError))
-                                              for r in replies):
+        if routing.is_cluster(client) and any(
+            isinstance(r, (MovedError, AskError)) for r in replies
+        ):
             client.nodes_manager.initialize()  # type: ignore[attr-defined]  # a slot moved
         short = isinstance(acked, Exception) or int(acked) < min_replicas  # type: ignore[call-overload]
         for i, reply in zip(indexes, replies, strict=True):
@@ -216,9 +244,14 @@ def _renew_replicated(client: redis.Redis, leases: Sequence[tuple[str, str, int]
             if isinstance(reply, RedisError):
                 out[i] = routing.note(reply, client, key)
             elif int(reply) == 1 and short:  # type: ignore[call-overload]
-                out[i] = routing.note(NotReplicated(
-                    f"WAIT {min_replicas}: only {acked} replica(s) acknowledged the renewal "
-                    f"within {wait_ms} ms (lease_min_replicas): it does not count"), client, key)
+                out[i] = routing.note(
+                    NotReplicated(
+                        f"WAIT {min_replicas}: only {acked} replica(s) acknowledged the renewal "
+                        f"within {wait_ms} ms (lease_min_replicas): it does not count"
+                    ),
+                    client,
+                    key,
+                )
             else:
                 out[i] = int(reply)  # type: ignore[call-overload]
     return out

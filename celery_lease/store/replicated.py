@@ -27,8 +27,9 @@ from .errors import NotReplicated
 __all__ = ["grant", "run"]
 
 
-def run(script: lua.Script, client: Any, keys: Sequence[str], argv: Sequence[Any],
-        min_replicas: int) -> tuple[Any, int | Exception, int]:
+def run(
+    script: lua.Script, client: Any, keys: Sequence[str], argv: Sequence[Any], min_replicas: int
+) -> tuple[Any, int | Exception, int]:
     """``script`` on ``keys`` with ``argv``, then ``WAIT min_replicas``, in one pipeline (one
     round trip) on the primary that owns ``keys[0]``.
 
@@ -61,8 +62,14 @@ def run(script: lua.Script, client: Any, keys: Sequence[str], argv: Sequence[Any
     return reply, (acked if isinstance(acked, Exception) else int(acked)), wait_ms
 
 
-def grant(script: lua.Script, client: Any, keys: Sequence[str], argv: Sequence[Any],
-          min_replicas: int, undo: Callable[[], Any]) -> Any:
+def grant(
+    script: lua.Script,
+    client: Any,
+    keys: Sequence[str],
+    argv: Sequence[Any],
+    min_replicas: int,
+    undo: Callable[[], Any],
+) -> Any:
     """:func:`run` for a grant script (its reply ``[granted, ...]``): a grant fewer than
     ``min_replicas`` replicas acknowledged is taken back (``undo()``, its errors ignored: the
     grant then lapses with its lifetime, and nobody ran under it) and raises.
@@ -79,6 +86,8 @@ def grant(script: lua.Script, client: Any, keys: Sequence[str], argv: Sequence[A
             pass
         if isinstance(acked, Exception):
             raise acked
-        raise NotReplicated(f"WAIT {min_replicas}: only {acked} replica(s) acknowledged the "
-                            f"grant within {wait_ms} ms (lease_min_replicas); released")
+        raise NotReplicated(
+            f"WAIT {min_replicas}: only {acked} replica(s) acknowledged the "
+            f"grant within {wait_ms} ms (lease_min_replicas); released"
+        )
     return reply

@@ -85,10 +85,15 @@ def send_many(client: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
             replies[i] = ClusterDownError(f"slot {slot} is served by no cluster node")
 
     def send(indexes: Sequence[int]) -> list[Any]:
-        stack = [PipelineCommand(  # type: ignore[no-untyped-call]
-            commands[i], {"target_nodes": owners[i]}, pos) for pos, i in enumerate(indexes)]
+        stack = [
+            PipelineCommand(  # type: ignore[no-untyped-call]
+                commands[i], {"target_nodes": owners[i]}, pos
+            )
+            for pos, i in enumerate(indexes)
+        ]
         return client.pipeline(transaction=False).send_cluster_commands(  # type: ignore[no-any-return]
-            stack, raise_on_error=False, allow_redirections=False)
+            stack, raise_on_error=False, allow_redirections=False
+        )
 
     try:
         if owners:
@@ -124,8 +129,9 @@ def where(client: Any, key: str | None = None) -> str:
             if key is None:
                 return "cluster"
             slot = client.keyslot(key)
-            return f"cluster node {client.nodes_manager.get_node_from_slot(slot).name} " \
-                   f"(slot {slot})"
+            return (
+                f"cluster node {client.nodes_manager.get_node_from_slot(slot).name} (slot {slot})"
+            )
         pool = client.connection_pool
         service = getattr(pool, "service_name", None)
         if service is not None:  # the primary the last connection was made to, if any

@@ -174,8 +174,9 @@ def _replicated(
 ) -> Any:
     """The slot script and ``WAIT`` in one round trip, as the plain acquire's; a grant fewer
     replicas acknowledged is released again (not the claim: no wake key) and raises."""
-    return replicated.grant(_acquire, client, keys, argv, min_replicas,
-                            lambda: _release(client, keys[:2], (argv[0],)))
+    return replicated.grant(
+        _acquire, client, keys, argv, min_replicas, lambda: _release(client, keys[:2], (argv[0],))
+    )
 
 
 def release_slot(client: redis.Redis, key: str, token: str) -> bool:

@@ -19,8 +19,16 @@ from redis.exceptions import ConnectionError, RedisError, ResponseError, Timeout
 from .. import clock
 from .routing import is_cluster
 
-__all__ = ["StoreCheck", "Topology", "check_store", "describe_topology", "round_trips", "scan",
-           "sentinel_down_after", "server_time"]
+__all__ = [
+    "StoreCheck",
+    "Topology",
+    "check_store",
+    "describe_topology",
+    "round_trips",
+    "scan",
+    "sentinel_down_after",
+    "server_time",
+]
 
 
 def _node_clients(client: Any) -> list[Any]:
@@ -29,8 +37,13 @@ def _node_clients(client: Any) -> list[Any]:
     return [client]
 
 
-def scan(client: Any, match: str, count: int = 1000, type_: str | None = None,
-         skipped: list[str] | None = None) -> Iterator[bytes]:
+def scan(
+    client: Any,
+    match: str,
+    count: int = 1000,
+    type_: str | None = None,
+    skipped: list[str] | None = None,
+) -> Iterator[bytes]:
     """Every key matching ``match``, by ``SCAN`` (never ``KEYS``), on every primary of a cluster.
 
     Args:
@@ -103,8 +116,11 @@ def _replicas_of(node: Any) -> list[str]:
         info = node.info("replication")
     except ResponseError:
         return []
-    return [f"{v['ip']}:{v['port']}" for k, v in info.items()
-            if k.startswith("slave") and isinstance(v, dict)]
+    return [
+        f"{v['ip']}:{v['port']}"
+        for k, v in info.items()
+        if k.startswith("slave") and isinstance(v, dict)
+    ]
 
 
 def connected_replicas(client: Any) -> int | None:
@@ -168,15 +184,20 @@ def _cluster_topology(client: Any) -> Topology:
             unreachable.append((_address(node.connection_pool.connection_kwargs), str(exc)))
     if not answered and error is not None:
         raise error  # not one primary answers: the store is down
-    return Topology("cluster", tuple(n.name for n in client.get_primaries()),
-                    tuple(sorted(seen)), bool(client.nodes_manager.connection_kwargs.get("ssl")),
-                    *_policies(found), tuple(unreachable), answered[0])
+    return Topology(
+        "cluster",
+        tuple(n.name for n in client.get_primaries()),
+        tuple(sorted(seen)),
+        bool(client.nodes_manager.connection_kwargs.get("ssl")),
+        *_policies(found),
+        tuple(unreachable),
+        answered[0],
+    )
 
 
 def _policies(found: list[tuple[str, str]]) -> tuple[str, str]:
     """The eviction policies and where they were read, each distinct value once."""
-    return (", ".join(sorted({p for p, _ in found})),
-            ", ".join(sorted({s for _, s in found if s})))
+    return (", ".join(sorted({p for p, _ in found})), ", ".join(sorted({s for _, s in found if s})))
 
 
 @dataclass(frozen=True)

@@ -24,27 +24,61 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ..errors import LeaseConfigError
 
-__all__ = ["OVERRIDDEN", "REFUSED", "TLS_KEYS", "StoreSpec", "parse_store", "safe_url",
-           "validate_backend"]
+__all__ = [
+    "OVERRIDDEN",
+    "REFUSED",
+    "TLS_KEYS",
+    "StoreSpec",
+    "parse_store",
+    "safe_url",
+    "validate_backend",
+]
 
 logger = logging.getLogger("celery_lease")
 
 SCHEMES = ("redis", "rediss", "unix", "redis+socket", "sentinel")
 #: The TLS options a ``rediss://`` query or ``lease_backend_options`` may set.
-TLS_KEYS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path",
-            "ssl_check_hostname", "ssl_password")
+TLS_KEYS = (
+    "ssl_cert_reqs",
+    "ssl_ca_certs",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_ca_path",
+    "ssl_check_hostname",
+    "ssl_password",
+)
 #: Refused wherever they appear: lease_store_timeout is the setting that says what was meant.
 REFUSED = ("socket_timeout", "socket_connect_timeout")
 #: Ignored (with a warning): the lease client has one right value for each.
-OVERRIDDEN = ("retry_on_timeout", "retry_on_error", "health_check_interval", "decode_responses",
-              "socket_keepalive", "encoding", "encoding_errors", "retry", "protocol")
+OVERRIDDEN = (
+    "retry_on_timeout",
+    "retry_on_error",
+    "health_check_interval",
+    "decode_responses",
+    "socket_keepalive",
+    "encoding",
+    "encoding_errors",
+    "retry",
+    "protocol",
+)
 _QUERY_KEYS = ("db", "virtual_host", "password", "username", "client_name", *TLS_KEYS)
-_OPTION_KEYS = ("cluster", "master_name", "sentinel_kwargs", "min_other_sentinels",
-                "client_name", *TLS_KEYS)
+_OPTION_KEYS = (
+    "cluster",
+    "master_name",
+    "sentinel_kwargs",
+    "min_other_sentinels",
+    "client_name",
+    *TLS_KEYS,
+)
 _warned: set[tuple[str, str, str]] = set()  # overridden options already logged
-_CERT_REQS = {"cert_required": ssl.CERT_REQUIRED, "required": ssl.CERT_REQUIRED,
-              "cert_optional": ssl.CERT_OPTIONAL, "optional": ssl.CERT_OPTIONAL,
-              "cert_none": ssl.CERT_NONE, "none": ssl.CERT_NONE}
+_CERT_REQS = {
+    "cert_required": ssl.CERT_REQUIRED,
+    "required": ssl.CERT_REQUIRED,
+    "cert_optional": ssl.CERT_OPTIONAL,
+    "optional": ssl.CERT_OPTIONAL,
+    "cert_none": ssl.CERT_NONE,
+    "none": ssl.CERT_NONE,
+}
 
 
 @dataclass(frozen=True)
@@ -88,8 +122,14 @@ def safe_url(url: Any) -> str:
             scheme, sep, rest = chunk.partition("://")
             masked = scheme + sep + ("**@" + rest.rpartition("@")[2] if "@" in rest else rest)
         base, sep, query = masked.partition("?")
-        items = [(k, "**" if k.endswith("password") else v) for k, v in
-                 parse_qsl(query, keep_blank_values=True)] if sep else []
+        items = (
+            [
+                (k, "**" if k.endswith("password") else v)
+                for k, v in parse_qsl(query, keep_blank_values=True)
+            ]
+            if sep
+            else []
+        )
         parts.append(base + (sep + "&".join(f"{k}={v}" for k, v in items) if items else ""))
     return ";".join(parts)
 
@@ -103,35 +143,58 @@ def _cert_reqs(value: Any, setting: str, url: str) -> Any:
         return value
     reqs = _CERT_REQS.get(str(value).lower())
     if reqs is None:
-        raise _fail(setting, url, f"ssl_cert_reqs={value!r} is not a known value",
-                    "use CERT_REQUIRED (or required), CERT_OPTIONAL or CERT_NONE")
+        raise _fail(
+            setting,
+            url,
+            f"ssl_cert_reqs={value!r} is not a known value",
+            "use CERT_REQUIRED (or required), CERT_OPTIONAL or CERT_NONE",
+        )
     if reqs != ssl.CERT_REQUIRED:
-        logger.warning("%s: ssl_cert_reqs=%s does not verify the server's certificate; anyone "
-                       "on the path can impersonate the lease store", setting, value)
+        logger.warning(
+            "%s: ssl_cert_reqs=%s does not verify the server's certificate; anyone "
+            "on the path can impersonate the lease store",
+            setting,
+            value,
+        )
     return reqs
 
 
-def _options_items(values: Mapping[str, Any], allowed: tuple[str, ...], origin: str,
-                   setting: str, url: str) -> dict[str, Any]:
+def _options_items(
+    values: Mapping[str, Any], allowed: tuple[str, ...], origin: str, setting: str, url: str
+) -> dict[str, Any]:
     """Apply the refused / overridden / allowed rule to query or option values."""
     kept: dict[str, Any] = {}
     for key, value in values.items():
         if key in REFUSED:
-            raise _fail(setting, url, f"{origin} sets {key}={value!r}, which would replace the "
-                        "lease client's own timeout (a frozen store would then hold LeaseLost "
-                        "past the local deadline)",
-                        f"remove {key} from {origin}; set lease_store_timeout instead (it "
-                        "defaults to min(lease_renew_interval / 2, 2.0) seconds)")
+            raise _fail(
+                setting,
+                url,
+                f"{origin} sets {key}={value!r}, which would replace the "
+                "lease client's own timeout (a frozen store would then hold LeaseLost "
+                "past the local deadline)",
+                f"remove {key} from {origin}; set lease_store_timeout instead (it "
+                "defaults to min(lease_renew_interval / 2, 2.0) seconds)",
+            )
         if key in OVERRIDDEN:
             if (safe_url(url), origin, key) in _warned:
                 continue
             _warned.add((safe_url(url), origin, key))
-            logger.warning("%s: %s %s=%r is ignored: the lease client always uses its own "
-                           "value (see docs/reference/settings.md)", setting, origin, key, value)
+            logger.warning(
+                "%s: %s %s=%r is ignored: the lease client always uses its own "
+                "value (see docs/reference/settings.md)",
+                setting,
+                origin,
+                key,
+                value,
+            )
             continue
         if key not in allowed:
-            raise _fail(setting, url, f"{origin} has an unknown option {key!r}",
-                        f"use only {', '.join(allowed)}")
+            raise _fail(
+                setting,
+                url,
+                f"{origin} has an unknown option {key!r}",
+                f"use only {', '.join(allowed)}",
+            )
         kept[key] = value
     return kept
 
@@ -141,8 +204,9 @@ def _split(chunk: str, setting: str, url: str) -> tuple[str, Any, dict[str, str]
         parts = urlsplit(chunk)
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError as exc:
-        raise _fail(setting, url, f"not a valid URL ({exc})",
-                    "use e.g. 'redis://localhost:6379/1'") from None
+        raise _fail(
+            setting, url, f"not a valid URL ({exc})", "use e.g. 'redis://localhost:6379/1'"
+        ) from None
     return parts.scheme.lower(), parts, dict(parse_qsl(parts.query, keep_blank_values=True))
 
 
@@ -158,10 +222,15 @@ def _node_params(chunk: str, setting: str, url: str) -> tuple[str, dict[str, Any
     scheme, parts, query = _split(chunk, setting, url)
     if scheme not in SCHEMES:
         cluster = scheme in ("redis+cluster", "rediss+cluster", "redis-cluster", "cluster")
-        raise _fail(setting, url, f"scheme {scheme}:// is not a Redis scheme the lease store "
-                    "understands", "for Redis Cluster use a redis:// or rediss:// seed node "
-                    "with lease_backend_options={'cluster': True}" if cluster else
-                    "use redis://, rediss://, unix://, redis+socket:// or sentinel://")
+        raise _fail(
+            setting,
+            url,
+            f"scheme {scheme}:// is not a Redis scheme the lease store understands",
+            "for Redis Cluster use a redis:// or rediss:// seed node "
+            "with lease_backend_options={'cluster': True}"
+            if cluster
+            else "use redis://, rediss://, unix://, redis+socket:// or sentinel://",
+        )
     query = _options_items(query, _QUERY_KEYS, "the URL query", setting, url)
     params: dict[str, Any] = {}
     if parts.username:
@@ -184,16 +253,21 @@ def _node_params(chunk: str, setting: str, url: str) -> tuple[str, dict[str, Any
     params["db"] = _db(db or 0, setting, url)
     tls_query = {k: v for k, v in query.items() if k in TLS_KEYS}
     if tls_query and scheme != "rediss":
-        raise _fail(setting, url, f"TLS options ({', '.join(tls_query)}) on a {scheme}:// URL",
-                    "use rediss:// for TLS (as Celery requires), or remove them")
+        raise _fail(
+            setting,
+            url,
+            f"TLS options ({', '.join(tls_query)}) on a {scheme}:// URL",
+            "use rediss:// for TLS (as Celery requires), or remove them",
+        )
     params.update(tls_query)
     if scheme == "rediss":
         params["ssl"] = True
     return scheme, params
 
 
-def parse_store(url: Any, options: Mapping[str, Any] | None = None,
-                setting: str = "lease_backend") -> StoreSpec:
+def parse_store(
+    url: Any, options: Mapping[str, Any] | None = None, setting: str = "lease_backend"
+) -> StoreSpec:
     """Parse and validate a store URL and ``lease_backend_options``.
 
     Args:
@@ -211,23 +285,35 @@ def parse_store(url: Any, options: Mapping[str, Any] | None = None,
         options = {}
     if not isinstance(options, Mapping):
         # The type, not the value: it may hold a password (ssl_password, sentinel_kwargs).
-        raise LeaseConfigError(f"lease_backend_options (a {type(options).__name__}) must be a "
-                               "dict, e.g. {'ssl_ca_certs': '/etc/ssl/redis-ca.pem'}")
+        raise LeaseConfigError(
+            f"lease_backend_options (a {type(options).__name__}) must be a "
+            "dict, e.g. {'ssl_ca_certs': '/etc/ssl/redis-ca.pem'}"
+        )
     opts = _options_items(options, _OPTION_KEYS, "lease_backend_options", setting, url)
     nodes = [_node_params(chunk, setting, url) for chunk in url.split(";") if chunk.strip()]
     schemes = {scheme for scheme, _ in nodes}
     cluster = opts.pop("cluster", False)
     if not isinstance(cluster, bool):
-        raise LeaseConfigError(f"lease_backend_options['cluster']={cluster!r} must be True or "
-                               "False")
+        raise LeaseConfigError(
+            f"lease_backend_options['cluster']={cluster!r} must be True or False"
+        )
     if len(nodes) > 1 and schemes != {"sentinel"}:
-        raise _fail(setting, url, "several URLs separated by ';' are only for Sentinel",
-                    "use sentinel://host1:26379;sentinel://host2:26379/0")
+        raise _fail(
+            setting,
+            url,
+            "several URLs separated by ';' are only for Sentinel",
+            "use sentinel://host1:26379;sentinel://host2:26379/0",
+        )
     scheme, params = nodes[0]
     tls_opts = {k: opts.pop(k) for k in TLS_KEYS if k in opts}
     if tls_opts and scheme not in ("rediss", "sentinel"):
-        raise _fail(setting, url, f"lease_backend_options has TLS options ({', '.join(tls_opts)})"
-                    f" but the URL is {scheme}://", "use a rediss:// URL")
+        raise _fail(
+            setting,
+            url,
+            f"lease_backend_options has TLS options ({', '.join(tls_opts)})"
+            f" but the URL is {scheme}://",
+            "use a rediss:// URL",
+        )
     params.update(tls_opts)
     if "client_name" in opts:
         params["client_name"] = opts.pop("client_name")
@@ -237,35 +323,68 @@ def parse_store(url: Any, options: Mapping[str, Any] | None = None,
         params["ssl_cert_reqs"] = _cert_reqs(params.get("ssl_cert_reqs", "required"), setting, url)
         if "ssl_check_hostname" in params:
             params["ssl_check_hostname"] = str(params["ssl_check_hostname"]).lower() in (
-                "true", "1", "yes")
-    sentinel_only = [k for k in ("master_name", "sentinel_kwargs", "min_other_sentinels")
-                     if k in opts]
+                "true",
+                "1",
+                "yes",
+            )
+    sentinel_only = [
+        k for k in ("master_name", "sentinel_kwargs", "min_other_sentinels") if k in opts
+    ]
     if scheme == "sentinel":
         master = opts.get("master_name")
         if not isinstance(master, str) or not master:
-            raise _fail(setting, url, "a sentinel:// URL needs the master's name",
-                        "set lease_backend_options={'master_name': 'mymaster'}")
+            raise _fail(
+                setting,
+                url,
+                "a sentinel:// URL needs the master's name",
+                "set lease_backend_options={'master_name': 'mymaster'}",
+            )
         skw = opts.get("sentinel_kwargs") or {}
         if not isinstance(skw, Mapping):
-            raise LeaseConfigError("lease_backend_options['sentinel_kwargs'] must be a dict, "
-                                   "e.g. {'password': '...'}")
-        skw = _options_items(skw, ("password", "username", *TLS_KEYS),
-                             "lease_backend_options['sentinel_kwargs']", setting, url)
+            raise LeaseConfigError(
+                "lease_backend_options['sentinel_kwargs'] must be a dict, e.g. {'password': '...'}"
+            )
+        skw = _options_items(
+            skw,
+            ("password", "username", *TLS_KEYS),
+            "lease_backend_options['sentinel_kwargs']",
+            setting,
+            url,
+        )
         sentinels = tuple((str(p["host"]), int(p["port"])) for _, p in nodes)
         for key in ("host", "port"):
             params.pop(key)
-        return StoreSpec("sentinel", tls, params, sentinels, master, dict(skw),
-                         int(opts.get("min_other_sentinels", 0)))
+        return StoreSpec(
+            "sentinel",
+            tls,
+            params,
+            sentinels,
+            master,
+            dict(skw),
+            int(opts.get("min_other_sentinels", 0)),
+        )
     if sentinel_only:
-        raise _fail(setting, url, f"{', '.join(sentinel_only)} only apply to sentinel:// URLs",
-                    "use sentinel://host:26379/0, or remove them from lease_backend_options")
+        raise _fail(
+            setting,
+            url,
+            f"{', '.join(sentinel_only)} only apply to sentinel:// URLs",
+            "use sentinel://host:26379/0, or remove them from lease_backend_options",
+        )
     if cluster:
         if "path" in params:
-            raise _fail(setting, url, "Redis Cluster cannot be reached over a unix socket",
-                        "use a redis:// or rediss:// seed node")
+            raise _fail(
+                setting,
+                url,
+                "Redis Cluster cannot be reached over a unix socket",
+                "use a redis:// or rediss:// seed node",
+            )
         if params.get("db"):
-            raise _fail(setting, url, "Redis Cluster has only database 0",
-                        "use /0 or no database in the URL")
+            raise _fail(
+                setting,
+                url,
+                "Redis Cluster has only database 0",
+                "use /0 or no database in the URL",
+            )
         params.pop("db", None)
         return StoreSpec("cluster", tls, params)
     return StoreSpec("standalone", tls, params)

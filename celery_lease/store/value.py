@@ -24,9 +24,20 @@ from dataclasses import dataclass, fields
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
 
-__all__ = ["FORMAT_VERSION", "MAX_FENCE", "TOKEN_LENGTH", "Holder", "OtherType", "granted_holder",
-           "holder_json", "new_token",
-           "parse_counter", "parse_fence", "parse_value", "unknown"]
+__all__ = [
+    "FORMAT_VERSION",
+    "MAX_FENCE",
+    "TOKEN_LENGTH",
+    "Holder",
+    "OtherType",
+    "granted_holder",
+    "holder_json",
+    "new_token",
+    "parse_counter",
+    "parse_fence",
+    "parse_value",
+    "unknown",
+]
 
 #: The version of the lease value this library writes: the ``"v"`` of the holder JSON.
 FORMAT_VERSION = 1
@@ -44,6 +55,8 @@ def new_token() -> str:
     accident or by design; ``uuid4().hex`` would give as many bits at five times the cost.
     """
     return os.urandom(16).hex()
+
+
 # The longest holder JSON read (characters): this library writes about 200 (more only for
 # task names of hundreds of escaped characters); a longer one is not parsed at all (a huge
 # tail is someone else's, and costs time; a deeply nested one is refused by json itself).
@@ -110,8 +123,9 @@ def granted_holder(token: str, fencing_token: int) -> Holder:
 
 
 #: Every field of :class:`Holder` but the two a grant sets, at its default.
-_HOLDER_DEFAULTS = {f.name: f.default for f in fields(Holder)
-                    if f.name not in ("token", "fencing_token")}
+_HOLDER_DEFAULTS = {
+    f.name: f.default for f in fields(Holder) if f.name not in ("token", "fencing_token")
+}
 
 
 def unknown(why: str) -> Holder:
@@ -124,10 +138,14 @@ def holder_json(task_name: str, task_id: str, hostname: str, pid: int) -> str:
     if type(task_name) is type(task_id) is type(hostname) is str and type(pid) is int:
         # What json.dumps writes for these types, without its generic machinery (one call per
         # execution: an eighth of the cost).
-        return (f'{{"v":{FORMAT_VERSION},"task":{_json_str(task_name)},'
-                f'"id":{_json_str(task_id)},"host":{_json_str(hostname)},"pid":{pid}}}')
-    return json.dumps({"v": FORMAT_VERSION, "task": task_name, "id": task_id,
-                       "host": hostname, "pid": pid}, separators=(",", ":"))
+        return (
+            f'{{"v":{FORMAT_VERSION},"task":{_json_str(task_name)},'
+            f'"id":{_json_str(task_id)},"host":{_json_str(hostname)},"pid":{pid}}}'
+        )
+    return json.dumps(
+        {"v": FORMAT_VERSION, "task": task_name, "id": task_id, "host": hostname, "pid": pid},
+        separators=(",", ":"),
+    )
 
 
 def parse_fence(text: str) -> int | None:
@@ -149,7 +167,7 @@ def parse_counter(value: Any) -> int | None:
         value = value.encode("utf-8", "replace")
     if not isinstance(value, bytes):
         return None
-    digits = value[:len(value) - len(value.lstrip(b"0123456789"))]
+    digits = value[: len(value) - len(value.lstrip(b"0123456789"))]
     if not digits:
         return None
     digits = digits.lstrip(b"0") or b"0"
@@ -213,7 +231,14 @@ def _holder_info(meta: str) -> tuple[tuple[str, str, str, int, int], float] | No
     version, pid = info.get("v", 1), info.get("pid", 0)
     until = info.get("cooldown_until_ms", 0)
     strings = [info.get(name, "") for name in ("task", "id", "host")]
-    if not (_is_int(version) and version >= 1 and _is_int(pid) and 0 <= pid <= 2**32
-            and all(isinstance(s, str) for s in strings) and _is_int(until) and until >= 0):
+    if not (
+        _is_int(version)
+        and version >= 1
+        and _is_int(pid)
+        and 0 <= pid <= 2**32
+        and all(isinstance(s, str) for s in strings)
+        and _is_int(until)
+        and until >= 0
+    ):
         return None
     return (strings[0], strings[1], strings[2], pid, version), until / 1000

@@ -34,8 +34,7 @@ __all__ = ["broken", "call", "call_many", "checkin", "checkout", "send", "usable
 
 def usable(client: Any) -> bool:
     """True when ``client`` is a standalone client whose connections can be used directly."""
-    return type(client) is redis.Redis and \
-        type(client.connection_pool) is redis.ConnectionPool
+    return type(client) is redis.Redis and type(client.connection_pool) is redis.ConnectionPool
 
 
 def _idle(client: Any) -> list[Any]:
@@ -159,4 +158,3 @@ def call_many(client: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
         raise
     finally:
         checkin(client, conn)
-

@@ -51,8 +51,16 @@ class WrittenAcquire:
 
     __slots__ = ("_call", "client", "conn", "key", "sent_at", "token", "ttl_ms")
 
-    def __init__(self, client: Any, conn: Any, key: str, token: str, ttl_ms: int,
-                 sent_at: float, call: tuple[tuple[str, ...], tuple[Any, ...]]) -> None:
+    def __init__(
+        self,
+        client: Any,
+        conn: Any,
+        key: str,
+        token: str,
+        ttl_ms: int,
+        sent_at: float,
+        call: tuple[tuple[str, ...], tuple[Any, ...]],
+    ) -> None:
         self.client = client
         self.conn: Any = conn
         self.key = key
@@ -109,12 +117,22 @@ class WrittenAcquire:
         try:
             protocol.release(self.client, self.key, self.token)
         except Exception as exc:
-            logger.warning("release of an unused acquire failed (it expires within its TTL): "
-                           "key=%s error=%s", self.key, describe(exc))
+            logger.warning(
+                "release of an unused acquire failed (it expires within its TTL): key=%s error=%s",
+                self.key,
+                describe(exc),
+            )
 
 
-def write(client: Any, key: str, ttl_ms: int, holder: str, task_id: str = "",
-          handed_over: bool = False, claimed: bool = False) -> WrittenAcquire | None:
+def write(
+    client: Any,
+    key: str,
+    ttl_ms: int,
+    holder: str,
+    task_id: str = "",
+    handed_over: bool = False,
+    claimed: bool = False,
+) -> WrittenAcquire | None:
     """Write the acquire :func:`celery_lease.store.acquire` would send (its arguments are that
     function's), with a fresh token, leaving the reply unread. As every acquire of a process,
     it goes out after the replies of the releases this process wrote before were read

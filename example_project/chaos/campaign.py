@@ -204,10 +204,21 @@ class _Producer(threading.Thread):
         next_at = time.monotonic()
         while not self.halt.is_set():
             key = f"k{self.rng.randrange(self.settings.keys)}"
-            path = self.rng.choices(["delay", "send_task", "retry", "requeue", "dedupe",
-                                     "coalesce", "queue", "preempt", "limited", "debounce"],
-                                    weights=[4, 3, 2, 1, 3, 2, 2, 2,
-                                             4 if self.settings.limit else 0, 2])[0]
+            path = self.rng.choices(
+                [
+                    "delay",
+                    "send_task",
+                    "retry",
+                    "requeue",
+                    "dedupe",
+                    "coalesce",
+                    "queue",
+                    "preempt",
+                    "limited",
+                    "debounce",
+                ],
+                weights=[4, 3, 2, 1, 3, 2, 2, 2, 4 if self.settings.limit else 0, 2],
+            )[0]
             if path in ("coalesce", "queue", "limited"):  # their own keys: their own leases
                 key = path[0] + key[1:]
             elif path == "preempt":
@@ -222,12 +233,15 @@ class _Producer(threading.Thread):
                     mode = self.rng.choice(["plain", "plain", "retry", "requeue"])
                     # Keys of their own ("d3"): the fenced rows and the history are per key.
                     for _ in range(self.rng.randint(1, 3)):
-                        self.submit(f"d{key[1:]}", path, writes=writes, mode=mode,
-                                    dedupe=True)
+                        self.submit(f"d{key[1:]}", path, writes=writes, mode=mode, dedupe=True)
                 else:
-                    self.submit(key, path, writes=writes,
-                                mode=path if path in ("retry", "requeue") else "plain",
-                                by_name=path == "send_task")
+                    self.submit(
+                        key,
+                        path,
+                        writes=writes,
+                        mode=path if path in ("retry", "requeue") else "plain",
+                        by_name=path == "send_task",
+                    )
                 if self.rng.random() < self.settings.duplicates:
                     # A hand-over, preempt or limited job's duplicate is one of its own
                     # (the same lease): a preempt duplicate takes the key over from its
@@ -238,7 +252,6 @@ class _Producer(threading.Thread):
                 self.errors.append(repr(exc))
             next_at += period
             self.halt.wait(max(0.0, next_at - time.monotonic()))
-
 
     def _debounce(self, key: str, writes: int) -> None:
         """Publish the debounce job for ``key`` 1 to 4 times, 0.1 to 0.4 s apart (under the
@@ -327,44 +340,64 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
         proxy = TcpProxy(store.port)
         lease_url, lease_ports = f"redis://127.0.0.1:{proxy.port}/0", [proxy.port]
     queue = f"chaos-{uuid.uuid4().hex[:8]}"  # never another application's queue
-    env = {"CHAOS_BROKER_URL": broker_url, "CHAOS_RESULT_URL": result_url,
-           "CHAOS_QUEUE": queue, "CHAOS_DSN": dsn, "CHAOS_LEASE_URL": lease_url,
-           "CHAOS_LEASE_OPTIONS": json.dumps(getattr(store, "options", {})),
-           "CHAOS_TTL": str(settings.ttl), "CHAOS_COOLDOWN": str(settings.cooldown),
-           "CHAOS_PREEMPT_GRACE": str(settings.preempt_grace),
-           "CHAOS_LIMIT": str(settings.limit),
-           "CHAOS_DEBOUNCE_MIN_REPLICAS": str(settings.debounce_min_replicas),
-           "CHAOS_BEAT_KEYS": ",".join(f"k{i}" for i in range(min(settings.beat_keys,
-                                                                   settings.keys))),
-           "CHAOS_BEAT_PERIOD": str(settings.beat_period)}
+    env = {
+        "CHAOS_BROKER_URL": broker_url,
+        "CHAOS_RESULT_URL": result_url,
+        "CHAOS_QUEUE": queue,
+        "CHAOS_DSN": dsn,
+        "CHAOS_LEASE_URL": lease_url,
+        "CHAOS_LEASE_OPTIONS": json.dumps(getattr(store, "options", {})),
+        "CHAOS_TTL": str(settings.ttl),
+        "CHAOS_COOLDOWN": str(settings.cooldown),
+        "CHAOS_PREEMPT_GRACE": str(settings.preempt_grace),
+        "CHAOS_LIMIT": str(settings.limit),
+        "CHAOS_DEBOUNCE_MIN_REPLICAS": str(settings.debounce_min_replicas),
+        "CHAOS_BEAT_KEYS": ",".join(f"k{i}" for i in range(min(settings.beat_keys, settings.keys))),
+        "CHAOS_BEAT_PERIOD": str(settings.beat_period),
+    }
     os.environ.update(env)  # the producer's copy of the app reads them at import
     from . import worker_app
 
     fleet = Fleet("example_project.chaos.worker_app", env, log_dir, queue)
     try:
-        say(f"chaos: seed {settings.seed}, {settings.workers} workers, {settings.beats} beats, "
+        say(
+            f"chaos: seed {settings.seed}, {settings.workers} workers, {settings.beats} beats, "
             f"{settings.keys} keys, {settings.duration:.0f}s, TTL {settings.ttl}s"
-            f"{', Sentinel' if settings.sentinel else ''}; logs in {log_dir}")
+            f"{', Sentinel' if settings.sentinel else ''}; logs in {log_dir}"
+        )
         fleet.start(settings.workers, beats=settings.beats)
         started = time.time()
         producer = _Producer(settings, producer_rng, worker_app.submit)
         producer.start()
         wait_for(lambda: time.time() - started > min(5.0, settings.duration / 4), 30)
-        peers = {_port(broker_url): "broker", _port(result_url): "results", 5432: "postgres",
-                 **{port: "lease" for port in lease_ports}}
+        peers = {
+            _port(broker_url): "broker",
+            _port(result_url): "results",
+            5432: "postgres",
+            **{port: "lease" for port in lease_ports},
+        }
         sampler = _Sampler(fleet, peers)
         sampler.start()
-        job_keys = {worker_app.chaos_job.lease_key_for((), {"key": f"k{i}", "job": ""}): f"k{i}"
-                    for i in range(settings.keys)}
+        job_keys = {
+            worker_app.chaos_job.lease_key_for((), {"key": f"k{i}", "job": ""}): f"k{i}"
+            for i in range(settings.keys)
+        }
 
         def duplicate(lease_keys: list[str]) -> None:
             for lease_key in lease_keys:
                 if lease_key in job_keys:
                     worker_app.submit(job_keys[lease_key], "after_erase")
 
-        nemesis = Nemesis(nemesis_rng, fleet, store, proxy, settings.ttl,
-                          lambda c: _lease_keys(c, worker_app.LEASE_PREFIX), duplicate,
-                          SENTINEL_FAULTS if settings.sentinel else FAULTS)
+        nemesis = Nemesis(
+            nemesis_rng,
+            fleet,
+            store,
+            proxy,
+            settings.ttl,
+            lambda c: _lease_keys(c, worker_app.LEASE_PREFIX),
+            duplicate,
+            SENTINEL_FAULTS if settings.sentinel else FAULTS,
+        )
         nemesis.run(until=started + settings.duration)
         nemesis_end = time.time()
         producer.halt.set()
@@ -374,12 +407,15 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
         _drain(dsn, store, worker_app, settings)
         time.sleep(settings.cooldown)  # a probe in the last job's window would be skipped
         probes = [worker_app.submit(f"k{i}", "probe") for i in range(settings.keys)]
-        wait_for(lambda: all(worker_app.app.AsyncResult(p.task_id).ready() for p in probes),
-                 settings.ttl * 4 + 30, interval=0.2, message="probes did not finish")
+        wait_for(
+            lambda: all(worker_app.app.AsyncResult(p.task_id).ready() for p in probes),
+            settings.ttl * 4 + 30,
+            interval=0.2,
+            message="probes did not finish",
+        )
         time.sleep(settings.ttl + settings.cooldown)  # one TTL (and a cooldown) after the end
         sampler.halt.set()
-        history = _record(settings, dsn, worker_app, fleet, store, sampler, started,
-                          nemesis_end)
+        history = _record(settings, dsn, worker_app, fleet, store, sampler, started, nemesis_end)
         history.faults = nemesis.faults
         if settings.broker_url:  # someone else's Redis: take away what the run left there
             _forget(broker_url, queue, [job.task_id for job in history.jobs])
@@ -420,7 +456,7 @@ def _forget(broker_url: str, queue: str, task_ids: list[str]) -> None:
         names = [f"celery-task-meta-{task_id}" for task_id in task_ids]
         names += [queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}"]
         for start in range(0, len(names), 500):
-            client.delete(*names[start:start + 500])
+            client.delete(*names[start : start + 500])
     finally:
         client.close()
 
@@ -428,9 +464,11 @@ def _forget(broker_url: str, queue: str, task_ids: list[str]) -> None:
 def _waiting(client: redis.Redis, worker_app: Any) -> list[str]:
     """The keys with runs still waiting for a hand-over (a line, a reservation not taken)."""
     found = [_text(k) for k in client.scan_iter(match=f"{worker_app.LEASE_PREFIX}*:line")]
-    return found + [_text(k) for k in
-                    client.scan_iter(match=f"{worker_app.LEASE_PREFIX}*:reserved")
-                    if client.hget(k, "id")]
+    return found + [
+        _text(k)
+        for k in client.scan_iter(match=f"{worker_app.LEASE_PREFIX}*:reserved")
+        if client.hget(k, "id")
+    ]
 
 
 def _drain(dsn: str, store: Any, worker_app: Any, settings: Settings) -> None:
@@ -440,8 +478,7 @@ def _drain(dsn: str, store: Any, worker_app: Any, settings: Settings) -> None:
     def idle() -> bool:
         if _lease_keys(leases, worker_app.LEASE_PREFIX) or _waiting(leases, worker_app):
             return False
-        return all(worker_app.app.AsyncResult(task_id).ready()
-                   for task_id in db.unfinished(dsn))
+        return all(worker_app.app.AsyncResult(task_id).ready() for task_id in db.unfinished(dsn))
 
     try:
         wait_for(idle, settings.drain, interval=0.5)
@@ -451,9 +488,16 @@ def _drain(dsn: str, store: Any, worker_app: Any, settings: Settings) -> None:
         leases.close()
 
 
-def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: Any,
-            sampler: _Sampler, started: float,
-            nemesis_end: float) -> History:
+def _record(
+    settings: Settings,
+    dsn: str,
+    worker_app: Any,
+    fleet: Fleet,
+    store: Any,
+    sampler: _Sampler,
+    started: float,
+    nemesis_end: float,
+) -> History:
     writes, runs, jobs, parked = db.load(dsn)
     preemptions = db.load_preemptions(dsn)
     ran = {r.job for r in runs if r.outcome == "ok"}
@@ -468,12 +512,16 @@ def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: 
     try:
         leftover = []
         for key in _lease_keys(leases, worker_app.LEASE_PREFIX):
-            value = leases.get(key) if leases.type(key) == b"string" else \
-                leases.hgetall(key)  # a hash of slots (lease_limit)
+            value = (
+                leases.get(key) if leases.type(key) == b"string" else leases.hgetall(key)
+            )  # a hash of slots (lease_limit)
             leftover.append({"key": key, "pttl": leases.pttl(key), "value": _text(value)})
         # Every key has a lifetime, the beat's last-run record included (ten periods).
-        no_ttl = [_text(k) for k in leases.scan_iter(match=f"{worker_app.LEASE_PREFIX}*")
-                  if leases.ttl(k) == -1]
+        no_ttl = [
+            _text(k)
+            for k in leases.scan_iter(match=f"{worker_app.LEASE_PREFIX}*")
+            if leases.ttl(k) == -1
+        ]
         claims = [dataclasses.asdict(c) for c in scan_claims(leases, worker_app.LEASE_PREFIX)]
     finally:
         leases.close()
@@ -485,13 +533,38 @@ def _record(settings: Settings, dsn: str, worker_app: Any, fleet: Fleet, store: 
         rss, sockets, by_peer = _resources(pid, sampler.peers)
         measured = pid in sampler.baseline
         rss0, sockets0, by_peer0 = sampler.baseline.get(pid, (0, 0, {}))
-        samples.append(WorkerSample(
-            slot.name, slot.pool, slot.restarts, answered, measured,
-            rss0, rss, sockets0, sockets, by_peer0, by_peer,
-            round(time.time() - sampler.first_seen.get(pid, time.time()), 1)))
-    return History(ttl=settings.ttl, started_at=started, nemesis_end=nemesis_end,
-                   finished_at=time.time(), writes=writes, executions=runs, jobs=jobs,
-                   parked=parked, workers=samples, leftover_leases=leftover,
-                   keys_without_ttl=no_ttl, leftover_claims=claims, cooldown=settings.cooldown,
-                   preemptions=preemptions, preempt_grace=settings.preempt_grace,
-                   limit=settings.limit, debounce_cap=worker_app.DEBOUNCE_CAP)
+        samples.append(
+            WorkerSample(
+                slot.name,
+                slot.pool,
+                slot.restarts,
+                answered,
+                measured,
+                rss0,
+                rss,
+                sockets0,
+                sockets,
+                by_peer0,
+                by_peer,
+                round(time.time() - sampler.first_seen.get(pid, time.time()), 1),
+            )
+        )
+    return History(
+        ttl=settings.ttl,
+        started_at=started,
+        nemesis_end=nemesis_end,
+        finished_at=time.time(),
+        writes=writes,
+        executions=runs,
+        jobs=jobs,
+        parked=parked,
+        workers=samples,
+        leftover_leases=leftover,
+        keys_without_ttl=no_ttl,
+        leftover_claims=claims,
+        cooldown=settings.cooldown,
+        preemptions=preemptions,
+        preempt_grace=settings.preempt_grace,
+        limit=settings.limit,
+        debounce_cap=worker_app.DEBOUNCE_CAP,
+    )

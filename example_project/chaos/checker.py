@@ -120,9 +120,17 @@ def _single(history: History) -> dict[str, list[Execution]]:
 def _untold(runs: list[Execution], refused: set[str]) -> list[Execution]:
     """The executions that ended normally and were never told of a loss (no refused write,
     not refused at release), by grant time."""
-    return sorted((e for e in runs if e.outcome == "ok" and e.body_end is not None
-                   and e.token not in refused and e.released is not False),
-                  key=lambda e: e.grant_upper)
+    return sorted(
+        (
+            e
+            for e in runs
+            if e.outcome == "ok"
+            and e.body_end is not None
+            and e.token not in refused
+            and e.released is not False
+        ),
+        key=lambda e: e.grant_upper,
+    )
 
 
 def never_more_than_n(history: History) -> list[Violation]:
@@ -141,11 +149,17 @@ def never_more_than_n(history: History) -> list[Violation]:
         for b in done:
             running = [a for a in done if a.grant_upper <= b.grant_upper < a.body_end]  # type: ignore[operator]
             if len(running) > history.limit:
-                found.append(Violation(
-                    10, "more-than-n", f"{key}: {len(running)} executions were running at "
-                    f"{b.grant_upper:.3f}, above lease_limit={history.limit}: "
-                    f"{', '.join(a.token for a in running)}", key,
-                    {"running": [_execution(a) for a in running]}))
+                found.append(
+                    Violation(
+                        10,
+                        "more-than-n",
+                        f"{key}: {len(running)} executions were running at "
+                        f"{b.grant_upper:.3f}, above lease_limit={history.limit}: "
+                        f"{', '.join(a.token for a in running)}",
+                        key,
+                        {"running": [_execution(a) for a in running]},
+                    )
+                )
     return found
 
 
@@ -157,8 +171,16 @@ def _by_key(items: Iterable[Any]) -> dict[str, list[Any]]:
 
 
 def _write(w: Write) -> dict[str, Any]:
-    return {"id": w.id, "token": w.token, "fence": w.fence, "worker": w.worker, "pid": w.pid,
-            "accepted": w.accepted, "started_at": w.started_at, "done_at": w.done_at}
+    return {
+        "id": w.id,
+        "token": w.token,
+        "fence": w.fence,
+        "worker": w.worker,
+        "pid": w.pid,
+        "accepted": w.accepted,
+        "started_at": w.started_at,
+        "done_at": w.done_at,
+    }
 
 
 def _execution(e: Execution) -> dict[str, Any]:
@@ -174,28 +196,44 @@ def fencing_order(history: History) -> list[Violation]:
             if not w.accepted:
                 continue
             if top is not None and w.fence < top.fence:
-                found.append(Violation(
-                    1, "lower-token-accepted",
-                    f"{key}: write {w.id} with token {w.fence} was accepted after write {top.id} "
-                    f"with the higher token {top.fence}", key,
-                    {"earlier": _write(top), "later": _write(w)}))
+                found.append(
+                    Violation(
+                        1,
+                        "lower-token-accepted",
+                        f"{key}: write {w.id} with token {w.fence} was accepted after write "
+                        f"{top.id} with the higher token {top.fence}",
+                        key,
+                        {"earlier": _write(top), "later": _write(w)},
+                    )
+                )
             elif top is not None and w.fence == top.fence and w.token != top.token:
-                found.append(Violation(
-                    1, "token-shared",
-                    f"{key}: executions {top.token} and {w.token} wrote with the same fencing "
-                    f"token {w.fence}", key, {"earlier": _write(top), "later": _write(w)}))
+                found.append(
+                    Violation(
+                        1,
+                        "token-shared",
+                        f"{key}: executions {top.token} and {w.token} wrote with the same fencing "
+                        f"token {w.fence}",
+                        key,
+                        {"earlier": _write(top), "later": _write(w)},
+                    )
+                )
             if top is None or w.fence >= top.fence:
                 top = w
     for key, runs in _by_key(history.executions).items():
         ordered = sorted(runs, key=lambda e: e.grant_lower)
         for i, a in enumerate(ordered):
-            for b in ordered[i + 1:]:
+            for b in ordered[i + 1 :]:
                 if b.grant_lower > a.grant_upper and b.fence <= a.fence:
-                    found.append(Violation(
-                        1, "token-not-increasing",
-                        f"{key}: execution {b.token} was granted after {a.token} but got token "
-                        f"{b.fence} <= {a.fence}", key,
-                        {"earlier": _execution(a), "later": _execution(b)}))
+                    found.append(
+                        Violation(
+                            1,
+                            "token-not-increasing",
+                            f"{key}: execution {b.token} was granted after {a.token} but got token "
+                            f"{b.fence} <= {a.fence}",
+                            key,
+                            {"earlier": _execution(a), "later": _execution(b)},
+                        )
+                    )
     return found
 
 
@@ -222,13 +260,18 @@ def exclusion(history: History) -> list[Violation]:
             b = later.get(a.token)
             if b is None or a.confirmed_lower is None or a.confirmed_lower <= b.grant_upper:
                 continue
-            found.append(Violation(
-                2, "overlap-on-server",
-                f"{key}: the store confirmed {a.token} (token {a.fence}) at or after "
-                f"{a.confirmed_lower:.3f}, {a.confirmed_lower - b.grant_upper:.3f}s after it "
-                f"had granted {b.token} (token {b.fence}); accepted writes: "
-                f"{accepted[a.token]} and {accepted[b.token]}", key,
-                {"holder": _execution(a), "later_holder": _execution(b)}))
+            found.append(
+                Violation(
+                    2,
+                    "overlap-on-server",
+                    f"{key}: the store confirmed {a.token} (token {a.fence}) at or after "
+                    f"{a.confirmed_lower:.3f}, {a.confirmed_lower - b.grant_upper:.3f}s after it "
+                    f"had granted {b.token} (token {b.fence}); accepted writes: "
+                    f"{accepted[a.token]} and {accepted[b.token]}",
+                    key,
+                    {"holder": _execution(a), "later_holder": _execution(b)},
+                )
+            )
     return found
 
 
@@ -244,13 +287,18 @@ def silent_losers(history: History) -> list[Violation]:
                 continue
             told = a.outcome == "lost" or a.token in refused or a.released is False
             if not told:
-                found.append(Violation(
-                    3, "silent-loser",
-                    f"{key}: {a.token} (token {a.fence}) was still running at {a.body_end:.3f}, "
-                    f"{a.body_end - b.grant_upper:.3f}s after {b.token} (token {b.fence}) was "
-                    f"granted, and was never told (outcome {a.outcome}, no refused write, "
-                    f"released={a.released})", key,
-                    {"loser": _execution(a), "later_holder": _execution(b)}))
+                found.append(
+                    Violation(
+                        3,
+                        "silent-loser",
+                        f"{key}: {a.token} (token {a.fence}) was still running at "
+                        f"{a.body_end:.3f}, {a.body_end - b.grant_upper:.3f}s after {b.token} "
+                        f"(token {b.fence}) was granted, and was never told (outcome {a.outcome}, "
+                        f"no refused write, released={a.released})",
+                        key,
+                        {"loser": _execution(a), "later_holder": _execution(b)},
+                    )
+                )
     return found
 
 
@@ -259,14 +307,27 @@ def liveness(history: History) -> list[Violation]:
     found: list[Violation] = []
     for job in history.jobs:
         if job.resolution == "unresolved" and not wiped_after(history, job):
-            found.append(Violation(
-                4, "job-unresolved", f"{job.key}: job {job.job} ({job.path}, task "
-                f"{job.task_id}) neither ran nor was skipped nor failed with a lease error: "
-                f"{job.detail}", job.key, asdict(job)))
+            found.append(
+                Violation(
+                    4,
+                    "job-unresolved",
+                    f"{job.key}: job {job.job} ({job.path}, task "
+                    f"{job.task_id}) neither ran nor was skipped nor failed with a lease error: "
+                    f"{job.detail}",
+                    job.key,
+                    asdict(job),
+                )
+            )
         elif job.resolution == "skipped" and not job.holder:
-            found.append(Violation(
-                4, "skip-without-holder", f"{job.key}: job {job.job} was skipped without "
-                f"naming a holder", job.key, asdict(job)))
+            found.append(
+                Violation(
+                    4,
+                    "skip-without-holder",
+                    f"{job.key}: job {job.job} was skipped without naming a holder",
+                    job.key,
+                    asdict(job),
+                )
+            )
     grants: dict[str, float] = {}
     for run in history.executions:
         grants[run.job] = min(grants.get(run.job, run.grant_upper), run.grant_upper)
@@ -276,21 +337,39 @@ def liveness(history: History) -> list[Violation]:
         granted = grants.get(job.job)
         waited = None if granted is None else granted - job.submitted_at
         if job.resolution != "ran" or waited is None or waited > history.ttl + 1.0:
-            found.append(Violation(
-                4, "no-progress", f"{job.key}: the probe sent after the faults "
-                f"{'was ' + job.resolution if job.resolution != 'ran' else 'ran'}"
-                f"{'' if waited is None else f' after {waited:.3f}s'}; the limit is "
-                f"TTL + 1 s = {history.ttl + 1.0:.3f}s", job.key,
-                {**asdict(job), "waited": waited}))
+            found.append(
+                Violation(
+                    4,
+                    "no-progress",
+                    f"{job.key}: the probe sent after the faults "
+                    f"{'was ' + job.resolution if job.resolution != 'ran' else 'ran'}"
+                    f"{'' if waited is None else f' after {waited:.3f}s'}; the limit is "
+                    f"TTL + 1 s = {history.ttl + 1.0:.3f}s",
+                    job.key,
+                    {**asdict(job), "waited": waited},
+                )
+            )
     for lease in history.leftover_leases:
-        found.append(Violation(
-            4, "lease-left-held", f"{lease['key']} is still held one TTL after the end",
-            lease["key"], dict(lease)))
+        found.append(
+            Violation(
+                4,
+                "lease-left-held",
+                f"{lease['key']} is still held one TTL after the end",
+                lease["key"],
+                dict(lease),
+            )
+        )
     for worker in history.workers:
         if not worker.answered_ping:
-            found.append(Violation(
-                4, "worker-stuck", f"worker {worker.name} ({worker.pool}) did not answer a "
-                f"ping at the end", None, asdict(worker)))
+            found.append(
+                Violation(
+                    4,
+                    "worker-stuck",
+                    f"worker {worker.name} ({worker.pool}) did not answer a ping at the end",
+                    None,
+                    asdict(worker),
+                )
+            )
     return found
 
 
@@ -302,7 +381,8 @@ def wiped_after(history: History, job: Job) -> bool:
     somewhere inside the fault's window, so one that began just before the job was parked may
     still have wiped it)."""
     return job.path in ("coalesce", "queue", "debounce", "limited") and any(
-        empties(f) and f.ended_at >= job.submitted_at for f in history.faults)
+        empties(f) and f.ended_at >= job.submitted_at for f in history.faults
+    )
 
 
 def empties(fault: Fault) -> bool:
@@ -326,54 +406,100 @@ def handover(history: History) -> list[Violation]:
         runs, park = by_task.get(job.covered_by, []), parked_at.get(job.task_id)
         if not runs:
             if not wiped_after(history, job):
-                found.append(Violation(
-                    7, "lost-trigger", f"{job.key}: job {job.job} was coalesced into "
-                    f"{job.covered_by}, which never ran", job.key, asdict(job)))
+                found.append(
+                    Violation(
+                        7,
+                        "lost-trigger",
+                        f"{job.key}: job {job.job} was coalesced into "
+                        f"{job.covered_by}, which never ran",
+                        job.key,
+                        asdict(job),
+                    )
+                )
         elif park is not None and max(r.grant_upper for r in runs) < park.lower:
-            found.append(Violation(
-                7, "run-before-trigger", f"{job.key}: job {job.job}'s covering run "
-                f"{job.covered_by} started before the job was parked", job.key, asdict(job)))
+            found.append(
+                Violation(
+                    7,
+                    "run-before-trigger",
+                    f"{job.key}: job {job.job}'s covering run "
+                    f"{job.covered_by} started before the job was parked",
+                    job.key,
+                    asdict(job),
+                )
+            )
     # Its first run after its first park (a retried copy may have run before it parked).
-    first_run = {p.task_id: min(later, key=lambda r: r.grant_lower)
-                 for p in parked_at.values()
-                 if (later := [r for r in by_task.get(p.task_id, []) if r.grant_upper >= p.lower])}
+    first_run = {
+        p.task_id: min(later, key=lambda r: r.grant_lower)
+        for p in parked_at.values()
+        if (later := [r for r in by_task.get(p.task_id, []) if r.grant_upper >= p.lower])
+    }
     # A limited key's line is handed over in order too, one slot at a time, but its runs then
     # start on N workers at once: their start order is no promise (only none lost, property 4).
     limited = limited_keys(history)
-    queued = [p for p in parked_at.values()
-              if p.kind == "queue" and p.task_id in first_run and p.key not in limited]
+    queued = [
+        p
+        for p in parked_at.values()
+        if p.kind == "queue" and p.task_id in first_run and p.key not in limited
+    ]
     for key, waiters in _by_key(queued).items():
         for a in waiters:
             for b in waiters:
                 ra, rb = first_run[a.task_id], first_run[b.task_id]
                 # A store emptied while a waited took the line with it: the copies parked
                 # again in the order their messages came back, which is no promise.
-                if a.upper < b.lower and rb.grant_upper < ra.grant_lower and not any(
-                        empties(f) and f.ended_at >= a.lower
-                        and f.started_at <= ra.grant_upper for f in history.faults):
-                    found.append(Violation(
-                        7, "out-of-order", f"{key}: {b.task_id} was parked after {a.task_id} "
-                        f"but started before it", key,
-                        {"first": asdict(a), "second": asdict(b)}))
+                if (
+                    a.upper < b.lower
+                    and rb.grant_upper < ra.grant_lower
+                    and not any(
+                        empties(f) and f.ended_at >= a.lower and f.started_at <= ra.grant_upper
+                        for f in history.faults
+                    )
+                ):
+                    found.append(
+                        Violation(
+                            7,
+                            "out-of-order",
+                            f"{key}: {b.task_id} was parked after {a.task_id} "
+                            f"but started before it",
+                            key,
+                            {"first": asdict(a), "second": asdict(b)},
+                        )
+                    )
     return found
 
 
 def leaks(history: History) -> list[Violation]:
     """Property 5: no key without a TTL; worker sockets and RSS within their slack."""
-    found = [Violation(5, "key-without-ttl", f"{key} has no TTL", key, {"key": key})
-             for key in history.keys_without_ttl]
+    found = [
+        Violation(5, "key-without-ttl", f"{key} has no TTL", key, {"key": key})
+        for key in history.keys_without_ttl
+    ]
     for w in history.workers:
         if not w.same_process:
             continue
         start, end = w.peers_start.get("lease", 0), w.peers_end.get("lease", 0)
         if end > start + SOCKET_SLACK:
-            found.append(Violation(
-                5, "sockets-grew", f"worker {w.name} ({w.pool}) went from {start} to {end} "
-                f"sockets to the lease store (slack {SOCKET_SLACK})", None, asdict(w)))
+            found.append(
+                Violation(
+                    5,
+                    "sockets-grew",
+                    f"worker {w.name} ({w.pool}) went from {start} to {end} "
+                    f"sockets to the lease store (slack {SOCKET_SLACK})",
+                    None,
+                    asdict(w),
+                )
+            )
         if w.rss_end > w.rss_start * RSS_FACTOR + RSS_SLACK:
-            found.append(Violation(
-                5, "rss-grew", f"worker {w.name} ({w.pool}) went from {w.rss_start >> 20} MiB "
-                f"to {w.rss_end >> 20} MiB RSS", None, asdict(w)))
+            found.append(
+                Violation(
+                    5,
+                    "rss-grew",
+                    f"worker {w.name} ({w.pool}) went from {w.rss_start >> 20} MiB "
+                    f"to {w.rss_end >> 20} MiB RSS",
+                    None,
+                    asdict(w),
+                )
+            )
     return found
 
 
@@ -390,37 +516,60 @@ def dedupe(history: History) -> list[Violation]:
         # two such bodies running at one moment is what the lease exists to prevent.
         done = _untold(runs, refused)
         for i, a in enumerate(done):
-            for b in done[i + 1:]:
+            for b in done[i + 1 :]:
                 if b.grant_upper >= a.body_end:  # type: ignore[operator]
                     break
-                found.append(Violation(
-                    6, "two-running", f"{key}: {a.token} and {b.token} both ended normally and "
-                    f"were both running at {b.grant_upper:.3f}", key,
-                    {"first": _execution(a), "second": _execution(b)}))
+                found.append(
+                    Violation(
+                        6,
+                        "two-running",
+                        f"{key}: {a.token} and {b.token} both ended normally and "
+                        f"were both running at {b.grant_upper:.3f}",
+                        key,
+                        {"first": _execution(a), "second": _execution(b)},
+                    )
+                )
     by_task: dict[str, list[Execution]] = defaultdict(list)
     for e in history.executions:
         by_task[e.task_id].append(e)
     for job in history.jobs:
         runs = by_task.get(job.folded_onto or "", [])
-        if job.folded_onto is None or job.decided_lower is None or job.resolution != "ran" \
-                or not runs or any(e.grant_upper >= job.decided_lower for e in runs):
+        if (
+            job.folded_onto is None
+            or job.decided_lower is None
+            or job.resolution != "ran"
+            or not runs
+            or any(e.grant_upper >= job.decided_lower for e in runs)
+        ):
             continue
-        found.append(Violation(
-            6, "folded-onto-started", f"{job.key}: job {job.job} was folded onto "
-            f"{job.folded_onto} at {job.decided_lower:.3f}, but every run of that copy had "
-            f"been granted before", job.key,
-            {"job": asdict(job), "runs": [_execution(e) for e in runs]}))
+        found.append(
+            Violation(
+                6,
+                "folded-onto-started",
+                f"{job.key}: job {job.job} was folded onto "
+                f"{job.folded_onto} at {job.decided_lower:.3f}, but every run of that copy had "
+                f"been granted before",
+                job.key,
+                {"job": asdict(job), "runs": [_execution(e) for e in runs]},
+            )
+        )
     # A claim is written before its message can start and cleared at its grant; one left
     # past its lifetime (or without one) outlived its message by more than its lifetime.
     for claim in history.leftover_claims:
         if claim.get("debounced"):
             continue  # a debounce burst: property 11
         if claim["ttl"] < 0 or claim["age"] > claim["lifetime"] + CLAIM_SLACK:
-            found.append(Violation(
-                6, "claim-outlived", f"{claim['key']}: the claim of waiting copy "
-                f"{claim['task_id']} is {claim['age']:.1f}s old, past its lifetime of "
-                f"{claim['lifetime']:g}s ({claim['ttl']:.1f}s left)", claim["key"],
-                dict(claim)))
+            found.append(
+                Violation(
+                    6,
+                    "claim-outlived",
+                    f"{claim['key']}: the claim of waiting copy "
+                    f"{claim['task_id']} is {claim['age']:.1f}s old, past its lifetime of "
+                    f"{claim['lifetime']:g}s ({claim['ttl']:.1f}s left)",
+                    claim["key"],
+                    dict(claim),
+                )
+            )
     return found
 
 
@@ -448,15 +597,19 @@ def cooldown_windows(history: History) -> list[Violation]:
             for b in runs:
                 if b.fence <= a.fence or b.grant_upper >= a.body_end + history.cooldown:
                     continue
-                if any(f.started_at <= b.grant_upper and f.ended_at >= a.body_end
-                       for f in erasing):
+                if any(f.started_at <= b.grant_upper and f.ended_at >= a.body_end for f in erasing):
                     continue
-                found.append(Violation(
-                    8, "started-in-cooldown",
-                    f"{key}: {b.token} (token {b.fence}) was granted by {b.grant_upper:.3f}, "
-                    f"{b.grant_upper - a.body_end:.3f}s after {a.token} (token {a.fence}) "
-                    f"succeeded, within its cooldown of {history.cooldown:.3f}s", key,
-                    {"succeeded": _execution(a), "started": _execution(b)}))
+                found.append(
+                    Violation(
+                        8,
+                        "started-in-cooldown",
+                        f"{key}: {b.token} (token {b.fence}) was granted by {b.grant_upper:.3f}, "
+                        f"{b.grant_upper - a.body_end:.3f}s after {a.token} (token {a.fence}) "
+                        f"succeeded, within its cooldown of {history.cooldown:.3f}s",
+                        key,
+                        {"succeeded": _execution(a), "started": _execution(b)},
+                    )
+                )
     return found
 
 
@@ -469,10 +622,14 @@ def _spread(values: list[float]) -> dict[str, float | None]:
 def summarize(history: History, violations: list[Violation]) -> dict[str, Any]:
     """The counts of a run: jobs, executions, skips, losses, faults, stalls, throughput."""
     from .preempt_check import summary as preempt_summary
+
     refused = {w.token for w in history.writes if not w.accepted}
     lost = Counter(e.lost_cause or "unknown" for e in history.executions if e.outcome == "lost")
-    told_later = sum(1 for e in history.executions
-                     if e.outcome != "lost" and (e.token in refused or e.released is False))
+    told_later = sum(
+        1
+        for e in history.executions
+        if e.outcome != "lost" and (e.token in refused or e.released is False)
+    )
     accepted_times = sorted(w.done_at for w in history.writes if w.accepted)
     stalls: dict[str, list[float]] = defaultdict(list)
     for fault in history.faults:
@@ -482,8 +639,7 @@ def summarize(history: History, violations: list[Violation]) -> dict[str, Any]:
     ok_ends = [e.body_end for e in history.executions if e.outcome == "ok" and e.body_end]
     window = max(history.nemesis_end - history.started_at, 1e-9)
     faulted = sum(f.ended_at - f.started_at for f in history.faults)
-    during = sum(1 for t in ok_ends
-                 if any(f.started_at <= t <= f.ended_at for f in history.faults))
+    during = sum(1 for t in ok_ends if any(f.started_at <= t <= f.ended_at for f in history.faults))
     return {
         "jobs": len(history.jobs),
         "jobs_by_path": dict(Counter(j.path for j in history.jobs)),
@@ -493,8 +649,9 @@ def summarize(history: History, violations: list[Violation]) -> dict[str, Any]:
         "skips": sum(1 for j in history.jobs if j.resolution == "skipped"),
         "coalesced": sum(1 for j in history.jobs if j.resolution == "coalesced"),
         "parked_by_kind": dict(Counter(p.kind for p in history.parked)),
-        "lost_with_an_emptied_store": sum(1 for j in history.jobs if j.resolution ==
-                                          "unresolved" and wiped_after(history, j)),
+        "lost_with_an_emptied_store": sum(
+            1 for j in history.jobs if j.resolution == "unresolved" and wiped_after(history, j)
+        ),
         "losses_by_cause": dict(lost),
         "losses_told_by_refusal_or_release": told_later,
         "writes_accepted": sum(1 for w in history.writes if w.accepted),
@@ -504,12 +661,14 @@ def summarize(history: History, violations: list[Violation]) -> dict[str, Any]:
         "faults_lossy": sum(1 for f in history.faults if f.lossy),  # a node not in sync promoted
         "stall_after_fault_s": _spread([t for kind in stalls.values() for t in kind]),
         "stall_after_fault_by_kind_s": {k: _spread(v) for k, v in sorted(stalls.items())},
-        "throughput_per_s": round(len([t for t in ok_ends if t <= history.nemesis_end])
-                                  / window, 3),
+        "throughput_per_s": round(
+            len([t for t in ok_ends if t <= history.nemesis_end]) / window, 3
+        ),
         "throughput_during_faults_per_s": round(during / faulted, 3) if faulted else None,
         "worker_restarts": sum(w.restarts for w in history.workers),
-        "dedupe_publishes_by_disposition": dict(Counter(
-            j.disposition for j in history.jobs if j.disposition is not None)),
+        "dedupe_publishes_by_disposition": dict(
+            Counter(j.disposition for j in history.jobs if j.disposition is not None)
+        ),
         "dedupe_claims_left": len(history.leftover_claims),
         "debounce_runs_past_cap_s": _spread(lateness(history)),
         **preempt_summary(history),

@@ -58,8 +58,13 @@ def _excused(history: History, key: str, first: float, run: Execution) -> bool:
     deadline = first + history.debounce_cap
     if any(f.started_at <= run.grant_upper and f.ended_at >= first for f in history.faults):
         return True
-    return any(e.key == key and e.token != run.token and e.grant_lower < run.grant_lower
-               and (e.body_end is None or e.body_end > deadline) for e in history.executions)
+    return any(
+        e.key == key
+        and e.token != run.token
+        and e.grant_lower < run.grant_lower
+        and (e.body_end is None or e.body_end > deadline)
+        for e in history.executions
+    )
 
 
 def _ran_twice(history: History, done: list[Execution]) -> bool:
@@ -70,8 +75,11 @@ def _ran_twice(history: History, done: list[Execution]) -> bool:
     lapsed and a retried copy held the key when the release came) left no such record: for
     the store it is a run that died before its release, and a copy of it runs again, as
     documented (docs/howto/shaping.md, "A double publish is harmless")."""
-    return any(earlier.released is True and not _erased_between(history, earlier, later)
-               for n, earlier in enumerate(done) for later in done[n + 1:])
+    return any(
+        earlier.released is True and not _erased_between(history, earlier, later)
+        for n, earlier in enumerate(done)
+        for later in done[n + 1 :]
+    )
 
 
 def _erased_between(history: History, first: Execution, later: Execution) -> bool:
@@ -82,8 +90,10 @@ def _erased_between(history: History, first: Execution, later: Execution) -> boo
     confirm the node that made it."""
     from .checker import empties  # the checker imports this module
 
-    return any(empties(f) and f.ended_at >= first.grant_lower
-               and f.started_at <= later.grant_upper for f in history.faults)
+    return any(
+        empties(f) and f.ended_at >= first.grant_lower and f.started_at <= later.grant_upper
+        for f in history.faults
+    )
 
 
 def lateness(history: History) -> list[float]:
@@ -95,8 +105,14 @@ def lateness(history: History) -> list[float]:
         runs = by_task.get(task_id)
         if runs:
             first = first_publish(jobs)
-            found.append(round(min(r.grant_upper for r in runs) - first  # type: ignore[operator]
-                               - history.debounce_cap, 3))
+            found.append(
+                round(
+                    min(r.grant_upper for r in runs)
+                    - first  # type: ignore[operator]
+                    - history.debounce_cap,
+                    3,
+                )
+            )
     return found
 
 
@@ -120,34 +136,66 @@ def debounce(history: History) -> list[Any]:
         runs = sorted(by_task.get(task_id, []), key=lambda e: e.grant_upper)
         done = [e for e in runs if e.outcome == "ok"]
         if _ran_twice(history, done):
-            found.append(Violation(11, "burst-ran-twice", f"{key}: burst {task_id} ran to its "
-                                   f"end {len(done)} times", key,
-                                   {"runs": [asdict(e) for e in done]}))
+            found.append(
+                Violation(
+                    11,
+                    "burst-ran-twice",
+                    f"{key}: burst {task_id} ran to its end {len(done)} times",
+                    key,
+                    {"runs": [asdict(e) for e in done]},
+                )
+            )
         if not runs:
             continue
         ran = next((j for j in jobs if j.job == runs[0].job), None)
-        later = [j for j in jobs if ran is not None and j.decided_lower is not None
-                 and j.decided_lower > ran.decided_upper]  # type: ignore[operator]
+        later = [
+            j
+            for j in jobs
+            if ran is not None
+            and j.decided_lower is not None
+            and j.decided_lower > ran.decided_upper
+        ]  # type: ignore[operator]
         since = first_publish(jobs)
-        erased = any(f.kind in ERASING_FAULTS and f.ended_at >= since
-                     and f.started_at <= runs[0].grant_upper for f in history.faults)
+        erased = any(
+            f.kind in ERASING_FAULTS and f.ended_at >= since and f.started_at <= runs[0].grant_upper
+            for f in history.faults
+        )
         if later and not erased:  # an emptied store: the timer runs its first arguments
-            found.append(Violation(
-                11, "not-latest-arguments", f"{key}: burst {task_id} ran with job {ran.job}'s "
-                f"arguments, but {len(later)} publish(es) of it came surely after", key,
-                {"ran": asdict(ran), "later": [asdict(j) for j in later]}))  # type: ignore[arg-type]
+            found.append(
+                Violation(
+                    11,
+                    "not-latest-arguments",
+                    f"{key}: burst {task_id} ran with job {ran.job}'s "
+                    f"arguments, but {len(later)} publish(es) of it came surely after",
+                    key,
+                    {"ran": asdict(ran), "later": [asdict(j) for j in later]},
+                )
+            )  # type: ignore[arg-type]
         first = first_publish(jobs)
         late = runs[0].grant_lower - (first + history.debounce_cap)  # type: ignore[operator]
         if late > history.ttl + SLACK and not _excused(history, key, first, runs[0]):
-            found.append(Violation(
-                11, "ran-past-cap", f"{key}: burst {task_id} was granted {late:.3f}s past its "
-                f"first publish plus lease_debounce_max={history.debounce_cap:g}", key,
-                {"run": asdict(runs[0]), "first_publish": first}))
+            found.append(
+                Violation(
+                    11,
+                    "ran-past-cap",
+                    f"{key}: burst {task_id} was granted {late:.3f}s past its "
+                    f"first publish plus lease_debounce_max={history.debounce_cap:g}",
+                    key,
+                    {"run": asdict(runs[0]), "first_publish": first},
+                )
+            )
     for claim in history.leftover_claims:
         limit = claim.get("lifetime", 0.0) + history.ttl + SLACK
         if claim.get("debounced") and claim["age"] > limit:
-            found.append(Violation(
-                11, "burst-left-waiting", f"{claim['key']}: burst {claim['task_id']} is still "
-                f"waiting {claim['age']:.1f}s after its first publish (cap "
-                f"{claim['lifetime']:g}s)", claim["key"], dict(claim)))
+            found.append(
+                Violation(
+                    11,
+                    "burst-left-waiting",
+                    f"{claim['key']}: burst {claim['task_id']} is still "
+                    f"waiting {claim['age']:.1f}s after its first publish (cap "
+                    f"{claim['lifetime']:g}s)",
+                    claim["key"],
+                    dict(claim),
+                )
+            )
     return found

@@ -22,8 +22,15 @@ from psycopg import sql
 
 from .history import Execution, Job, Parked, Preemption, Write
 
-__all__ = ["DEFAULT_ADMIN_DSN", "Recorder", "create_database", "drop_database", "load",
-           "load_preemptions", "unfinished"]
+__all__ = [
+    "DEFAULT_ADMIN_DSN",
+    "Recorder",
+    "create_database",
+    "drop_database",
+    "load",
+    "load_preemptions",
+    "unfinished",
+]
 
 #: Where the run's database is created (``CHAOS_PG_DSN`` overrides): the machine's server.
 DEFAULT_ADMIN_DSN = "host=localhost port=5432 user=postgres dbname=postgres"
@@ -94,8 +101,9 @@ def drop_database(dsn: str) -> None:
     """Drop the database of ``dsn`` (closing whatever sessions are left in it)."""
     name = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
     with psycopg.connect(admin_dsn(), autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-            sql.Identifier(str(name))))
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(str(name)))
+        )
 
 
 class Recorder:
@@ -138,8 +146,16 @@ class Recorder:
 
     def fenced_write(self, key: str, job: str, token: str, fence: int, worker: str) -> bool:
         """Write ``key`` guarded by ``fence`` and record the attempt; True when accepted."""
-        params = {"key": key, "fence": fence, "value": f"{job}:{token}", "job": job,
-                  "token": token, "worker": worker, "pid": os.getpid(), "started": time.time()}
+        params = {
+            "key": key,
+            "fence": fence,
+            "value": f"{job}:{token}",
+            "job": job,
+            "token": token,
+            "worker": worker,
+            "pid": os.getpid(),
+            "started": time.time(),
+        }
 
         def work(conn: psycopg.Connection[Any]) -> bool:
             row = conn.execute(FENCED_WRITE, params).fetchone()
@@ -151,45 +167,81 @@ class Recorder:
 
     def execution_started(self, run: Execution) -> None:
         """Record an execution whose lease was just granted."""
-        self._run(lambda conn: conn.execute(
-            "INSERT INTO executions (token, key, job, task_id, fence, worker, pid, grant_lower,"
-            " grant_upper) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            (run.token, run.key, run.job, run.task_id, run.fence, run.worker, run.pid,
-             run.grant_lower, run.grant_upper)))
+        self._run(
+            lambda conn: conn.execute(
+                "INSERT INTO executions (token, key, job, task_id, fence, worker, pid, grant_lower,"
+                " grant_upper) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                (
+                    run.token,
+                    run.key,
+                    run.job,
+                    run.task_id,
+                    run.fence,
+                    run.worker,
+                    run.pid,
+                    run.grant_lower,
+                    run.grant_upper,
+                ),
+            )
+        )
 
-    def execution_ended(self, token: str, outcome: str, body_end: float | None,
-                        cause: str | None = None, lost_at: float | None = None,
-                        confirmed: float | None = None) -> None:
+    def execution_ended(
+        self,
+        token: str,
+        outcome: str,
+        body_end: float | None,
+        cause: str | None = None,
+        lost_at: float | None = None,
+        confirmed: float | None = None,
+    ) -> None:
         """Record how the body ended (``ok``, ``lost``, ``retry``) and the last time the
         store was known to still hold its lease (``confirmed``)."""
-        self._run(lambda conn: conn.execute(
-            "UPDATE executions SET outcome = %s, body_end = %s, lost_cause = %s, lost_at = %s,"
-            " confirmed_lower = %s WHERE token = %s",
-            (outcome, body_end, cause, lost_at, confirmed, token)))
+        self._run(
+            lambda conn: conn.execute(
+                "UPDATE executions SET outcome = %s, body_end = %s, lost_cause = %s, lost_at = %s,"
+                " confirmed_lower = %s WHERE token = %s",
+                (outcome, body_end, cause, lost_at, confirmed, token),
+            )
+        )
 
     def execution_released(self, token: str, released: bool | None) -> None:
         """Record the library's word at release (False: the store no longer had the token;
         None: the reply is read later, so the library said nothing)."""
-        self._run(lambda conn: conn.execute(
-            "UPDATE executions SET released = %s WHERE token = %s", (released, token)))
+        self._run(
+            lambda conn: conn.execute(
+                "UPDATE executions SET released = %s WHERE token = %s", (released, token)
+            )
+        )
 
     def job_submitted(self, job: Job, parent: str | None = None) -> None:
         """Record a submitted job (before it is sent, so no execution precedes its record)."""
-        self._run(lambda conn: conn.execute(
-            "INSERT INTO jobs (job, key, path, task_id, submitted_at, parent)"
-            " VALUES (%s, %s, %s, %s, %s, %s)",
-            (job.job, job.key, job.path, job.task_id, job.submitted_at, parent)))
+        self._run(
+            lambda conn: conn.execute(
+                "INSERT INTO jobs (job, key, path, task_id, submitted_at, parent)"
+                " VALUES (%s, %s, %s, %s, %s, %s)",
+                (job.job, job.key, job.path, job.task_id, job.submitted_at, parent),
+            )
+        )
 
-    def job_published(self, job: str, disposition: str, task_id: str, lower: float,
-                      upper: float) -> None:
+    def job_published(
+        self, job: str, disposition: str, task_id: str, lower: float, upper: float
+    ) -> None:
         """Record what the publish of a ``lease_dedupe`` (or ``lease_debounce``) job decided,
         in ``[lower, upper]``: its disposition and the task id its result names (the burst's,
         for every publish of a burst)."""
-        self._run(lambda conn: conn.execute(
-            "UPDATE jobs SET disposition = %s, folded_onto = %s, decided_lower = %s,"
-            " decided_upper = %s WHERE job = %s",
-            (disposition, task_id if disposition in ("deduplicated", "debounced") else None,
-             lower, upper, job)))
+        self._run(
+            lambda conn: conn.execute(
+                "UPDATE jobs SET disposition = %s, folded_onto = %s, decided_lower = %s,"
+                " decided_upper = %s WHERE job = %s",
+                (
+                    disposition,
+                    task_id if disposition in ("deduplicated", "debounced") else None,
+                    lower,
+                    upper,
+                    job,
+                ),
+            )
+        )
 
     def job_unsent(self, job: str) -> None:
         """Forget a job whose send raised: its sender was told, so it promised nothing."""
@@ -197,18 +249,23 @@ class Recorder:
 
     def duplicate_parked(self, parked: Parked) -> None:
         """Record a duplicate a worker parked in its key's line."""
-        self._run(lambda conn: conn.execute(
-            "INSERT INTO parked (task_id, key, kind, covering, park_lower, park_upper)"
-            " VALUES (%s, %s, %s, %s, %s, %s)",
-            (parked.task_id, parked.key, parked.kind, parked.into, parked.lower,
-             parked.upper)))
+        self._run(
+            lambda conn: conn.execute(
+                "INSERT INTO parked (task_id, key, kind, covering, park_lower, park_upper)"
+                " VALUES (%s, %s, %s, %s, %s, %s)",
+                (parked.task_id, parked.key, parked.kind, parked.into, parked.lower, parked.upper),
+            )
+        )
 
     def preempted(self, taken: Preemption) -> None:
         """Record a take-over (``lease_on_conflict="preempt"``)."""
-        self._run(lambda conn: conn.execute(
-            "INSERT INTO preemptions (token, preempted, key, at, notified)"
-            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (token) DO NOTHING",
-            (taken.token, taken.preempted, taken.key, taken.at, taken.notified)))
+        self._run(
+            lambda conn: conn.execute(
+                "INSERT INTO preemptions (token, preempted, key, at, notified)"
+                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (token) DO NOTHING",
+                (taken.token, taken.preempted, taken.key, taken.at, taken.notified),
+            )
+        )
 
     def close(self) -> None:
         """Close the idle connections."""
@@ -222,34 +279,66 @@ def unfinished(dsn: str) -> list[str]:
     """Task ids of the jobs that no execution has completed yet (skipped or failed included;
     a folded ``lease_dedupe`` job by the task id of the copy it was folded onto)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return [row[0] for row in conn.execute(
-            "SELECT COALESCE(folded_onto, task_id) FROM jobs j WHERE NOT EXISTS (SELECT 1"
-            " FROM executions e WHERE e.job = j.job AND e.outcome = 'ok')")]
+        return [
+            row[0]
+            for row in conn.execute(
+                "SELECT COALESCE(folded_onto, task_id) FROM jobs j WHERE NOT EXISTS (SELECT 1"
+                " FROM executions e WHERE e.job = j.job AND e.outcome = 'ok')"
+            )
+        ]
 
 
 def load(dsn: str) -> tuple[list[Write], list[Execution], list[Job], list[Parked]]:
     """Read the writes, executions, jobs and parked duplicates recorded in ``dsn``."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        writes = [Write(*row) for row in conn.execute(
-            "SELECT id, key, job, token, fence, worker, pid, accepted, started_at, done_at"
-            " FROM writes ORDER BY id")]
-        runs = [Execution(*row) for row in conn.execute(
-            "SELECT token, key, job, task_id, fence, worker, pid, grant_lower, grant_upper,"
-            " body_end, outcome, lost_cause, lost_at, confirmed_lower, released"
-            " FROM executions")]
-        jobs = [Job(row[0], row[1], row[2], row[3], row[4], disposition=row[5],
-                    folded_onto=row[6], decided_lower=row[7], decided_upper=row[8])
-                for row in conn.execute(
-            "SELECT job, key, path, task_id, submitted_at, disposition, folded_onto,"
-            " decided_lower, decided_upper FROM jobs ORDER BY submitted_at")]
-        parked = [Parked(*row) for row in conn.execute(
-            "SELECT task_id, key, kind, covering, park_lower, park_upper FROM parked"
-            " ORDER BY id")]
+        writes = [
+            Write(*row)
+            for row in conn.execute(
+                "SELECT id, key, job, token, fence, worker, pid, accepted, started_at, done_at"
+                " FROM writes ORDER BY id"
+            )
+        ]
+        runs = [
+            Execution(*row)
+            for row in conn.execute(
+                "SELECT token, key, job, task_id, fence, worker, pid, grant_lower, grant_upper,"
+                " body_end, outcome, lost_cause, lost_at, confirmed_lower, released"
+                " FROM executions"
+            )
+        ]
+        jobs = [
+            Job(
+                row[0],
+                row[1],
+                row[2],
+                row[3],
+                row[4],
+                disposition=row[5],
+                folded_onto=row[6],
+                decided_lower=row[7],
+                decided_upper=row[8],
+            )
+            for row in conn.execute(
+                "SELECT job, key, path, task_id, submitted_at, disposition, folded_onto,"
+                " decided_lower, decided_upper FROM jobs ORDER BY submitted_at"
+            )
+        ]
+        parked = [
+            Parked(*row)
+            for row in conn.execute(
+                "SELECT task_id, key, kind, covering, park_lower, park_upper FROM parked"
+                " ORDER BY id"
+            )
+        ]
     return writes, runs, jobs, parked
 
 
 def load_preemptions(dsn: str) -> list[Preemption]:
     """Read the take-overs recorded in ``dsn``, in the order they were recorded."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return [Preemption(*row) for row in conn.execute(
-            "SELECT token, preempted, key, at, notified FROM preemptions ORDER BY at")]
+        return [
+            Preemption(*row)
+            for row in conn.execute(
+                "SELECT token, preempted, key, at, notified FROM preemptions ORDER BY at"
+            )
+        ]

@@ -11,8 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Execution", "Fault", "History", "Job", "Parked", "Preemption", "WorkerSample",
-           "Write"]
+__all__ = ["Execution", "Fault", "History", "Job", "Parked", "Preemption", "WorkerSample", "Write"]
 
 
 @dataclass
@@ -219,9 +218,15 @@ class History:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> History:
         """Rebuild a history saved with :meth:`to_dict`."""
-        lists = {"writes": Write, "executions": Execution, "jobs": Job, "faults": Fault,
-                 "workers": WorkerSample, "parked": Parked, "preemptions": Preemption}
+        lists = {
+            "writes": Write,
+            "executions": Execution,
+            "jobs": Job,
+            "faults": Fault,
+            "workers": WorkerSample,
+            "parked": Parked,
+            "preemptions": Preemption,
+        }
         fields = {k: v for k, v in data.items() if k not in lists}
-        built = {name: [kind(**row) for row in data.get(name, [])]
-                 for name, kind in lists.items()}
+        built = {name: [kind(**row) for row in data.get(name, [])] for name, kind in lists.items()}
         return cls(**fields, **built)  # type: ignore[arg-type]

@@ -17,5 +17,13 @@ from harness.topologies import MASTER_NAME, SentinelSetup
 from harness.waiting import wait_for
 from harness.workers import CeleryProcess, CeleryWorker
 
-__all__ = ["MASTER_NAME", "CeleryProcess", "CeleryWorker", "RedisServer", "SentinelSetup",
-           "TcpProxy", "free_port", "wait_for"]
+__all__ = [
+    "MASTER_NAME",
+    "CeleryProcess",
+    "CeleryWorker",
+    "RedisServer",
+    "SentinelSetup",
+    "TcpProxy",
+    "free_port",
+    "wait_for",
+]

@@ -43,14 +43,25 @@ __all__ = ["FAULTS", "SENTINEL_FAULTS", "Fleet", "Nemesis"]
 
 #: Every kind of fault, with its weight in the draw.
 FAULTS: Mapping[str, int] = {
-    "kill_worker": 2, "kill_child": 2, "stop_worker": 2, "pause_store": 2, "blackhole": 2,
-    "restart_empty": 1, "delete_key": 2, "latency": 2, "kill_beat": 1, "stop_beat": 1,
+    "kill_worker": 2,
+    "kill_child": 2,
+    "stop_worker": 2,
+    "pause_store": 2,
+    "blackhole": 2,
+    "restart_empty": 1,
+    "delete_key": 2,
+    "latency": 2,
+    "kill_beat": 1,
+    "stop_beat": 1,
 }
 #: The faults with ``--sentinel``: the workers reach the primary the sentinels name, not a
 #: proxy (no ``blackhole``, ``latency``), and ``restart_empty`` gives way to ``failover``.
 SENTINEL_FAULTS: Mapping[str, int] = {
-    **{kind: weight for kind, weight in FAULTS.items()
-       if kind not in ("blackhole", "latency", "restart_empty")},
+    **{
+        kind: weight
+        for kind, weight in FAULTS.items()
+        if kind not in ("blackhole", "latency", "restart_empty")
+    },
     "failover": 2,
 }
 
@@ -89,12 +100,31 @@ class Fleet:
     def _new_worker(self, pool: str, name: str = "") -> CeleryProcess:
         if pool == "beat":  # its own schedule file: two beats must not share one shelve
             schedule = os.path.join(self.log_dir, f"{name}-{time.time_ns()}.schedule")
-            return CeleryProcess(self.app_module, [
-                "beat", "-S", "celery_lease.beat:LeasedScheduler", "-s", schedule,
-                "-l", "info", "--max-interval", "1"], env=self.env, log_dir=self.log_dir,
-                name=name).start()
-        worker = CeleryWorker(self.app_module, pool=pool, concurrency=CONCURRENCY[pool],
-                              queue=self.queue, env=self.env, log_dir=self.log_dir)
+            return CeleryProcess(
+                self.app_module,
+                [
+                    "beat",
+                    "-S",
+                    "celery_lease.beat:LeasedScheduler",
+                    "-s",
+                    schedule,
+                    "-l",
+                    "info",
+                    "--max-interval",
+                    "1",
+                ],
+                env=self.env,
+                log_dir=self.log_dir,
+                name=name,
+            ).start()
+        worker = CeleryWorker(
+            self.app_module,
+            pool=pool,
+            concurrency=CONCURRENCY[pool],
+            queue=self.queue,
+            env=self.env,
+            log_dir=self.log_dir,
+        )
         return worker.start()
 
     def start(self, count: int, timeout: float = 90.0, beats: int = 0) -> None:
@@ -123,8 +153,11 @@ class Fleet:
         """A random running slot (of ``pool``, if given; ``"beat"``: a beat process)."""
         with self._lock:
             slots = self.beats if pool == "beat" else self.slots
-            alive = [s for s in slots if s.worker.is_running() and not s.stopped
-                     and (pool is None or s.pool == pool)]
+            alive = [
+                s
+                for s in slots
+                if s.worker.is_running() and not s.stopped and (pool is None or s.pool == pool)
+            ]
         return rng.choice(alive) if alive else None
 
     def stop_beats(self) -> None:
@@ -164,10 +197,17 @@ class Nemesis:
             :data:`SENTINEL_FAULTS`).
     """
 
-    def __init__(self, rng: random.Random, fleet: Fleet, store: Any, proxy: TcpProxy | None,
-                 ttl: float, held_keys: Callable[[redis.Redis], list[str]],
-                 erased: Callable[[list[str]], None] = lambda keys: None,
-                 faults: Mapping[str, int] = FAULTS) -> None:
+    def __init__(
+        self,
+        rng: random.Random,
+        fleet: Fleet,
+        store: Any,
+        proxy: TcpProxy | None,
+        ttl: float,
+        held_keys: Callable[[redis.Redis], list[str]],
+        erased: Callable[[list[str]], None] = lambda keys: None,
+        faults: Mapping[str, int] = FAULTS,
+    ) -> None:
         self.plan = random.Random(rng.random())
         self.rng = random.Random(rng.random())
         self.fleet = fleet

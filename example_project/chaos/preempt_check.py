@@ -48,8 +48,11 @@ def _faulted(history: History, start: float, end: float) -> bool:
 
 def _pairs(history: History) -> list[tuple[Preemption, Execution, Execution | None]]:
     runs = {e.token: e for e in history.executions}
-    return [(p, runs[p.preempted], runs.get(p.token)) for p in history.preemptions
-            if p.preempted in runs]
+    return [
+        (p, runs[p.preempted], runs.get(p.token))
+        for p in history.preemptions
+        if p.preempted in runs
+    ]
 
 
 def preemptions(history: History) -> list[Any]:
@@ -60,36 +63,64 @@ def preemptions(history: History) -> list[Any]:
     bound = history.preempt_grace + history.ttl / 3 + SLACK
     taken_from = {p.preempted: p for p in history.preemptions}
     for p, a, b in _pairs(history):
-        evidence = {"preemption": asdict(p), "preempted": asdict(a),
-                    "newcomer": asdict(b) if b else None}
-        mine = sorted((w for w in history.writes if w.key == a.key and w.token in
-                       (a.token, p.token)), key=lambda w: w.id)
+        evidence = {
+            "preemption": asdict(p),
+            "preempted": asdict(a),
+            "newcomer": asdict(b) if b else None,
+        }
+        mine = sorted(
+            (w for w in history.writes if w.key == a.key and w.token in (a.token, p.token)),
+            key=lambda w: w.id,
+        )
         first_new = next((w.id for w in mine if w.token == p.token and w.accepted), None)
-        late = [w for w in mine if w.token == a.token and w.accepted and first_new is not None
-                and w.id > first_new]
+        late = [
+            w
+            for w in mine
+            if w.token == a.token and w.accepted and first_new is not None and w.id > first_new
+        ]
         if late:
-            found.append(Violation(
-                9, "preempted-write-accepted",
-                f"{a.key}: {a.token} (token {a.fence}) had {len(late)} write(s) accepted after "
-                f"the newcomer {p.token}'s first accepted write", a.key,
-                {**evidence, "late_writes": [asdict(w) for w in late]}))
+            found.append(
+                Violation(
+                    9,
+                    "preempted-write-accepted",
+                    f"{a.key}: {a.token} (token {a.fence}) had {len(late)} write(s) accepted after "
+                    f"the newcomer {p.token}'s first accepted write",
+                    a.key,
+                    {**evidence, "late_writes": [asdict(w) for w in late]},
+                )
+            )
         end = _end(a, history)
         if end - p.at > bound and not _faulted(history, p.at, end):
-            found.append(Violation(
-                9, "overlap-too-long",
-                f"{a.key}: {a.token} was still acting {end - p.at:.3f}s after {p.token} took "
-                f"the key over, past grace + TTL/3 + slack = {bound:.3f}s", a.key, evidence))
+            found.append(
+                Violation(
+                    9,
+                    "overlap-too-long",
+                    f"{a.key}: {a.token} was still acting {end - p.at:.3f}s after {p.token} took "
+                    f"the key over, past grace + TTL/3 + slack = {bound:.3f}s",
+                    a.key,
+                    evidence,
+                )
+            )
         refused_first = any(w.token == a.token and not w.accepted for w in history.writes)
         retaken = taken_from.get(p.token)
         told_at = a.lost_at if a.lost_at is not None else end
-        if a.outcome == "lost" and a.lost_cause != "preempted" and not refused_first \
-                and not (retaken is not None and retaken.at <= told_at + SLACK) \
-                and not _faulted(history, p.at - history.ttl, told_at):
-            found.append(Violation(
-                9, "preempted-not-told-so",
-                f"{a.key}: {a.token} was taken over by {p.token} but caught LeaseLost with "
-                f"cause {a.lost_cause!r}, not 'preempted' (notified={p.notified})", a.key,
-                evidence))
+        if (
+            a.outcome == "lost"
+            and a.lost_cause != "preempted"
+            and not refused_first
+            and not (retaken is not None and retaken.at <= told_at + SLACK)
+            and not _faulted(history, p.at - history.ttl, told_at)
+        ):
+            found.append(
+                Violation(
+                    9,
+                    "preempted-not-told-so",
+                    f"{a.key}: {a.token} was taken over by {p.token} but caught LeaseLost with "
+                    f"cause {a.lost_cause!r}, not 'preempted' (notified={p.notified})",
+                    a.key,
+                    evidence,
+                )
+            )
     return found
 
 
@@ -101,10 +132,14 @@ def summary(history: History) -> dict[str, Any]:
     return {
         "preemptions": len(history.preemptions),
         "preemptions_not_notified": sum(1 for p in history.preemptions if p.notified == 0),
-        "preempted_by_outcome": dict(Counter(
-            f"{a.outcome}:{a.lost_cause}" if a.outcome == "lost" else str(a.outcome)
-            for _, a, _ in pairs)),
+        "preempted_by_outcome": dict(
+            Counter(
+                f"{a.outcome}:{a.lost_cause}" if a.outcome == "lost" else str(a.outcome)
+                for _, a, _ in pairs
+            )
+        ),
         "preempted_acting_after_take_over_s": {
             "median": round(statistics.median(overlaps), 3) if overlaps else None,
-            "max": round(max(overlaps), 3) if overlaps else None},
+            "max": round(max(overlaps), 3) if overlaps else None,
+        },
     }

@@ -75,8 +75,11 @@ class SentinelStore:
         pid = self.setup.primary().pid
         if pid is None:
             raise RuntimeError("the primary is not running")
-        self._paused_primary = (self.setup.primary_port(), self._replica_in_sync(),
-                                time.monotonic())
+        self._paused_primary = (
+            self.setup.primary_port(),
+            self._replica_in_sync(),
+            time.monotonic(),
+        )
         os.kill(pid, signal.SIGSTOP)
         self._paused_pid = pid
 
@@ -138,9 +141,12 @@ class SentinelStore:
                 info = node.info("replication")
             except redis.RedisError:
                 return False
-            return (info.get("role") == "slave" and int(info.get("master_port", 0)) == primary
-                    and info.get("master_link_status") == "up"
-                    and int(info.get("master_sync_in_progress", 0)) == 0)
+            return (
+                info.get("role") == "slave"
+                and int(info.get("master_port", 0)) == primary
+                and info.get("master_link_status") == "up"
+                and int(info.get("master_sync_in_progress", 0)) == 0
+            )
         return False
 
     def failover(self, rng: random.Random) -> str:

@@ -49,8 +49,10 @@ DEBOUNCE_TASK = "example_project.chaos.worker_app.chaos_debounce_job"
 DEBOUNCE_DELAY, DEBOUNCE_CAP = 0.5, 2.0
 #: The same job with ``lease_on_conflict`` ``"coalesce"`` and ``"queue"`` (submission paths
 #: of those names): a duplicate is parked in its key's line and handed the key later.
-HANDOFF_TASKS = {"coalesce": "example_project.chaos.worker_app.chaos_coalesce",
-                 "queue": "example_project.chaos.worker_app.chaos_queue"}
+HANDOFF_TASKS = {
+    "coalesce": "example_project.chaos.worker_app.chaos_coalesce",
+    "queue": "example_project.chaos.worker_app.chaos_queue",
+}
 #: The same job with ``lease_on_conflict="preempt"`` (submission path ``preempt``, keys of its
 #: own): a copy that starts while the key is held takes it over, newest wins.
 PREEMPT_TASK = "example_project.chaos.worker_app.chaos_preempt"
@@ -83,9 +85,13 @@ app.conf.update(
     task_acks_late=True,
     task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,
-    broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT,
-                              "unacked_restore_interval": 1, "unacked_restore_throttle": 1}
-    if BROKER_URL.startswith("redis") else {},
+    broker_transport_options={
+        "visibility_timeout": VISIBILITY_TIMEOUT,
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    }
+    if BROKER_URL.startswith("redis")
+    else {},
     result_expires=3600,
     task_serializer="json",
     result_serializer="json",
@@ -101,8 +107,11 @@ def _beat_job_id() -> str:
 # Beat's entries: the job on a few keys. The job id is drawn per tick (a ``BeatLazyFunc`` is
 # called at each send), and the send is recorded by ``_record_beat_send`` below.
 app.conf.beat_schedule = {
-    f"chaos-{key}": {"task": JOB_TASK, "schedule": float(os.environ.get("CHAOS_BEAT_PERIOD", 2)),
-                     "kwargs": {"key": key, "job": BeatLazyFunc(_beat_job_id), "writes": 3}}
+    f"chaos-{key}": {
+        "task": JOB_TASK,
+        "schedule": float(os.environ.get("CHAOS_BEAT_PERIOD", 2)),
+        "kwargs": {"key": key, "job": BeatLazyFunc(_beat_job_id), "writes": 3},
+    }
     for key in filter(None, os.environ.get("CHAOS_BEAT_KEYS", "").split(","))
 }
 # Sends already recorded by this process: a retry of a beat job keeps Celery's beat header.
@@ -134,20 +143,35 @@ def _record_beat_send(sender: str = "", body: Any = None, headers: Any = None, *
     kwargs = body[1] if isinstance(body, (tuple, list)) else {}
     if kwargs.get("job") in _beat_sent:
         return
-    recorder().job_submitted(Job(job=kwargs["job"], key=kwargs["key"], path="beat",
-                                 task_id=headers["id"], submitted_at=time.time()))
+    recorder().job_submitted(
+        Job(
+            job=kwargs["job"],
+            key=kwargs["key"],
+            path="beat",
+            task_id=headers["id"],
+            submitted_at=time.time(),
+        )
+    )
     _beat_sent.add(kwargs["job"])
 
 
-def _record_park(sender: Any = None, key: str = "", task_id: str = "", into: str = "",
-                 **_: Any) -> None:
+def _record_park(
+    sender: Any = None, key: str = "", task_id: str = "", into: str = "", **_: Any
+) -> None:
     """Record a parked duplicate (coalesce: ``into`` is its pending run; queue: itself)."""
     kind = "coalesce" if into else "queue"
     request = getattr(sender, "request", None)
     job_key = (getattr(request, "kwargs", None) or {}).get("key", key)
-    recorder().duplicate_parked(Parked(
-        task_id=task_id, key=job_key, kind=kind, into=into or task_id,
-        lower=_before_acquire.pop(task_id, 0.0), upper=time.time()))
+    recorder().duplicate_parked(
+        Parked(
+            task_id=task_id,
+            key=job_key,
+            kind=kind,
+            into=into or task_id,
+            lower=_before_acquire.pop(task_id, 0.0),
+            upper=time.time(),
+        )
+    )
 
 
 lease_signals.lease_coalesced.connect(_record_park, weak=False)
@@ -155,8 +179,9 @@ lease_signals.lease_queued.connect(_record_park, weak=False)
 
 
 @lease_signals.lease_preempted.connect  # type: ignore[untyped-decorator]
-def _record_preempted(sender: Any = None, token: str = "", preempted_token: str = "",
-                      notified: int = 0, **_: Any) -> None:
+def _record_preempted(
+    sender: Any = None, token: str = "", preempted_token: str = "", notified: int = 0, **_: Any
+) -> None:
     """Record a take-over, once the newcomer holds the key (before its body runs)."""
     request = getattr(sender, "request", None)
     key = (getattr(request, "kwargs", None) or {}).get("key", "")
@@ -169,11 +194,18 @@ def _on_lost(sender: Any = None, token: str = "", **_: Any) -> None:
 
 
 @lease_signals.lease_released.connect  # type: ignore[untyped-decorator]
-def _on_released(sender: Any = None, token: str = "", released: bool | None = None,
-                 **_: Any) -> None:
+def _on_released(
+    sender: Any = None, token: str = "", released: bool | None = None, **_: Any
+) -> None:
     _lost_at.pop(token, None)
-    if getattr(sender, "name", None) in (JOB_TASK, DEDUPE_TASK, DEBOUNCE_TASK, PREEMPT_TASK,
-                                         LIMITED_TASK, *HANDOFF_TASKS.values()):
+    if getattr(sender, "name", None) in (
+        JOB_TASK,
+        DEDUPE_TASK,
+        DEBOUNCE_TASK,
+        PREEMPT_TASK,
+        LIMITED_TASK,
+        *HANDOFF_TASKS.values(),
+    ):
         # None (the release's reply is read later, off the execution's path) says nothing:
         # recorded as None, never as False ("the store no longer had the token").
         recorder().execution_released(token, released)
@@ -198,8 +230,16 @@ def recorder() -> Recorder:
     return Recorder(os.environ["CHAOS_DSN"])
 
 
-def submit(key: str, path: str, writes: int = 3, step: float = 0.3, mode: str = "plain",
-           parent: str | None = None, by_name: bool = False, dedupe: bool = False) -> Job:
+def submit(
+    key: str,
+    path: str,
+    writes: int = 3,
+    step: float = 0.3,
+    mode: str = "plain",
+    parent: str | None = None,
+    by_name: bool = False,
+    dedupe: bool = False,
+) -> Job:
     """Record a job, then send it (``chaos_job.apply_async``, or ``send_task`` by name; with
     ``dedupe``, ``chaos_dedupe_job.apply_async``, whose decision is recorded as well; the
     path ``debounce``: ``chaos_debounce_job.apply_async``, recorded the same way).
@@ -207,8 +247,9 @@ def submit(key: str, path: str, writes: int = 3, step: float = 0.3, mode: str = 
     Sent from inside a running job of the same key (a self-requeue), ``apply_async`` marks the
     message as the holder's successor, which celery-lease runs once the holder has ended.
     """
-    job = Job(job=uuid.uuid4().hex, key=key, path=path, task_id=uuid.uuid4().hex,
-              submitted_at=time.time())
+    job = Job(
+        job=uuid.uuid4().hex, key=key, path=path, task_id=uuid.uuid4().hex, submitted_at=time.time()
+    )
     recorder().job_submitted(job, parent)
     kwargs = {"key": key, "job": job.job, "writes": writes, "step": step, "mode": mode}
     try:
@@ -218,8 +259,9 @@ def submit(key: str, path: str, writes: int = 3, step: float = 0.3, mode: str = 
             lower = time.time()
             task = chaos_dedupe_job if dedupe else chaos_debounce_job
             result = task.apply_async(kwargs=kwargs, task_id=job.task_id)
-            recorder().job_published(job.job, result.lease_disposition, result.id, lower,
-                                     time.time())
+            recorder().job_published(
+                job.job, result.lease_disposition, result.id, lower, time.time()
+            )
         elif path == "preempt":
             chaos_preempt.apply_async(kwargs=kwargs, task_id=job.task_id)
         elif path == "limited":
@@ -251,69 +293,123 @@ class ChaosJob(LeasedTask):
     _lease_release_wait = True
 
 
-@app.task(base=ChaosJob, bind=True, lease_key=("key",), name=JOB_TASK,  # type: ignore[untyped-decorator]
-          max_retries=3)
-def chaos_job(self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3,
-              mode: str = "plain") -> dict[str, Any]:
+@app.task(
+    base=ChaosJob,
+    bind=True,
+    lease_key=("key",),
+    name=JOB_TASK,  # type: ignore[untyped-decorator]
+    max_retries=3,
+)
+def chaos_job(
+    self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3, mode: str = "plain"
+) -> dict[str, Any]:
     """The job (:func:`run_job`)."""
     return run_job(self, key, job, writes, step, mode)
 
 
-@app.task(base=ChaosJob, bind=True, lease_key=("key",), name=DEDUPE_TASK,  # type: ignore[untyped-decorator]
-          max_retries=3, lease_dedupe=True, lease_dedupe_ttl=DEDUPE_TTL)
-def chaos_dedupe_job(self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3,
-                     mode: str = "plain") -> dict[str, Any]:
+@app.task(
+    base=ChaosJob,
+    bind=True,
+    lease_key=("key",),
+    name=DEDUPE_TASK,  # type: ignore[untyped-decorator]
+    max_retries=3,
+    lease_dedupe=True,
+    lease_dedupe_ttl=DEDUPE_TTL,
+)
+def chaos_dedupe_job(
+    self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3, mode: str = "plain"
+) -> dict[str, Any]:
     """The job with ``lease_dedupe`` (:func:`run_job`); a requeue sends a dedupe job."""
     return run_job(self, key, job, writes, step, mode)
 
 
-@app.task(base=ChaosJob, bind=True, lease_key=("key",), name=DEBOUNCE_TASK,  # type: ignore[untyped-decorator]
-          max_retries=3, lease_debounce=DEBOUNCE_DELAY, lease_debounce_max=DEBOUNCE_CAP,
-          lease_min_replicas=int(os.environ.get("CHAOS_DEBOUNCE_MIN_REPLICAS") or 0))
-def chaos_debounce_job(self: LeasedTask, key: str, job: str, writes: int = 3,
-                       step: float = 0.3, mode: str = "plain") -> dict[str, Any]:
+@app.task(
+    base=ChaosJob,
+    bind=True,
+    lease_key=("key",),
+    name=DEBOUNCE_TASK,  # type: ignore[untyped-decorator]
+    max_retries=3,
+    lease_debounce=DEBOUNCE_DELAY,
+    lease_debounce_max=DEBOUNCE_CAP,
+    lease_min_replicas=int(os.environ.get("CHAOS_DEBOUNCE_MIN_REPLICAS") or 0),
+)
+def chaos_debounce_job(
+    self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3, mode: str = "plain"
+) -> dict[str, Any]:
     """The job with ``lease_debounce`` (:func:`run_job`): the run's ``job`` is its burst's
     latest publish."""
     return run_job(self, key, job, writes, step, mode)
 
 
-@app.task(base=ChaosJob, bind=True, lease_key=("key",), name=HANDOFF_TASKS["coalesce"],  # type: ignore[untyped-decorator]
-          lease_on_conflict="coalesce")
-def chaos_coalesce(self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3,
-                   mode: str = "plain") -> dict[str, Any]:
+@app.task(
+    base=ChaosJob,
+    bind=True,
+    lease_key=("key",),
+    name=HANDOFF_TASKS["coalesce"],  # type: ignore[untyped-decorator]
+    lease_on_conflict="coalesce",
+)
+def chaos_coalesce(
+    self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3, mode: str = "plain"
+) -> dict[str, Any]:
     """The job, its duplicates coalesced into one pending run per key."""
     return run_job(self, key, job, writes, step, mode)
 
 
-@app.task(base=ChaosJob, bind=True, lease_key=("key",), name=HANDOFF_TASKS["queue"],  # type: ignore[untyped-decorator]
-          lease_on_conflict="queue")
-def chaos_queue(self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3,
-                mode: str = "plain") -> dict[str, Any]:
+@app.task(
+    base=ChaosJob,
+    bind=True,
+    lease_key=("key",),
+    name=HANDOFF_TASKS["queue"],  # type: ignore[untyped-decorator]
+    lease_on_conflict="queue",
+)
+def chaos_queue(
+    self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3, mode: str = "plain"
+) -> dict[str, Any]:
     """The job, its duplicates waiting in line per key."""
     return run_job(self, key, job, writes, step, mode)
 
 
-@app.task(base=ChaosJob, bind=True, lease_key=("key",), name=PREEMPT_TASK,  # type: ignore[untyped-decorator]
-          lease_on_conflict="preempt",
-          lease_preempt_grace=float(os.environ.get("CHAOS_PREEMPT_GRACE") or 0))
-def chaos_preempt(self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3,
-                  mode: str = "plain") -> dict[str, Any]:
+@app.task(
+    base=ChaosJob,
+    bind=True,
+    lease_key=("key",),
+    name=PREEMPT_TASK,  # type: ignore[untyped-decorator]
+    lease_on_conflict="preempt",
+    lease_preempt_grace=float(os.environ.get("CHAOS_PREEMPT_GRACE") or 0),
+)
+def chaos_preempt(
+    self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3, mode: str = "plain"
+) -> dict[str, Any]:
     """The job, newest wins: a copy that starts while the key is held takes it over."""
     return run_job(self, key, job, writes, step, mode)
 
 
 if LIMIT:  # lease_limit refuses a cooldown: a campaign runs one or the other
-    @app.task(base=ChaosJob, bind=True, lease_key=("key",), name=LIMITED_TASK,  # type: ignore[untyped-decorator]
-              lease_limit=LIMIT, lease_on_conflict="queue")
-    def chaos_limited(self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3,
-                      mode: str = "plain") -> dict[str, Any]:
+
+    @app.task(
+        base=ChaosJob,
+        bind=True,
+        lease_key=("key",),
+        name=LIMITED_TASK,  # type: ignore[untyped-decorator]
+        lease_limit=LIMIT,
+        lease_on_conflict="queue",
+    )
+    def chaos_limited(
+        self: LeasedTask,
+        key: str,
+        job: str,
+        writes: int = 3,
+        step: float = 0.3,
+        mode: str = "plain",
+    ) -> dict[str, Any]:
         """The job, up to ``CHAOS_LIMIT`` at once per key, without fenced writes; a copy that
         finds all slots held waits in the key's line, handed a slot at a release."""
         return run_job(self, key, job, writes, step, mode)
 
 
-def run_job(self: LeasedTask, key: str, job: str, writes: int, step: float,
-            mode: str) -> dict[str, Any]:
+def run_job(
+    self: LeasedTask, key: str, job: str, writes: int, step: float, mode: str
+) -> dict[str, Any]:
     """Make ``writes`` fenced writes to ``key``, ``step`` float seconds apart; record it all.
 
     ``mode``: ``plain``; ``retry`` (the first execution asks for a retry after its writes);
@@ -329,10 +425,19 @@ def run_job(self: LeasedTask, key: str, job: str, writes: int, step: float,
     confirmed = confirmed_since(lease)
     rec = recorder()
     worker = self.request.hostname or "?"
-    rec.execution_started(Execution(
-        token=lease.token, key=key, job=job, task_id=self.request.id or "",
-        fence=lease.fencing_token, worker=worker, pid=os.getpid(), grant_lower=lower,
-        grant_upper=upper))
+    rec.execution_started(
+        Execution(
+            token=lease.token,
+            key=key,
+            job=job,
+            task_id=self.request.id or "",
+            fence=lease.fencing_token,
+            worker=worker,
+            pid=os.getpid(),
+            grant_lower=lower,
+            grant_upper=upper,
+        )
+    )
     try:
         for _ in range(writes):
             time.sleep(step)  # the work before each effect
@@ -350,7 +455,8 @@ def run_job(self: LeasedTask, key: str, job: str, writes: int, step: float,
         lease.check()
         rec.execution_ended(lease.token, "ok", time.time(), confirmed=confirmed)
     except LeaseLost as exc:
-        rec.execution_ended(lease.token, "lost", None, exc.cause,
-                            _lost_at.get(lease.token, time.time()), confirmed)
+        rec.execution_ended(
+            lease.token, "lost", None, exc.cause, _lost_at.get(lease.token, time.time()), confirmed
+        )
         raise
     return {"key": key, "job": job, "fencing_token": lease.fencing_token}

@@ -35,8 +35,10 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     lease_backend=URL,
     lease_key_prefix=PREFIX + "lease",
-    ONCE={"backend": "celery_once.backends.Redis",
-          "settings": {"url": URL, "default_timeout": 60 * 60}},
+    ONCE={
+        "backend": "celery_once.backends.Redis",
+        "settings": {"url": URL, "default_timeout": 60 * 60},
+    },
     singleton_backend_url=URL,
     singleton_key_prefix=PREFIX + "singleton:",
 )
@@ -49,8 +51,15 @@ def _client() -> redis.Redis:
 
 def record(event: str, lib: str, job_id: str, **fields: Any) -> None:
     """Append one event for the orchestrator."""
-    payload = {"t": time.time(), "w": WORKER, "pid": os.getpid(), "ev": event, "lib": lib,
-               "job": job_id, **fields}
+    payload = {
+        "t": time.time(),
+        "w": WORKER,
+        "pid": os.getpid(),
+        "ev": event,
+        "lib": lib,
+        "job": job_id,
+        **fields,
+    }
     try:
         _client().rpush(EVENTS_KEY, json.dumps(payload))
     except redis.RedisError:
@@ -84,19 +93,31 @@ def _task(lib: str, name: str, base: type[Task], **options: Any) -> Any:
 #: ``(library, variant) -> task``; variant ``"short"`` uses :data:`LOCK`, ``"default"`` the
 #: library's own defaults (celery-lease 30 s, celery-once 3600 s, celery-singleton none).
 TASKS = {
-    ("celery-lease", "short"): _task("celery-lease", "cmp.lease", LeasedTask,
-                                     lease_ttl=LOCK, lease_key=("job_id",)),
-    ("celery-lease", "default"): _task("celery-lease", "cmp.lease_default", LeasedTask,
-                                       lease_key=("job_id",)),
-    ("celery-once", "short"): _task("celery-once", "cmp.once", QueueOnce,
-                                    once={"graceful": True, "keys": ["job_id"],
-                                          "timeout": LOCK}),
-    ("celery-once", "default"): _task("celery-once", "cmp.once_default", QueueOnce,
-                                      once={"graceful": True, "keys": ["job_id"]}),
-    ("celery-singleton", "short"): _task("celery-singleton", "cmp.singleton", Singleton,
-                                         unique_on=["job_id"], lock_expiry=max(1, round(LOCK))),
-    ("celery-singleton", "default"): _task("celery-singleton", "cmp.singleton_default",
-                                           Singleton, unique_on=["job_id"]),
+    ("celery-lease", "short"): _task(
+        "celery-lease", "cmp.lease", LeasedTask, lease_ttl=LOCK, lease_key=("job_id",)
+    ),
+    ("celery-lease", "default"): _task(
+        "celery-lease", "cmp.lease_default", LeasedTask, lease_key=("job_id",)
+    ),
+    ("celery-once", "short"): _task(
+        "celery-once",
+        "cmp.once",
+        QueueOnce,
+        once={"graceful": True, "keys": ["job_id"], "timeout": LOCK},
+    ),
+    ("celery-once", "default"): _task(
+        "celery-once", "cmp.once_default", QueueOnce, once={"graceful": True, "keys": ["job_id"]}
+    ),
+    ("celery-singleton", "short"): _task(
+        "celery-singleton",
+        "cmp.singleton",
+        Singleton,
+        unique_on=["job_id"],
+        lock_expiry=max(1, round(LOCK)),
+    ),
+    ("celery-singleton", "default"): _task(
+        "celery-singleton", "cmp.singleton_default", Singleton, unique_on=["job_id"]
+    ),
 }
 
 

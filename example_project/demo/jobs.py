@@ -69,8 +69,15 @@ def _run(task: LeasedTask, job_id: str, steps: int, step_seconds: float) -> dict
             done = step
     except LeaseLost as exc:
         saved = out.write(job_id, f"{WORKER}: checkpoint after step {done}", fence)
-        record("stopped", key=key, fence=fence, cause=exc.cause, late=exc.late, done=done,
-               checkpoint_accepted=saved)
+        record(
+            "stopped",
+            key=key,
+            fence=fence,
+            cause=exc.cause,
+            late=exc.late,
+            done=done,
+            checkpoint_accepted=saved,
+        )
         raise
     record("end", key=key, fence=fence, done=done)
     return {"worker": WORKER, "done": done, "fencing_token": fence}
@@ -85,8 +92,14 @@ def job(self: LeasedTask, job_id: str, steps: int, step_seconds: float) -> dict[
     return _run(self, job_id, steps, step_seconds)
 
 
-@app.task(base=LeasedTask, bind=True, name="demo.job_retry", lease_key=job_key,  # type: ignore[untyped-decorator]
-          lease_on_conflict="retry", max_retries=50)
+@app.task(
+    base=LeasedTask,
+    bind=True,
+    name="demo.job_retry",
+    lease_key=job_key,  # type: ignore[untyped-decorator]
+    lease_on_conflict="retry",
+    max_retries=50,
+)
 def job_retry(self: LeasedTask, job_id: str, steps: int, step_seconds: float) -> dict[str, Any]:
     """The same job (same lease key), but a conflict retries when the holder's lease would end."""
     return _run(self, job_id, steps, step_seconds)
@@ -94,29 +107,52 @@ def job_retry(self: LeasedTask, job_id: str, steps: int, step_seconds: float) ->
 
 # -- what celery-lease reports through its signals ----------------------------------------------
 
+
 @signals.lease_acquired.connect  # type: ignore[untyped-decorator]
 def _on_acquired(sender: Any = None, **kw: Any) -> None:
     # Timed when the claim was sent, not when this line runs: the store granted it before any
     # duplicate could be refused, so the claim row sorts before the "skipped" rows.
     sent = time.time() - float(kw.get("latency") or 0.0)
-    record("acquired", key=kw.get("key"), fence=kw.get("fencing_token"), task_id=kw.get("task_id"),
-           t=sent)
+    record(
+        "acquired",
+        key=kw.get("key"),
+        fence=kw.get("fencing_token"),
+        task_id=kw.get("task_id"),
+        t=sent,
+    )
 
 
 @signals.lease_conflict.connect  # type: ignore[untyped-decorator]
 def _on_conflict(sender: Any = None, **kw: Any) -> None:
-    record("conflict", key=kw.get("key"), policy=kw.get("policy"), holder=kw.get("holder"),
-           remaining=kw.get("remaining"), holder_fence=kw.get("fencing_token"),
-           task_id=kw.get("task_id"))
+    record(
+        "conflict",
+        key=kw.get("key"),
+        policy=kw.get("policy"),
+        holder=kw.get("holder"),
+        remaining=kw.get("remaining"),
+        holder_fence=kw.get("fencing_token"),
+        task_id=kw.get("task_id"),
+    )
 
 
 @signals.lease_lost.connect  # type: ignore[untyped-decorator]
 def _on_lost(sender: Any = None, **kw: Any) -> None:
-    record("lost", key=kw.get("key"), fence=kw.get("fencing_token"), cause=kw.get("cause"),
-           late=kw.get("late"))
+    record(
+        "lost",
+        key=kw.get("key"),
+        fence=kw.get("fencing_token"),
+        cause=kw.get("cause"),
+        late=kw.get("late"),
+    )
 
 
 @signals.lease_released.connect  # type: ignore[untyped-decorator]
 def _on_released(sender: Any = None, **kw: Any) -> None:
-    record("released", key=kw.get("key"), fence=kw.get("fencing_token"),
-           released=kw.get("released"), held=kw.get("held"), task_id=kw.get("task_id"))
+    record(
+        "released",
+        key=kw.get("key"),
+        fence=kw.get("fencing_token"),
+        released=kw.get("released"),
+        held=kw.get("held"),
+        task_id=kw.get("task_id"),
+    )

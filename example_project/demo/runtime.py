@@ -35,7 +35,8 @@ CONCURRENCY = {"prefork": 2, "threads": 2, "gevent": 4, "eventlet": 4, "solo": 1
 def quick_client(url: str, timeout: float = 1.0) -> redis.Redis:
     """A client that fails fast: ``timeout`` float seconds and no hidden retries."""
     return redis.Redis.from_url(
-        url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0))
+        url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
+    )
 
 
 def answers(url: str, timeout: float = 1.0) -> bool:
@@ -129,8 +130,9 @@ class EmbeddedRedis:
             server.start()
         except Exception as exc:  # mirakuru's timeout, or the process exited
             log = server.log_path.read_text(errors="replace") if server.log_path.exists() else ""
-            raise RuntimeError(f"the embedded redis-server did not start ({exc!r}):\n{log}") \
-                from exc
+            raise RuntimeError(
+                f"the embedded redis-server did not start ({exc!r}):\n{log}"
+            ) from exc
         self.server, self.url = server, server.url(0)
         return self.url
 
@@ -147,8 +149,13 @@ class Worker:
     :attr:`child` is the current process (a new one after each :meth:`start`).
     """
 
-    def __init__(self, letter: str, pool: str, env: dict[str, str],
-                 app_module: str = "example_project.demo.worker_app") -> None:
+    def __init__(
+        self,
+        letter: str,
+        pool: str,
+        env: dict[str, str],
+        app_module: str = "example_project.demo.worker_app",
+    ) -> None:
         self.app_module = app_module
         self.letter = letter
         self.pool = pool
@@ -161,10 +168,18 @@ class Worker:
         """Start a new process (see :meth:`ready` to know when it consumes)."""
         if self.child is not None:
             self.restarts += 1
-        self.child = processes.start(CeleryWorker(
-            self.app_module, pool=self.pool, concurrency=CONCURRENCY.get(self.pool, 2),
-            queue=self.queue, env={**self.env, "DEMO_WORKER": self.letter},
-            log_dir=processes.dir, name=f"{self.letter}-{os.getpid()}", cwd=PROJECT_ROOT))
+        self.child = processes.start(
+            CeleryWorker(
+                self.app_module,
+                pool=self.pool,
+                concurrency=CONCURRENCY.get(self.pool, 2),
+                queue=self.queue,
+                env={**self.env, "DEMO_WORKER": self.letter},
+                log_dir=processes.dir,
+                name=f"{self.letter}-{os.getpid()}",
+                cwd=PROJECT_ROOT,
+            )
+        )
 
     def ready(self) -> bool:
         """Whether the worker logged that it is ready to consume.
@@ -180,7 +195,8 @@ class Worker:
         if not child.is_running():
             raise RuntimeError(
                 f"worker {self.letter} exited with {child.returncode} before it was "
-                f"ready:\n{child.log_tail(25)}")
+                f"ready:\n{child.log_tail(25)}"
+            )
         return False
 
     def usable(self) -> bool:

@@ -52,9 +52,14 @@ class SceneResult:
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-friendly form (for ``--json``)."""
-        return {"name": self.name, "title": self.title, "passed": self.passed,
-                "figures": self.figures, "error": self.error,
-                "checks": [{"check": c, "passed": ok} for c, ok in self.checks]}
+        return {
+            "name": self.name,
+            "title": self.title,
+            "passed": self.passed,
+            "figures": self.figures,
+            "error": self.error,
+            "checks": [{"check": c, "passed": ok} for c, ok in self.checks],
+        }
 
 
 class SceneFailed(Exception):
@@ -98,7 +103,8 @@ class Context:
         """Request job ``job_id`` of ``steps`` steps on worker ``letter``'s queue."""
         task = self.job_retry if retry else self.job
         result: AsyncResult = task.apply_async(
-            (job_id, steps, self.step), queue=self.workers[letter].queue)
+            (job_id, steps, self.step), queue=self.workers[letter].queue
+        )
         return result
 
 
@@ -118,8 +124,9 @@ def _intervals(stage: Stage) -> list[tuple[float, float]]:
 
 
 def _max_overlap(spans: list[tuple[float, float]]) -> int:
-    points = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans],
-                    key=lambda p: (p[0], p[1]))
+    points = sorted(
+        [(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans], key=lambda p: (p[0], p[1])
+    )
     depth = best = 0
     for _, delta in points:
         depth += delta
@@ -133,18 +140,26 @@ def _run_id() -> str:
 
 # -- scene 1 ----------------------------------------------------------------------------------
 
+
 def duplicates(ctx: Context) -> SceneResult:
     """The same job requested three times on each worker at once runs once at a time."""
-    result = SceneResult("duplicates", "the same job requested 6 times on both workers runs "
-                         "once at a time; the duplicates are skipped")
+    result = SceneResult(
+        "duplicates",
+        "the same job requested 6 times on both workers runs "
+        "once at a time; the duplicates are skipped",
+    )
     job_id = f"report-{_run_id()}"
     stage = ctx.stage(job_id)
     stage.note(f"job {job_id}: 4 steps of {ctx.step:.2f}s; 3 requests to A and 3 to B at once")
     stage.action("A", "3 requests arrive")
     stage.action("B", "3 requests arrive")
     requests = [ctx.send(letter, job_id, 4) for _ in range(3) for letter in "AB"]
-    _need(stage, lambda: all(r.ready() for r in requests), 8 * ctx.ttl + 20,
-          "the 6 requests to finish")
+    _need(
+        stage,
+        lambda: all(r.ready() for r in requests),
+        8 * ctx.ttl + 20,
+        "the 6 requests to finish",
+    )
     ran = [r for r in requests if r.successful() and not is_skipped(r.result)]
     skipped = [r for r in requests if r.successful() and is_skipped(r.result)]
     overlap = _max_overlap(_intervals(stage))
@@ -155,39 +170,54 @@ def duplicates(ctx: Context) -> SceneResult:
     follow_up = ctx.send("B", job_id, 1)
     _need(stage, follow_up.ready, 2 * ctx.ttl + 10, "the follow-up request")
     acquired = stage.find("acquired", where=lambda e: e.get("task_id") == follow_up.id)
-    result.figures.update({
-        "requests": len(requests),
-        "runs": len(ran),
-        "skipped": len(skipped),
-        "max_concurrent_runs": overlap,
-        "follow_up_ran": follow_up.successful() and not is_skipped(follow_up.result),
-        "follow_up_start_s": round(float(acquired[0]["t"]) - released_at, 3) if acquired else None,
-    })
+    result.figures.update(
+        {
+            "requests": len(requests),
+            "runs": len(ran),
+            "skipped": len(skipped),
+            "max_concurrent_runs": overlap,
+            "follow_up_ran": follow_up.successful() and not is_skipped(follow_up.result),
+            "follow_up_start_s": round(float(acquired[0]["t"]) - released_at, 3)
+            if acquired
+            else None,
+        }
+    )
     result.check(f"never more than one run at a time (max concurrent: {overlap})", overlap == 1)
-    result.check(f"every request ran or was skipped ({len(ran)} ran, {len(skipped)} skipped)",
-                 len(ran) + len(skipped) == len(requests))
+    result.check(
+        f"every request ran or was skipped ({len(ran)} ran, {len(skipped)} skipped)",
+        len(ran) + len(skipped) == len(requests),
+    )
     result.check("duplicates that arrived during the run were skipped", len(skipped) >= 1)
-    result.check("after the release a new request ran (the lease was released, not left to "
-                 "expire)", bool(result.figures["follow_up_ran"]))
+    result.check(
+        "after the release a new request ran (the lease was released, not left to expire)",
+        bool(result.figures["follow_up_ran"]),
+    )
     return result
 
 
 # -- scene 2 ----------------------------------------------------------------------------------
 
+
 def crashed_holder(ctx: Context) -> SceneResult:
     """A is SIGKILLed mid-run; B runs the job once A's lease runs out, not before."""
-    result = SceneResult("crash", "A is SIGKILLed mid-run; the job runs again on B after a "
-                         "stall bounded by the TTL and one sweep pass")
+    result = SceneResult(
+        "crash",
+        "A is SIGKILLed mid-run; the job runs again on B after a "
+        "stall bounded by the TTL and one sweep pass",
+    )
     ttl = ctx.ttl
     job_id = f"import-{_run_id()}"
     stage = ctx.stage(job_id)
-    stage.note(f"job {job_id}: 40 steps of {ctx.step:.2f}s on A; TTL {ttl:.2f}s, renewed "
-               f"every {ttl / 3:.2f}s")
+    stage.note(
+        f"job {job_id}: 40 steps of {ctx.step:.2f}s on A; TTL {ttl:.2f}s, renewed "
+        f"every {ttl / 3:.2f}s"
+    )
     first = ctx.send("A", job_id, 40)
     _need(stage, lambda: bool(stage.find("write", "A")), 10 + 2 * ttl, "A's first step")
     before = stage.sample()
-    killed_at = stage.action("A", "SIGKILL: worker A and its pool die at once; no cleanup "
-                             "code runs", status="dead")
+    killed_at = stage.action(
+        "A", "SIGKILL: worker A and its pool die at once; no cleanup code runs", status="dead"
+    )
     worker_a = ctx.workers["A"]
     assert worker_a.child is not None
     worker_a.child.kill()
@@ -204,24 +234,33 @@ def crashed_holder(ctx: Context) -> SceneResult:
     stall = float(b_start["t"]) - killed_at
     expiry = before.t + before.remaining  # when the dead holder's key expired on the server
     conflicts = stage.find("conflict", "B")
-    result.figures.update({
-        "ttl_s": ttl,
-        "lease_left_at_kill_s": round(before.remaining, 3),
-        "stall_s": round(stall, 3),
-        "stall_over_ttl": round(stall / ttl, 3),
-        "conflicts_before_run": len(conflicts),
-        "b_started_after_expiry_s": round(float(b_start["t"]) - expiry, 3),
-        "killed_execution_state": first.state,
-    })
-    result.check(f"B did not run while the dead holder's lease was live (it had "
-                 f"{before.remaining:.2f}s left)", float(b_start["t"]) >= expiry - 0.05)
+    result.figures.update(
+        {
+            "ttl_s": ttl,
+            "lease_left_at_kill_s": round(before.remaining, 3),
+            "stall_s": round(stall, 3),
+            "stall_over_ttl": round(stall / ttl, 3),
+            "conflicts_before_run": len(conflicts),
+            "b_started_after_expiry_s": round(float(b_start["t"]) - expiry, 3),
+            "killed_execution_state": first.state,
+        }
+    )
+    result.check(
+        f"B did not run while the dead holder's lease was live (it had "
+        f"{before.remaining:.2f}s left)",
+        float(b_start["t"]) >= expiry - 0.05,
+    )
     # B's copy waits in the key's line ("retry"); once A's lease expired, a worker's
     # hand-over sweep, which looks every renew interval, publishes it.
-    result.check(f"stall {stall:.2f}s is bounded by the TTL and one sweep pass ({ttl:.2f}s + "
-                 f"{ttl / 3:.2f}s, +0.5s scheduling slack)", stall <= ttl + ttl / 3 + 0.5)
+    result.check(
+        f"stall {stall:.2f}s is bounded by the TTL and one sweep pass ({ttl:.2f}s + "
+        f"{ttl / 3:.2f}s, +0.5s scheduling slack)",
+        stall <= ttl + ttl / 3 + 0.5,
+    )
     result.check("B finished the job", second.successful() and not is_skipped(second.result))
-    result.check("B's fencing token is higher than A's",
-                 int(b_start["fence"]) > int(a_start["fence"]))
+    result.check(
+        "B's fencing token is higher than A's", int(b_start["fence"]) > int(a_start["fence"])
+    )
     stage.note("waiting for the restarted worker A to be ready for the next scene")
     ctx.ensure_workers()
     return result
@@ -229,15 +268,19 @@ def crashed_holder(ctx: Context) -> SceneResult:
 
 # -- scene 3 ----------------------------------------------------------------------------------
 
+
 def long_run(ctx: Context) -> SceneResult:
     """A run three TTLs long keeps its lease by renewal and refuses duplicates throughout."""
-    result = SceneResult("long-run", "a run 3 TTLs long keeps its lease by renewal and "
-                         "refuses duplicates")
+    result = SceneResult(
+        "long-run", "a run 3 TTLs long keeps its lease by renewal and refuses duplicates"
+    )
     ttl = ctx.ttl
     job_id = f"rebuild-{_run_id()}"
     stage = ctx.stage(job_id)
-    stage.note(f"job {job_id}: 12 steps of {ctx.step:.2f}s = {12 * ctx.step:.1f}s on A, with "
-               f"TTL {ttl:.2f}s; a duplicate is sent to B every {ttl / 2:.2f}s")
+    stage.note(
+        f"job {job_id}: 12 steps of {ctx.step:.2f}s = {12 * ctx.step:.1f}s on A, with "
+        f"TTL {ttl:.2f}s; a duplicate is sent to B every {ttl / 2:.2f}s"
+    )
     run = ctx.send("A", job_id, 12)
     _need(stage, lambda: bool(stage.first("acquired", "A")), 10 + 2 * ttl, "A to start")
     duplicates: list[AsyncResult] = []
@@ -255,61 +298,82 @@ def long_run(ctx: Context) -> SceneResult:
         return False
 
     _need(stage, finished, deadline - time.monotonic(), "A to finish")
-    _need(stage, lambda: run.ready() and all(d.ready() for d in duplicates), 10 + ttl,
-          "the results")
+    _need(
+        stage, lambda: run.ready() and all(d.ready() for d in duplicates), 10 + ttl, "the results"
+    )
     start, end = stage.first("start", "A"), stage.first("end", "A")
     fence = int(start["fence"]) if start else 0
-    held = [s for s in stage.samples if start and end
-            and float(start["t"]) <= s.t <= float(end["t"])]
+    held = [
+        s for s in stage.samples if start and end and float(start["t"]) <= s.t <= float(end["t"])
+    ]
     lifetimes = [s.remaining for s in held if s.remaining is not None and s.fence == fence]
     run_s = float(end["t"]) - float(start["t"]) if start and end else 0.0
     skipped = [d for d in duplicates if d.successful() and is_skipped(d.result)]
     lost = stage.find("lost") + stage.find("stopped")
     expected = run_s / (ttl / 3)
     renewals = stage.renewals.get(fence, 0)
-    result.figures.update({
-        "ttl_s": ttl,
-        "run_s": round(run_s, 3),
-        "run_over_ttl": round(run_s / ttl, 2),
-        "renewals_seen": renewals,
-        "renewals_expected": round(expected, 1),
-        "min_lease_left_s": round(min(lifetimes), 3) if lifetimes else None,
-        "duplicates": len(duplicates),
-        "duplicates_skipped": len(skipped),
-        "lease_lost": len(lost),
-    })
-    result.check(f"the run lasted {run_s / ttl:.1f} TTLs and finished all 12 steps",
-                 run_s >= 2.5 * ttl and end is not None and int(end.get("done", 0)) == 12
-                 and run.successful())
-    result.check(f"the lease was renewed ({renewals} renewals seen, ~{expected:.0f} expected)",
-                 renewals >= max(2, int(expected) - 3))
-    result.check("the key never went missing while the run held it",
-                 bool(held) and all(s.fence == fence for s in held))
-    result.check(f"every duplicate was skipped ({len(skipped)}/{len(duplicates)})",
-                 bool(duplicates) and len(skipped) == len(duplicates))
+    result.figures.update(
+        {
+            "ttl_s": ttl,
+            "run_s": round(run_s, 3),
+            "run_over_ttl": round(run_s / ttl, 2),
+            "renewals_seen": renewals,
+            "renewals_expected": round(expected, 1),
+            "min_lease_left_s": round(min(lifetimes), 3) if lifetimes else None,
+            "duplicates": len(duplicates),
+            "duplicates_skipped": len(skipped),
+            "lease_lost": len(lost),
+        }
+    )
+    result.check(
+        f"the run lasted {run_s / ttl:.1f} TTLs and finished all 12 steps",
+        run_s >= 2.5 * ttl
+        and end is not None
+        and int(end.get("done", 0)) == 12
+        and run.successful(),
+    )
+    result.check(
+        f"the lease was renewed ({renewals} renewals seen, ~{expected:.0f} expected)",
+        renewals >= max(2, int(expected) - 3),
+    )
+    result.check(
+        "the key never went missing while the run held it",
+        bool(held) and all(s.fence == fence for s in held),
+    )
+    result.check(
+        f"every duplicate was skipped ({len(skipped)}/{len(duplicates)})",
+        bool(duplicates) and len(skipped) == len(duplicates),
+    )
     result.check("LeaseLost was never raised", not lost)
     return result
 
 
 # -- scene 4 ----------------------------------------------------------------------------------
 
+
 def pause(ctx: Context) -> SceneResult:
     """A is SIGSTOPped past its lease; B takes over; A resumes, gets LeaseLost, is fenced off."""
-    result = SceneResult("pause", "A is paused past its lease lifetime, B takes over, A "
-                         "resumes: LeaseLost, and its late write is refused")
+    result = SceneResult(
+        "pause",
+        "A is paused past its lease lifetime, B takes over, A "
+        "resumes: LeaseLost, and its late write is refused",
+    )
     ttl = ctx.ttl
     job_id = f"export-{_run_id()}"
     stage = ctx.stage(job_id)
-    stage.note(f"job {job_id}: A runs 40 steps of {ctx.step:.2f}s; TTL {ttl:.2f}s. A is "
-               f"frozen with SIGSTOP; the job is requested on B every {ttl / 2:.2f}s")
+    stage.note(
+        f"job {job_id}: A runs 40 steps of {ctx.step:.2f}s; TTL {ttl:.2f}s. A is "
+        f"frozen with SIGSTOP; the job is requested on B every {ttl / 2:.2f}s"
+    )
     worker_a = ctx.workers["A"]
     assert worker_a.child is not None
     first = ctx.send("A", job_id, 40)
     second: list[AsyncResult] = []
     try:
         _need(stage, lambda: bool(stage.find("write", "A")), 10 + 2 * ttl, "A's first step")
-        paused_at = stage.action("A", "SIGSTOP: the whole worker freezes (no renewal leaves "
-                                 "it)", status="paused")
+        paused_at = stage.action(
+            "A", "SIGSTOP: the whole worker freezes (no renewal leaves it)", status="paused"
+        )
         worker_a.child.pause()
         next_request = time.monotonic()
 
@@ -325,17 +389,16 @@ def pause(ctx: Context) -> SceneResult:
 
         _need(stage, b_started, 3 * ttl + 15, "B to take the lease over")
         _need(stage, lambda: bool(stage.find("write", "B")), 10 + 2 * ttl, "B's first step")
-        resumed_at = stage.action("A", "SIGCONT: A resumes, still believing it holds the "
-                                  "lease", status="working")
+        resumed_at = stage.action(
+            "A", "SIGCONT: A resumes, still believing it holds the lease", status="working"
+        )
         worker_a.child.resume()
     finally:
         if worker_a.child.paused:
             worker_a.child.resume()
     _need(stage, lambda: bool(stage.first("stopped", "A")), 5 + 2 * ttl, "A to stop")
-    _need(stage, lambda: bool(stage.first("end", "B")), 8 * ctx.step + 2 * ttl + 10,
-          "B to finish")
-    _need(stage, lambda: first.ready() and all(r.ready() for r in second), 10 + ttl,
-          "the results")
+    _need(stage, lambda: bool(stage.first("end", "B")), 8 * ctx.step + 2 * ttl + 10, "B to finish")
+    _need(stage, lambda: first.ready() and all(r.ready() for r in second), 10 + ttl, "the results")
     a_start, b_start = stage.first("acquired", "A"), stage.first("acquired", "B")
     if a_start is None or b_start is None:
         raise SceneFailed("missing events: the timeline above shows what happened")
@@ -347,45 +410,61 @@ def pause(ctx: Context) -> SceneResult:
     assert stopped is not None
     refused = [e for e in a_late if not e.get("accepted")]
     refused_total = len(refused) + (0 if stopped.get("checkpoint_accepted") else 1)
-    accepted_late = [e for e in stage.find("write", "A")
-                     if e.get("accepted") and float(e["t"]) >= b_first_write]
+    accepted_late = [
+        e for e in stage.find("write", "A") if e.get("accepted") and float(e["t"]) >= b_first_write
+    ]
     noticed = [float(e["t"]) for e in [*stage.find("lost", "A"), stopped]]
     b_writes = stage.find("write", "B")
     b_end = stage.first("end", "B")
     a_release = stage.first("released", "A")
-    result.figures.update({
-        "ttl_s": ttl,
-        "pause_s": round(resumed_at - paused_at, 3),
-        "pause_over_ttl": round((resumed_at - paused_at) / ttl, 2),
-        "lease_expired_after_pause_s": round(expired.t - paused_at, 3) if expired else None,
-        "b_claimed_after_expiry_s": (round(float(b_start["t"]) - expired.t, 3)
-                                     if expired else None),
-        "a_fence": a_fence,
-        "b_fence": b_fence,
-        "a_lost_cause": stopped.get("cause"),
-        "a_noticed_after_resume_s": round(min(noticed) - resumed_at, 3),
-        "a_late_writes_refused": refused_total,
-        "a_writes_accepted_after_b": len(accepted_late),
-        "a_release_deleted_b_key": bool(a_release and a_release.get("released")),
-        "b_steps_written": sum(1 for e in b_writes if e.get("accepted")),
-        "b_lease_lost": len(stage.find("lost", "B") + stage.find("stopped", "B")),
-    })
-    result.check(f"A was paused longer than the TTL ({resumed_at - paused_at:.2f}s > {ttl:.2f}s)",
-                 resumed_at - paused_at > ttl)
-    result.check("B took the lease only after A's had expired on the server",
-                 expired is not None and float(b_start["t"]) >= expired.t - 0.06
-                 and b_fence > a_fence)
-    result.check(f"A got LeaseLost ({stopped.get('cause')}) and stopped; its execution failed",
-                 first.failed() and type(first.result).__name__ == "LeaseLost")
-    result.check(f"A's late write was refused by the fencing guard ({refused_total} refused, "
-                 f"{len(accepted_late)} accepted after B started)",
-                 refused_total >= 1 and not accepted_late)
-    result.check("A's release left B's lease alone",
-                 a_release is not None and not a_release.get("released"))
-    result.check(f"B finished undisturbed ({result.figures['b_steps_written']}/8 steps "
-                 f"written, no LeaseLost)",
-                 b_end is not None and int(b_end.get("done", 0)) == 8
-                 and result.figures["b_steps_written"] == 8 and not result.figures["b_lease_lost"])
+    result.figures.update(
+        {
+            "ttl_s": ttl,
+            "pause_s": round(resumed_at - paused_at, 3),
+            "pause_over_ttl": round((resumed_at - paused_at) / ttl, 2),
+            "lease_expired_after_pause_s": round(expired.t - paused_at, 3) if expired else None,
+            "b_claimed_after_expiry_s": (
+                round(float(b_start["t"]) - expired.t, 3) if expired else None
+            ),
+            "a_fence": a_fence,
+            "b_fence": b_fence,
+            "a_lost_cause": stopped.get("cause"),
+            "a_noticed_after_resume_s": round(min(noticed) - resumed_at, 3),
+            "a_late_writes_refused": refused_total,
+            "a_writes_accepted_after_b": len(accepted_late),
+            "a_release_deleted_b_key": bool(a_release and a_release.get("released")),
+            "b_steps_written": sum(1 for e in b_writes if e.get("accepted")),
+            "b_lease_lost": len(stage.find("lost", "B") + stage.find("stopped", "B")),
+        }
+    )
+    result.check(
+        f"A was paused longer than the TTL ({resumed_at - paused_at:.2f}s > {ttl:.2f}s)",
+        resumed_at - paused_at > ttl,
+    )
+    result.check(
+        "B took the lease only after A's had expired on the server",
+        expired is not None and float(b_start["t"]) >= expired.t - 0.06 and b_fence > a_fence,
+    )
+    result.check(
+        f"A got LeaseLost ({stopped.get('cause')}) and stopped; its execution failed",
+        first.failed() and type(first.result).__name__ == "LeaseLost",
+    )
+    result.check(
+        f"A's late write was refused by the fencing guard ({refused_total} refused, "
+        f"{len(accepted_late)} accepted after B started)",
+        refused_total >= 1 and not accepted_late,
+    )
+    result.check(
+        "A's release left B's lease alone", a_release is not None and not a_release.get("released")
+    )
+    result.check(
+        f"B finished undisturbed ({result.figures['b_steps_written']}/8 steps "
+        f"written, no LeaseLost)",
+        b_end is not None
+        and int(b_end.get("done", 0)) == 8
+        and result.figures["b_steps_written"] == 8
+        and not result.figures["b_lease_lost"],
+    )
     return result
 
 

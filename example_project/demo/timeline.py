@@ -118,8 +118,10 @@ class Stage:
         wrapped = [textwrap.wrap(c, w) or [""] for c, w in zip(cells, WIDTHS, strict=True)]
         height = max(len(w) for w in wrapped)
         for i in range(height):
-            parts = [(w[i] if i < len(w) else "").ljust(width)
-                     for w, width in zip(wrapped, WIDTHS, strict=True)]
+            parts = [
+                (w[i] if i < len(w) else "").ljust(width)
+                for w, width in zip(wrapped, WIDTHS, strict=True)
+            ]
             self.out.write("| " + " | ".join(parts) + " |\n")
         self.out.flush()
         self._last_output = time.monotonic()
@@ -165,12 +167,22 @@ class Stage:
             found = Sample(now, None, None, None)
         else:
             holder = parse_value(value)
-            found = Sample(now, self.letter_of(holder.pid), holder.fencing_token,
-                           max(int(pttl), 0) / 1000, holder.pid)
+            found = Sample(
+                now,
+                self.letter_of(holder.pid),
+                holder.fencing_token,
+                max(int(pttl), 0) / 1000,
+                holder.pid,
+            )
         previous = self.samples[-1] if self.samples else None
-        if (previous is not None and found.fence is not None and previous.fence == found.fence
-                and previous.remaining is not None and found.remaining is not None
-                and found.remaining > previous.remaining + 0.02):
+        if (
+            previous is not None
+            and found.fence is not None
+            and previous.fence == found.fence
+            and previous.remaining is not None
+            and found.remaining is not None
+            and found.remaining > previous.remaining + 0.02
+        ):
             self.renewals[found.fence] = self.renewals.get(found.fence, 0) + 1
         self.samples.append(found)
         return found
@@ -212,8 +224,10 @@ class Stage:
         if kind == "write":
             if event.get("accepted"):
                 return f"step {event.get('step')} written ({self.fence(event.get('fence'))})"
-            return (f"late write of step {event.get('step')} REFUSED by the fencing guard "
-                    f"({self.fence(event.get('fence'))} < newest)")
+            return (
+                f"late write of step {event.get('step')} REFUSED by the fencing guard "
+                f"({self.fence(event.get('fence'))} < newest)"
+            )
         if kind == "lost":
             late = float(event.get("late") or 0)
             if event.get("cause") == "deadline":
@@ -274,8 +288,12 @@ class Stage:
         while self._pending:
             event = self._pending[0]
             holder = event.get("holder_fence")
-            if (event["ev"] == "conflict" and holder is not None
-                    and holder not in self._claimed and time.time() - float(event["t"]) < HOLD):
+            if (
+                event["ev"] == "conflict"
+                and holder is not None
+                and holder not in self._claimed
+                and time.time() - float(event["t"]) < HOLD
+            ):
                 break
             self._pending.pop(0)
             if event["ev"] == "acquired" and event.get("fence") is not None:
@@ -296,14 +314,27 @@ class Stage:
 
     # -- queries ------------------------------------------------------------------------------
 
-    def find(self, kind: str, letter: str | None = None,
-             where: Callable[[dict[str, Any]], bool] | None = None) -> list[dict[str, Any]]:
+    def find(
+        self,
+        kind: str,
+        letter: str | None = None,
+        where: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> list[dict[str, Any]]:
         """This scene's events of ``kind`` (from worker ``letter``), in time order."""
-        return [e for e in self.events if e["ev"] == kind
-                and (letter is None or e.get("w") == letter) and (where is None or where(e))]
+        return [
+            e
+            for e in self.events
+            if e["ev"] == kind
+            and (letter is None or e.get("w") == letter)
+            and (where is None or where(e))
+        ]
 
-    def first(self, kind: str, letter: str | None = None,
-              where: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any] | None:
+    def first(
+        self,
+        kind: str,
+        letter: str | None = None,
+        where: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> dict[str, Any] | None:
         """The first matching event, or ``None``."""
         found = self.find(kind, letter, where)
         return found[0] if found else None

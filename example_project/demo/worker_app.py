@@ -23,7 +23,9 @@ app.conf.update(
     # One reconnect, not Celery's default twenty: with Celery 5.3.0 each result still referenced
     # at exit reconnects to the embedded Redis the demo has just stopped (~2 min in all).
     result_backend_transport_options={
-        "global_keyprefix": PREFIX, "retry_policy": {"max_retries": 1}},
+        "global_keyprefix": PREFIX,
+        "retry_policy": {"max_retries": 1},
+    },
     lease_key_prefix=PREFIX + "lease",
     # One message at a time per process: a duplicate waits in the queue, not in a prefetch
     # buffer, which keeps the timeline close to what each process is doing.

@@ -24,10 +24,19 @@ LONG = 60.0
 #: The cooldown of ``cool.retried``: short, so that its retry runs soon after.
 SHORT = 1.5
 
-app = Celery("cooldown_app", broker=BROKER, backend=os.environ.get(RESULT_BACKEND_ENV) or BROKER,
-             set_as_current=False)
-app.conf.update(task_default_queue=os.environ.get(QUEUE_ENV, "celery"), lease_backend=BROKER,
-                lease_ttl=5.0, broker_connection_retry_on_startup=True, result_expires=300)
+app = Celery(
+    "cooldown_app",
+    broker=BROKER,
+    backend=os.environ.get(RESULT_BACKEND_ENV) or BROKER,
+    set_as_current=False,
+)
+app.conf.update(
+    task_default_queue=os.environ.get(QUEUE_ENV, "celery"),
+    lease_backend=BROKER,
+    lease_ttl=5.0,
+    broker_connection_retry_on_startup=True,
+    result_expires=300,
+)
 
 
 def configure(url: str, **conf: Any) -> None:
@@ -38,8 +47,9 @@ def configure(url: str, **conf: Any) -> None:
 def _record(tag: str) -> None:
     lease = current_lease()
     url = app.conf.lease_backend
-    journal.record(url, tag, at=journal.store_time(url),
-                   fence=lease.fencing_token if lease else None)
+    journal.record(
+        url, tag, at=journal.store_time(url), fence=lease.fencing_token if lease else None
+    )
 
 
 def runs(tag: str) -> list[dict[str, Any]]:
@@ -55,23 +65,43 @@ def _run(tag: str, fail: bool = False) -> str:
 
 
 #: Runs once per :data:`LONG` after a success; ``fail``: raises instead.
-once = app.task(shared=False, base=LeasedTask, name="cool.once", lease_key=("tag",),
-                lease_cooldown=LONG)(_run)
+once = app.task(
+    shared=False, base=LeasedTask, name="cool.once", lease_key=("tag",), lease_cooldown=LONG
+)(_run)
 #: As :data:`once`, with a cooldown after a failure too.
-any_ending = app.task(shared=False, base=LeasedTask, name="cool.any", lease_key=("tag",),
-                      lease_cooldown=LONG, lease_cooldown_after="any")(_run)
+any_ending = app.task(
+    shared=False,
+    base=LeasedTask,
+    name="cool.any",
+    lease_key=("tag",),
+    lease_cooldown=LONG,
+    lease_cooldown_after="any",
+)(_run)
 
 
-@app.task(shared=False, base=LeasedTask, name="cool.retried", lease_key=("tag",),
-          lease_cooldown=SHORT, lease_on_conflict="retry", max_retries=20)
+@app.task(
+    shared=False,
+    base=LeasedTask,
+    name="cool.retried",
+    lease_key=("tag",),
+    lease_cooldown=SHORT,
+    lease_on_conflict="retry",
+    max_retries=20,
+)
 def retried(tag: str) -> str:
     """Runs once per :data:`SHORT`; a copy in the window retries once it is over."""
     _record(tag)
     return "ran"
 
 
-@app.task(shared=False, bind=True, base=LeasedTask, name="cool.requeue", lease_key=("tag",),
-          lease_cooldown=LONG)
+@app.task(
+    shared=False,
+    bind=True,
+    base=LeasedTask,
+    name="cool.requeue",
+    lease_key=("tag",),
+    lease_cooldown=LONG,
+)
 def requeue(self: Any, tag: str) -> str:
     """Runs, then publishes itself for the same key (its result kept in :data:`published`): a
     copy that lands in its own cooldown."""

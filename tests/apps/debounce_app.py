@@ -24,13 +24,16 @@ from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV
 BROKER = os.environ.get(BROKER_URL_ENV, "redis://127.0.0.1:1/0")
 
 app = Celery("debounce_app", broker=BROKER, backend=BROKER, set_as_current=False)
-app.conf.update(task_default_queue=os.environ.get(QUEUE_ENV, "celery"),
-                lease_backend=os.environ.get("LEASE_BACKEND") or BROKER,
-                lease_ttl=float(os.environ.get("LEASE_TTL", "2.0")),
-                lease_debounce=float(os.environ.get("LEASE_DEBOUNCE", "0.5")),
-                lease_debounce_max=float(os.environ.get("LEASE_DEBOUNCE_MAX", "2.0")),
-                broker_connection_retry_on_startup=True, result_expires=300,
-                worker_prefetch_multiplier=1)
+app.conf.update(
+    task_default_queue=os.environ.get(QUEUE_ENV, "celery"),
+    lease_backend=os.environ.get("LEASE_BACKEND") or BROKER,
+    lease_ttl=float(os.environ.get("LEASE_TTL", "2.0")),
+    lease_debounce=float(os.environ.get("LEASE_DEBOUNCE", "0.5")),
+    lease_debounce_max=float(os.environ.get("LEASE_DEBOUNCE_MAX", "2.0")),
+    broker_connection_retry_on_startup=True,
+    result_expires=300,
+    worker_prefetch_multiplier=1,
+)
 
 
 def configure(url: str, **conf: Any) -> None:

@@ -21,17 +21,34 @@ from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, RESULT_BACKEND_ENV
 
 BROKER = os.environ.get(BROKER_URL_ENV, "redis://127.0.0.1:1/0")
 
-app = Celery("dedupe_app", broker=BROKER, backend=os.environ.get(RESULT_BACKEND_ENV) or BROKER,
-             set_as_current=False)
-app.conf.update(task_default_queue=os.environ.get(QUEUE_ENV, "celery"), lease_backend=BROKER,
-                lease_ttl=5.0, lease_dedupe=True, broker_connection_retry_on_startup=True,
-                result_expires=300, worker_prefetch_multiplier=1)
+app = Celery(
+    "dedupe_app",
+    broker=BROKER,
+    backend=os.environ.get(RESULT_BACKEND_ENV) or BROKER,
+    set_as_current=False,
+)
+app.conf.update(
+    task_default_queue=os.environ.get(QUEUE_ENV, "celery"),
+    lease_backend=BROKER,
+    lease_ttl=5.0,
+    lease_dedupe=True,
+    broker_connection_retry_on_startup=True,
+    result_expires=300,
+    worker_prefetch_multiplier=1,
+)
 
 
 def configure(url: str, queue: str, **conf: Any) -> None:
     """Point the client-side twin at ``url`` (broker, results, leases) and ``queue``."""
-    app.conf.update({"broker_url": url, "result_backend": url, "lease_backend": url,
-                     "task_default_queue": queue, **conf})
+    app.conf.update(
+        {
+            "broker_url": url,
+            "result_backend": url,
+            "lease_backend": url,
+            "task_default_queue": queue,
+            **conf,
+        }
+    )
     for task in app.tasks.values():
         if isinstance(task, LeasedTask):
             task.forget_lease_settings()
@@ -65,8 +82,14 @@ def _wait_gate(tag: str) -> None:
             time.sleep(0.02)
 
 
-@app.task(shared=False, bind=True, base=LeasedTask, name="dedupe.sync", lease_key=("tag",),
-          lease_on_conflict="retry")
+@app.task(
+    shared=False,
+    bind=True,
+    base=LeasedTask,
+    name="dedupe.sync",
+    lease_key=("tag",),
+    lease_on_conflict="retry",
+)
 def sync(self: Any, tag: str, n: int = 0) -> str:
     """Waits for ``gate:<tag>``, then answers which run served the call."""
     _record(tag, "start", self.request.id, n=n)

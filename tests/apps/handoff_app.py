@@ -26,12 +26,16 @@ BROKER = os.environ.get(BROKER_URL_ENV, "redis://127.0.0.1:1/0")
 _timeout = os.environ.get("LEASE_QUEUE_TIMEOUT")
 
 app = Celery("handoff_app", broker=BROKER, backend=BROKER, set_as_current=False)
-app.conf.update(task_default_queue=os.environ.get(QUEUE_ENV, "celery"), lease_backend=BROKER,
-                lease_ttl=float(os.environ.get("LEASE_TTL", "3.0")),
-                lease_queue_max=int(os.environ.get("LEASE_QUEUE_MAX", "100")),
-                lease_queue_timeout=float(_timeout) if _timeout else None,
-                broker_connection_retry_on_startup=True, result_expires=300,
-                worker_prefetch_multiplier=1)
+app.conf.update(
+    task_default_queue=os.environ.get(QUEUE_ENV, "celery"),
+    lease_backend=BROKER,
+    lease_ttl=float(os.environ.get("LEASE_TTL", "3.0")),
+    lease_queue_max=int(os.environ.get("LEASE_QUEUE_MAX", "100")),
+    lease_queue_timeout=float(_timeout) if _timeout else None,
+    broker_connection_retry_on_startup=True,
+    result_expires=300,
+    worker_prefetch_multiplier=1,
+)
 
 
 def configure(url: str, **conf: Any) -> None:
@@ -50,8 +54,10 @@ def record(tag: str, what: str, n: Any, task_id: str) -> None:
     client = _client()
     try:
         seconds, micros = client.time()
-        client.rpush(f"runs:{tag}", json.dumps(
-            {"what": what, "n": n, "id": task_id, "t": seconds + micros / 1e6}))
+        client.rpush(
+            f"runs:{tag}",
+            json.dumps({"what": what, "n": n, "id": task_id, "t": seconds + micros / 1e6}),
+        )
     finally:
         client.close()
 
@@ -72,30 +78,56 @@ def _body(task: Any, tag: str, n: int, seconds: float) -> int:
     return n
 
 
-@app.task(shared=False, bind=True, base=LeasedTask, name="ho.coalesced", lease_key=("tag",),
-          lease_on_conflict="coalesce")
+@app.task(
+    shared=False,
+    bind=True,
+    base=LeasedTask,
+    name="ho.coalesced",
+    lease_key=("tag",),
+    lease_on_conflict="coalesce",
+)
 def coalesced(self: Any, tag: str, n: int, seconds: float = 0.0) -> int:
     """Runs for ``seconds`` and returns ``n``; duplicates coalesce into one pending run."""
     return _body(self, tag, n, seconds)
 
 
-@app.task(shared=False, bind=True, base=LeasedTask, name="ho.queued", lease_key=("tag",),
-          lease_on_conflict="queue")
+@app.task(
+    shared=False,
+    bind=True,
+    base=LeasedTask,
+    name="ho.queued",
+    lease_key=("tag",),
+    lease_on_conflict="queue",
+)
 def queued(self: Any, tag: str, n: int, seconds: float = 0.0) -> int:
     """Runs for ``seconds`` and returns ``n``; duplicates wait in the key's line."""
     return _body(self, tag, n, seconds)
 
 
-@app.task(shared=False, bind=True, base=LeasedTask, name="ho.retried", lease_key=("tag",),
-          lease_on_conflict="retry", max_retries=0)
+@app.task(
+    shared=False,
+    bind=True,
+    base=LeasedTask,
+    name="ho.retried",
+    lease_key=("tag",),
+    lease_on_conflict="retry",
+    max_retries=0,
+)
 def retried(self: Any, tag: str, n: int, seconds: float = 0.0) -> int:
     """Runs for ``seconds`` and returns ``n``; a duplicate retries once the holder is done
     (``max_retries=0``: waiting for the holder must use up none)."""
     return _body(self, tag, n, seconds)
 
 
-@app.task(shared=False, bind=True, base=LeasedTask, name="ho.queued_retrying", lease_key=("tag",),
-          lease_on_conflict="queue", max_retries=1)
+@app.task(
+    shared=False,
+    bind=True,
+    base=LeasedTask,
+    name="ho.queued_retrying",
+    lease_key=("tag",),
+    lease_on_conflict="queue",
+    max_retries=1,
+)
 def queued_retrying(self: Any, tag: str, n: int, seconds: float = 0.0) -> int:
     """As :func:`queued`, but for ``n > 0`` the first attempt ends in ``self.retry()``
     (countdown 0.2 s)."""

@@ -28,8 +28,7 @@ deadline = time.monotonic() + SECONDS
 def contend() -> None:
     global inside, overlaps
     while time.monotonic() < deadline:
-        with hold("gevent-contended", url=URL, ttl=2.0, on_conflict="wait",
-                  timeout=10.0) as lease:
+        with hold("gevent-contended", url=URL, ttl=2.0, on_conflict="wait", timeout=10.0) as lease:
             inside += 1
             overlaps += inside > 1
             fences.append(lease.fencing_token)
@@ -38,5 +37,12 @@ def contend() -> None:
 
 
 gevent.joinall([gevent.spawn(contend) for _ in range(GREENLETS)], raise_error=True)
-print(json.dumps({"entries": len(fences), "overlaps": overlaps,
-                  "rising": all(a < b for a, b in itertools.pairwise(fences))}))
+print(
+    json.dumps(
+        {
+            "entries": len(fences),
+            "overlaps": overlaps,
+            "rising": all(a < b for a, b in itertools.pairwise(fences)),
+        }
+    )
+)

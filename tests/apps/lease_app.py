@@ -44,18 +44,28 @@ app.conf.update(
 _journal = redis.Redis.from_url(BROKER)
 # A direct line to the lease store, when the worker reaches it through a proxy the test cuts:
 # lets a task report what the server still holds at the moment it learns of a loss.
-_direct = (redis.Redis.from_url(os.environ["LEASE_STORE_DIRECT"])
-           if os.environ.get("LEASE_STORE_DIRECT") else None)
+_direct = (
+    redis.Redis.from_url(os.environ["LEASE_STORE_DIRECT"])
+    if os.environ.get("LEASE_STORE_DIRECT")
+    else None
+)
 
 
 def record(event: str, tag: str, **fields: Any) -> None:
     """Append one event to the journal (wall time, boot clock, pid, lease details)."""
     lease = current_lease()
-    entry = {"event": event, "tag": tag, "t": time.time(), "clock": clock.now(),
-             "pid": os.getpid(), **fields}
+    entry = {
+        "event": event,
+        "tag": tag,
+        "t": time.time(),
+        "clock": clock.now(),
+        "pid": os.getpid(),
+        **fields,
+    }
     if lease is not None:
-        entry.update(key=lease.key, fence=lease.fencing_token, token=lease.token,
-                     deadline=lease.deadline)
+        entry.update(
+            key=lease.key, fence=lease.fencing_token, token=lease.token, deadline=lease.deadline
+        )
     _journal.rpush("journal", json.dumps(entry))
 
 
@@ -80,16 +90,29 @@ def hold(self: Any, tag: str, seconds: float = 30.0, mode: str = "sleep") -> str
                 record("step", tag) if mode == "chunks" else None
     except LeaseLost as exc:
         server_pttl = _direct.pttl(exc.key) if _direct is not None else None
-        record("lost", tag, cause=exc.cause, late=exc.late, at=clock.now(),
-               is_soft_limit=isinstance(exc, SoftTimeLimitExceeded), server_pttl=server_pttl)
+        record(
+            "lost",
+            tag,
+            cause=exc.cause,
+            late=exc.late,
+            at=clock.now(),
+            is_soft_limit=isinstance(exc, SoftTimeLimitExceeded),
+            server_pttl=server_pttl,
+        )
         raise
     record("end", tag)
     return tag
 
 
-@app.task(shared=False,
-          bind=True, base=LeasedTask, name="durable", lease_key=("tag",), acks_late=True,
-          reject_on_worker_lost=True)
+@app.task(
+    shared=False,
+    bind=True,
+    base=LeasedTask,
+    name="durable",
+    lease_key=("tag",),
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
 def durable(self: Any, tag: str, seconds: float) -> str:
     """An acks_late task whose message comes back when its worker process dies."""
     record("start", tag)
@@ -98,8 +121,9 @@ def durable(self: Any, tag: str, seconds: float) -> str:
     return tag
 
 
-@app.task(shared=False,
-          bind=True, base=LeasedTask, name="quiet", lease_key=("tag",), ignore_result=True)
+@app.task(
+    shared=False, bind=True, base=LeasedTask, name="quiet", lease_key=("tag",), ignore_result=True
+)
 def quiet(self: Any, tag: str, seconds: float) -> None:
     """A task whose result is never stored: nothing in the backend says it finished."""
     record("start", tag)
@@ -161,8 +185,16 @@ def retry_once(self: Any, tag: str) -> str:
     return tag
 
 
-@app.task(shared=False, bind=True, base=LeasedTask, name="always_fails", lease_key=("tag",),
-          autoretry_for=(ValueError,), max_retries=2, default_retry_delay=0)
+@app.task(
+    shared=False,
+    bind=True,
+    base=LeasedTask,
+    name="always_fails",
+    lease_key=("tag",),
+    autoretry_for=(ValueError,),
+    max_retries=2,
+    default_retry_delay=0,
+)
 def always_fails(self: Any, tag: str) -> None:
     """Fail every attempt; autoretry gives up after two retries."""
     record("start", tag, retries=self.request.retries)
@@ -180,9 +212,15 @@ def requeue(self: Any, tag: str, times: int) -> int:
     return times
 
 
-@app.task(shared=False,
-          bind=True, base=LeasedTask, name="limited", lease_key=("tag",), time_limit=1.0,
-          lease_ttl=0.6)
+@app.task(
+    shared=False,
+    bind=True,
+    base=LeasedTask,
+    name="limited",
+    lease_key=("tag",),
+    time_limit=1.0,
+    lease_ttl=0.6,
+)
 def limited(self: Any, tag: str, seconds: float) -> None:
     """Overrun a hard time limit."""
     record("start", tag)
@@ -190,8 +228,14 @@ def limited(self: Any, tag: str, seconds: float) -> None:
     record("end", tag)
 
 
-@app.task(shared=False, bind=True, base=LeasedTask, name="fail_on_conflict", lease_key=("tag",),
-          lease_on_conflict="fail")
+@app.task(
+    shared=False,
+    bind=True,
+    base=LeasedTask,
+    name="fail_on_conflict",
+    lease_key=("tag",),
+    lease_on_conflict="fail",
+)
 def fail_on_conflict(self: Any, tag: str, seconds: float = 0.0) -> str:
     """Conflict policy ``fail``."""
     record("start", tag)
@@ -199,8 +243,15 @@ def fail_on_conflict(self: Any, tag: str, seconds: float = 0.0) -> str:
     return tag
 
 
-@app.task(shared=False, bind=True, base=LeasedTask, name="retry_on_conflict", lease_key=("tag",),
-          lease_on_conflict="retry", max_retries=20)
+@app.task(
+    shared=False,
+    bind=True,
+    base=LeasedTask,
+    name="retry_on_conflict",
+    lease_key=("tag",),
+    lease_on_conflict="retry",
+    max_retries=20,
+)
 def retry_on_conflict(self: Any, tag: str, seconds: float = 0.0) -> str:
     """Conflict policy ``retry``."""
     record("start", tag, retries=self.request.retries)
@@ -211,8 +262,17 @@ def retry_on_conflict(self: Any, tag: str, seconds: float = 0.0) -> str:
 
 @signals.lease_conflict.connect
 def _on_conflict(sender: Any, key: str, policy: str, holder_task_id: str, **_: Any) -> None:
-    _journal.rpush("journal", json.dumps({"event": "conflict-signal", "key": key,
-                                          "policy": policy, "holder_task_id": holder_task_id}))
+    _journal.rpush(
+        "journal",
+        json.dumps(
+            {
+                "event": "conflict-signal",
+                "key": key,
+                "policy": policy,
+                "holder_task_id": holder_task_id,
+            }
+        ),
+    )
 
 
 @signals.lease_lost.connect
@@ -242,22 +302,30 @@ if os.environ.get("KILL_AFTER_RELEASE_WRITE") == "1":
     _pending.write = _write_then_die  # type: ignore[assignment]
 
 
-@app.task(shared=False, bind=True, base=LeasedTask, name="one_retry", lease_key=("tag",),
-          max_retries=1)
+@app.task(
+    shared=False, bind=True, base=LeasedTask, name="one_retry", lease_key=("tag",), max_retries=1
+)
 def one_retry(self: Any, tag: str) -> int:
     """A task Celery retries once at most; returns the retries it ran after."""
     record("start", tag, retries=self.request.retries)
     return int(self.request.retries)
 
 
-@app.task(shared=False, bind=True, base=LeasedTask, name="short_outage", lease_key=("tag",),
-          lease_store_outage_max=1.5)
+@app.task(
+    shared=False,
+    bind=True,
+    base=LeasedTask,
+    name="short_outage",
+    lease_key=("tag",),
+    lease_store_outage_max=1.5,
+)
 def short_outage(self: Any, tag: str) -> None:
     """Waits out a store outage of 1.5 s at most."""
     record("start", tag)
 
 
 # --- the acquire written as the pool accepts the request (celery_lease.accepted) ----------------
+
 
 class _RefusedBeforeStart(LeasedTask):  # type: ignore[misc]
     """``at_prerun``'s class: its ``before_start`` hook (run by Celery's tracer after

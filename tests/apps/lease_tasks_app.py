@@ -20,13 +20,17 @@ LEASE_TASKS = {
 }
 
 broker = os.environ.get(BROKER_URL_ENV, "redis://127.0.0.1:1/0")
-app = Celery("lease_tasks_app", broker=broker,
-             backend=os.environ.get(RESULT_BACKEND_ENV) or broker,
-             include=["tests.apps.thirdparty.tasks"])
+app = Celery(
+    "lease_tasks_app",
+    broker=broker,
+    backend=os.environ.get(RESULT_BACKEND_ENV) or broker,
+    include=["tests.apps.thirdparty.tasks"],
+)
 app.conf.update(
     task_default_queue=os.environ.get(QUEUE_ENV, "celery"),
     broker_connection_retry_on_startup=True,
     result_expires=300,
-    lease_tasks=json.loads(os.environ["TEST_LEASE_TASKS"]) if os.environ.get(
-        "TEST_LEASE_TASKS") else LEASE_TASKS,
+    lease_tasks=json.loads(os.environ["TEST_LEASE_TASKS"])
+    if os.environ.get("TEST_LEASE_TASKS")
+    else LEASE_TASKS,
 )

@@ -45,20 +45,28 @@ app.conf.update(
 )
 if os.environ.get("VISIBILITY_TIMEOUT"):
     app.conf.broker_transport_options = {
-        "visibility_timeout": float(os.environ["VISIBILITY_TIMEOUT"])}
+        "visibility_timeout": float(os.environ["VISIBILITY_TIMEOUT"])
+    }
 if os.environ.get("BEAT_TTL"):
     app.conf.lease_beat_ttl = float(os.environ["BEAT_TTL"])
 if os.environ.get("BEAT_INNER") == "redbeat":
-    app.conf.update(lease_beat_scheduler="redbeat.RedBeatScheduler", redbeat_redis_url=BROKER,
-                    redbeat_lock_key=None, redbeat_key_prefix=f"redbeat-{QUEUE}")
+    app.conf.update(
+        lease_beat_scheduler="redbeat.RedBeatScheduler",
+        redbeat_redis_url=BROKER,
+        redbeat_lock_key=None,
+        redbeat_key_prefix=f"redbeat-{QUEUE}",
+    )
 if os.environ.get("BEAT_PERIOD"):
     task = "ops.tick" if os.environ.get("BEAT_TASK") == "tick" else "ops.slow"
     app.conf.beat_schedule = {
         "periodic": {
             "task": task,
             "schedule": float(os.environ["BEAT_PERIOD"]),
-            "kwargs": ({"tag": "beat"} if task == "ops.tick" else
-                       {"seconds": float(os.environ.get("SLOW_SECONDS", "1.5")), "tag": "beat"}),
+            "kwargs": (
+                {"tag": "beat"}
+                if task == "ops.tick"
+                else {"seconds": float(os.environ.get("SLOW_SECONDS", "1.5")), "tag": "beat"}
+            ),
         },
     }
 
@@ -101,15 +109,27 @@ def hold(self: Any, name: str, seconds: float) -> str:
     return name
 
 
-@app.task(shared=False, base=LeasedTask, bind=True, name="ops.hold_coalesce",  # type: ignore[untyped-decorator]
-          lease_key=("name",), lease_on_conflict="coalesce")
+@app.task(
+    shared=False,
+    base=LeasedTask,
+    bind=True,
+    name="ops.hold_coalesce",  # type: ignore[untyped-decorator]
+    lease_key=("name",),
+    lease_on_conflict="coalesce",
+)
 def hold_coalesce(self: Any, name: str, seconds: float) -> str:
     """:func:`hold`, its duplicates coalesced into the key's pending run."""
     return hold.run(name, seconds)  # type: ignore[no-any-return]
 
 
-@app.task(shared=False, base=LeasedTask, bind=True, name="ops.hold_queue",  # type: ignore[untyped-decorator]
-          lease_key=("name",), lease_on_conflict="queue")
+@app.task(
+    shared=False,
+    base=LeasedTask,
+    bind=True,
+    name="ops.hold_queue",  # type: ignore[untyped-decorator]
+    lease_key=("name",),
+    lease_on_conflict="queue",
+)
 def hold_queue(self: Any, name: str, seconds: float) -> str:
     """:func:`hold`, its duplicates waiting in the key's line."""
     return hold.run(name, seconds)  # type: ignore[no-any-return]
@@ -122,17 +142,27 @@ def tick(self: Any, tag: str = "x") -> None:
 
 
 if os.environ.get("RECORD_SIGNALS") == "1":
+
     def _recorder(name: str) -> Any:
         def receive(sender: Any = None, **kwargs: Any) -> None:
             kwargs.pop("signal", None)
-            fields = {k: (repr(v) if isinstance(v, BaseException) else v)
-                      for k, v in kwargs.items()}
-            _record("signals", signal=name, sender=str(getattr(sender, "name", sender)),
-                    **fields)
+            fields = {
+                k: (repr(v) if isinstance(v, BaseException) else v) for k, v in kwargs.items()
+            }
+            _record("signals", signal=name, sender=str(getattr(sender, "name", sender)), **fields)
+
         return receive
 
-    for _name in ("lease_acquired", "lease_conflict", "lease_renewal_failed", "lease_lost",
-                  "lease_released", "lease_renewed", "lease_coalesced", "lease_queued"):
+    for _name in (
+        "lease_acquired",
+        "lease_conflict",
+        "lease_renewal_failed",
+        "lease_lost",
+        "lease_released",
+        "lease_renewed",
+        "lease_coalesced",
+        "lease_queued",
+    ):
         getattr(signals, _name).connect(_recorder(_name), weak=False)
 
 if os.environ.get("METRICS_PORT"):

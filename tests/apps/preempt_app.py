@@ -37,11 +37,20 @@ GRACE = 4.0
 #: A TTL whose renewal interval (10 s) is far longer than a prompt notice takes.
 TTL = 30.0
 
-app = Celery("preempt_app", broker=BROKER, backend=os.environ.get(RESULT_BACKEND_ENV) or BROKER,
-             set_as_current=False)
-app.conf.update(task_default_queue=os.environ.get(QUEUE_ENV, "celery"), lease_backend=BROKER,
-                lease_ttl=TTL, broker_connection_retry_on_startup=True, result_expires=300,
-                worker_prefetch_multiplier=1)
+app = Celery(
+    "preempt_app",
+    broker=BROKER,
+    backend=os.environ.get(RESULT_BACKEND_ENV) or BROKER,
+    set_as_current=False,
+)
+app.conf.update(
+    task_default_queue=os.environ.get(QUEUE_ENV, "celery"),
+    lease_backend=BROKER,
+    lease_ttl=TTL,
+    broker_connection_retry_on_startup=True,
+    result_expires=300,
+    worker_prefetch_multiplier=1,
+)
 
 
 def beat_run_name() -> str:
@@ -50,10 +59,19 @@ def beat_run_name() -> str:
 
 
 if os.environ.get("BEAT_PERIOD"):
-    app.conf.update(beat_max_loop_interval=1.0, beat_schedule={"replace": {
-        "task": "pre.work", "schedule": float(os.environ["BEAT_PERIOD"]),
-        "kwargs": {"tag": os.environ.get("BEAT_TAG", "beat"),
-                   "run": BeatLazyFunc(beat_run_name)}}})
+    app.conf.update(
+        beat_max_loop_interval=1.0,
+        beat_schedule={
+            "replace": {
+                "task": "pre.work",
+                "schedule": float(os.environ["BEAT_PERIOD"]),
+                "kwargs": {
+                    "tag": os.environ.get("BEAT_TAG", "beat"),
+                    "run": BeatLazyFunc(beat_run_name),
+                },
+            }
+        },
+    )
 
 
 def _note(tag: str, what: str, **fields: Any) -> None:
@@ -66,12 +84,22 @@ def runs(tag: str) -> list[dict[str, Any]]:
 
 
 @lease_signals.lease_preempted.connect  # type: ignore[untyped-decorator]
-def _on_preempted(sender: Any = None, key: str = "", fencing_token: int = 0,
-                  preempted_fencing_token: int = 0, **_: Any) -> None:
+def _on_preempted(
+    sender: Any = None,
+    key: str = "",
+    fencing_token: int = 0,
+    preempted_fencing_token: int = 0,
+    **_: Any,
+) -> None:
     if not getattr(sender, "name", "").startswith("pre."):
         return  # in_process()'s task: its test reads what it recorded itself
-    journal.record(app.conf.lease_backend, f"took-over:{key}", at=time.time(),
-                   fence=fencing_token, old=preempted_fencing_token)
+    journal.record(
+        app.conf.lease_backend,
+        f"took-over:{key}",
+        at=time.time(),
+        fence=fencing_token,
+        old=preempted_fencing_token,
+    )
 
 
 def took_over(key: str) -> list[dict[str, Any]]:
@@ -104,8 +132,9 @@ def _body(tag: str, run: str, hold: float, checkpoint: float, wait_for_newcomer:
         time.sleep(checkpoint)  # the checkpoint a grace leaves time for
 
         def newer() -> list[dict[str, Any]]:  # a newcomer's start: it has written
-            return [r for r in runs(tag) if r["what"] == "start"
-                    and r["fence"] > lease.fencing_token]
+            return [
+                r for r in runs(tag) if r["what"] == "start" and r["fence"] > lease.fencing_token
+            ]
 
         while wait_for_newcomer and not newer() and time.time() < deadline:
             time.sleep(0.02)  # the newcomer writes first, then this late write
@@ -116,32 +145,46 @@ def _body(tag: str, run: str, hold: float, checkpoint: float, wait_for_newcomer:
     return run
 
 
-@app.task(shared=False, base=LeasedTask, name="pre.work", lease_key=("tag",),
-          lease_on_conflict="preempt")
+@app.task(
+    shared=False, base=LeasedTask, name="pre.work", lease_key=("tag",), lease_on_conflict="preempt"
+)
 def work(tag: str, run: str, hold: float = 30.0, checkpoint: float = 0.0) -> str:
     """Holds ``tag`` for ``hold`` seconds unless preempted: then checkpoints ``checkpoint``
     seconds and, once the newcomer has written, makes a late write with its own token."""
     return _body(tag, run, hold, checkpoint, wait_for_newcomer=True)
 
 
-@app.task(shared=False, base=LeasedTask, name="pre.graceful", lease_key=("tag",),
-          lease_on_conflict="preempt", lease_preempt_grace=GRACE)
+@app.task(
+    shared=False,
+    base=LeasedTask,
+    name="pre.graceful",
+    lease_key=("tag",),
+    lease_on_conflict="preempt",
+    lease_preempt_grace=GRACE,
+)
 def graceful(tag: str, run: str, hold: float = 30.0, checkpoint: float = 0.0) -> str:
     """As :func:`work`, with a grace of :data:`GRACE` seconds for a preempted holder, whose
     late write does not wait for the newcomer (which waits for it)."""
     return _body(tag, run, hold, checkpoint, wait_for_newcomer=False)
 
 
-@app.task(shared=False, base=LeasedTask, name="pre.deduped", lease_key=("tag",),
-          lease_on_conflict="preempt", lease_dedupe=True)
+@app.task(
+    shared=False,
+    base=LeasedTask,
+    name="pre.deduped",
+    lease_key=("tag",),
+    lease_on_conflict="preempt",
+    lease_dedupe=True,
+)
 def deduped(tag: str, run: str, hold: float = 30.0, checkpoint: float = 0.0) -> str:
     """As :func:`work`, with ``lease_dedupe``: a publish while a copy waits to start
     publishes nothing."""
     return _body(tag, run, hold, checkpoint, wait_for_newcomer=True)
 
 
-def in_process(url: str, prefix: str, ttl: float = 30.0, grace: float = 0.0,
-               old_hold: float = 30.0) -> tuple[Any, list[tuple[str, str, float]]]:
+def in_process(
+    url: str, prefix: str, ttl: float = 30.0, grace: float = 0.0, old_hold: float = 30.0
+) -> tuple[Any, list[tuple[str, str, float]]]:
     """A new app on lease store ``url`` (keys under ``prefix``, ``lease_ttl=ttl``) with one
     preempt task ``job(tag, run)`` (``lease_preempt_grace=grace``), called in the test's own
     process with ``apply()``: its ``"old"`` run holds ``tag`` until preempted (``old_hold``
@@ -152,8 +195,14 @@ def in_process(url: str, prefix: str, ttl: float = 30.0, grace: float = 0.0,
     in_app.conf.update(lease_backend=url, lease_key_prefix=prefix, lease_ttl=ttl)
     seen: list[tuple[str, str, float]] = []
 
-    @in_app.task(base=LeasedTask, shared=False, name="inproc.preempt", lease_key=("tag",),
-                 lease_on_conflict="preempt", lease_preempt_grace=grace)
+    @in_app.task(
+        base=LeasedTask,
+        shared=False,
+        name="inproc.preempt",
+        lease_key=("tag",),
+        lease_on_conflict="preempt",
+        lease_preempt_grace=grace,
+    )
     def job(tag: str, run: str) -> str:
         seen.append((run, "start", time.monotonic()))
         try:

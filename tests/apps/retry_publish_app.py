@@ -53,8 +53,14 @@ def _on_lost(sender: Any = None, task_id: str = "", cause: str = "", **_: Any) -
     record("lost", task_id=task_id, cause=cause)
 
 
-@app.task(shared=False, bind=True, base=LeasedTask, name="retry_late",  # type: ignore[untyped-decorator]
-          lease_key=("tag",), max_retries=3)
+@app.task(
+    shared=False,
+    bind=True,
+    base=LeasedTask,
+    name="retry_late",  # type: ignore[untyped-decorator]
+    lease_key=("tag",),
+    max_retries=3,
+)
 def retry_late(self: Any, tag: str) -> int:
     """First run: wait until the test paused the lease store (the ``paused:<tag>`` key on the
     journal's server), then until the lease has less than 0.4 s to live, then ask for a retry:
@@ -78,8 +84,13 @@ def retry_late(self: Any, tag: str) -> int:
         raise
 
 
-@app.task(shared=False, bind=True, base=LeasedTask, name="requeue_late",  # type: ignore[untyped-decorator]
-          lease_key=("tag",))
+@app.task(
+    shared=False,
+    bind=True,
+    base=LeasedTask,
+    name="requeue_late",  # type: ignore[untyped-decorator]
+    lease_key=("tag",),
+)
 def requeue_late(self: Any, tag: str, step: int = 0) -> int:
     """Step 0: as :func:`retry_late`, but publishes step 1 of its own key (a self-requeue)
     instead of a retry, and records whether that publish returned or raised."""

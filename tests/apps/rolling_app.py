@@ -49,9 +49,16 @@ def _before_acquire(task: Any = None, **_: Any) -> None:
 @signals.lease_conflict.connect
 def _conflict(sender: Any = None, **found: Any) -> None:
     # Which version found whose lease: this one's file and the holder's task id, as parsed.
-    _journal.rpush("conflicts", json.dumps({
-        "library": celery_lease.__file__, "holder_task_id": found.get("holder_task_id"),
-        "holder": found.get("holder")}))
+    _journal.rpush(
+        "conflicts",
+        json.dumps(
+            {
+                "library": celery_lease.__file__,
+                "holder_task_id": found.get("holder_task_id"),
+                "holder": found.get("holder"),
+            }
+        ),
+    )
 
 
 @app.task(shared=False, base=LeasedTask, bind=True, name="rolling.step", lease_key=("tag",))
@@ -60,11 +67,23 @@ def step(self: Any, tag: str) -> str:
     start = time.time()
     stored = _journal.get(self.lease.key)
     time.sleep(random.uniform(0.02, 0.08))
-    _journal.rpush("journal", json.dumps({
-        "token": self.lease.token, "key": self.lease.key, "tag": tag,
-        "fence": self.lease.fencing_token, "task_id": self.request.id,
-        "prerun": getattr(self.request, "rolling_prerun", start), "start": start,
-        "end": time.time(), "pid": os.getpid(), "node": self.request.hostname,
-        "library": celery_lease.__file__,
-        "value": stored.decode("utf-8", "replace") if stored else None}))
+    _journal.rpush(
+        "journal",
+        json.dumps(
+            {
+                "token": self.lease.token,
+                "key": self.lease.key,
+                "tag": tag,
+                "fence": self.lease.fencing_token,
+                "task_id": self.request.id,
+                "prerun": getattr(self.request, "rolling_prerun", start),
+                "start": start,
+                "end": time.time(),
+                "pid": os.getpid(),
+                "node": self.request.hostname,
+                "library": celery_lease.__file__,
+                "value": stored.decode("utf-8", "replace") if stored else None,
+            }
+        ),
+    )
     return tag

@@ -20,10 +20,19 @@ from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, RESULT_BACKEND_ENV
 
 BROKER = os.environ.get(BROKER_URL_ENV, "redis://127.0.0.1:1/0")
 
-app = Celery("successor_app", broker=BROKER, backend=os.environ.get(RESULT_BACKEND_ENV) or BROKER,
-             set_as_current=False)
-app.conf.update(task_default_queue=os.environ.get(QUEUE_ENV, "celery"), lease_backend=BROKER,
-                lease_ttl=5.0, broker_connection_retry_on_startup=True, result_expires=300)
+app = Celery(
+    "successor_app",
+    broker=BROKER,
+    backend=os.environ.get(RESULT_BACKEND_ENV) or BROKER,
+    set_as_current=False,
+)
+app.conf.update(
+    task_default_queue=os.environ.get(QUEUE_ENV, "celery"),
+    lease_backend=BROKER,
+    lease_ttl=5.0,
+    broker_connection_retry_on_startup=True,
+    result_expires=300,
+)
 
 
 def configure(url: str, **conf: Any) -> None:
@@ -33,8 +42,13 @@ def configure(url: str, **conf: Any) -> None:
 
 def _record(tag: str, what: str, step: int) -> None:
     lease = current_lease()
-    journal.record(app.conf.lease_backend, tag, what=what, step=step,
-                   fence=lease.fencing_token if lease else None)
+    journal.record(
+        app.conf.lease_backend,
+        tag,
+        what=what,
+        step=step,
+        fence=lease.fencing_token if lease else None,
+    )
 
 
 def runs(tag: str) -> list[dict[str, Any]]:
@@ -62,8 +76,9 @@ def replaced(self: Any, tag: str, step: int, last: int) -> str:
     return f"done at {step}"
 
 
-@app.task(shared=False,
-          bind=True, base=LeasedTask, name="succ.retry", lease_key=("tag",), max_retries=5)
+@app.task(
+    shared=False, bind=True, base=LeasedTask, name="succ.retry", lease_key=("tag",), max_retries=5
+)
 def retried(self: Any, tag: str, attempts: int) -> int:
     """Retries itself (same key) until it has run ``attempts`` times."""
     step = self.request.retries
@@ -74,8 +89,15 @@ def retried(self: Any, tag: str, attempts: int) -> int:
     return int(step)
 
 
-@app.task(shared=False, bind=True, base=LeasedTask, name="succ.wait", lease_key=("tag",),
-          lease_on_conflict="retry", max_retries=3)
+@app.task(
+    shared=False,
+    bind=True,
+    base=LeasedTask,
+    name="succ.wait",
+    lease_key=("tag",),
+    lease_on_conflict="retry",
+    max_retries=3,
+)
 def waiting(self: Any, tag: str) -> int:
     """Retries while another execution holds the key (``lease_on_conflict="retry"``)."""
     step = self.request.retries

@@ -10,5 +10,7 @@ from celery import Celery
 from tests.support.workers import BROKER_URL_ENV
 
 app = Celery(broker=os.environ.get(BROKER_URL_ENV, "redis://127.0.0.1:1/0"))
-app.conf.update(beat_schedule={"report": {"task": "unnamed.report", "schedule": 1.0}},
-                beat_scheduler="celery_lease.beat:LeasedScheduler")
+app.conf.update(
+    beat_schedule={"report": {"task": "unnamed.report", "schedule": 1.0}},
+    beat_scheduler="celery_lease.beat:LeasedScheduler",
+)

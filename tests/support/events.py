@@ -11,9 +11,12 @@ from typing import Any
 
 
 @contextlib.contextmanager
-def task_events(app: Any, wanted: Callable[[dict[str, Any]], bool],
-                last: Callable[[dict[str, Any]], bool], timeout: float = 30.0
-                ) -> Iterator[list[dict[str, Any]]]:
+def task_events(
+    app: Any,
+    wanted: Callable[[dict[str, Any]], bool],
+    last: Callable[[dict[str, Any]], bool],
+    timeout: float = 30.0,
+) -> Iterator[list[dict[str, Any]]]:
     """Yield the list the events ``wanted`` says are wanted are appended to, from the moment
     the receiver listens; on leaving, wait (``timeout`` float seconds at most) until ``last``
     says the latest one ends the capture."""

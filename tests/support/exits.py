@@ -38,8 +38,7 @@ PACKAGE = str(Path(celery_lease.__file__).parent)
 
 #: The call instructions of every CPython this runs on: 3.10 has CALL_FUNCTION(_KW) and
 #: CALL_METHOD, 3.11 and 3.12 CALL, 3.13 CALL and CALL_KW; CALL_FUNCTION_EX in all.
-_CALLS = ("CALL", "CALL_KW", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_METHOD",
-          "CALL_FUNCTION_EX")
+_CALLS = ("CALL", "CALL_KW", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_METHOD", "CALL_FUNCTION_EX")
 
 
 def _ours(frame: FrameType) -> bool:
@@ -53,8 +52,10 @@ def _landings(code: CodeType) -> frozenset[int]:
     for ins in dis.get_instructions(code):
         # A jump back: JUMP_BACKWARD from 3.11 on, a JUMP_ABSOLUTE to an earlier offset in 3.10.
         backward = ins.opname == "JUMP_BACKWARD" or (
-            ins.opname == "JUMP_ABSOLUTE" and isinstance(ins.argval, int)
-            and ins.argval < ins.offset)
+            ins.opname == "JUMP_ABSOLUTE"
+            and isinstance(ins.argval, int)
+            and ins.argval < ins.offset
+        )
         if after_call or backward:
             found.add(ins.offset)
         after_call = ins.opname in _CALLS
@@ -108,8 +109,12 @@ class ExitAt:
         sys.settrace(self._call)
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         sys.settrace(None)
 
 
@@ -123,8 +128,12 @@ def untraced(call: Callable[[], T]) -> T:
         sys.settrace(tracer)
 
 
-def every_exit(run: Callable[[], object], check: Callable[[str], None],
-               finished: Callable[[object], None], limit: int = 5000) -> list[str]:
+def every_exit(
+    run: Callable[[], object],
+    check: Callable[[str], None],
+    finished: Callable[[object], None],
+    limit: int = 5000,
+) -> list[str]:
     """Run ``run()`` with an exit injected at its 1st, 2nd, ... line until it runs to its end.
 
     Args:

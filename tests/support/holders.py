@@ -50,10 +50,17 @@ class Holders:
     """
 
     def __init__(self, **conf: Any) -> None:
-        self.app = Celery("holders", broker="memory://", backend="cache+memory://",
-                          set_as_current=False)
-        self.app.conf.update({"task_always_eager": True, "task_eager_propagates": True,
-                              "lease_on_store_error": "fail", **conf})
+        self.app = Celery(
+            "holders", broker="memory://", backend="cache+memory://", set_as_current=False
+        )
+        self.app.conf.update(
+            {
+                "task_always_eager": True,
+                "task_eager_propagates": True,
+                "lease_on_store_error": "fail",
+                **conf,
+            }
+        )
         self.runs: list[Run] = []
         self.outcomes: list[Outcome] = []
         self.renewed: list[tuple[str, float]] = []
@@ -63,7 +70,8 @@ class Holders:
         runs = self.runs
 
         @self.app.task(  # type: ignore[misc]
-            bind=True, base=LeasedTask, name="holders.hold", shared=False)
+            bind=True, base=LeasedTask, name="holders.hold", shared=False
+        )
         def hold(task: Any, n: int) -> int:
             lease = task.lease
             run = Run(n, lease.key, lease.token, lease.fencing_token, time.monotonic())
@@ -105,8 +113,11 @@ class Holders:
                 outcome.done.set()
 
         threading.Thread(target=run, daemon=True, name=f"holder-{n}").start()
-        wait_for(lambda: outcome.done.is_set() or self.running(n), timeout,
-                 message=f"holder {n} neither ran nor failed")
+        wait_for(
+            lambda: outcome.done.is_set() or self.running(n),
+            timeout,
+            message=f"holder {n} neither ran nor failed",
+        )
         return outcome
 
     def running(self, n: int) -> Run | None:

@@ -42,21 +42,35 @@ class Rig:
         self.queue = f"q-{uuid.uuid4().hex[:8]}"
         self.db = broker.client()
         self.leases = self.store.client()
-        self.app = Celery("client", broker=broker.url(), backend=broker.url(),
-                          set_as_current=False)
+        self.app = Celery("client", broker=broker.url(), backend=broker.url(), set_as_current=False)
         self.app.conf.task_default_queue = self.queue
         self.workers: list[CeleryWorker] = []
 
     def env(self, **extra: str) -> dict[str, str]:
-        return {"TEST_BROKER_URL": self.broker.url(), "TEST_QUEUE": self.queue,
-                "LEASE_BACKEND": self.store.url(), "LEASE_TTL": str(self.ttl), **extra}
+        return {
+            "TEST_BROKER_URL": self.broker.url(),
+            "TEST_QUEUE": self.queue,
+            "LEASE_BACKEND": self.store.url(),
+            "LEASE_TTL": str(self.ttl),
+            **extra,
+        }
 
-    def worker(self, pool: str | None = None, queue: str | None = None,
-               concurrency: int | None = None, **env: str) -> CeleryWorker:
+    def worker(
+        self,
+        pool: str | None = None,
+        queue: str | None = None,
+        concurrency: int | None = None,
+        **env: str,
+    ) -> CeleryWorker:
         pool = pool or self.pool
         worker = CeleryWorker(
-            APP, pool=pool, concurrency=concurrency or CONCURRENCY[pool],
-            queue=queue or self.queue, env=self.env(**env), log_dir=self.log_dir)
+            APP,
+            pool=pool,
+            concurrency=concurrency or CONCURRENCY[pool],
+            queue=queue or self.queue,
+            env=self.env(**env),
+            log_dir=self.log_dir,
+        )
         self.workers.append(worker)
         worker.start().wait_ready(60)
         return worker
@@ -66,14 +80,20 @@ class Rig:
 
     def journal(self, tag: str | None = None, event: str | None = None) -> list[dict[str, Any]]:
         entries = [json.loads(raw) for raw in self.db.lrange("journal", 0, -1)]
-        return [e for e in entries if (tag is None or e.get("tag") == tag)
-                and (event is None or e["event"] == event)]
+        return [
+            e
+            for e in entries
+            if (tag is None or e.get("tag") == tag) and (event is None or e["event"] == event)
+        ]
 
-    def wait_event(self, tag: str, event: str, count: int = 1,
-                   timeout: float = 20.0) -> list[dict[str, Any]]:
+    def wait_event(
+        self, tag: str, event: str, count: int = 1, timeout: float = 20.0
+    ) -> list[dict[str, Any]]:
         return wait_for(
-            lambda: (found if len(found := self.journal(tag, event)) >= count else None),
-            timeout, message=lambda: f"no {count}x {event} for {tag}:\n{self.logs()}")
+            lambda: found if len(found := self.journal(tag, event)) >= count else None,
+            timeout,
+            message=lambda: f"no {count}x {event} for {tag}:\n{self.logs()}",
+        )
 
     def lease_keys(self) -> list[str]:
         return [k.decode() for k in self.leases.scan_iter("lease:*") if not k.endswith(b":fence")]
@@ -112,4 +132,3 @@ def measured(name: str, pool: str, value: float, unit: str = "s") -> None:
     """Keep a figure for the end-of-session summary: ``value`` in ``unit`` (``"s"``: float
     seconds; ``""``: a count)."""
     MEASURED.append((name, pool, value, unit))
-

@@ -23,14 +23,26 @@ from tests.support.waiting import wait_for
 
 SYSTEM_REDIS = "/usr/bin/redis-server"
 
-def lease_acl(user: str, password: str, prefix: str = "lease",
-              features: Sequence[str] = permissions.DEFAULT_FEATURES) -> list[str]:
+
+def lease_acl(
+    user: str,
+    password: str,
+    prefix: str = "lease",
+    features: Sequence[str] = permissions.DEFAULT_FEATURES,
+) -> list[str]:
     """``ACL SETUSER`` arguments for a user with exactly the permissions of ``features``
     (:mod:`celery_lease.store.permissions`, the list docs/deploying.md shows) on ``prefix``,
     its channel patterns included."""
-    return [user, "reset", "on", f">{password}", f"~{prefix}:*",
-            *(f"&{c}" for c in permissions.channels(features, [prefix])), "-@all",
-            *(f"+{c}" for c in permissions.commands(features))]
+    return [
+        user,
+        "reset",
+        "on",
+        f">{password}",
+        f"~{prefix}:*",
+        *(f"&{c}" for c in permissions.channels(features, [prefix])),
+        "-@all",
+        *(f"+{c}" for c in permissions.commands(features)),
+    ]
 
 
 class SystemRedisServer(RedisServer):
@@ -60,15 +72,15 @@ class Certificates:
         then = datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc)
         validity = {"not_before": then, "not_after": then + datetime.timedelta(days=1)}
         expired = self.ca.issue_cert(HOST, "localhost", **validity)
-        self.expired_server_cert = self._write("expired-server.pem",
-                                               expired.cert_chain_pems[0].bytes())
-        self.expired_server_key = self._write("expired-server.key",
-                                              expired.private_key_pem.bytes())
+        self.expired_server_cert = self._write(
+            "expired-server.pem", expired.cert_chain_pems[0].bytes()
+        )
+        self.expired_server_key = self._write("expired-server.key", expired.private_key_pem.bytes())
         expired = self.ca.issue_cert("lease-client@example.invalid", **validity)
-        self.expired_client_cert = self._write("expired-client.pem",
-                                               expired.cert_chain_pems[0].bytes())
-        self.expired_client_key = self._write("expired-client.key",
-                                              expired.private_key_pem.bytes())
+        self.expired_client_cert = self._write(
+            "expired-client.pem", expired.cert_chain_pems[0].bytes()
+        )
+        self.expired_client_key = self._write("expired-client.key", expired.private_key_pem.bytes())
 
     def _write(self, name: str, data: bytes) -> str:
         path = self.dir / name
@@ -92,12 +104,22 @@ class TlsRedisServer(SystemRedisServer):
 
     def __init__(self, certs: Certificates, mutual: bool = False, expired: bool = False) -> None:
         port = free_port()
-        cert, key = ((certs.expired_server_cert, certs.expired_server_key) if expired
-                     else (certs.server_cert, certs.server_key))
-        super().__init__(port=port, config={
-            "port": "0", "tls-port": str(port), "tls-cert-file": cert,
-            "tls-key-file": key, "tls-ca-cert-file": certs.ca_file,
-            "tls-auth-clients": "yes" if mutual else "no"})
+        cert, key = (
+            (certs.expired_server_cert, certs.expired_server_key)
+            if expired
+            else (certs.server_cert, certs.server_key)
+        )
+        super().__init__(
+            port=port,
+            config={
+                "port": "0",
+                "tls-port": str(port),
+                "tls-cert-file": cert,
+                "tls-key-file": key,
+                "tls-ca-cert-file": certs.ca_file,
+                "tls-auth-clients": "yes" if mutual else "no",
+            },
+        )
         self.certs = certs
 
     def url(self, db: int = 0) -> str:
@@ -107,10 +129,17 @@ class TlsRedisServer(SystemRedisServer):
     def client(self, db: int = 0, **kwargs: Any) -> redis.Redis:
         """An admin client (TLS with the client certificate, no retries)."""
         kwargs.setdefault("retry", no_retry())
-        return redis.Redis(host=HOST, port=self.port, db=db, ssl=True,
-                           ssl_ca_certs=self.certs.ca_file, ssl_certfile=self.certs.client_cert,
-                           ssl_keyfile=self.certs.client_key, ssl_cert_reqs=ssl.CERT_REQUIRED,
-                           **kwargs)
+        return redis.Redis(
+            host=HOST,
+            port=self.port,
+            db=db,
+            ssl=True,
+            ssl_ca_certs=self.certs.ca_file,
+            ssl_certfile=self.certs.client_cert,
+            ssl_keyfile=self.certs.client_key,
+            ssl_cert_reqs=ssl.CERT_REQUIRED,
+            **kwargs,
+        )
 
 
 class AclRedisServer(SystemRedisServer):
@@ -120,16 +149,18 @@ class AclRedisServer(SystemRedisServer):
     USER = "lease"
     PASSWORD = "s3cret-lease-pw"
 
-    def __init__(self, features: Sequence[str] = permissions.DEFAULT_FEATURES,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, features: Sequence[str] = permissions.DEFAULT_FEATURES, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.features = tuple(features)
 
     def start(self) -> AclRedisServer:
         super().start()
         with self.client() as admin:
-            admin.execute_command("ACL", "SETUSER", *lease_acl(self.USER, self.PASSWORD,
-                                                               features=self.features))
+            admin.execute_command(
+                "ACL", "SETUSER", *lease_acl(self.USER, self.PASSWORD, features=self.features)
+            )
         return self
 
     def lease_url(self, password: str | None = None, db: int = 0) -> str:
@@ -148,20 +179,32 @@ class TlsSentinelSetup(_Topology):
         self.tls_ports = (free_port(), free_port())
 
     def _tls(self, port: int) -> dict[str, str]:
-        return {"tls-port": str(port), "tls-cert-file": self.certs.server_cert,
-                "tls-key-file": self.certs.server_key, "tls-ca-cert-file": self.certs.ca_file,
-                "tls-auth-clients": "no", "tls-replication": "yes"}
+        return {
+            "tls-port": str(port),
+            "tls-cert-file": self.certs.server_cert,
+            "tls-key-file": self.certs.server_key,
+            "tls-ca-cert-file": self.certs.ca_file,
+            "tls-auth-clients": "no",
+            "tls-replication": "yes",
+        }
 
     def start(self) -> TlsSentinelSetup:
         """Start both and wait (15 s at most) until the sentinel has reached the primary."""
         try:
             self.primary = self._node("primary", self._tls(self.tls_ports[0]))
-            conf = (f"sentinel resolve-hostnames no\n"
-                    f"sentinel monitor {MASTER_NAME} {HOST} {self.tls_ports[0]} 1\n")
+            conf = (
+                f"sentinel resolve-hostnames no\n"
+                f"sentinel monitor {MASTER_NAME} {HOST} {self.tls_ports[0]} 1\n"
+            )
             self.sentinel = self._node("sentinel", self._tls(self.tls_ports[1]), conf)
-            wait_for(self._sentinel_sees_the_primary, 15, interval=0.1,
-                     message=lambda: "sentinel never reached the primary over TLS:\n"
-                                     + self.sentinel.log_tail())
+            wait_for(
+                self._sentinel_sees_the_primary,
+                15,
+                interval=0.1,
+                message=lambda: (
+                    "sentinel never reached the primary over TLS:\n" + self.sentinel.log_tail()
+                ),
+            )
         except BaseException:
             self.close()
             raise

@@ -26,11 +26,16 @@ def build(build_dir: Path) -> Path:
     if compiler is None:
         if os.environ.get("CELERY_LEASE_NEEDS_CC"):
             pytest.fail("no C compiler to build the clock-skew shim (.ci/run installs gcc)")
-        pytest.skip("no C compiler (cc/gcc) to build the clock-skew shim tests/support/"
-                    "skewed_clock.c: apt-get install gcc")
+        pytest.skip(
+            "no C compiler (cc/gcc) to build the clock-skew shim tests/support/"
+            "skewed_clock.c: apt-get install gcc"
+        )
     target = build_dir / "skewed_clock.so"
-    subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-o", str(target), str(SOURCE),
-                    "-ldl"], check=True, capture_output=True)
+    subprocess.run(
+        [compiler, "-shared", "-fPIC", "-O2", "-o", str(target), str(SOURCE), "-ldl"],
+        check=True,
+        capture_output=True,
+    )
     return target
 
 
@@ -43,7 +48,11 @@ def skewed_env(offset: float, build_dir: Path) -> dict[str, str]:
     env = {"LD_PRELOAD": str(build(build_dir)), "SKEW_SECONDS": repr(offset)}
     probe = subprocess.run(
         [sys.executable, "-c", "import time; print(time.time())"],
-        env={**os.environ, **env}, capture_output=True, text=True, check=True)
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     off = float(probe.stdout) - time.time()
     assert abs(off - offset) < 1.0, f"the shim set the clock {off:+.2f}s off, not {offset:+g}s"
     return env

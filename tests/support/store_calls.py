@@ -34,8 +34,9 @@ class NoTarget:
         self.finished = True
 
 
-def lose_first_reply(monkeypatch: pytest.MonkeyPatch, name: str,
-                     after: Callable[[], None]) -> list[int]:
+def lose_first_reply(
+    monkeypatch: pytest.MonkeyPatch, name: str, after: Callable[[], None]
+) -> list[int]:
     """The first call of ``store.<name>`` runs on the server, then its reply is lost as a
     connection error (``after`` runs first); the later calls run unchanged. Returns a list
     that gets one element per call."""

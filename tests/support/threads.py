@@ -6,8 +6,9 @@ import threading
 from collections.abc import Callable
 
 
-def run_in_threads(func: Callable[[], object], count: int,
-                   timeout: float = 30.0) -> list[BaseException]:
+def run_in_threads(
+    func: Callable[[], object], count: int, timeout: float = 30.0
+) -> list[BaseException]:
     """Run ``func()`` in ``count`` threads started together; join each for up to ``timeout``
     float seconds. Returns the exceptions they raised (empty when all returned)."""
     failures: list[BaseException] = []

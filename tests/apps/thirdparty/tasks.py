@@ -18,11 +18,20 @@ class Flaky(Exception):
     """Raised by ``sync_account`` on its first tries."""
 
 
-@shared_task(name="thirdparty.sync_account", bind=True, autoretry_for=(Flaky,),
-             retry_backoff=False, default_retry_delay=0.05, max_retries=5)
+@shared_task(
+    name="thirdparty.sync_account",
+    bind=True,
+    autoretry_for=(Flaky,),
+    retry_backoff=False,
+    default_retry_delay=0.05,
+    max_retries=5,
+)
 def sync_account(self, account_id: int, fail_times: int = 0) -> dict:  # type: ignore[no-untyped-def]
     """Sync one account; fails ``fail_times`` times first (autoretry retries it)."""
     if self.request.retries < fail_times:
         raise Flaky(account_id)
-    return {"account_id": account_id, "retries": self.request.retries,
-            "fencing_token": self.lease.fencing_token if self.lease else None}
+    return {
+        "account_id": account_id,
+        "retries": self.request.retries,
+        "fencing_token": self.lease.fencing_token if self.lease else None,
+    }
