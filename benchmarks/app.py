@@ -43,7 +43,8 @@ from celery.signals import worker_ready
 from celery_once import QueueOnce
 from celery_singleton import Singleton
 
-from celery_lease import LeasedTask, LeaseLost, clock
+from celery_lease import LeasedTask, LeaseLost
+from celery_lease.base import clock
 
 _records: dict[int, redis.Redis] = {}
 

@@ -8,7 +8,7 @@ body runs, after a random offset spread over one renewal interval, the benchmark
   wall-clock time from just before the ``DEL`` to the moment the body caught ``LeaseLost``; or
 - freezes the lease store with SIGSTOP (``deadline``: renewals go unanswered until the local
   deadline passes), and measures, inside the task and on the deadline clock
-  (:func:`celery_lease.clock.now`), how late after ``lease.deadline`` the body caught it.
+  (:func:`celery_lease.base.clock.now`), how late after ``lease.deadline`` the body caught it.
 
 The body either sleeps in one ``time.sleep(limit)`` or spins in a pure-Python loop until
 ``limit``. Where the pool cannot interrupt the body (a blocking call in the threads pool, a

@@ -21,7 +21,7 @@ Sections:
   celery-singleton and celery-once take their lock there;
 - ``step/<name>``: each step of a leased execution alone (key, acquire, heartbeat
   registration, interrupt set-up, release, signals and logs...), as
-  :mod:`celery_lease.lifecycle` and :class:`~celery_lease.LeasedTask` run them;
+  :mod:`celery_lease.core.lifecycle` and :class:`~celery_lease.LeasedTask` run them;
 - then, with hiredis, a whole solo worker under callgrind (:mod:`benchmarks.worker_instructions`:
   the consumer, the request and the pool's accept included), in ``whole_worker``.
 
@@ -83,10 +83,12 @@ def _run_sections(url: str, count: int, labels_path: Path) -> None:
 
     from celery.app.trace import build_tracer
 
-    from celery_lease import clock, interrupt, lifecycle, signals, store
-    from celery_lease.heartbeat import heartbeat
-    from celery_lease.keys import build_key
-    from celery_lease.lease import Lease
+    from celery_lease import store
+    from celery_lease.base import clock, signals
+    from celery_lease.base.keys import build_key
+    from celery_lease.core import interrupt, lifecycle
+    from celery_lease.core.heartbeat import heartbeat
+    from celery_lease.core.lease import Lease
     from celery_lease.store import pending
 
     from .app import make_app

@@ -43,9 +43,11 @@ def _median_us(fn: Callable[[], Any], count: int = 3000) -> float:
 
 def steps(app: Any, url: str) -> dict[str, float]:
     """Median µs of each step of a leased execution, each measured alone."""
-    from celery_lease import clock, interrupt, signals, store
-    from celery_lease.heartbeat import heartbeat
-    from celery_lease.lease import Lease
+    from celery_lease import store
+    from celery_lease.base import clock, signals
+    from celery_lease.core import interrupt
+    from celery_lease.core.heartbeat import heartbeat
+    from celery_lease.core.lease import Lease
 
     task = app.tasks["bench.leased"]
     options = task.lease_settings().options

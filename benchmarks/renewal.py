@@ -100,10 +100,11 @@ def _take_leases(url: str, n: int, ttl: float, threads: int = 1) -> list[Any]:
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from celery_lease import clock, store
-    from celery_lease.config import resolve_options
-    from celery_lease.heartbeat import heartbeat
-    from celery_lease.lease import Lease
+    from celery_lease import store
+    from celery_lease.base import clock
+    from celery_lease.core.heartbeat import heartbeat
+    from celery_lease.core.lease import Lease
+    from celery_lease.settings.config import resolve_options
 
     options = resolve_options({}, {"lease_ttl": ttl, "lease_backend": url}, "benchmark")
     client = store.client_for(url, options.store_timeout)
@@ -232,8 +233,8 @@ def child_steady(impl: str, url: str, n: int, interval: float, window: float) ->
     import redis
     import redis_lock
 
-    import celery_lease.heartbeat
-    import celery_lease.lease
+    import celery_lease.core.heartbeat
+    import celery_lease.core.lease
     import celery_lease.store  # noqa: F401  (imported before the memory baseline)
 
     from ._infra import client_kwargs

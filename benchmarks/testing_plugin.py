@@ -1,5 +1,5 @@
 """``python -m benchmarks.testing_plugin [--rounds N]``: what the pytest plugin's session
-server (:func:`celery_lease.testing.lease_redis_server`) costs a test session.
+server (:func:`celery_lease.ops.testing.lease_redis_server`) costs a test session.
 
 Runs the fixture as pytest does (setup, one write, teardown) ``N`` times and prints the
 setup and teardown times in float seconds as JSON (``summary``: median, p99, min, max).
@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from celery_lease import testing
+from celery_lease.ops import testing
 
 from ._infra import summary
 

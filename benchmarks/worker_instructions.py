@@ -2,8 +2,8 @@
 
 :mod:`benchmarks.instructions` counts Celery's tracer alone, with the request a worker passes:
 it leaves out what the worker does around it (the broker's consumer, the request, the pool's
-accept, where :mod:`celery_lease.accepted` writes the acquire, the acknowledgement). Here a
-real ``celery worker --pool solo`` of :mod:`benchmarks.app` runs under ``valgrind
+accept, where :mod:`celery_lease.execution.accepted` writes the acquire, the acknowledgement). Here
+a real ``celery worker --pool solo`` of :mod:`benchmarks.app` runs under ``valgrind
 --tool=callgrind``, consuming the end-to-end benchmark's queue (:mod:`benchmarks.e2e`); the
 benchmark process publishes one batch of distinct keys per variant, and ``callgrind_control``
 zeroes the worker's counters before the batch and dumps them after it. Every thread of the

@@ -4,23 +4,31 @@
 body runs, renews it from a heartbeat thread while the body runs, releases it when the
 execution ends, and raises :class:`LeaseLost` inside the body the moment it is lost.
 
-The layers, each importing only from itself and those below it (tests/test_layout.py)::
+The map, bottom layer first; each subpackage imports only from itself and those below it, no
+policy imports another policy, and the core imports none (tests/test_layout.py checks all
+three, and that this map names every module)::
 
-    operations    cli, doctor, inspection, flower, metrics, testing, worker (start check),
-                  acl (the ACL rule an app needs), sweep (hand-overs a dead holder left)
-    entry points  task (+ conflict), hold (+ hold_core, hold_async, hold_options, hold_shapes),
-                  beat, lease_tasks, eager
-    the lease     lifecycle, heartbeat, interrupt (delivering LeaseLost; + next_instruction),
-                  lease, handoff (coalesce and queue: parking, handing the key over)
-    settings      config, names, publish_settings (read once per task class)
-    store/        the Redis side: the protocol and its Lua scripts, the client and its
-                  topologies, routing, pending replies, stored values, store errors, the
-                  commands each feature sends (permissions), the asyncio wait of a hold
-    base          keys, errors, signals, clock, process (this process's id)
+    base/        clock, process, keys, key_encoding, signals
+    errors       the exceptions (at the root: a stored failure names this module)
+    store/       the Redis side: protocol, lua, wire, connection, routing, topology, url,
+                 primary, replicated, renewal, pending, written, value, records, errors,
+                 permissions, async_wait, and each policy's store half: claims, debounce,
+                 handoff, preempt, slots, cooldown
+    settings/    config, names, timing, signal_setting, publish, debounce
+    core/        lease, lifecycle, heartbeat, interrupt, next_instruction, eager
+    policies/    conflict, dedupe, debounce (+ eager), handoff, preempt, limit, cooldown
+    execution/   task, accepted, publishing, lease_tasks, outage
+    holds/       plain, aio, core, options, shapes
+    beat/        scheduler, leader
+    ops/         cli, doctor (+ claims), finding, inspection, flower, metrics, acl, worker,
+                 sweep, testing
+    (root)       signals, flower, metrics, testing: the documented import paths, re-exported
 """
 
 from __future__ import annotations
 
+from .base.keys import hold_name
+from .core.lease import Lease, current_lease
 from .errors import (
     LeaseConfigError,
     LeaseConflict,
@@ -31,13 +39,13 @@ from .errors import (
     LeaseStoreUnavailable,
     LostCause,
 )
-from .handoff import follow, is_coalesced
-from .hold import Hold, hold
-from .hold_async import AsyncHold, hold_async
-from .keys import hold_name
-from .lease import Lease, current_lease
-from .lease_tasks import apply_lease_tasks  # also: applies app.conf.lease_tasks at finalize
-from .task import LeasedTask, is_skipped
+from .execution.lease_tasks import (
+    apply_lease_tasks,  # also: applies app.conf.lease_tasks at finalize
+)
+from .execution.task import LeasedTask, is_skipped
+from .holds.aio import AsyncHold, hold_async
+from .holds.plain import Hold, hold
+from .policies.handoff import follow, is_coalesced
 
 __all__ = [
     "AsyncHold",

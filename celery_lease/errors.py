@@ -117,7 +117,7 @@ class LeaseStoreUnavailable(LeaseError):
     Args:
         key: the lease key (str) the operation was for.
         operation: ``"acquire"``, ``"renew"``, ``"release"``, or ``"publish"`` (the decision
-            of a publish with ``lease_dedupe``, :mod:`celery_lease.dedupe`).
+            of a publish with ``lease_dedupe``, :mod:`celery_lease.policies.dedupe`).
         detail: the underlying error as text.
     """
 

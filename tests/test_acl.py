@@ -15,21 +15,14 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_lease import (
-    LeaseConfigError,
-    LeasedTask,
-    LeaseLost,
-    LeaseStoreUnavailable,
-    acl,
-    hold,
-    preempt,
-    signals,
-    store,
-)
-from celery_lease.doctor import check_acl
-from celery_lease.keys import hold_key, wake_key
+from celery_lease import LeaseConfigError, LeasedTask, LeaseLost, LeaseStoreUnavailable, hold, store
+from celery_lease.base import signals
+from celery_lease.base.keys import hold_key, wake_key
+from celery_lease.ops import acl
+from celery_lease.ops.doctor import check_acl
+from celery_lease.ops.worker import check_app
+from celery_lease.policies import preempt
 from celery_lease.store import permissions
-from celery_lease.worker import check_app
 from harness.topologies import cluster_setup
 from tests.apps.preempt_app import in_process
 from tests.support.redis_server import HOST, RedisServer

@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
-from celery_lease import is_skipped, lifecycle, signals, store
-from celery_lease.config import resolve_settings
-from celery_lease.heartbeat import heartbeat
-from celery_lease.keys import fence_key
-from celery_lease.lease import Lease
+from celery_lease import is_skipped, store
+from celery_lease.base import signals
+from celery_lease.base.keys import fence_key
+from celery_lease.core import lifecycle
+from celery_lease.core.heartbeat import heartbeat
+from celery_lease.core.lease import Lease
+from celery_lease.settings.config import resolve_settings
 from celery_lease.store import pending
 from harness.proxy import TcpProxy
 from harness.redis_server import RedisServer

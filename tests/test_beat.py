@@ -34,7 +34,7 @@ from celery import Celery
 from celery.beat import Scheduler
 
 from celery_lease import LeaseConfigError, LeaseStartRefused, store
-from celery_lease.beat import LeasedScheduler
+from celery_lease.beat.scheduler import LeasedScheduler
 from celery_lease.errors import EX_CONFIG
 from harness.waiting import wait_for
 from tests.support import runs as journal

@@ -20,7 +20,7 @@ from celery import Celery
 from click.testing import CliRunner, Result
 
 from celery_lease import LeasedTask, hold
-from celery_lease.cli import lease
+from celery_lease.ops.cli import lease
 from tests.support.waiting import wait_for
 from tests.test_cli import celery_lease
 from tests.test_docs_snippets import ALL, LISTING, REPO

@@ -23,10 +23,10 @@ from redis.connection import Connection
 from redis.exceptions import ConnectionError, SlotNotCoveredError
 
 from celery_lease import LeaseStoreUnavailable, hold, store
-from celery_lease.beat import BeatLeader
-from celery_lease.cli import lease
-from celery_lease.config import resolve_options
-from celery_lease.keys import fence_key
+from celery_lease.base.keys import fence_key
+from celery_lease.beat.scheduler import BeatLeader
+from celery_lease.ops.cli import lease
+from celery_lease.settings.config import resolve_options
 from celery_lease.store import connection
 from celery_lease.store import url as store_url
 from harness.topologies import ClusterSetup, cluster_setup

@@ -15,7 +15,7 @@ import pytest
 from celery import Celery
 
 from celery_lease import LeaseConfigError, LeasedTask
-from celery_lease.config import (
+from celery_lease.settings.config import (
     MIN_STORE_TIMEOUT,
     MIN_TTL,
     beat_settings,

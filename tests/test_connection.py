@@ -18,11 +18,11 @@ import redis
 from celery import Celery
 
 from celery_lease import LeaseConfigError, LeasedTask, store
-from celery_lease.config import resolve_backend, resolve_options
+from celery_lease.ops.worker import check_app
+from celery_lease.settings.config import resolve_backend, resolve_options
 from celery_lease.store import connection, topology
 from celery_lease.store import errors as store_errors
 from celery_lease.store import url as store_url
-from celery_lease.worker import check_app
 from tests.support.fixtures import RedisFactory
 from tests.support.secure import (
     AclRedisServer,

@@ -17,12 +17,13 @@ from celery import Celery
 from celery.result import AsyncResult
 from click.testing import CliRunner
 
-from celery_lease import LeaseConfigError, LeasedTask, signals
-from celery_lease.cli import lease
-from celery_lease.config import resolve_options
-from celery_lease.debounce import AGAIN_HEADER, DEBOUNCE_HEADER, TIMER_HEADER
-from celery_lease.flower import lease_summary
-from celery_lease.keys import burst_key
+from celery_lease import LeaseConfigError, LeasedTask
+from celery_lease.base import signals
+from celery_lease.base.keys import burst_key
+from celery_lease.ops.cli import lease
+from celery_lease.ops.flower import lease_summary
+from celery_lease.policies.debounce import AGAIN_HEADER, DEBOUNCE_HEADER, TIMER_HEADER
+from celery_lease.settings.config import resolve_options
 from tests.apps import debounce_app
 from tests.apps.debounce_app import refresh, runs
 from tests.support.events import task_events
@@ -402,7 +403,7 @@ def test_publishes_while_the_store_is_paused_run_once_it_answers_and_end_their_b
 
 
 def test_whether_a_task_debounces_is_known_without_a_lease_store_configured() -> None:
-    from celery_lease import debounce
+    from celery_lease.policies import debounce
 
     app = Celery(
         "publisher", broker="amqp://guest:guest@127.0.0.1:5672//", set_as_current=False

@@ -16,10 +16,11 @@ from celery.schedules import schedule
 from celery.utils import uuid
 from click.testing import CliRunner
 
-from celery_lease import LeaseConfigError, LeaseStoreUnavailable, is_skipped, signals, store
-from celery_lease.cli import lease
-from celery_lease.dedupe import claim_lifetime
-from celery_lease.keys import claim_key
+from celery_lease import LeaseConfigError, LeaseStoreUnavailable, is_skipped, store
+from celery_lease.base import signals
+from celery_lease.base.keys import claim_key
+from celery_lease.ops.cli import lease
+from celery_lease.policies.dedupe import claim_lifetime
 from harness.topologies import cluster_setup
 from tests.apps import dedupe_app
 from tests.apps.dedupe_app import open_gate, requeue, runs, skipping, sync
@@ -192,7 +193,7 @@ def test_the_claim_scripts_run_on_redis_cluster_without_crossslot() -> None:
 def test_publishes_are_counted_by_disposition_and_a_fold_is_signalled(client: redis.Redis) -> None:
     from prometheus_client import CollectorRegistry
 
-    from celery_lease.metrics import LeaseMetrics
+    from celery_lease.ops.metrics import LeaseMetrics
 
     registry = CollectorRegistry()
     metrics = LeaseMetrics(registry)

@@ -14,7 +14,8 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_lease import LeasedTask, cli, store
+from celery_lease import LeasedTask, store
+from celery_lease.ops import cli
 from celery_lease.store import lua, permissions
 from tests.support.secure import SystemRedisServer
 

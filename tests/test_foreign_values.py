@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from celery_lease import store
-from celery_lease.keys import fence_key, hold_key, wake_key
+from celery_lease.base.keys import fence_key, hold_key, wake_key
 from celery_lease.store import records
 from celery_lease.store.value import MAX_FENCE, OtherType
 from tests.support.fixtures import WorkerFactory
@@ -255,8 +255,8 @@ def test_a_task_finding_foreign_values_at_its_key_skips_and_the_cli_shows_an_unk
 def test_the_hand_over_keys_are_celery_leases_own_and_another_shape_there_is_not(
     client: redis.Redis,
 ) -> None:
-    from celery_lease.inspection import scan_foreign
-    from celery_lease.keys import handoff_index_key, line_key, reservation_key
+    from celery_lease.base.keys import handoff_index_key, line_key, reservation_key
+    from celery_lease.ops.inspection import scan_foreign
 
     key = "lease:{t.job:abc}"
     client.rpush(line_key(key), "{}")

@@ -17,7 +17,7 @@ import redis
 from celery.result import AsyncResult
 
 from celery_lease import LeaseConflict, LeaseLost, follow, is_coalesced, store
-from celery_lease.handoff import publish
+from celery_lease.policies.handoff import publish
 from celery_lease.store import handoff as stored
 from tests.apps import handoff_app
 from tests.apps.handoff_app import coalesced, queued, queued_retrying, retried, runs
@@ -354,8 +354,9 @@ def test_a_retry_of_a_handed_over_run_whose_lease_was_lost_is_published_as_a_new
     # header, or it would be refused as a second copy of that run.
     from types import SimpleNamespace
 
-    from celery_lease import hold, publishing
-    from celery_lease.handoff import HANDOFF_HEADER
+    from celery_lease import hold
+    from celery_lease.execution import publishing
+    from celery_lease.policies.handoff import HANDOFF_HEADER
 
     sent: dict[str, Any] = {}
 

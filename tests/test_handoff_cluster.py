@@ -10,11 +10,12 @@ from collections.abc import Iterator
 import pytest
 from celery import Celery
 
-from celery_lease import inspection, store
-from celery_lease.config import resolve_options
-from celery_lease.keys import handoff_index_key, line_key, reservation_key
+from celery_lease import store
+from celery_lease.base.keys import handoff_index_key, line_key, reservation_key
+from celery_lease.ops import inspection
+from celery_lease.ops.sweep import sweep_once
+from celery_lease.settings.config import resolve_options
 from celery_lease.store import handoff as stored
-from celery_lease.sweep import sweep_once
 from harness.topologies import ClusterSetup, cluster_setup
 
 MESSAGE = '{"task": "t", "args": [], "kwargs": {}, "options": {}}'

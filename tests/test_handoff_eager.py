@@ -13,9 +13,11 @@ import redis
 from celery._state import _set_task_join_will_block
 from prometheus_client import CollectorRegistry
 
-from celery_lease import inspection, is_coalesced, signals
-from celery_lease.flower import lease_summary
-from celery_lease.metrics import LeaseMetrics
+from celery_lease import is_coalesced
+from celery_lease.base import signals
+from celery_lease.ops import inspection
+from celery_lease.ops.flower import lease_summary
+from celery_lease.ops.metrics import LeaseMetrics
 from tests.apps import handoff_app
 from tests.apps.handoff_app import coalesced, queued, runs
 from tests.support.waiting import wait_for
@@ -111,7 +113,7 @@ def test_flower_summarises_a_coalesced_and_a_queued_duplicate() -> None:
 
 
 def test_ls_shows_a_waiting_column_only_when_runs_wait(capsys: pytest.CaptureFixture[str]) -> None:
-    from celery_lease import cli
+    from celery_lease.ops import cli
 
     held = inspection.LeaseInfo("lease:{a}", "t.job", "id-1", "web1", 7, 1, 12.0, "t" * 32)
     cli._print_leases([held], wide=False)

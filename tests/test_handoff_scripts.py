@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from celery_lease.keys import fence_key, handoff_index_key, line_key, reservation_key
+from celery_lease.base.keys import fence_key, handoff_index_key, line_key, reservation_key
 from tests.test_scripts import HOLDER, KEY, TTL, acquire, client, run, token
 
 __all__ = ["client"]  # the fixture, used by name

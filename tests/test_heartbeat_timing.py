@@ -1,6 +1,6 @@
 """The heartbeat's timing rules, on a fake deadline clock: fast, and exact to the microsecond.
 
-The store is a real Redis; only the clock (``celery_lease.clock.now``, the seam every deadline
+The store is a real Redis; only the clock (``celery_lease.base.clock.now``, the seam every deadline
 is measured on) is moved by hand. The heartbeat under test is a private instance whose thread
 never starts: each test drives its passes itself.
 """
@@ -13,10 +13,11 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from celery_lease import LeaseLost, clock, store
-from celery_lease.config import resolve_options
-from celery_lease.heartbeat import Heartbeat, plan_pass
-from celery_lease.lease import Lease
+from celery_lease import LeaseLost, store
+from celery_lease.base import clock
+from celery_lease.core.heartbeat import Heartbeat, plan_pass
+from celery_lease.core.lease import Lease
+from celery_lease.settings.config import resolve_options
 
 T0 = 1000.0
 

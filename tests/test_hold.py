@@ -28,10 +28,10 @@ from celery_lease import (
     hold_async,
     hold_name,
 )
-from celery_lease.heartbeat import heartbeat
-from celery_lease.hold import HOLD_TASK_NAME
-from celery_lease.inspection import read_lease, scan_leases
-from celery_lease.keys import hold_key
+from celery_lease.base.keys import hold_key
+from celery_lease.core.heartbeat import heartbeat
+from celery_lease.holds.plain import HOLD_TASK_NAME
+from celery_lease.ops.inspection import read_lease, scan_leases
 from harness.topologies import cluster_setup
 from tests.support.rig import measured
 from tests.support.threads import run_in_threads

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 import redis
 
-from celery_lease import hold, hold_async, signals
-from celery_lease.heartbeat import heartbeat
-from celery_lease.keys import hold_key
+from celery_lease import hold, hold_async
+from celery_lease.base import signals
+from celery_lease.base.keys import hold_key
+from celery_lease.core.heartbeat import heartbeat
 from tests.support.rig import measured
 
 WAITERS = 100

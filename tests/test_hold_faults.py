@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from celery_lease import hold
-from celery_lease.keys import hold_key
+from celery_lease.base.keys import hold_key
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTEXTS = ["main", "thread", "gevent", "asyncio"]

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 import redis
 
-from celery_lease import LeaseLost, hold, signals
-from celery_lease.keys import hold_key
+from celery_lease import LeaseLost, hold
+from celery_lease.base import signals
+from celery_lease.base.keys import hold_key
 from tests.support.threads import run_in_threads
 
 KEY = hold_key("lease", "shape")

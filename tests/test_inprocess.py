@@ -26,10 +26,10 @@ from celery_lease import (
     LeaseStoreUnavailable,
     current_lease,
     is_skipped,
-    process,
     store,
 )
-from celery_lease.heartbeat import heartbeat
+from celery_lease.base import process
+from celery_lease.core.heartbeat import heartbeat
 from harness.waiting import wait_for
 
 
@@ -239,7 +239,7 @@ def test_exit_without_release_is_prompt_and_lease_expires(redis_url: str) -> Non
 
         threading.Thread(target=job.apply, daemon=True).start()
         import time
-        from celery_lease.heartbeat import heartbeat
+        from celery_lease.core.heartbeat import heartbeat
         while not heartbeat().held():
             time.sleep(0.01)
         print("holding", flush=True)
@@ -371,7 +371,7 @@ def test_renewals_answered_with_errors_end_as_store_error(throwaway_redis: Any) 
 
 
 def test_a_task_can_declare_its_lease_lost(redis_url: str) -> None:
-    from celery_lease import signals
+    from celery_lease.base import signals
 
     app = make_app(redis_url, task_eager_propagates=False)
     lost: list[str] = []

@@ -15,7 +15,7 @@ import pytest
 from celery import Celery
 
 from celery_lease import LeasedTask, LeaseKeyError
-from celery_lease.keys import (
+from celery_lease.base.keys import (
     INTERNAL_SUFFIXES,
     beat_leader_key,
     encode_value,
@@ -101,7 +101,7 @@ def test_long_task_names_and_custom_keys_are_bounded() -> None:
 
 def test_sets_and_dicts_do_not_depend_on_hash_seed() -> None:
     code = (
-        "from celery_lease.keys import encode_value; "
+        "from celery_lease.base.keys import encode_value; "
         "print(encode_value({'x', 'y', 'z', 'w'}).hex(), "
         "encode_value({'b': 1, 'a': 2, 'c': {'z', 'q'}}).hex())"
     )
@@ -164,7 +164,7 @@ def test_bad_arguments_are_a_key_error_naming_the_task() -> None:
 
 
 def test_braces_in_names_and_custom_keys_cannot_move_the_hash_tag() -> None:
-    from celery_lease.keys import fence_key
+    from celery_lease.base.keys import fence_key
 
     odd_name = task_of(f, name="odd}name")
     odd_key = task_of(f, name="c2", lease_key=lambda a, b=2: "}x{")
@@ -197,7 +197,7 @@ def test_every_key_written_beside_a_lease_shares_its_hash_tag_and_is_known_inter
 
 def test_the_task_module_does_not_import_the_worker_module() -> None:
     code = (
-        "import sys, celery_lease.task; "
+        "import sys, celery_lease.execution.task; "
         "assert 'celery_lease.worker' not in sys.modules, 'task imports worker'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

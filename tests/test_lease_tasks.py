@@ -18,10 +18,10 @@ from celery.contrib.testing.worker import start_worker
 import celery_lease
 import tests.apps.thirdparty.tasks  # noqa: F401 - registers its shared tasks on every app
 from celery_lease import LeaseConfigError, LeasedTask, apply_lease_tasks, is_skipped
-from celery_lease.inspection import scan_leases
-from celery_lease.keys import build_key
-from celery_lease.lease_tasks import leased_class
-from celery_lease.testing import use_lease_backend
+from celery_lease.base.keys import build_key
+from celery_lease.execution.lease_tasks import leased_class
+from celery_lease.ops.inspection import scan_leases
+from celery_lease.ops.testing import use_lease_backend
 from tests.support.waiting import wait_for
 
 APP = "tests.apps.lease_tasks_app"
@@ -48,12 +48,12 @@ def test_eager_apply_takes_a_lease_without_changing_the_task_class(redis_url: st
     def on_acquired(sender: Any = None, key: str = "", **_: Any) -> None:
         seen.append(key)
 
-    celery_lease.signals.lease_acquired.connect(on_acquired, weak=False)
+    celery_lease.base.signals.lease_acquired.connect(on_acquired, weak=False)
     try:
         assert task.apply(("2024-01-01",), {"note": "0"}).get() == "closed 2024-01-01"
         assert task("2024-01-02") == "closed 2024-01-02"  # a direct call takes no lease
     finally:
-        celery_lease.signals.lease_acquired.disconnect(on_acquired)
+        celery_lease.base.signals.lease_acquired.disconnect(on_acquired)
     # Keyed by `day` only, bound to the real signature (the keyword `note` is left out).
     assert seen == [
         build_key("lease", "thirdparty.close_day", signature, ["day"], ("2024-01-01",), {})
@@ -248,11 +248,11 @@ def test_use_lease_backend_points_a_task_leased_by_the_setting_at_the_test_store
         seen.append(redis.Redis.from_url(other).pttl(key))
 
     with use_lease_backend(app, other):
-        celery_lease.signals.lease_acquired.connect(on_acquired, weak=False)
+        celery_lease.base.signals.lease_acquired.connect(on_acquired, weak=False)
         try:
             assert task.apply((7,)).get() == _expected_key(7)
         finally:
-            celery_lease.signals.lease_acquired.disconnect(on_acquired)
+            celery_lease.base.signals.lease_acquired.disconnect(on_acquired)
     assert len(seen) == 1 and seen[0] > 0  # the lease was taken on the test store
 
 
@@ -299,7 +299,7 @@ def test_a_task_leased_by_the_setting_keeps_its_own_lease_options(redis_url: str
 def test_the_doctor_judges_a_task_leased_by_the_setting_by_its_own_lease_options(
     redis_url: str,
 ) -> None:
-    from celery_lease.doctor import diagnose
+    from celery_lease.ops.doctor import diagnose
 
     app = _client_app(
         redis_url,

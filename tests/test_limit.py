@@ -23,9 +23,9 @@ from celery_lease import (
     LeaseLost,
     hold,
     is_skipped,
-    signals,
     store,
 )
+from celery_lease.base import signals
 from harness.redis_server import RedisServer
 from harness.topologies import MASTER_NAME, cluster_setup, sentinel_setup
 from harness.waiting import wait_for

@@ -207,7 +207,7 @@ def test_install_refuses_a_second_port_in_the_same_process() -> None:
 
 
 def test_reaping_keeps_live_and_counter_files_and_removes_dead_live_gauges(tmp_path: Path) -> None:
-    from celery_lease.metrics import reap_dead_processes
+    from celery_lease.ops.metrics import reap_dead_processes
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait(timeout=30)

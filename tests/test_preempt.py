@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from celery_lease import LeaseLost, acl
+from celery_lease import LeaseLost
+from celery_lease.ops import acl
 from harness.waiting import wait_for
 from tests.apps import preempt_app
 from tests.apps.preempt_app import GRACE, deduped, graceful, runs, took_over, work

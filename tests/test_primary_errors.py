@@ -23,7 +23,7 @@ import pytest
 from redis.exceptions import TryAgainError
 
 from celery_lease import LeaseStoreUnavailable
-from celery_lease.keys import fence_key
+from celery_lease.base.keys import fence_key
 from celery_lease.store import connection
 from harness.topologies import Node, cluster_setup
 from tests.support.holders import Holders, Run

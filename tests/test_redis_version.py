@@ -19,8 +19,8 @@ import pytest
 import redis
 
 from celery_lease import store
-from celery_lease.doctor import MIN_REDIS, check_store, redis_version_problem
-from celery_lease.inspection import scan_leases
+from celery_lease.ops.doctor import MIN_REDIS, check_store, redis_version_problem
+from celery_lease.ops.inspection import scan_leases
 from tests.support.waiting import wait_for
 
 

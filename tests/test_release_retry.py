@@ -1,4 +1,4 @@
-"""A release whose connection broke, sent once more (celery_lease.lifecycle, pending, wire).
+"""A release whose connection broke, sent once more (celery_lease.core.lifecycle, pending, wire).
 
 Real Redis servers (private, restarted, paused, their clients killed). Where a reply must be
 lost after the script ran, the real release runs and only its reply is replaced by a
@@ -16,11 +16,13 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_lease import clock, lifecycle, signals, store
-from celery_lease.config import LeaseSettings, resolve_settings
-from celery_lease.heartbeat import heartbeat
-from celery_lease.keys import fence_key
-from celery_lease.lease import Lease
+from celery_lease import store
+from celery_lease.base import clock, signals
+from celery_lease.base.keys import fence_key
+from celery_lease.core import lifecycle
+from celery_lease.core.heartbeat import heartbeat
+from celery_lease.core.lease import Lease
+from celery_lease.settings.config import LeaseSettings, resolve_settings
 from celery_lease.store import pending
 from harness.redis_server import RedisServer
 from harness.waiting import wait_for

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from celery_lease import store
-from celery_lease.keys import (
+from celery_lease.base.keys import (
     beat_leader_key,
     claim_key,
     fence_key,

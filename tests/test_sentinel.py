@@ -329,8 +329,8 @@ def test_doctor_and_the_worker_start_check_name_a_ttl_a_partitioned_primary_can_
     from celery import Celery
 
     from celery_lease import LeasedTask
-    from celery_lease.doctor import check_failover
-    from celery_lease.worker import check_app
+    from celery_lease.ops.doctor import check_failover
+    from celery_lease.ops.worker import check_app
 
     app = Celery("failover_bound", broker="memory://", set_as_current=False)
     app.conf.update(
@@ -358,7 +358,7 @@ def test_doctor_and_the_worker_start_check_name_a_ttl_a_partitioned_primary_can_
 def test_a_publish_refused_on_an_old_primary_that_stays_writable_is_not_a_dedupe_refusal(
     sentinel: SentinelSetup,
 ) -> None:
-    from celery_lease.keys import claim_key
+    from celery_lease.base.keys import claim_key
 
     client = store.client_for(sentinel.sentinel_url, 1.0, {"master_name": MASTER_NAME})
     key, claimer = "lease:{t.job:claimed}", store.holder_json("t.job", "w1", "host", 1)
@@ -452,7 +452,7 @@ def test_a_release_answered_by_an_old_primary_that_stays_writable_does_not_count
 def test_a_hand_over_answered_by_an_old_primary_that_stays_writable_hands_nothing_over(
     sentinel: SentinelSetup,
 ) -> None:
-    from celery_lease.keys import line_key
+    from celery_lease.base.keys import line_key
     from celery_lease.store import handoff
 
     key, token, successor = "lease:{t.job:handed}", "a" * 32, "b" * 32
@@ -472,7 +472,7 @@ def test_a_hand_over_answered_by_an_old_primary_that_stays_writable_hands_nothin
 def test_a_hand_over_answered_by_an_old_primary_is_made_once_on_the_new_one(
     sentinel: SentinelSetup,
 ) -> None:
-    from celery_lease.keys import line_key, reservation_key
+    from celery_lease.base.keys import line_key, reservation_key
     from celery_lease.store import handoff
 
     key, token = "lease:{t.job:handed_once}", "a" * 32

@@ -9,7 +9,7 @@ import redis
 from redis.exceptions import ResponseError
 
 from celery_lease import store
-from celery_lease.keys import fence_key
+from celery_lease.base.keys import fence_key
 from celery_lease.store import connection, topology
 from tests.support.fixtures import RedisFactory
 

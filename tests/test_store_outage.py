@@ -44,7 +44,7 @@ def test_an_outage_longer_than_max_retries_is_waited_out_and_a_longer_one_than_t
 
 
 def test_store_errors_of_one_message_far_apart_are_two_outages() -> None:
-    from celery_lease.outage import NEW_OUTAGE_GAP, OUTAGE_HEADER, _outage_start
+    from celery_lease.execution.outage import NEW_OUTAGE_GAP, OUTAGE_HEADER, _outage_start
 
     now = 10_000.0
     assert _outage_start({OUTAGE_HEADER: [9_000.0, now - 20.0]}, now) == 9_000.0

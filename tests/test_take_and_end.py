@@ -1,4 +1,4 @@
-"""Taking and ending a lease (celery_lease.lifecycle), the path tasks and beat both use.
+"""Taking and ending a lease (celery_lease.core.lifecycle), the path tasks and beat both use.
 
 Real Redis. Where a reply must be lost after the script ran, the real acquire runs and only
 its reply is replaced by a connection error; the deadline clock is a hand-moved fake.
@@ -12,11 +12,13 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_lease import clock, lifecycle, signals, store
-from celery_lease.beat import BeatLeader
-from celery_lease.config import beat_settings, resolve_settings
-from celery_lease.heartbeat import heartbeat
-from celery_lease.lease import Lease
+from celery_lease import store
+from celery_lease.base import clock, signals
+from celery_lease.beat.scheduler import BeatLeader
+from celery_lease.core import lifecycle
+from celery_lease.core.heartbeat import heartbeat
+from celery_lease.core.lease import Lease
+from celery_lease.settings.config import beat_settings, resolve_settings
 from tests.support.received import received
 from tests.support.store_calls import NoTarget, lose_first_reply
 

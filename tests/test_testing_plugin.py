@@ -1,4 +1,4 @@
-"""The pytest plugin celery_lease.testing, and docs/howto/testing.md run exactly as shown."""
+"""The pytest plugin celery_lease.ops.testing, and docs/howto/testing.md run exactly as shown."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_lease import LeasedTask, testing
-from celery_lease.testing import LeaseRedis, use_lease_backend
+from celery_lease import LeasedTask
+from celery_lease.ops import testing
+from celery_lease.ops.testing import LeaseRedis, use_lease_backend
 
 ROOT = Path(__file__).resolve().parent.parent
 TITLED_BLOCK = re.compile(r'^```(?:python|toml) title="([^"]+)"\n(.*?)^```$', re.S | re.M)

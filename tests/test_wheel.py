@@ -82,7 +82,7 @@ def test_the_sdist_and_the_wheel_carry_the_license_and_the_sdist_no_test_suite(
     (wheel,) = dists.glob("celery_lease-*.whl")
     with tarfile.open(sdist) as tar:
         names = [name.split("/", 1)[1] for name in tar.getnames() if "/" in name]
-    assert "LICENSE" in names and "celery_lease/testing.py" in names
+    assert "LICENSE" in names and "celery_lease/ops/testing.py" in names
     assert not [name for name in names if name.startswith("tests/")]
     with zipfile.ZipFile(wheel) as whl:
         names = whl.namelist()

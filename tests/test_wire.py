@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from celery_lease import store
+from celery_lease.ops.testing import LeaseRedis
 from celery_lease.store import wire
-from celery_lease.testing import LeaseRedis
 
 # What the hot path sends: command names, SHA1s, keys (a task name may be non-ASCII), tokens,
 # holder JSON, int milliseconds (and the negative and large ones a script never gets).

@@ -13,10 +13,10 @@ import pytest
 from celery import Celery
 
 from celery_lease import LeasedTask
-from celery_lease.doctor import check_replicas
 from celery_lease.errors import EX_CONFIG
+from celery_lease.ops.doctor import check_replicas
+from celery_lease.ops.worker import check_app
 from celery_lease.store import topology
-from celery_lease.worker import check_app
 from harness.redis_server import free_port
 from harness.waiting import wait_for
 from harness.workers import CeleryWorker

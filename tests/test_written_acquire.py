@@ -7,9 +7,11 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_lease import clock, lifecycle, store
-from celery_lease.config import resolve_settings
-from celery_lease.lease import Lease
+from celery_lease import store
+from celery_lease.base import clock
+from celery_lease.core import lifecycle
+from celery_lease.core.lease import Lease
+from celery_lease.settings.config import resolve_settings
 from celery_lease.store import written
 from tests.support.store_calls import NoTarget
 

@@ -33,7 +33,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from ..keys import wake_key
+from ..base.keys import wake_key
 from . import protocol, routing
 from .connection import _library_kwargs, _maint_off, client_for
 from .url import TLS_KEYS, StoreSpec, parse_store

@@ -1,6 +1,6 @@
 """The claim of a task's waiting copy (``lease_dedupe``): decided at publish, one script.
 
-A claim is the key ``<lease key>:waiting`` (:func:`celery_lease.keys.claim_key`, under the
+A claim is the key ``<lease key>:waiting`` (:func:`celery_lease.base.keys.claim_key`, under the
 lease's hash tag, so it works on Cluster and Sentinel as the lease does). Its value is
 ``<claimed at>:<lifetime>:<claimer JSON>``: the store's clock when it was written (int
 microseconds, ``TIME``), its lifetime (int milliseconds, also its ``PX``) and who published the
@@ -27,7 +27,7 @@ from typing import Any
 import redis
 from redis.exceptions import RedisError
 
-from ..keys import claim_key
+from ..base.keys import claim_key
 from . import lua, primary, routing
 from .value import _holder_fields
 

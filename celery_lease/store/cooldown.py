@@ -16,7 +16,7 @@ from typing import Any
 import redis
 from redis.exceptions import RedisError
 
-from ..keys import fence_key
+from ..base.keys import fence_key
 from . import lua, primary, routing
 from .protocol import FENCE_COUNTER_EXTRA_MS
 

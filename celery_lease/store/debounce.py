@@ -1,6 +1,6 @@
 """A key's debounce burst (``lease_debounce``): the store side, one script per decision.
 
-The burst's record is the hash ``<lease key>:burst`` (:func:`celery_lease.keys.burst_key`,
+The burst's record is the hash ``<lease key>:burst`` (:func:`celery_lease.base.keys.burst_key`,
 under the lease's hash tag, so it works on Cluster and Sentinel as the lease does), with the
 burst's task id, the store's clock at its first publish, its due time, its deadline (first
 publish plus ``lease_debounce_max``) and its latest arguments:
@@ -26,7 +26,7 @@ from typing import Any
 import redis
 from redis.exceptions import RedisError
 
-from ..keys import burst_key
+from ..base.keys import burst_key
 from . import lua, primary, replicated, routing
 from .errors import NotReplicated
 

@@ -1,6 +1,6 @@
 """Store errors: the library's own, how one is described, and which ones waiting cannot cure.
 
-A worker refuses to start on a permanent one (:mod:`celery_lease.worker`); every other store
+A worker refuses to start on a permanent one (:mod:`celery_lease.ops.worker`); every other store
 error is transient and handled by the lease policies (``lease_on_store_error``, renewal until
 the local deadline).
 """

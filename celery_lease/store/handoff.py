@@ -1,7 +1,7 @@
 """Handing a lease key over to the next run: the store side of ``coalesce`` and ``queue``.
 
 A duplicate that finds its key held is *parked* (:func:`park`) in the key's line,
-``<key>:line`` (:func:`celery_lease.keys.line_key`): ``coalesce`` keeps one element, the
+``<key>:line`` (:func:`celery_lease.base.keys.line_key`): ``coalesce`` keeps one element, the
 pending run, whose message each later duplicate replaces; ``queue`` appends, up to a bound.
 The holder's token-checked release (:func:`release_handing_over`, ``release_handoff-4.lua``)
 reserves the key, in the same script, for the next element's task id (``<key>:reserved``,
@@ -25,7 +25,7 @@ from typing import Any
 import redis
 from redis.exceptions import RedisError
 
-from ..keys import fence_key, handoff_index_key, line_key, reservation_key
+from ..base.keys import fence_key, handoff_index_key, line_key, reservation_key
 from . import lua, primary, routing
 
 __all__ = [
@@ -62,7 +62,8 @@ class Waiting:
         task_id: the task id it runs under (str).
         accepted_ms: when it was parked (its latest arguments, for a pending run), int
             milliseconds of the store's clock.
-        message: the message to publish, as :mod:`celery_lease.handoff` serialized it (str).
+        message: the message to publish, as :mod:`celery_lease.policies.handoff` serialized it
+        (str).
     """
 
     task_id: str

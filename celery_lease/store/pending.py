@@ -7,7 +7,7 @@ connection, whose reply is still unread, stays out of the free list of connectio
 reply is read, and the connection given back:
 
 - before this process sends its next acquire, by whichever thread sends it
-  (:func:`settle_all`, called by :func:`celery_lease.lifecycle.take`): so every acquire a
+  (:func:`settle_all`, called by :func:`celery_lease.core.lifecycle.take`): so every acquire a
   process sends goes out after the replies of all the releases it wrote before;
 - otherwise by the heartbeat thread at its next wake-up (at most a second later), which reads
   only a reply that arrived and never waits for one (a renewal or a deadline may be due).
@@ -42,8 +42,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .. import clock
-from ..keys import fence_key
+from ..base import clock
+from ..base.keys import fence_key
 from . import lua, protocol, wire
 from .errors import describe
 
@@ -106,7 +106,7 @@ class PendingRelease:
             wait: True: wait for the reply, at most the socket timeout; returns once it was
                 read, by this thread or by another one. False (the heartbeat): read it only if
                 it arrived; give it up, without waiting, once it is overdue.
-            until: with ``wait=False``, the :func:`celery_lease.clock.now` time (float seconds)
+            until: with ``wait=False``, the :func:`celery_lease.base.clock.now` time (float seconds)
                 of the heartbeat's earliest deadline: a release sent again after a broken
                 connection is a round trip, sent only if its timeout ends before then (as the
                 heartbeat plans renewals); otherwise it stays pending for a later pass or for

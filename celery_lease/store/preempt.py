@@ -20,7 +20,7 @@ from typing import Any
 import redis
 from redis.exceptions import RedisError
 
-from ..keys import claim_key, fence_key, reservation_key, wake_key
+from ..base.keys import claim_key, fence_key, reservation_key, wake_key
 from . import lua, routing
 from .protocol import FENCE_COUNTER_EXTRA_MS, WAKE_LIFETIME_MS, AcquireResult
 from .value import Holder, parse_value
@@ -62,7 +62,7 @@ def take_over(
     """Take lease ``key`` over from the holder ``from_token`` for ``token`` (lifetime
     ``ttl_ms``, int milliseconds), in one script; a free key is granted as by
     :func:`celery_lease.store.acquire`, whose arguments and answer it shares (so
-    :func:`celery_lease.lifecycle.take` can send it, with its same-token retry).
+    :func:`celery_lease.core.lifecycle.take` can send it, with its same-token retry).
     ``min_replicas`` is not waited for: the take-over is answered by the primary alone;
     ``handed_over`` does not apply to ``"preempt"``; a ``claimed`` message's claim
     (``lease_dedupe``) is cleared by the take-over when it names ``task_id``, in the same

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
-from .. import clock
+from ..base import clock
 from .errors import PrimaryUnconfirmed
 
 __all__ = ["Address", "confirm", "confirmed_grant", "managed", "released", "written_to"]
@@ -225,7 +225,7 @@ def confirmed_grant(client: Any, send: Callable[[], Any]) -> Any:
 
     Raises:
         PrimaryUnconfirmed: the grant could not be confirmed; the caller releases the token
-            (it may hold the key), as :func:`celery_lease.lifecycle.take` does.
+            (it may hold the key), as :func:`celery_lease.core.lifecycle.take` does.
         redis.exceptions.RedisError: what ``send`` raises.
     """
     if not managed(client):

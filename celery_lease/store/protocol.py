@@ -26,7 +26,7 @@ from typing import Any
 import redis
 from redis.exceptions import RedisError
 
-from ..keys import claim_key, fence_key, reservation_key, wake_key
+from ..base.keys import claim_key, fence_key, reservation_key, wake_key
 from . import lua, primary, replicated, routing
 from .errors import is_wrong_type
 from .value import TOKEN_LENGTH, Holder, granted_holder, parse_value
@@ -128,7 +128,7 @@ def acquire(
         PrimaryUnconfirmed: a Sentinel-managed client's grant that the sentinels did not
             confirm landed on the primary they name now (:mod:`celery_lease.store.primary`);
             the token may hold the key: the caller releases it, as
-            :func:`celery_lease.lifecycle.take` does after every failed acquire.
+            :func:`celery_lease.core.lifecycle.take` does after every failed acquire.
         redis.exceptions.RedisError: connection problems, timeouts, OOM and other store errors
             (the node noted by :func:`celery_lease.store.routing.note`, for
             :func:`celery_lease.store.errors.describe`).
@@ -241,7 +241,7 @@ def release(client: redis.Redis, key: str, token: str) -> bool:
     another execution. Unconfirmed, the release is sent once more, to the primary the
     sentinels name (token-checked: harmless), and that answer counts once confirmed in turn;
     otherwise it answers False: the holder cannot confirm it held its lease to the end, and
-    records it as a loss (:func:`celery_lease.lifecycle.end`) instead of ending silently
+    records it as a loss (:func:`celery_lease.core.lifecycle.end`) instead of ending silently
     (with ``lease_min_replicas=0`` such a holder may have run beside the next one).
 
     Raises:

@@ -32,7 +32,7 @@ from typing import Any
 import redis
 from redis.exceptions import RedisError
 
-from ..keys import claim_key, fence_key, wake_key
+from ..base.keys import claim_key, fence_key, wake_key
 from . import lua, primary, replicated, routing
 from .protocol import FENCE_COUNTER_EXTRA_MS, RAN_HOLDER, WAKE_LIFETIME_MS, AcquireResult
 from .value import TOKEN_LENGTH, Holder, granted_holder, parse_value
@@ -137,7 +137,7 @@ class SlotsFull(AcquireResult):
 
 
 def slot_grant(limit: int, same_task_id: bool = True) -> Callable[..., AcquireResult]:
-    """The ``grant`` :func:`celery_lease.lifecycle.take` calls for a key of ``limit`` slots:
+    """The ``grant`` :func:`celery_lease.core.lifecycle.take` calls for a key of ``limit`` slots:
     :func:`acquire_slot` above 1, :func:`celery_lease.store.acquire` (the plain lease) at 1.
     ``same_task_id=False`` (a hold, whose task id is a thread name) takes a slot whatever task
     id holds the others.
@@ -152,7 +152,7 @@ def slot_grant(limit: int, same_task_id: bool = True) -> Callable[..., AcquireRe
 
 class SlotGrant:
     """The grant of one slot of a ``limit``-slot key (:func:`acquire_slot`), called as
-    :func:`celery_lease.store.acquire` is; :func:`celery_lease.lifecycle.take` gives the lease
+    :func:`celery_lease.store.acquire` is; :func:`celery_lease.core.lifecycle.take` gives the lease
     its ``limit`` and, after an interrupted take, frees the slot with its ``release``.
 
     Attributes:

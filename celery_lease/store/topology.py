@@ -16,7 +16,7 @@ from typing import Any
 import redis
 from redis.exceptions import ConnectionError, RedisError, ResponseError, TimeoutError
 
-from .. import clock
+from ..base import clock
 from .routing import is_cluster
 
 __all__ = [

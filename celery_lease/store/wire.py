@@ -27,7 +27,7 @@ from typing import Any
 
 import redis
 
-from .. import process
+from ..base import process
 
 __all__ = ["broken", "call", "call_many", "checkin", "checkout", "send", "usable"]
 

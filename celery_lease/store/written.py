@@ -1,5 +1,5 @@
 """An acquire written ahead of its reply: sent when a worker's pool accepts a request, its reply
-read when the execution reaches the lease (:mod:`celery_lease.accepted`).
+read when the execution reaches the lease (:mod:`celery_lease.execution.accepted`).
 
 Between the two, Celery records the start, sends ``task-started`` when events are on and runs
 its tracer's set-up: the acquire's round trip overlaps them instead of adding a wait of its own
@@ -26,7 +26,7 @@ from typing import Any
 import redis
 from redis.exceptions import RedisError
 
-from .. import clock
+from ..base import clock
 from . import lua, pending, protocol, routing, value, wire
 from .errors import describe
 
@@ -45,7 +45,7 @@ class WrittenAcquire:
         key: the lease key (str).
         token: the token the acquire asks the key for (str, 32 hex characters).
         ttl_ms: the lifetime asked for, int milliseconds.
-        sent_at: the :func:`celery_lease.clock.now` time the acquire was written (float
+        sent_at: the :func:`celery_lease.base.clock.now` time the acquire was written (float
             seconds): a grant's local deadline counts from it.
     """
 
@@ -80,7 +80,7 @@ class WrittenAcquire:
             redis.exceptions.RedisError: no reply could be read (the connection is
                 disconnected): the store may have granted the token, so the caller sends the
                 acquire again with the same token, as after any failed acquire
-                (:func:`celery_lease.lifecycle.take`); an error reply as its exception.
+                (:func:`celery_lease.core.lifecycle.take`); an error reply as its exception.
         """
         conn, self.conn = self.conn, None
         if conn is None:
@@ -171,7 +171,7 @@ _lock = threading.Lock()
 
 def keep(task_id: str, written: WrittenAcquire, stale_at: float) -> bool:
     """Keep ``written`` for the execution of ``task_id`` until it takes it (:func:`take`);
-    ``stale_at`` (a :func:`celery_lease.clock.now` time, float seconds) is when a later accept
+    ``stale_at`` (a :func:`celery_lease.base.clock.now` time, float seconds) is when a later accept
     abandons it untaken. False, keeping nothing, when one is kept for ``task_id`` already (a
     second copy of the message accepted at the same moment: the caller abandons its own)."""
     with _lock:

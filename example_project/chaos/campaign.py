@@ -34,8 +34,8 @@ from urllib.parse import urlsplit
 import redis
 
 from celery_lease import is_coalesced
-from celery_lease.inspection import scan_claims
-from celery_lease.keys import is_internal
+from celery_lease.base.keys import is_internal
+from celery_lease.ops.inspection import scan_claims
 
 from . import db
 from .checker import LEASE_ERRORS

@@ -32,7 +32,7 @@ from celery.beat import BeatLazyFunc
 from celery.signals import before_task_publish, task_prerun
 
 from celery_lease import Lease, LeasedTask, LeaseLost
-from celery_lease import signals as lease_signals
+from celery_lease.base import signals as lease_signals
 
 from .db import Recorder
 from .history import Execution, Job, Parked, Preemption

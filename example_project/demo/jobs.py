@@ -16,7 +16,8 @@ from typing import Any
 
 import redis
 
-from celery_lease import LeasedTask, LeaseLost, LostCause, signals
+from celery_lease import LeasedTask, LeaseLost, LostCause
+from celery_lease.base import signals
 from example_project.celery_app import app, redis_url
 from example_project.demo.worker_app import PREFIX
 from example_project.fencing import RedisFencedStore

@@ -19,7 +19,8 @@ from typing import Any
 import redis
 from celery import Celery
 
-from celery_lease import LeasedTask, signals
+from celery_lease import LeasedTask
+from celery_lease.base import signals
 from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV
 
 BROKER = os.environ.get(BROKER_URL_ENV, "redis://127.0.0.1:1/0")

@@ -22,7 +22,8 @@ from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import task_prerun
 
-from celery_lease import LeasedTask, LeaseLost, clock, current_lease, signals
+from celery_lease import LeasedTask, LeaseLost, current_lease
+from celery_lease.base import clock, signals
 
 BROKER = os.environ.get("TEST_BROKER_URL", "redis://127.0.0.1:1/0")
 TTL = float(os.environ.get("LEASE_TTL", "1.5"))
@@ -324,7 +325,8 @@ def short_outage(self: Any, tag: str) -> None:
     record("start", tag)
 
 
-# --- the acquire written as the pool accepts the request (celery_lease.accepted) ----------------
+# --- the acquire written as the pool accepts the request (celery_lease.execution.accepted)
+# ----------------
 
 
 class _RefusedBeforeStart(LeasedTask):  # type: ignore[misc]

@@ -95,7 +95,7 @@ def limited_coalesce(self: Any, tag: str, seconds: float, seq: int = 0) -> str:
 if os.environ.get("KILL_BEFORE_HANDOFF_PUBLISH") == "1":
     # The worker dies between a slot's release (which reserved the freed slot for the line's
     # head, in the same script) and the publish of that run: the publish is lost.
-    from celery_lease import handoff as _handoff
+    from celery_lease.policies import handoff as _handoff
 
     _publish_released = _handoff.publish_released
 

@@ -27,7 +27,8 @@ from typing import Any
 import redis
 from celery import Celery
 
-from celery_lease import LeasedTask, signals
+from celery_lease import LeasedTask
+from celery_lease.base import signals
 from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, RESULT_BACKEND_ENV
 
 BROKER = os.environ.get(BROKER_URL_ENV, "redis://127.0.0.1:1/0")
@@ -166,6 +167,6 @@ if os.environ.get("RECORD_SIGNALS") == "1":
         getattr(signals, _name).connect(_recorder(_name), weak=False)
 
 if os.environ.get("METRICS_PORT"):
-    from celery_lease import metrics
+    from celery_lease.ops import metrics
 
     metrics.install(app, port=int(os.environ["METRICS_PORT"]), addr="127.0.0.1")

@@ -26,7 +26,7 @@ from celery.beat import BeatLazyFunc
 from celery.signals import task_prerun
 
 from celery_lease import LeasedTask, LeaseLost, current_lease
-from celery_lease import signals as lease_signals
+from celery_lease.base import signals as lease_signals
 from example_project.fencing import RedisFencedStore
 from tests.support import runs as journal
 from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, RESULT_BACKEND_ENV

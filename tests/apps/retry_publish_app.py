@@ -18,7 +18,8 @@ from typing import Any
 import redis
 from celery import Celery
 
-from celery_lease import LeasedTask, LeaseLost, signals
+from celery_lease import LeasedTask, LeaseLost
+from celery_lease.base import signals
 
 BROKER = os.environ.get("TEST_BROKER_URL", "redis://127.0.0.1:1/0")
 

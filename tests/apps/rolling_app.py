@@ -25,7 +25,8 @@ from celery import Celery
 from celery.signals import task_prerun
 
 import celery_lease
-from celery_lease import LeasedTask, signals
+from celery_lease import LeasedTask
+from celery_lease.base import signals
 
 BROKER = os.environ.get("TEST_BROKER_URL", "redis://127.0.0.1:1/0")
 

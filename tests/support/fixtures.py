@@ -182,8 +182,8 @@ def worker_factory(redis_url: str, tmp_path: Path) -> Iterator[WorkerFactory]:
 @pytest.fixture
 def lifecycle_app(redis_url: str) -> Iterator[Celery]:
     """An app whose leases live on the session server (TTL 6 s) for tests of
-    :mod:`celery_lease.lifecycle`; no lease a test took outlives it in the heartbeat."""
-    from celery_lease.heartbeat import heartbeat
+    :mod:`celery_lease.core.lifecycle`; no lease a test took outlives it in the heartbeat."""
+    from celery_lease.core.heartbeat import heartbeat
 
     app = Celery("lifecycle", broker="memory://", set_as_current=False)
     app.conf.update(lease_backend=redis_url, lease_ttl=6.0)

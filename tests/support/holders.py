@@ -15,7 +15,8 @@ from typing import Any
 
 from celery import Celery
 
-from celery_lease import LeasedTask, LeaseLost, signals
+from celery_lease import LeasedTask, LeaseLost
+from celery_lease.base import signals
 from tests.support.waiting import wait_for
 
 

@@ -1,4 +1,4 @@
-"""Helpers for tests that drive :mod:`celery_lease.lifecycle` in process against real Redis.
+"""Helpers for tests that drive :mod:`celery_lease.core.lifecycle` in process against real Redis.
 
 Nothing here replaces the store: the real calls run, and only their replies may be withheld,
 or their arguments recorded.

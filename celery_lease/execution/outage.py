@@ -1,0 +1,91 @@
+"""What a leased execution does while its lease store cannot be reached.
+
+With ``lease_on_store_error="retry"`` (the default) an execution that cannot take its lease
+because the store does not answer is not run, and waits the outage out: it is published
+again, and these retries do **not** use up the task's ``max_retries`` (a store outage is not
+the task's failure, and Celery's default of three retries would give up within seconds). It
+waits as long as the outage has lasted so far (so the waits double), at least the renew
+interval and at most :data:`MAX_WAIT`, until the outage has lasted ``lease_store_outage_max``
+float seconds (default 300.0); the next store error after that fails the execution with
+:class:`~celery_lease.errors.LeaseStoreUnavailable`, as ``lease_on_store_error="fail"`` does at
+once. The choice and the figures are in docs/reference/settings.md.
+
+An outage is measured from the first store error of the message: the retries carry its time in
+the :data:`OUTAGE_HEADER` header, on the wall clocks of the workers that saw the errors (the
+store's clock, which other timings use, is what cannot be read). A store error more than
+:data:`NEW_OUTAGE_GAP` after the previous one of the same message (the store answered in
+between, e.g. a later ``self.retry()`` of the task) starts a new outage.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, NoReturn
+
+from celery.exceptions import Reject, Retry
+
+from ..errors import LeaseStoreUnavailable
+from ..settings.config import LeaseOptions
+
+__all__ = ["MAX_WAIT", "NEW_OUTAGE_GAP", "OUTAGE_HEADER", "wait_out"]
+
+logger = logging.getLogger("celery_lease")
+
+#: Message header: ``[first, last]`` store error of this message, wall-clock epoch seconds.
+OUTAGE_HEADER = "x-lease-store-outage"
+#: The longest wait between two tries during an outage, float seconds.
+MAX_WAIT = 30.0
+#: Float seconds between two store errors of one message after which they count as two outages.
+NEW_OUTAGE_GAP = 2 * MAX_WAIT
+
+
+def _outage_start(headers: Any, now: float) -> float:
+    """When the outage this message has been waiting out began (``now``: a new one)."""
+    try:
+        first, last = (float(t) for t in (headers or {})[OUTAGE_HEADER])
+    except (KeyError, TypeError, ValueError):
+        return now
+    # Either way: another worker's wall clock may run ahead of this one's.
+    return first if abs(now - last) <= NEW_OUTAGE_GAP and first <= last else now
+
+
+def wait_out(task: Any, options: LeaseOptions, error: LeaseStoreUnavailable) -> NoReturn:
+    """Publish the execution of ``task`` again to wait out a store outage, or fail it.
+
+    Raises:
+        celery.exceptions.Retry: published again (the task's state is ``RETRY``), its
+            ``request.retries`` unchanged.
+        LeaseStoreUnavailable: ``lease_on_store_error="fail"``, eager mode, or the outage has
+            lasted ``lease_store_outage_max`` seconds.
+    """
+    request = task.request
+    if options.on_store_error != "retry" or request.is_eager:
+        raise error
+    now = time.time()
+    first = _outage_start(request.headers, now)
+    lasted = now - first
+    if lasted >= options.store_outage_max:
+        logger.error(
+            "task %s[%s] fails: the lease store has not answered for %.1fs, "
+            "lease_store_outage_max=%gs",
+            task.name,
+            request.id,
+            lasted,
+            options.store_outage_max,
+        )
+        raise error
+    wait = max(
+        min(max(lasted, options.renew_interval), MAX_WAIT, options.store_outage_max - lasted), 0.05
+    )
+    again = task.signature_from_request(
+        request,
+        countdown=wait,
+        retries=request.retries,
+        headers={**(request.headers or {}), OUTAGE_HEADER: [first, now]},
+    )
+    try:
+        again.apply_async()
+    except Exception as exc:  # the broker is down too: as Celery's own retry does
+        raise Reject(exc, requeue=False) from None
+    raise Retry(exc=error, when=wait, sig=again)
