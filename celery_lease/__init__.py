@@ -8,15 +8,18 @@ The map, bottom layer first; each subpackage imports only from itself and those 
 policy imports another policy, and the core imports none (tests/test_layout.py checks all
 three, and that this map names every module)::
 
-    base/        clock, process, keys, key_encoding, signals
+    base/        clock, process, keys, key_encoding, signals, headers (the message headers)
     errors       the exceptions (at the root: a stored failure names this module)
     store/       the Redis side: protocol, lua, wire, connection, routing, topology, url,
                  primary, replicated, renewal, pending, written, value, records, errors,
                  permissions, async_wait, and each policy's store half: claims, debounce,
-                 handoff, preempt, slots, cooldown
+                 handoff, preempt, slots, cooldown; shape (a key: plain, or N slots)
     settings/    config, names, timing, signal_setting, publish, debounce
     core/        lease, lifecycle, heartbeat, interrupt, next_instruction, eager
-    policies/    conflict, dedupe, debounce (+ eager), handoff, preempt, limit, cooldown
+    policies/    base (the Policy interface), compose (the one place that composes them and
+                 holds every combination rule); one unit each: skip (+ fail), redelivery
+                 (successor, handed-over copy), dedupe, debounce (+ eager), handoff (+ waiting:
+                 coalesce, queue, retry), preempt, limit, cooldown
     execution/   task, accepted, publishing, lease_tasks, outage
     holds/       plain, aio, core, options, shapes
     beat/        scheduler, leader
@@ -42,10 +45,11 @@ from .errors import (
 from .execution.lease_tasks import (
     apply_lease_tasks,  # also: applies app.conf.lease_tasks at finalize
 )
-from .execution.task import LeasedTask, is_skipped
+from .execution.task import LeasedTask
 from .holds.aio import AsyncHold, hold_async
 from .holds.plain import Hold, hold
 from .policies.handoff import follow, is_coalesced
+from .policies.skip import is_skipped
 
 __all__ = [
     "AsyncHold",

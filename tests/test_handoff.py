@@ -356,6 +356,7 @@ def test_a_retry_of_a_handed_over_run_whose_lease_was_lost_is_published_as_a_new
 
     from celery_lease import hold
     from celery_lease.execution import publishing
+    from celery_lease.policies import compose
     from celery_lease.policies.handoff import HANDOFF_HEADER
 
     sent: dict[str, Any] = {}
@@ -371,6 +372,7 @@ def test_a_retry_of_a_handed_over_run_whose_lease_was_lost_is_published_as_a_new
         try:
             publishing._apply_async(
                 task,
+                compose.publish_steps(task),
                 lease,
                 ("k", 1),
                 {},

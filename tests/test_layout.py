@@ -227,3 +227,30 @@ def test_the_package_map_names_every_module(name: str) -> None:
         words = set(re.findall(r"\w+", drawn.get(parts[0], "")))
         missing = [part for part in parts[1:] if part not in words]
         assert missing == [], f"{name}: not in the map's line for {parts[0]}/"
+
+
+#: The policies' shared interface and the one place that composes them: not policies.
+POLICY_FRAME = {"policies", "policies.base", "policies.compose"}
+
+
+def _unit(name: str) -> str | None:
+    """The policy unit a module belongs to (``policies.handoff.waiting`` -> ``handoff``)."""
+    if not name.startswith("policies.") or name in POLICY_FRAME:
+        return None
+    return name.split(".")[1]
+
+
+def test_no_policy_imports_another_policy() -> None:
+    crossing = [
+        f"{name} imports {other}"
+        for name, deps in graph().items()
+        for other in deps
+        if _unit(name) and _unit(other) and _unit(other) != _unit(name)
+    ]
+    assert crossing == []
+
+
+def test_the_core_and_the_task_import_no_policy() -> None:
+    importers = [n for n in modules() if n.startswith("core.") or n == "execution.task"]
+    found = [f"{n} imports {o}" for n in importers for o in graph()[n] if _unit(o)]
+    assert found == []

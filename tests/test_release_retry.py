@@ -75,7 +75,7 @@ def test_a_holder_whose_store_restarted_is_told_at_release_and_the_next_take_wor
     # After a restart every pooled connection is dead: the release must still reach the store
     # (and learn that the key is gone), and the next acquire must not fail on a dead one.
     settings, client = _setup(server)
-    acquires = spy(monkeypatch, store, "acquire")
+    acquires = spy(monkeypatch, store.PLAIN, "acquire")  # the plain key's acquire
     with received(signals.lease_lost) as lost, received(signals.lease_released) as released:
         leases = [_take(settings, client, f"lease:{{r:{i}}}") for i in range(2)]
         server.restart()  # empty: both keys are gone, every connection of the client is dead

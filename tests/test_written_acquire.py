@@ -26,7 +26,8 @@ def app(lifecycle_app: Celery) -> Celery:
 def _take(app: Celery, key: str, w: written.WrittenAcquire | None) -> Lease | store.AcquireResult:
     settings = resolve_settings(app.conf, {}, "test")
     client = store.client_for(settings.url, settings.options.store_timeout)
-    return lifecycle.take(settings, client, key, HOLDER, NoTarget(), sender="t", written=w)
+    asked = lifecycle.AcquireRequest(written=w)
+    return lifecycle.take(settings, client, key, HOLDER, NoTarget(), sender="t", request=asked)
 
 
 def _write(app: Celery, key: str) -> written.WrittenAcquire:

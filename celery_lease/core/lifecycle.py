@@ -77,14 +77,23 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .. import store
 from ..base import clock, process, signals
 from ..errors import LeaseLost
-from ..settings.config import LeaseSettings
+from ..settings.config import LeaseOptions, LeaseSettings
 from ..store import pending
 from ..store.written import WrittenAcquire
 from .heartbeat import heartbeat
 from .interrupt import Target
 from .lease import Lease
 
-__all__ = ["Claim", "Ending", "HolderInfo", "announce_end", "end", "retire", "take"]
+__all__ = [
+    "AcquireRequest",
+    "Claim",
+    "Ending",
+    "HolderInfo",
+    "announce_end",
+    "end",
+    "retire",
+    "take",
+]
 
 logger = logging.getLogger("celery_lease")
 
@@ -125,6 +134,34 @@ class Ending:
     held: float
 
 
+@dataclass(slots=True)
+class AcquireRequest:
+    """What one :func:`take` asks the store for, beyond the key and the holder: filled by the
+    caller and the policies of the execution before the acquire is sent.
+
+    Attributes:
+        shape: the key's shape (:data:`celery_lease.store.PLAIN`, or the slots of a
+            ``lease_limit`` above 1: :func:`celery_lease.store.key_shape`); its ``acquire``
+            grants, its ``release`` frees what an interrupted take got, its ``limit`` is the
+            lease's.
+        claimed: the execution's message claimed the key's waiting slot at publish
+            (``lease_dedupe``): the grant clears that claim, in the same script.
+        handed_over: the execution is a run a hand-over release published (its copy that
+            already ran is refused: :func:`celery_lease.store.acquire`).
+        written: the plain acquire of the key written as the pool accepted the request
+            (:mod:`celery_lease.execution.accepted`): read, not sent; its token and send time
+            are used.
+        grant: a script that grants instead of ``shape.acquire``, called as it is (a take-over
+            from a preempted holder: :func:`celery_lease.store.take_over`), or None.
+    """
+
+    shape: store.KeyShape = store.PLAIN
+    claimed: bool = False
+    handed_over: bool = False
+    written: WrittenAcquire | None = None
+    grant: Callable[..., store.AcquireResult] | None = None
+
+
 class Claim:
     """Where :func:`take` puts the lease the moment the store granted it, before it registers
     it with the heartbeat: a caller that made the claim before calling :func:`take` finds the
@@ -151,10 +188,7 @@ def take(
     *,
     sender: Any,
     claim: Claim | None = None,
-    claimed: bool = False,
-    handed_over: bool = False,
-    grant: Callable[..., store.AcquireResult] | None = None,
-    written: WrittenAcquire | None = None,
+    request: AcquireRequest | None = None,
 ) -> Lease | store.AcquireResult:
     """Take lease ``key`` and start renewing it (see the module docstring for the steps).
 
@@ -171,17 +205,8 @@ def take(
         target: where a loss is delivered; finished here when no lease results.
         sender: the ``sender`` of the signals sent.
         claim: set to the lease as soon as it is granted (see :class:`Claim`).
-        claimed: the execution's message claimed the key's waiting slot at publish
-            (``lease_dedupe``): the grant clears that claim, in the same script.
-        handed_over: the execution is a run a hand-over release published (its copy that
-            already ran is refused: :func:`celery_lease.store.acquire`).
-        grant: the script that grants it, called as :func:`celery_lease.store.acquire` is
-            (default; a take-over from a preempted holder: :func:`celery_lease.store.take_over`;
-            one slot of a limited key: :func:`celery_lease.store.slot_grant`, whose ``limit``
-            the lease keeps and whose ``release`` frees what an interrupted take got).
-        written: the plain acquire of ``key`` written as the pool accepted the request
-            (:mod:`celery_lease.execution.accepted`): read, not sent; its token and send time are
-            used.
+        request: what the acquire asks for (:class:`AcquireRequest`; None: a plain key, nothing
+            claimed or handed over, nothing written ahead).
 
     Returns:
         The granted :class:`~celery_lease.core.lease.Lease`, or the
@@ -195,9 +220,11 @@ def take(
     sent = announced = False
     lease: Lease | None = None
     token = ""
+    asked = _PLAIN_REQUEST if request is None else request
     try:
         options = settings.options
-        send = grant or store.acquire
+        shape, written = asked.shape, asked.written
+        send = asked.grant or shape.acquire
         if written is None:  # else they were settled as it was written
             pending.settle_all()  # the replies of this process's earlier releases, first
         # The local deadline counts from the first send: if its reply was lost after the
@@ -220,22 +247,12 @@ def take(
                     holder.to_json(),
                     options.min_replicas,
                     holder.task_id,
-                    handed_over,
-                    claimed,
+                    asked.handed_over,
+                    asked.claimed,
                 )
             )
         except (RedisConnectionError, RedisTimeoutError):  # the same token, asked again
-            found = send(
-                client,
-                key,
-                token,
-                options.ttl_ms,
-                holder.to_json(),
-                options.min_replicas,
-                holder.task_id,
-                handed_over,
-                claimed,
-            )
+            found = _send(send, client, key, token, options, holder, asked)
         if not found.granted:
             target.finish()
             return found
@@ -251,8 +268,8 @@ def take(
             sent_at=sent_at,
             joined=found.joined,
         )
-        if grant is not None:
-            lease.limit = getattr(grant, "limit", 1)  # a slot of a limited key (lease_limit)
+        if shape.limit > 1:
+            lease.limit = shape.limit  # a slot of a limited key (lease_limit)
         if claim is not None:
             claim.lease = lease
         heartbeat(settings.signum).add(lease)
@@ -286,11 +303,39 @@ def take(
             lease if sent else None,
             sent,
             sender if announced else None,
-            getattr(grant, "release", store.release),
+            asked.shape.release,
         )
         if claim is not None:
             claim.lease = None
         raise
+
+
+#: What a :func:`take` without a request asks for: a plain key, nothing else.
+_PLAIN_REQUEST = AcquireRequest()
+
+
+def _send(
+    send: Callable[..., store.AcquireResult],
+    client: redis.Redis,
+    key: str,
+    token: str,
+    options: LeaseOptions,
+    holder: HolderInfo,
+    asked: AcquireRequest,
+) -> store.AcquireResult:
+    """The acquire sent again with the same token (``send`` is called as
+    :func:`celery_lease.store.acquire`); the first send is inline in :func:`take`."""
+    return send(
+        client,
+        key,
+        token,
+        options.ttl_ms,
+        holder.to_json(),
+        options.min_replicas,
+        holder.task_id,
+        asked.handed_over,
+        asked.claimed,
+    )
 
 
 def _undo_take(

@@ -34,10 +34,8 @@ from kombu.utils.compat import detect_environment
 
 from .. import store
 from ..base import clock, process
-from ..policies.conflict import REDELIVERY_HEADER
-from ..policies.debounce import DEBOUNCE_HEADER
-from ..policies.dedupe import CLAIM_HEADER
-from ..policies.handoff import HANDOFF_HEADER
+from ..base.headers import CLAIM_HEADER, HANDOFF_HEADER
+from ..policies import compose
 from ..store import written
 
 __all__ = ["LeasedRequest"]
@@ -115,16 +113,9 @@ def _write_plain(task: Any, request: Request) -> tuple[written.WrittenAcquire, f
             acquire would raise them.
     """
     headers = request.request_dict
-    settings = task.lease_settings()
+    _, settings, steps = task._lease_resolve()
     options = settings.options
-    cached = type(task)._lease_limit_cache
-    limit = cached[0] if cached is not None else type(task)._lease_limit_spec()
-    if (
-        limit is not None
-        or options.min_replicas
-        or REDELIVERY_HEADER in headers
-        or DEBOUNCE_HEADER in headers
-    ):
+    if compose.acquires_apart(steps, task, headers, options):
         return None
     key = task._lease_key(options, request.args, request.kwargs)
     client = store.client_for(settings.url, options.store_timeout, options.backend_options)

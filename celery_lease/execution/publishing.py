@@ -17,21 +17,19 @@ end).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from celery.utils import uuid
-from kombu.serialization import dumps, loads
 
+from ..base.headers import HANDOFF_HEADER, REDELIVERY_HEADER, SUCCESSOR_HEADER
 from ..core import eager
 from ..core.interrupt import HeldBack
 from ..core.lease import Lease, _current
-from ..errors import LeaseConfigError
-from ..policies import debounce, dedupe
-from ..policies.conflict import REDELIVERY_HEADER, SUCCESSOR_HEADER
-from ..policies.handoff import HANDOFF_HEADER
+from ..policies import compose
+from ..policies.base import PASS, mark, sent_key
 
-__all__ = ["apply_async", "sent_key"]
+__all__ = ["apply_async"]
 
 
 def apply_async(
@@ -52,16 +50,17 @@ def apply_async(
         LeaseLost: the body's lease was lost while it published (the message is out);
             not for a publish under the execution's own task id (a retry).
     """
-    if debounce.enabled(task) and not debounce.passes(task, options):
-        return debounce.send(
-            task, sent_key(task, args, kwargs, options), args, kwargs, options, publish
-        )
+    steps = compose.publish_steps(task)
+    for before in steps.publish:  # a debounce burst answers for the call
+        answered = before(task, args, kwargs, options, publish)
+        if answered is not PASS:
+            return answered
     holding = _current.get()
     if holding is None or holding.retired:
-        return _apply_async(task, None, args, kwargs, options, publish)
+        return _apply_async(task, steps, None, args, kwargs, options, publish)
     own_id = bool(task.request.id) and options.get("task_id") == task.request.id
     with HeldBack(holding.target) as held:
-        result = _apply_async(task, holding, args, kwargs, options, publish)
+        result = _apply_async(task, steps, holding, args, kwargs, options, publish)
     if held.loss is not None and not own_id:
         raise held.loss
     return result
@@ -69,6 +68,7 @@ def apply_async(
 
 def _apply_async(
     task: Any,
+    steps: compose.PublishSteps,
     holding: Lease | None,
     args: Any,
     kwargs: Any,
@@ -99,7 +99,7 @@ def _apply_async(
             if task.app.conf.task_always_eager:
                 # A worker runs it after the holder ends; so does eager mode (not nested).
                 task_id = options.pop("task_id", None) or uuid()
-                return dedupe.mark(
+                return mark(
                     eager.defer(
                         holding.token,
                         task_id,
@@ -108,33 +108,18 @@ def _apply_async(
                     ),
                     "published",
                 )
-    # dedupe.enabled first: it is cached, the eager setting's lookup is not (~40 000
+    # The policies' send first: it is cached, the eager setting's lookup is not (~40 000
     # instructions a publish).
-    if not dedupe.enabled(task) or task.app.conf.task_always_eager:
-        return dedupe.mark(publish(**options), "published")
+    if not steps.send or task.app.conf.task_always_eager:
+        return mark(publish(**options), "published")
     if REDELIVERY_HEADER in (options.get("headers") or {}):
         key = None  # a check copy of a running message, never a waiting copy
     else:
         key = key or sent_key(task, args, kwargs, options)
         # Published again under its own id (a retry, a copy a conflict policy sends on).
         take_over = take_over or (options.get("task_id") or "") == task.request.id
-    return dedupe.send(task, key, options, publish, take_over)
-
-
-def sent_key(task: Any, args: Any, kwargs: Any, options: Mapping[str, Any]) -> str | None:
-    """The key the worker will compute for a call, from the arguments as the serializer
-    hands them over (JSON turns ``{1: "a"}`` into ``{"1": "a"}``); None when they give
-    none (a bad call fails at execution, with the real error)."""
-    try:
-        content_type, encoding, data = dumps(  # type: ignore[no-untyped-call]
-            [list(args or ()), dict(kwargs or {})],
-            serializer=options.get("serializer") or task.serializer,
-        )
-        sent_args, sent_kwargs = loads(  # type: ignore[no-untyped-call]
-            data, content_type, encoding
-        )
-        return str(task.lease_key_for(sent_args, sent_kwargs))
-    except LeaseConfigError:
-        raise  # no store configured (a publisher of a task with lease_dedupe needs one)
-    except Exception:
-        return None
+    for send in steps.send:  # lease_dedupe: at most one waiting copy per key
+        sent = send(task, key, options, publish, take_over)
+        if sent is not PASS:
+            return sent
+    return mark(publish(**options), "published")

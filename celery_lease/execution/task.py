@@ -8,15 +8,16 @@ loss is raised inside the body as :class:`~celery_lease.errors.LeaseLost`.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import logging
 import socket
 from collections.abc import Mapping
-from typing import Any, ClassVar, NoReturn
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from celery import Task
-from celery.exceptions import Ignore, Retry
+from celery.exceptions import Retry
 from celery.result import allow_join_result
 from redis.exceptions import RedisError
 
@@ -26,11 +27,8 @@ from ..base.keys import KeySpec, build_key, run_signature, validate_lease_key
 from ..core import eager, interrupt, lifecycle
 from ..core.lease import Lease, _current
 from ..errors import LeaseKeyError, LeaseLost, LeaseStoreUnavailable
-from ..policies import conflict, cooldown, debounce, handoff, preempt
-from ..policies.conflict import REDELIVERY_HEADER, SKIPPED_MARKER, is_skipped
-from ..policies.dedupe import CLAIM_HEADER
-from ..policies.handoff import HANDOFF_HEADER
-from ..policies.limit import LimitSpec, check_limit, limit_for
+from ..policies import compose
+from ..policies.base import AGAIN
 from ..settings import publish as publish_settings
 from ..settings.config import (
     TASK_OPTIONS,
@@ -44,7 +42,12 @@ from ..settings.names import check_task_names
 from ..store import written as store_written
 from . import outage, publishing
 
-__all__ = ["SKIPPED_MARKER", "LeasedTask", "is_skipped"]
+if TYPE_CHECKING:
+    from ..policies.limit import LimitSpec
+
+__all__ = ["LeasedTask"]
+
+_NO_HEADERS: dict[str, Any] = {}  # a message without headers of its own (never written to)
 
 logger = logging.getLogger("celery_lease")
 
@@ -90,7 +93,8 @@ class LeasedTask(Task):  # type: ignore[misc]
     _lease_signature: ClassVar[inspect.Signature | None] = None
     _lease_spec_cache: ClassVar[tuple[KeySpec] | None] = None
     _lease_limit_cache: ClassVar[tuple[LimitSpec] | None] = None
-    _lease_resolved: ClassVar[tuple[int, LeaseSettings] | None] = None
+    #: (pid, settings, steps): the settings and the policies' steps, resolved per process.
+    _lease_resolved: ClassVar[tuple[int, LeaseSettings, compose.Steps] | None] = None
     #: Wait for the release's reply before the execution's result is stored (the benchmark's
     #: synchronous variant). False: the release is written before, its reply read later
     #: (:mod:`celery_lease.store.pending`), one round trip less on every execution.
@@ -109,7 +113,7 @@ class LeasedTask(Task):  # type: ignore[misc]
         given = {n for k in cls.__mro__[: cls.__mro__.index(LeasedTask)] for n in vars(k)}
         check_task_names(given, app.conf, where)
         check_process_settings(app.conf, "app.conf")
-        check_limit(
+        compose.check(
             cls._lease_limit_spec(),
             resolve_options(app.conf, cls._lease_task_options(), where),
             where,
@@ -150,6 +154,11 @@ class LeasedTask(Task):  # type: ignore[misc]
         Raises:
             LeaseConfigError: a setting is invalid or no Redis URL is configured.
         """
+        return self._lease_resolve()[1]
+
+    def _lease_resolve(self) -> tuple[int, LeaseSettings, compose.Steps]:
+        """``(pid, settings, steps)``: the settings and the steps of the task's policies
+        (:func:`celery_lease.policies.compose.steps_for`), resolved once per process."""
         cls = type(self)
         # Looked up in the class's own __dict__: a subclass of a leased task must not see
         # its parent's settings (its options may differ).
@@ -158,9 +167,12 @@ class LeasedTask(Task):  # type: ignore[misc]
             settings = resolve_settings(
                 self.app.conf, self._lease_task_options(), f"task {self.name}"
             )
-            resolved = (process.pid(), settings)
+            steps = compose.steps_for(
+                settings.options, cls._lease_limit_spec(), cls._lease_release_wait
+            )
+            resolved = (process.pid(), settings, steps)
             cls._lease_resolved = resolved
-        return resolved[1]  # type: ignore[no-any-return]
+        return resolved  # type: ignore[no-any-return]
 
     @classmethod
     def forget_lease_settings(cls) -> None:
@@ -173,6 +185,7 @@ class LeasedTask(Task):  # type: ignore[misc]
         """
         cls._lease_resolved = None
         publish_settings.forget(cls)  # lease_dedupe, lease_debounce
+        compose.forget(cls)  # the publish steps built from them
 
     def lease_key_for(self, args: Any = (), kwargs: Mapping[str, Any] | None = None) -> str:
         """The lease key a call with ``args`` and ``kwargs`` takes.
@@ -264,13 +277,22 @@ class LeasedTask(Task):  # type: ignore[misc]
         claim = lifecycle.Claim()
         ending = "failure"  # how the body ended: which release it sends (lease_cooldown)
         try:
-            if debounce.DEBOUNCE_HEADER in (request.headers or {}) and not request.is_eager:
-                args, kwargs = debounce.on_timer(self, request, args, kwargs)  # or Ignore
-            lease = self._acquire(request, args, kwargs, claim)
+            resolved = self._lease_resolve()
+            steps = resolved[2]
+            headers = request.headers or _NO_HEADERS
+            for prepare in steps.prepare:
+                args, kwargs = prepare(self, request, args, kwargs)
+            for header, prepare in steps.prepare_on:  # a debounce timer: its burst, or Ignore
+                if header in headers:
+                    args, kwargs = prepare(self, request, args, kwargs)
+            lease = self._acquire(request, args, kwargs, claim, resolved)
             if not isinstance(lease, Lease):
                 return lease  # eager mode: a skipped duplicate's marker
-            if lease.joined is not None:  # a duplicate joined this handed-over run: its args
-                args, kwargs = handoff.adopt(request, lease.joined)
+            for on_grant in steps.on_grant:
+                args, kwargs = on_grant(self, request, lease) or (args, kwargs)
+            for header, on_grant in steps.on_grant_on:  # a handed-over run's joined arguments
+                if header in headers:
+                    args, kwargs = on_grant(self, request, lease) or (args, kwargs)
             outer = _current.get()  # put back even if an exit lands right after the set
             _current.set(lease)
             try:
@@ -291,16 +313,19 @@ class LeasedTask(Task):  # type: ignore[misc]
                 try:
                     if _current.get() is granted:  # an exit landed between the set and its try
                         _current.set(outer)
-                    self._end(granted, ending)
+                    self._end(granted, ending, steps)
                 except BaseException:
                     # An exit that landed as the end began (its call): end it, then go on.
-                    self._end(granted, ending)
+                    self._end(granted, ending, steps)
                     raise
                 finally:
                     eager.run_deferred(granted.token)  # eager successors: after the release
 
-    def _end(self, lease: Lease, ending: str = "failure") -> None:
-        """Stop loss delivery and release ``lease`` (once), as ``ending`` says (cooldown)."""
+    def _end(
+        self, lease: Lease, ending: str = "failure", steps: compose.Steps | None = None
+    ) -> None:
+        """Stop loss delivery and release ``lease`` (once), as ``ending`` says (cooldown),
+        with the ``steps`` of the task's policies that took it (default: as resolved now)."""
         if lease.retired:
             return
         try:
@@ -308,7 +333,7 @@ class LeasedTask(Task):  # type: ignore[misc]
             # release below runs whatever happens.
             lease.target.finish()
         finally:
-            self._release(lease, ending)
+            self._release(lease, ending, steps or self._lease_resolve()[2])
 
     def _acquire(
         self,
@@ -316,12 +341,12 @@ class LeasedTask(Task):  # type: ignore[misc]
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         claim: lifecycle.Claim | None = None,
+        resolved: tuple[int, LeaseSettings, compose.Steps] | None = None,
     ) -> Lease | dict[str, Any]:
-        settings = self.lease_settings()
+        _, settings, steps = resolved or self._lease_resolve()
         options, url, signum = settings
-        cls = type(self)
-        # Written as the pool accepted the request (celery_lease.execution.accepted), for these
-        # arguments.
+        # Written as the pool accepted the request (celery_lease.execution.accepted), for
+        # these arguments.
         written = store_written.take(request.id, options.renew_interval) if request.id else None
         # lease_key_for() without its checks of the arguments' types: Celery passes a tuple
         # and a dict.
@@ -330,60 +355,51 @@ class LeasedTask(Task):  # type: ignore[misc]
             client = store.client_for(url, options.store_timeout, options.backend_options)
         except RedisError as exc:
             self._store_error(options, key, exc)
-        earlier = (request.headers or {}).get(REDELIVERY_HEADER)
-        if earlier and conflict.ended(client, key, str(earlier)):
-            logger.info(
-                "task %s[%s] already finished in an earlier delivery: not run again",
-                self.name,
-                request.id,
-            )
-            raise Ignore()
-        task_id = request.id or ""
-        holder = lifecycle.HolderInfo(self.name, task_id, request.hostname or socket.gethostname())
-        headers = request.headers or {}
-        handed_over = HANDOFF_HEADER in headers
-        claimed = CLAIM_HEADER in headers  # its publish claimed the key's waiting slot
+        headers = request.headers or _NO_HEADERS
+        for admit in steps.admit:
+            admit(self, request, client, key)
+        for header, admit in steps.admit_on:  # a redelivered copy of a run that finished
+            if header in headers:
+                admit(self, request, client, key)
+        holder = lifecycle.HolderInfo(
+            self.name, request.id or "", request.hostname or socket.gethostname()
+        )
+        asked = lifecycle.AcquireRequest(written=written)
+        for shape in steps.shape:  # the slots of a limit
+            shape(self, request, args, kwargs, asked)
+        for header, shape in steps.shape_on:  # claimed at publish, a handed-over run
+            if header in headers:
+                shape(self, request, args, kwargs, asked)
         first_conflict = None
-        cached = cls._lease_limit_cache  # set at registration (on_bound): no call here
-        spec = cached[0] if cached is not None else cls._lease_limit_spec()
-        limit = 1 if spec is None else limit_for(spec, args, kwargs, f"task {self.name}")
-        grant = store.slot_grant(limit) if limit > 1 else None  # 1: the plain lease
         for attempt in itertools.count():
             target = interrupt.for_current_context(signum)
             try:
                 got = lifecycle.take(
-                    settings,
-                    client,
-                    key,
-                    holder,
-                    target,
-                    sender=self,
-                    claim=claim,
-                    claimed=claimed,
-                    handed_over=handed_over,
-                    grant=grant,
-                    written=written,
+                    settings, client, key, holder, target, sender=self, claim=claim, request=asked
                 )
-                written = None  # a second attempt sends its own
+                asked.written = None  # a second attempt sends its own
             except RedisError as exc:
                 self._store_error(options, key, exc)
             if not isinstance(got, Lease):
                 first_conflict = clock.now() if first_conflict is None else first_conflict
-                got = conflict.handle(
-                    self,
-                    request,
-                    options,
-                    key,
-                    got,
-                    client,
-                    attempt,
-                    clock.now() - first_conflict,
-                    claim,
+                got = compose.handle(
+                    compose.conflict_of(
+                        self,
+                        request,
+                        options,
+                        key,
+                        got,
+                        client=client,
+                        attempt=attempt,
+                        waited=clock.now() - first_conflict,
+                        claim=claim,
+                        event=self._event,
+                        store_error=functools.partial(self._store_error, options, key),
+                    ),
+                    steps,
                 )
-                if got is conflict.AGAIN:
+                if got is AGAIN:
                     continue
-            if options.on_conflict == "preempt" and isinstance(got, Lease):
-                preempt.listen(client, options.key_prefix, holder.hostname)  # once per process
             return got  # type: ignore[no-any-return]
         raise AssertionError("unreachable")
 
@@ -397,29 +413,13 @@ class LeasedTask(Task):  # type: ignore[misc]
             kwargs,
         )
 
-    def _release(self, lease: Lease, ending: str) -> None:
+    def _release(self, lease: Lease, ending: str, steps: compose.Steps) -> None:
         # Runs before Celery stores the result and acknowledges the message: the release is on
         # the socket (or done, with wait) by then.
-        options = lease.options
-        release = cooldown.release_for(options, ending)
-        if lease.limit > 1 and not options.hands_over:  # one slot: no cooldown either
-            ended = lifecycle.end(lease, sender=self, release=store.release_slot)
-        elif options.hands_over and (release is store.release or lease.limit > 1):
-            handed = HANDOFF_HEADER in (self.request.headers or {})  # hand the key (slot) over
-            releaser = handoff.Releaser(options, lease.task_id if handed else "", lease.limit)
-            ended = lifecycle.end(lease, sender=self, release=releaser)
-            handoff.publish_released(self, lease, releaser.result)
-        else:  # with a preempt grace a newcomer may wait for this end: learn it at once
-            ended = lifecycle.end(
-                lease,
-                sender=self,
-                release=release,
-                wait=self._lease_release_wait or options.preempt_grace > 0,
-            )
-        error = ended.loss
+        error = compose.end(self, lease, ending, steps).loss
         if error is not None:
             self._event(
-                preempt.loss_event(lease, error),
+                compose.loss_event(lease, error, steps),
                 lease_key=lease.key,
                 lease_cause=error.cause,
                 fencing_token=lease.fencing_token,

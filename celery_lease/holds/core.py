@@ -147,7 +147,7 @@ class HoldCore:
         """
         holder = _holder()
         # Above 1, one of the key's slots (store.slots); its task id is no reason to refuse.
-        grant = store.slot_grant(self.limit, same_task_id=False) if self.limit > 1 else None
+        asked = lifecycle.AcquireRequest(store.key_shape(self.limit, same_task_id=False))
         try:
             return lifecycle.take(
                 self.settings,
@@ -157,7 +157,7 @@ class HoldCore:
                 target,
                 sender=holder.task_name,
                 claim=claim,
-                grant=grant,
+                request=asked,
             )
         except RedisError as exc:
             raise LeaseStoreUnavailable(self.key, "acquire", store.describe(exc)) from None
@@ -194,7 +194,7 @@ class HoldCore:
 def end(lease: Lease, *, sender: Any) -> lifecycle.Ending:
     """:func:`celery_lease.core.lifecycle.end` with the release that wakes a waiting hold (of one
     slot only, for a hold with a ``limit`` above 1)."""
-    release = store.release_slot_and_wake if lease.limit > 1 else store.release_and_wake
+    release = store.key_shape(lease.limit, same_task_id=False).release_and_wake
     return lifecycle.end(lease, sender=sender, release=release)
 
 

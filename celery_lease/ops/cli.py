@@ -439,7 +439,7 @@ def release(ctx: click.Context, key: str, assume_yes: bool, url: str | None, **k
         )
     if not assume_yes and not click.confirm("Release it?", default=False):
         _fail("not released", 1)
-    if (store.revoke_slot if current.limit > 1 else store.revoke)(client, key, current.token):
+    if store.key_shape(current.limit).revoke(client, key, current.token):
         click.echo(f"released {key}")
         return
     now = read_lease(client, key)

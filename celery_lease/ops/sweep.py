@@ -36,7 +36,7 @@ from celery import bootsteps
 from redis.exceptions import RedisError
 
 from .. import store
-from ..policies import debounce, handoff
+from ..policies import compose
 from ..settings.config import LeaseOptions
 from ..store import handoff as stored
 from .inspection import leased_tasks
@@ -80,52 +80,9 @@ def sweep_once(app: Any, client: Any, prefix: str, tasks: dict[str, LeaseOptions
     published = 0
     for key, score in stored.take_due(client, prefix, BATCH, ahead):
         options = _options_for(key, tasks)
-        published += _look(app, client, prefix, key, score, options)
-        if options.debounce is not None:  # after: its note is kept if sooner than the above
-            published += debounce.sweep_look(app, client, prefix, key, options)
+        for look in compose.sweepers(options):  # the hand-over's, then a debounce timer's
+            published += look(app, client, prefix, key, score, options)
     return published
-
-
-def _look(app: Any, client: Any, prefix: str, key: str, score: int, options: LeaseOptions) -> int:
-    """The hand-over look at one key; 1 when it published a run."""
-    got = stored.recover(
-        client,
-        key,
-        options.ttl_ms,
-        handoff.lifetime_ms(options),
-        round((options.queue_timeout or 0.0) * 1000),
-        handoff.mode_of(options),
-    )
-    margin = round(options.renew_interval * 500)
-    logger.debug(
-        "lease sweep looked at %s: wait %s ms, handed %s",
-        key,
-        got.wait_ms,
-        got.handed and got.handed.task_id,
-    )
-    if got.wait_ms is not None:
-        stored.watch(client, prefix, key, got.wait_ms + margin)
-        if got.handed is None:
-            return 0
-        # A limited key's slot reservations past due: their releaser's publish was lost.
-        logger.warning(
-            "lease %s: the publish of the run %s handed a slot was lost; publishing it again",
-            key,
-            got.handed.task_id,
-        )
-        return int(handoff.publish_handoff(app, got, key, options, by="sweep") is not None)
-    if got.handed is None:
-        handoff.publish_handoff(app, got, key, options, by="sweep")
-        stored.forget(client, prefix, key, score)
-        return 0
-    logger.warning(
-        "lease %s: its holder or releaser is gone; handing the key over to the waiting run %s",
-        key,
-        got.handed.task_id,
-    )
-    # Looked at again once its reservation is due: it is handed over again if not taken.
-    stored.watch(client, prefix, key, options.ttl_ms + margin)
-    return int(handoff.publish_handoff(app, got, key, options, by="sweep") is not None)
 
 
 class Sweep:

@@ -11,13 +11,19 @@ Every other ending, and every task without ``lease_cooldown``, sends the plain r
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from .. import store
+from ..core import lifecycle
 from ..settings.config import LeaseOptions
+from .base import Policy
 
-__all__ = ["ENDINGS", "release_for"]
+if TYPE_CHECKING:
+    from ..core.lease import Lease
+
+__all__ = ["ENDINGS", "Cooldown", "release_for"]
 
 #: How an execution's body ended, as :func:`release_for` takes it.
 ENDINGS = ("success", "failure", "retry")
@@ -45,3 +51,19 @@ def release_for(options: LeaseOptions, ending: str) -> Callable[[redis.Redis, st
         return store.release_into_cooldown(client, key, token, cooldown_ms)
 
     return release
+
+
+class Cooldown(Policy):
+    """``lease_cooldown``: an ending it counts releases into a cooldown record."""
+
+    name = "lease_cooldown"
+    order = 10  # before the hand-over: a key in its cooldown is handed to nobody
+
+    def applies(self, options: LeaseOptions, limit: Any) -> bool:
+        return options.cooldown is not None
+
+    def release(self, task: Any, lease: Lease, ending: str, wait: bool) -> lifecycle.Ending | None:
+        release = release_for(lease.options, ending)
+        if release is store.release or lease.limit > 1:  # one slot has no cooldown
+            return None
+        return lifecycle.end(lease, sender=task, release=release, wait=wait)

@@ -45,35 +45,30 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import store
 from ..base import process, signals
+from ..base.headers import CLAIM_HEADER
 from ..base.keys import claim_key
+from ..core import lifecycle
 from ..errors import LeaseStoreUnavailable
 from ..settings import publish as publish_settings
+from .base import DISPOSITIONS, Policy, mark
 
-__all__ = ["CLAIM_HEADER", "DISPOSITIONS", "claim_lifetime", "forget", "mark", "send"]
+__all__ = [
+    "CLAIM_HEADER",
+    "DISPOSITIONS",
+    "Dedupe",
+    "claim_lifetime",
+    "enabled",
+    "forget",
+    "mark",
+    "send",
+]
 
 logger = logging.getLogger("celery_lease")
-
-#: Message header of a message that claimed its key's waiting slot at publish; its value is
-#: the lease key. The execution's acquire clears the claim (``acquire-4.lua``), and a worker
-#: that drops the message as revoked or expired removes it.
-CLAIM_HEADER = "lease_claimed"
-
-#: The values of ``result.lease_disposition``.
-DISPOSITIONS = ("published", "deduplicated", "debounced", "unguarded")
 
 #: Options of a message that is part of a canvas (linked work, a group or chord member, a
 #: chain's next task published by its parent, whose frozen task id a caller already holds):
 #: folding it would drop that work or strand that id.
 _CANVAS = ("link", "link_error", "chain", "chord", "group_id", "parent_id")
-
-
-def mark(result: Any, disposition: str) -> Any:
-    """Set ``result.lease_disposition`` and return ``result``."""
-    try:
-        result.lease_disposition = disposition
-    except AttributeError:  # a result class with __slots__: nothing to carry it
-        pass
-    return result
 
 
 def claim_lifetime(options: Mapping[str, Any], default_expires: Any, ttl: float) -> float:
@@ -244,3 +239,36 @@ def enabled(task: Any) -> bool:
     class: :func:`celery_lease.settings.publish.app_setting`)."""
     value = type(task).lease_dedupe
     return (publish_settings.app_setting(task, "lease_dedupe") if value is None else value) is True
+
+
+class Dedupe(Policy):
+    """``lease_dedupe``: at publish, at most one waiting copy per key (the module docstring);
+    at the execution, a claimed message's acquire clears its claim, and a message that ends on
+    a conflict without a copy sent on removes it."""
+
+    name = "lease_dedupe"
+    triggers = {"shape": CLAIM_HEADER}  # a claimed message says so in a header
+    always = frozenset({"on_message_end"})
+
+    def applies_at_publish(self, task: Any) -> bool:
+        return enabled(task)
+
+    def send(
+        self,
+        task: Any,
+        key: str | None,
+        options: dict[str, Any],
+        publish: Callable[..., Any],
+        take_over: bool,
+    ) -> Any:
+        return send(task, key, options, publish, take_over)
+
+    def shape(
+        self, task: Any, request: Any, args: Any, kwargs: Any, asked: lifecycle.AcquireRequest
+    ) -> None:
+        asked.claimed = CLAIM_HEADER in (request.headers or {})  # the grant clears its claim
+
+    def on_message_end(self, task: Any, request: Any, policy: str) -> None:
+        key_claimed = (request.headers or {}).get(CLAIM_HEADER)
+        if key_claimed:
+            forget(task, str(key_claimed), request.id, f"it ended on a conflict ({policy})")

@@ -20,12 +20,18 @@ their own instead of a counter.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .. import store
+from ..core import lifecycle
 from ..errors import LeaseConfigError
 from ..settings.config import LeaseOptions
+from .base import Policy
 
-__all__ = ["LIMIT_OPTION", "LimitSpec", "check_limit", "limit_for"]
+if TYPE_CHECKING:
+    from ..core.lease import Lease
+
+__all__ = ["LIMIT_OPTION", "Limit", "LimitSpec", "check_limit", "limit_for"]
 
 #: The task option's name (and ``hold(limit=)``'s setting in errors).
 LIMIT_OPTION = "lease_limit"
@@ -34,34 +40,19 @@ LIMIT_OPTION = "lease_limit"
 LimitSpec = int | Callable[..., int] | None
 
 
-def _refused(options: LeaseOptions) -> list[str]:
-    """The settings of ``options`` that a limit above 1 cannot work with, each with why."""
-    found = []
-    if options.on_conflict == "preempt":
-        found.append(
-            "lease_on_conflict='preempt' (which of N holders would it take over? "
-            "use 'queue', 'retry', 'coalesce', 'skip' or 'fail')"
-        )
-    if options.cooldown is not None:
-        found.append("lease_cooldown (a cooldown record is one holder's; drop it)")
-    return found
-
-
-def check_limit(
-    spec: Any, options: LeaseOptions | None, where: str, name: str = LIMIT_OPTION
-) -> None:
-    """Check a ``lease_limit`` at decoration (or a ``hold(limit=)`` at its creation).
+def check_limit(spec: Any, where: str, name: str = LIMIT_OPTION) -> None:
+    """Check a ``lease_limit`` at decoration (or a ``hold(limit=)`` at its creation); the
+    settings it cannot be combined with are refused by
+    :func:`celery_lease.policies.compose.check`.
 
     Args:
         spec: the option's value: None, an int >= 1, or a callable.
-        options: the resolved lease options it goes with (None: not checked against them).
         where: what to name in the error (``"task proj.tasks.sync"``).
         name: the option's name in the error (``"limit"`` for ``hold()``).
 
     Raises:
         LeaseConfigError: ``spec`` is not an int >= 1 (a bool, a float, 0, a string) nor a
-            callable, or a limit other than 1 goes with a setting it cannot work with
-            (``lease_on_conflict="preempt"``, ``lease_cooldown``), naming each and the fix.
+            callable.
     """
     if spec is None or (spec == 1 and type(spec) is int):
         return
@@ -70,12 +61,6 @@ def check_limit(
             f"{name}={spec!r} ({where}) must be a whole number of executions >= 1 at once per "
             f"key (e.g. {name}=3), or a callable of the task's arguments returning one"
         )
-    if options is not None:
-        refused = _refused(options)
-        if refused:
-            raise LeaseConfigError(
-                f"{name}={spec!r} ({where}) cannot be combined with " + "; ".join(refused)
-            )
 
 
 def limit_for(
@@ -106,3 +91,31 @@ def limit_for(
             f"executions >= 1 (e.g. 10 for one tenant, 2 for another)"
         )
     return found
+
+
+class Limit(Policy):
+    """``lease_limit``: the key of an execution whose limit is above 1 is a set of slots."""
+
+    name = "lease_limit"
+    order = 30  # after the hand-over, which hands a freed slot to the line's head
+
+    def applies(self, options: LeaseOptions, limit: Any) -> bool:
+        return limit is not None
+
+    def acquires_apart(self, task: Any, headers: Any) -> bool:
+        return True  # a slot of a limited key is never written at the accept
+
+    def shape(
+        self, task: Any, request: Any, args: Any, kwargs: Any, asked: lifecycle.AcquireRequest
+    ) -> None:
+        cls = type(task)
+        cached = cls._lease_limit_cache  # set at registration (on_bound): no call here
+        spec = cached[0] if cached is not None else cls._lease_limit_spec()
+        limit = limit_for(spec, args, kwargs, f"task {task.name}")
+        if limit > 1:  # 1: the plain lease
+            asked.shape = store.key_shape(limit)
+
+    def release(self, task: Any, lease: Lease, ending: str, wait: bool) -> lifecycle.Ending | None:
+        if lease.limit == 1:
+            return None
+        return lifecycle.end(lease, sender=task, release=store.release_slot)  # no cooldown

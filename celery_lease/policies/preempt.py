@@ -37,13 +37,15 @@ from redis.exceptions import RedisError
 
 from .. import store
 from ..base import process, signals
+from ..base.headers import CLAIM_HEADER
 from ..core import interrupt, lifecycle
 from ..core.heartbeat import heartbeat
 from ..core.lease import Lease
 from ..errors import LostCause
-from .dedupe import CLAIM_HEADER
+from ..settings.config import LeaseOptions
+from .base import DECLINED, Arguments, Conflict, Policy
 
-__all__ = ["Listener", "end_preempted", "listen", "loss_event", "take_over"]
+__all__ = ["Listener", "Preempt", "end_preempted", "listen", "loss_event", "take_over"]
 
 logger = logging.getLogger("celery_lease")
 
@@ -122,11 +124,36 @@ def listen(client: redis.Redis, prefix: str, hostname: str) -> Listener:
     return found
 
 
-def take_over(c: Any) -> Lease | None:
-    """The ``"preempt"`` policy (:data:`celery_lease.policies.conflict.HANDLERS`) for the conflict
-    ``c`` (a :class:`celery_lease.policies.conflict.Conflict`): take the key over from the holder it
-    names, tell it, wait out the grace, return the lease (the body then runs). None for a cooldown
-    record, an unknown holder, or a key that keeps changing hands: the caller skips.
+class Preempt(Policy):
+    """``lease_on_conflict="preempt"``: newest wins (see the module docstring)."""
+
+    name = "preempt"
+    handles = ("preempt",)
+    always = frozenset({"loss_event", "waits_for_release"})
+
+    def applies(self, options: LeaseOptions, limit: Any) -> bool:
+        return options.on_conflict == "preempt"
+
+    def on_conflict(self, c: Conflict) -> Any:
+        return take_over(c) or DECLINED  # nothing to take over: the composition's fallback
+
+    def on_grant(self, task: Any, request: Any, lease: Lease) -> Arguments | None:
+        hostname = request.hostname or socket.gethostname()
+        listen(lease.client, lease.options.key_prefix, hostname)  # once per process
+        return None
+
+    def waits_for_release(self, options: LeaseOptions) -> bool:
+        return options.preempt_grace > 0  # a newcomer may wait for this end: learn it at once
+
+    def loss_event(self, lease: Lease, error: Any) -> str | None:
+        return loss_event(lease, error)
+
+
+def take_over(c: Conflict) -> Lease | None:
+    """The ``"preempt"`` policy's handler for the conflict ``c``: take the key over from the
+    holder it names, tell it, wait out the grace, return the lease (the body then runs). None
+    for a cooldown record, an unknown holder, or a key that keeps changing hands: the
+    composition then skips (or fails, inside a chain).
 
     Raises:
         LeaseStoreUnavailable: the store failed (as for any acquire).
@@ -151,11 +178,13 @@ def take_over(c: Any) -> Lease | None:
                 target,
                 sender=task,
                 claim=c.claim,
-                claimed=claimed,
-                grant=functools.partial(store.take_over, from_token=old.token),
+                request=lifecycle.AcquireRequest(
+                    claimed=claimed,
+                    grant=functools.partial(store.take_over, from_token=old.token),
+                ),
             )
         except RedisError as exc:
-            task._store_error(options, key, exc)
+            c.fail_on_store(exc)
         if isinstance(got, Lease):
             _told(task, client, options, got, old)
             return got

@@ -56,6 +56,7 @@ from .protocol import (
     wait_for_release,
 )
 from .renewal import RENEW_BATCH, renew_many
+from .shape import PLAIN, KeyShape, key_shape
 from .slots import (
     Slot,
     SlotsFull,
@@ -64,12 +65,12 @@ from .slots import (
     release_slot,
     release_slot_and_wake,
     revoke_slot,
-    slot_grant,
 )
 from .value import Holder, holder_json, new_token, parse_counter, parse_value
 
 __all__ = [
     "FENCE_COUNTER_EXTRA_MS",
+    "PLAIN",
     "RAN_HOLDER",
     "RENEW_BATCH",
     "RESERVED_HOLDER",
@@ -79,6 +80,7 @@ __all__ = [
     "Claim",
     "Decision",
     "Holder",
+    "KeyShape",
     "NotReplicated",
     "PrimaryUnconfirmed",
     "Slot",
@@ -90,6 +92,7 @@ __all__ = [
     "describe",
     "handoff",
     "holder_json",
+    "key_shape",
     "new_token",
     "next_message",
     "parse_claim",
@@ -110,7 +113,6 @@ __all__ = [
     "reset_clients",
     "revoke",
     "revoke_slot",
-    "slot_grant",
     "subscribe",
     "take_over",
     "unclaim",

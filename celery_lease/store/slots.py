@@ -24,7 +24,6 @@ decremented on release loses a slot to every holder that dies before its release
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
@@ -46,7 +45,6 @@ __all__ = [
     "release_slot",
     "release_slot_and_wake",
     "revoke_slot",
-    "slot_grant",
 ]
 
 _acquire = lua.load("acquire_slot-3.lua")
@@ -71,7 +69,7 @@ def acquire_slot(
     """Take one of the ``limit`` slots of ``key`` for ``token``, for ``ttl_ms`` int
     milliseconds; called as :func:`celery_lease.store.acquire` is (see it for the repeat after
     an ambiguous failure, ``min_replicas`` and the Sentinel confirmation), through
-    :func:`slot_grant`.
+    the key shape (:func:`celery_lease.store.key_shape`).
 
     A refusal (a :class:`SlotsFull`) names the holder whose slot ends first, and its time
     left: a retry waits for the first slot to free. A ``task_id`` that holds a live slot
@@ -136,34 +134,19 @@ class SlotsFull(AcquireResult):
     limit: int = 2
 
 
-def slot_grant(limit: int, same_task_id: bool = True) -> Callable[..., AcquireResult]:
-    """The ``grant`` :func:`celery_lease.core.lifecycle.take` calls for a key of ``limit`` slots:
-    :func:`acquire_slot` above 1, :func:`celery_lease.store.acquire` (the plain lease) at 1.
-    ``same_task_id=False`` (a hold, whose task id is a thread name) takes a slot whatever task
-    id holds the others.
-    """
-    if limit == 1:
-        from .protocol import acquire
-
-        return acquire
-
-    return SlotGrant(limit, same_task_id)
-
-
 class SlotGrant:
     """The grant of one slot of a ``limit``-slot key (:func:`acquire_slot`), called as
-    :func:`celery_lease.store.acquire` is; :func:`celery_lease.core.lifecycle.take` gives the lease
-    its ``limit`` and, after an interrupted take, frees the slot with its ``release``.
+    :func:`celery_lease.store.acquire` is: the ``acquire`` of its
+    :class:`~celery_lease.store.shape.KeyShape`.
 
     Attributes:
         limit: N (int >= 2).
-        release: :func:`release_slot`.
+        same_task_id: False (a hold) takes a slot whatever task id holds the others.
     """
 
     def __init__(self, limit: int, same_task_id: bool) -> None:
         self.limit = limit
         self.same_task_id = same_task_id
-        self.release = release_slot
 
     def __call__(self, *args: Any) -> AcquireResult:
         return acquire_slot(*args, limit=self.limit, same_task_id=self.same_task_id)

@@ -25,8 +25,7 @@ from celery import Celery
 from celery.signals import task_prerun
 
 import celery_lease
-from celery_lease import LeasedTask
-from celery_lease.base import signals
+from celery_lease import LeasedTask, signals  # documented paths: old versions have them too
 
 BROKER = os.environ.get("TEST_BROKER_URL", "redis://127.0.0.1:1/0")
 

@@ -52,6 +52,8 @@ def lose_first_reply(
         return answer
 
     monkeypatch.setattr(store, name, first_reply_lost)
+    if hasattr(store.PLAIN, name):  # where lifecycle.take finds the plain lease's acquire
+        monkeypatch.setattr(store.PLAIN, name, first_reply_lost)
     return calls
 
 

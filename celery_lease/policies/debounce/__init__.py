@@ -44,13 +44,14 @@ from redis.exceptions import RedisError
 
 from ... import store
 from ...base import process, signals
+from ...base.headers import DEBOUNCE_HEADER, HANDOFF_HEADER, REDELIVERY_HEADER
 from ...base.keys import burst_key
 from ...errors import LeaseStoreUnavailable
 from ...settings import publish as publish_settings
 from ...settings.config import LeaseOptions
 from ...store import debounce as stored
 from ...store import handoff as stored_handoff
-from .. import dedupe, handoff
+from ..base import PASS, Arguments, Policy, adopt, mark, sent_key
 from . import eager as debounce_eager
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "NOW_HEADER",
     "RECORD_MARGIN",
     "TIMER_HEADER",
+    "Debounce",
     "enabled",
     "on_timer",
     "passes",
@@ -68,8 +70,6 @@ __all__ = [
 
 logger = logging.getLogger("celery_lease")
 
-#: Message header of a burst's timer message; its value is the lease key.
-DEBOUNCE_HEADER = "lease_debounce"
 #: Message header of a publish that could not ask the store, published to run at once: it
 #: fires its own burst if its trigger landed all the same (:func:`on_timer`).
 NOW_HEADER = "lease_debounce_now"
@@ -81,11 +81,11 @@ AGAIN_HEADER = "lease_debounce_again"
 #: redelivered (debounce_fire-1.lua).
 TIMER_HEADER = "lease_debounce_timer"
 #: Float seconds a burst's record outlives its deadline (first publish plus cap): a day.
-RECORD_MARGIN = handoff.LINE_LIFETIME
+RECORD_MARGIN = 24 * 3600.0  # as long as a key's line lives without a look
 #: Options of a message that is part of a canvas: folding it would drop that work.
 _CANVAS = ("link", "link_error", "chain", "chord", "group_id", "parent_id")
 #: Headers of a message published again (a handed-over run, a timer, a redelivery check).
-_AGAIN = (DEBOUNCE_HEADER, handoff.HANDOFF_HEADER, "lease_redelivery")
+_AGAIN = (DEBOUNCE_HEADER, HANDOFF_HEADER, REDELIVERY_HEADER)
 
 
 def enabled(task: Any) -> bool:
@@ -141,7 +141,7 @@ def send(
             once the burst is a TTL past due).
     """
     if key is None:
-        return dedupe.mark(publish(**options), "published")
+        return mark(publish(**options), "published")
     settings = task.lease_settings()
     lease_options = settings.options
     config = lease_options.debounce
@@ -287,7 +287,7 @@ def _announce(task: Any, key: str, result: Any, disposition: str) -> Any:
         signals.lease_published.send(
             sender=task, key=key, task_id=result.id, disposition=disposition
         )
-    return dedupe.mark(result, disposition)
+    return mark(result, disposition)
 
 
 def on_timer(task: Any, request: Any, args: Any, kwargs: Any) -> tuple[Any, Any]:
@@ -351,7 +351,7 @@ def on_timer(task: Any, request: Any, args: Any, kwargs: Any) -> tuple[Any, Any]
         )
         task._event("task-lease-debounced", lease_key=key, lease_due_in=decided.due_in)
         raise Ignore()
-    latest_args, latest_kwargs = handoff.adopt(request, decided.arguments)
+    latest_args, latest_kwargs = adopt(request, decided.arguments)
     _strip(request)
     logger.info(
         "debounced: task %s[%s] runs for %d publishes of %s (%.3fs after the first)",
@@ -392,3 +392,42 @@ def sweep_look(app: Any, client: Any, prefix: str, key: str, options: LeaseOptio
         return False
     body = json.loads(found.arguments)  # type: ignore[no-untyped-call]
     return _publish_timer(app, body["task"], key, found.lost, body["args"], body["kwargs"])
+
+
+class Debounce(Policy):
+    """``lease_debounce``: a burst of publishes of one key runs once (the module docstring)."""
+
+    name = "lease_debounce"
+    order = 50  # its sweep looks after the hand-over's: its note is kept if sooner
+    triggers = {"prepare": DEBOUNCE_HEADER, "acquires_apart": DEBOUNCE_HEADER}  # a timer
+
+    def applies(self, options: LeaseOptions, limit: Any) -> bool:
+        return options.debounce is not None
+
+    def applies_at_publish(self, task: Any) -> bool:
+        return enabled(task)
+
+    def publish(
+        self,
+        task: Any,
+        args: Any,
+        kwargs: Any,
+        options: dict[str, Any],
+        publish: Callable[..., Any],
+    ) -> Any:
+        if passes(task, options):
+            return PASS
+        return send(task, sent_key(task, args, kwargs, options), args, kwargs, options, publish)
+
+    def acquires_apart(self, task: Any, headers: Any) -> bool:
+        return DEBOUNCE_HEADER in headers  # a timer decides its burst before its acquire
+
+    def sweep(
+        self, app: Any, client: Any, prefix: str, key: str, score: int, options: LeaseOptions
+    ) -> int:
+        return int(sweep_look(app, client, prefix, key, options))
+
+    def prepare(self, task: Any, request: Any, args: Any, kwargs: Any) -> Arguments:
+        if DEBOUNCE_HEADER in (request.headers or {}) and not request.is_eager:
+            return on_timer(task, request, args, kwargs)  # type: ignore[no-any-return]
+        return args, kwargs

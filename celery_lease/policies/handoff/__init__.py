@@ -13,8 +13,9 @@ at once (acknowledged; no worker slot held, no retry used up):
 
 A ``coalesce`` duplicate that arrives after a release handed the key to the pending run, but
 before that run starts, joins it all the same (its arguments replace the run's): the run's
-grant answers them and the run takes them (:func:`adopt`), so a burst runs at most two bodies
-(one running, one pending). A queued run's reservation is never joined: queue runs every copy.
+grant answers them and the run takes them (:func:`~celery_lease.policies.base.adopt`), so a
+burst runs at most two bodies (one running, one pending). A queued run's reservation is never
+joined: queue runs every copy.
 
 The holder's release (:class:`Releaser`, one token-checked script) reserves the key for the
 next run and the releasing worker publishes it (:func:`publish`). With ``lease_limit=N``
@@ -39,18 +40,18 @@ from celery.result import AsyncResult, EagerResult, ResultBase
 from celery.utils import uuid
 from kombu.utils import json
 
-from ..base import clock, signals
-from ..core import eager
-from ..errors import LeaseConflict
-from ..settings.config import LeaseOptions
-from ..store import handoff as stored
+from ...base import clock, signals
+from ...base.headers import HANDOFF_HEADER
+from ...core import eager
+from ...errors import LeaseConflict
+from ...settings.config import LeaseOptions
+from ...store import handoff as stored
 
 __all__ = [
     "COALESCED_MARKER",
     "HANDOFF_HEADER",
     "LINE_LIFETIME",
     "Releaser",
-    "adopt",
     "follow",
     "is_coalesced",
     "lifetime_ms",
@@ -65,8 +66,6 @@ logger = logging.getLogger("celery_lease")
 
 #: The key in the result stored for a duplicate coalesced into a pending run.
 COALESCED_MARKER = "lease_coalesced"
-#: Message header of a run published by a hand-over; its value is the lease key.
-HANDOFF_HEADER = "lease_handoff"
 #: Float seconds a line and a reservation live without a park, hand-over or sweep look: a day
 #: (more with a longer ``lease_queue_timeout``).
 LINE_LIFETIME = 24 * 3600.0
@@ -128,22 +127,6 @@ def mode_of(options: LeaseOptions) -> str:
     """The line policy of a task with ``options``: ``"coalesce"``, or ``"queue"`` (queue, and
     retry and debounce, which wait in the line as queue does)."""
     return "coalesce" if options.on_conflict == "coalesce" else "queue"
-
-
-def adopt(request: Any, message: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Make ``request`` run with the arguments of ``message`` (JSON with ``args`` and
-    ``kwargs``: a burst's latest, :mod:`celery_lease.policies.debounce`; or the latest duplicate
-    that joined a handed-over coalesced run, answered by its grant) and return them as
-    ``(args, kwargs)``. ``request`` carries them from here on, so a copy of it parked in the
-    key's line or retried runs them too.
-
-    Raises:
-        ValueError: ``message`` is not JSON; KeyError: it has no ``args`` or ``kwargs``.
-    """
-    body = json.loads(message)  # type: ignore[no-untyped-call]
-    args, kwargs = tuple(body["args"]), dict(body["kwargs"])
-    request.args, request.kwargs = list(args), kwargs
-    return args, kwargs
 
 
 def message_of(task: Any, request: Any, task_id: str, key: str) -> str:
