@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -135,76 +136,69 @@ def _start_workers(
     return workers
 
 
+class _Timings:
+    """The float seconds each section of :func:`run_all` took (``seconds``, by name), each
+    printed as it ends."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def section(self, name: str, progress: str = "") -> Iterator[None]:
+        """Time the block as ``name``, ``progress`` (when given) printed as it starts; a block
+        that raises is not noted (the run stops)."""
+        elapsed = section_timer()
+        if progress:
+            print(progress, file=sys.stderr, flush=True)
+        yield
+        self.seconds[name] = round(elapsed(), 1)
+        print(f"  {name}: {self.seconds[name]:.1f} s", file=sys.stderr, flush=True)
+
+
 def run_all(quick: bool, log_dir: Path) -> dict[str, Any]:
     """Run the seven benchmarks and return every figure."""
     total = section_timer()
-    timings: dict[str, float] = {}
+    timings = _Timings()
     stall_ttls = STALL_TTLS_QUICK if quick else STALL_TTLS_FULL
     with RedisServer() as broker, RedisServer() as lease_store:
         results: dict[str, Any] = {"meta": machine(quick, broker.version())}
         records = broker.client(**client_kwargs())
-
-        def step(name: str) -> None:
-            timings[name] = round(section(), 1)
-            print(f"  {name}: {timings[name]:.1f} s", file=sys.stderr, flush=True)
-
-        section = section_timer()
-        print("1/7 lease cycle cost", file=sys.stderr, flush=True)
-        results["cycle"] = cycle.run(broker.url(), quick)
-        if broker.pid is not None and hasattr(os, "sched_setaffinity"):
-            results["cycle"]["same_core"] = cycle.run_same_core(broker.url(), broker.pid, quick)
-        step("cycle")
-
-        section = section_timer()
-        print("3/7 renewal cost", file=sys.stderr, flush=True)
-        # The steady-state children mostly sleep: the workers start meanwhile.
+        with timings.section("cycle", "1/7 lease cycle cost"):
+            results["cycle"] = cycle.run(broker.url(), quick)
+            if broker.pid is not None and hasattr(os, "sched_setaffinity"):
+                results["cycle"]["same_core"] = cycle.run_same_core(broker.url(), broker.pid, quick)
         workers: dict[str, Worker] = {}
         try:
-            results["renewal"] = renewal.run(
-                broker.url(),
-                quick,
-                on_steady=lambda: workers.update(
-                    _start_workers(broker, lease_store, records, log_dir, stall_ttls)
-                ),
-            )
-            step("renewal")
-            section = section_timer()
-            for worker in workers.values():
-                worker.wait_ready()
-            step("workers ready")
-
+            with timings.section("renewal", "3/7 renewal cost"):
+                # The steady-state children mostly sleep: the workers start meanwhile.
+                results["renewal"] = renewal.run(
+                    broker.url(),
+                    quick,
+                    on_steady=lambda: workers.update(
+                        _start_workers(broker, lease_store, records, log_dir, stall_ttls)
+                    ),
+                )
+            with timings.section("workers ready"):
+                for worker in workers.values():
+                    worker.wait_ready()
             from .app import make_app
 
             app = make_app(broker.url(), lease_store.url(), detection.TTL, stall_ttls)
-            section = section_timer()
-            print("2/7 task overhead", file=sys.stderr, flush=True)
-            results["overhead"] = overhead.run(app, records, workers, quick)
-            step("overhead")
-
-            section = section_timer()
-            print("4/7 loss detection", file=sys.stderr, flush=True)
-            results["detection"] = detection.run(app, records, lease_store, workers, quick)
-            step("detection")
-
-            section = section_timer()
-            print("5/7 stall after a crash", file=sys.stderr, flush=True)
-            results["stall"] = stall.run(app, records, workers["prefork"], stall_ttls, quick)
-            step("stall")
-
-            section = section_timer()
-            print("6/7 soak", file=sys.stderr, flush=True)
-            results["soak"] = soak.run(app, records, workers, quick)
-            step("soak")
-
-            section = section_timer()
-            print("7/7 end to end (publisher + worker + Redis)", file=sys.stderr, flush=True)
-            results["e2e"] = e2e.run(app, records, workers["e2e"], broker.pid, quick)
-            step("e2e")
+            with timings.section("overhead", "2/7 task overhead"):
+                results["overhead"] = overhead.run(app, records, workers, quick)
+            with timings.section("detection", "4/7 loss detection"):
+                results["detection"] = detection.run(app, records, lease_store, workers, quick)
+            with timings.section("stall", "5/7 stall after a crash"):
+                results["stall"] = stall.run(app, records, workers["prefork"], stall_ttls, quick)
+            with timings.section("soak", "6/7 soak"):
+                results["soak"] = soak.run(app, records, workers, quick)
+            with timings.section("e2e", "7/7 end to end (publisher + worker + Redis)"):
+                results["e2e"] = e2e.run(app, records, workers["e2e"], broker.pid, quick)
         finally:
             for worker in workers.values():
                 worker.stop()
     results["meta"]["load_after"] = _load()
-    results["meta"]["section_s"] = timings
+    results["meta"]["section_s"] = timings.seconds
     results["meta"]["total_s"] = round(total(), 1)
     results["targets"] = report.targets(results)
     return results

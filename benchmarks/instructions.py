@@ -76,29 +76,22 @@ def _marker() -> None:
     os.getppid()  # callgrind dumps before this call: a boundary between two intervals
 
 
-def _run_sections(url: str, count: int, labels_path: Path) -> None:
-    """The child: every section between two markers; the labels, in order, to ``labels_path``."""
-    import socket
-    import uuid
+class _Sections:
+    """The child's measured sections, each between two markers.
 
-    from celery.app.trace import build_tracer
+    Attributes:
+        count: the measured calls of each section (int).
+        labels: what each interval between two markers is, in order: a section's name, or
+            ``"-"`` for what ran since the previous mark (a warm-up, a set-up).
+    """
 
-    from celery_lease import store
-    from celery_lease.base import clock, signals
-    from celery_lease.base.keys import build_key
-    from celery_lease.core import interrupt, lifecycle
-    from celery_lease.core.heartbeat import heartbeat
-    from celery_lease.core.lease import Lease
-    from celery_lease.store import pending
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.labels: list[str] = []
 
-    from .app import make_app
-
-    os.environ["BENCH_BROKER"] = url
-    app = make_app(url)
-    app.finalize()
-    labels: list[str] = []
-
-    def section(label: str, fn: Callable[[int], Any], warm: int = 100) -> None:
+    def run(self, label: str, fn: Callable[[int], Any], warm: int = 100) -> None:
+        """``fn(i)`` for each ``i`` of ``range(count)``, between two markers, the interval named
+        ``label``; after ``warm`` warm-up calls (``fn(-1)``, ``fn(-2)``...) outside it."""
         for i in range(warm):
             fn(-1 - i)
         # A full collection lands in whichever section allocates past its threshold: what
@@ -106,16 +99,39 @@ def _run_sections(url: str, count: int, labels_path: Path) -> None:
         gc.collect()
         gc.freeze()
         _marker()  # the interval since the previous mark (a warm-up) is labelled "-"
-        labels.append("-")
-        for i in range(count):
+        self.labels.append("-")
+        for i in range(self.count):
             fn(i)
         _marker()
-        labels.append(label)
+        self.labels.append(label)
+
+
+def _run_sections(url: str, count: int, labels_path: Path) -> None:
+    """The child: every section between two markers; the labels, in order, to ``labels_path``."""
+    from .app import make_app
+
+    os.environ["BENCH_BROKER"] = url
+    app = make_app(url)
+    app.finalize()
+    sections = _Sections(count)
 
     def noop(i: int) -> None:
         return None
 
-    section("noop", noop)
+    sections.run("noop", noop)
+    _worker_sections(app, sections)
+    _publisher_sections(app, url, sections)
+    _step_sections(app, url, sections)
+    labels_path.write_text(json.dumps(sections.labels))
+
+
+def _worker_sections(app: Any, sections: _Sections) -> None:
+    """``worker/<variant>``: one execution of each worker variant as a worker runs it (Celery's
+    tracer, with the request a worker passes), arguments new each time."""
+    import uuid
+
+    from celery.app.trace import build_tracer
+
     for variant in WORKER_VARIANTS:
         task = app.tasks[f"bench.{variant}"]
         tracer = build_tracer(task.name, task, app=app, hostname="bench@cg", eager=False)
@@ -145,7 +161,16 @@ def _run_sections(url: str, count: int, labels_path: Path) -> None:
                 },
             )
 
-        section(f"worker/{variant}", execute)
+        sections.run(f"worker/{variant}", execute)
+
+
+def _publisher_sections(app: Any, url: str, sections: _Sections) -> None:
+    """``publisher/<variant>``: one ``apply_async`` of each publisher variant to the broker at
+    ``url``, on one producer; each variant's messages deleted after its section."""
+    import uuid
+
+    from celery_lease import store
+
     records = store.client_for(url, 5.0)
     with app.producer_or_acquire() as producer:
         for variant in PUBLISHER_VARIANTS:
@@ -155,17 +180,32 @@ def _run_sections(url: str, count: int, labels_path: Path) -> None:
             def publish(i: int, task: Any = task, run: str = run) -> None:
                 task.apply_async((run, i, 10**9), queue="cg-hold", producer=producer)
 
-            section(f"publisher/{variant}", publish)
+            sections.run(f"publisher/{variant}", publish)
             records.delete("cg-hold")
 
+
+def _step_sections(app: Any, url: str, sections: _Sections) -> None:
+    """``step/<name>``: each step of a leased execution alone (:data:`STEPS`), as
+    :mod:`celery_lease.core.lifecycle` runs them, on keys and tokens made beforehand (the
+    acquire section's keys are those the release section releases)."""
+    import socket
+    import uuid
+
+    from celery_lease import store
+    from celery_lease.base import clock, signals
+    from celery_lease.base.keys import build_key
+    from celery_lease.core import interrupt, lifecycle
+    from celery_lease.core.heartbeat import heartbeat
+    from celery_lease.core.lease import Lease
+    from celery_lease.store import pending
+
     leased = app.tasks["bench.leased"]
-    settings = leased.lease_settings()
-    options, lease_url, signum = settings
+    options, lease_url, signum = leased.lease_settings()
     client = store.client_for(lease_url, options.store_timeout, options.backend_options)
     sig, spec = type(leased)._lease_signature, leased._lease_key_spec()
     holder = lifecycle.HolderInfo(leased.name, "task-id", socket.gethostname())
     run = uuid.uuid4().hex[:8]
-    keys = [f"cg:{run}:{i}" for i in range(count + 100)]  # the last 100: warm-ups (i < 0)
+    keys = [f"cg:{run}:{i}" for i in range(sections.count + 100)]  # the last 100: warm-ups
     tokens = [os.urandom(16).hex() for _ in keys]
 
     def settings_client(i: int) -> None:
@@ -233,8 +273,7 @@ def _run_sections(url: str, count: int, labels_path: Path) -> None:
     }
     for name, fn in steps.items():
         # The acquire section's keys (their warm-up ones too) are what the release releases.
-        section(f"step/{name}", fn, warm=0 if name in ("acquire", "release") else 100)
-    labels_path.write_text(json.dumps(labels))
+        sections.run(f"step/{name}", fn, warm=0 if name in ("acquire", "release") else 100)
 
 
 def _cost(path: Path) -> int:

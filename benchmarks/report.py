@@ -236,26 +236,53 @@ def expected_figures(results: dict[str, Any]) -> Iterator[tuple[str, Any]]:
     meta = results["meta"]
     for name in ("python", "cpu_count", "redis_server", "packages", "started_utc"):
         yield f"meta.{name}", meta.get(name)
+    yield from _cycle_figures(results["cycle"])
+    yield from _overhead_figures(results["overhead"])
+    yield from _renewal_figures(results["renewal"])
+    yield from _detection_figures(results["detection"])
+    for ttl_key, res in results["stall"]["ttls"].items():
+        yield f"stall.{ttl_key}.max_s", res.get("stall_s", {}).get("max")
+    yield from _e2e_figures(results.get("e2e", {}))
+    for pool in soak.POOLS:
+        res = results.get("soak", {}).get("pools", {}).get(pool, {})
+        for name in ("rss_mib", "sockets", "threads"):
+            yield f"soak.{pool}.end.{name}", res.get("end", {}).get(name)
+
+
+def _cycle_figures(res: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """Benchmark 1's figures: each variant's latency (µs) and its ratio to the limit."""
     for name in cycle.VARIANTS:
-        v = results["cycle"]["variants"].get(name, {})
+        v = res["variants"].get(name, {})
         yield f"cycle.{name}.median_us", v.get("latency_us", {}).get("median")
         yield f"cycle.{name}.p99_us", v.get("latency_us", {}).get("p99")
         yield f"cycle.{name}.ratio_to_limit", v.get("ratio_to_limit", {}).get("median")
+
+
+def _overhead_figures(res: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """Benchmark 2's figures: each variant's throughput, and its ratio to plain, per pool."""
     for pool in overhead.POOLS:
-        res = results["overhead"]["pools"].get(pool, {}).get("variants", {})
+        variants = res["pools"].get(pool, {}).get("variants", {})
         for variant in overhead.VARIANTS:
-            v = res.get(variant, {})
+            v = variants.get(variant, {})
             yield f"overhead.{pool}.{variant}.throughput", v.get("throughput", {}).get("median")
             yield f"overhead.{pool}.{variant}.ratio", v.get("ratio_to_plain", {}).get("median")
+
+
+def _renewal_figures(res: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """Benchmark 3's figures per N: a pass's cost, then the steady state of each library
+    (python-redis-lock only at the N it is run at)."""
     for n in renewal.NS:
-        p = results["renewal"]["passes"].get(str(n), {})
+        p = res["passes"].get(str(n), {})
         for name in ("round_trips_per_pass", "renew_call_cpu_ms", "thread_cpu_per_pass_ms"):
             yield f"renewal.passes.{n}.{name}", p.get(name)
         yield f"renewal.passes.{n}.wall_ms", (p.get("renew_call_wall_ms") or {}).get("median")
-        for impl in ("celery_lease", "python_redis_lock"):
-            if impl == "python_redis_lock" and n not in renewal.REDIS_LOCK_NS:
-                continue
-            s = results["renewal"]["steady"][impl].get(str(n), {})
+        impls = (
+            ["celery_lease", "python_redis_lock"]
+            if n in renewal.REDIS_LOCK_NS
+            else ["celery_lease"]
+        )
+        for impl in impls:
+            s = res["steady"][impl].get(str(n), {})
             for name in (
                 "round_trips_per_interval",
                 "cpu_percent_of_one_core",
@@ -263,28 +290,31 @@ def expected_figures(results: dict[str, Any]) -> Iterator[tuple[str, Any]]:
                 "rss_added_mib",
             ):
                 yield f"renewal.steady.{impl}.{n}.{name}", s.get(name)
+
+
+def _detection_figures(res: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """Benchmark 4's figures per cell: how often LeaseLost was raised, and its latency (ms)
+    where the body can be interrupted."""
     for pool in detection.POOLS:
         for cause in detection.CAUSES:
             for body in detection.BODIES:
-                cell = results["detection"]["cells"].get(f"{pool}/{cause}/{body}", {})
+                cell = res["cells"].get(f"{pool}/{cause}/{body}", {})
                 yield f"detection.{pool}.{cause}.{body}.raised", cell.get("raised")
                 if (pool, body) not in NOT_INTERRUPTIBLE:
                     yield (
                         f"detection.{pool}.{cause}.{body}.median_ms",
                         (cell.get("latency_ms") or {}).get("median"),
                     )
-    for ttl_key, res in results["stall"]["ttls"].items():
-        yield f"stall.{ttl_key}.max_s", res.get("stall_s", {}).get("max")
+
+
+def _e2e_figures(res: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """Benchmark 7's figures: each variant's time and CPU ratios to plain, per workload."""
     for name in e2e.workloads(quick=True):
-        work = results.get("e2e", {}).get("workloads", {}).get(name, {}).get("variants", {})
+        work = res.get("workloads", {}).get(name, {}).get("variants", {})
         for variant in ("plain", "leased", "leased_sync", "singleton", "once"):
             v = work.get(variant, {})
             yield f"e2e.{name}.{variant}.time_ratio", v.get("time_ratio_to_plain", {}).get("median")
             yield f"e2e.{name}.{variant}.cpu_ratio", v.get("cpu_ratio_to_plain", {}).get("median")
-    for pool in soak.POOLS:
-        res = results.get("soak", {}).get("pools", {}).get(pool, {})
-        for name in ("rss_mib", "sockets", "threads"):
-            yield f"soak.{pool}.end.{name}", res.get("end", {}).get(name)
 
 
 def missing_figures(results: dict[str, Any]) -> list[str]:
@@ -320,37 +350,64 @@ def markdown(results: dict[str, Any]) -> str:
         f"Python {meta['python']}, redis-server {meta['redis_server']}, "
         f"load average {meta['load_before']} before, {meta['load_after']} after. "
         f"Medians, with the min-max over rounds in parentheses.",
+        *_cycle_tables(results["cycle"]),
+        *_overhead_table(results["overhead"]),
+        *_renewal_tables(results["renewal"]),
+        *_detection_table(results["detection"]),
+        *_stall_table(results["stall"]),
+        *_soak_table(results.get("soak")),
+    ]
+    if "e2e" in results:
+        lines += [
+            "",
+            "### 7. End to end: publisher, worker and Redis",
+            "",
+            e2e_markdown(results["e2e"]),
+        ]
+    lines += _targets_table(results["targets"])
+    return "\n".join(lines) + "\n"
+
+
+def _cycle_tables(res: dict[str, Any]) -> list[str]:
+    """Benchmark 1's lines: the unpinned table, then the pinned one when it was run."""
+    lines = [
         "",
         "### 1. Acquire + release (one connection, uncontended)",
         "",
         "Unpinned (the scheduler places the benchmark and its redis-server; on this VM a round "
         "trip across cores costs 2-3x one on the same core, and the placement changes between "
         "rounds):",
-        "",
-        "| variant | median µs | p99 µs | ratio to 2 x PING |",
-        "|---|---:|---:|---:|",
+        *_cycle_rows(res["variants"]),
     ]
-    for v in results["cycle"]["variants"].values():
-        lines.append(
-            f"| {v['label']} | {_f(v['latency_us']['median'], 0)} | "
-            f"{_f(v['latency_us']['p99'], 0)} | {_range(v['ratio_to_limit'])} |"
-        )
-    pinned = results["cycle"].get("same_core")
+    pinned = res.get("same_core")
     if pinned:
         lines += [
             "",
             "Same measurement with the benchmark and its redis-server pinned to one "
             "core (no cross-core wake-ups; the targets are judged on this one):",
-            "",
-            "| variant | median µs | p99 µs | ratio to 2 x PING |",
-            "|---|---:|---:|---:|",
+            *_cycle_rows(pinned["variants"]),
         ]
-        for v in pinned["variants"].values():
-            lines.append(
-                f"| {v['label']} | {_f(v['latency_us']['median'], 0)} | "
-                f"{_f(v['latency_us']['p99'], 0)} | {_range(v['ratio_to_limit'])} |"
-            )
-    lines += [
+    return lines
+
+
+def _cycle_rows(variants: dict[str, Any]) -> list[str]:
+    """A table of acquire + release latency (µs) and its ratio to the limit, a row a variant,
+    after a blank line."""
+    return [
+        "",
+        "| variant | median µs | p99 µs | ratio to 2 x PING |",
+        "|---|---:|---:|---:|",
+        *(
+            f"| {v['label']} | {_f(v['latency_us']['median'], 0)} | "
+            f"{_f(v['latency_us']['p99'], 0)} | {_range(v['ratio_to_limit'])} |"
+            for v in variants.values()
+        ),
+    ]
+
+
+def _overhead_table(res: dict[str, Any]) -> list[str]:
+    """Benchmark 2's lines: throughput, ratios and CPU per task, a row a pool and variant."""
+    lines = [
         "",
         "### 2. Task throughput through a real worker",
         "",
@@ -358,17 +415,22 @@ def markdown(results: dict[str, Any]) -> str:
         "| publish µs/task |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    for pool, res in results["overhead"]["pools"].items():
-        for v in res["variants"].values():
+    for pool, pool_res in res["pools"].items():
+        for v in pool_res["variants"].values():
             lines.append(
-                f"| {pool} (-c {res['concurrency']}) | {v['label']} | "
+                f"| {pool} (-c {pool_res['concurrency']}) | {v['label']} | "
                 f"{_f(v['throughput']['median'], 0)} | {_range(v['ratio_to_plain'])} | "
                 f"{_range(v['ratio_to_floor'])} | "
                 f"{_f(v['worker_cpu_us_per_task']['median'], 0)} | "
                 f"{_f(v['publish_us']['median'], 0)} |"
             )
-    ren = results["renewal"]
-    lines += [
+    return lines
+
+
+def _renewal_tables(ren: dict[str, Any]) -> list[str]:
+    """Benchmark 3's lines: a pass per N, the steady state per N and library, and the memory
+    per held lease at the largest N."""
+    lines = [
         "",
         "### 3. Renewal cost: one process holding N leases",
         "",
@@ -399,16 +461,7 @@ def markdown(results: dict[str, Any]) -> str:
             ("celery_lease", "celery-lease"),
             ("python_redis_lock", "python-redis-lock"),
         ):
-            s = ren["steady"][impl][str(n)]
-            if "not_run" in s:
-                lines.append(f"| {n} | {label} | not run: {s['not_run']} | | | | |")
-                continue
-            lines.append(
-                f"| {n} | {label} | {_f(s['round_trips_per_interval'], 1)} | "
-                f"{_f(s['cpu_percent_of_one_core'], 3)} | "
-                f"{_f(s['cpu_ms_per_interval'])} | {s['threads_added']} | "
-                f"{_f(s['rss_added_mib'])} |"
-            )
+            lines.append(_steady_row(n, label, ren["steady"][impl][str(n)]))
     big = ren["steady"]["celery_lease"][str(max(renewal.NS))]
     per_lease = big["rss_added_mib"] * 2**20 / max(renewal.NS)
     lines += [
@@ -417,8 +470,24 @@ def markdown(results: dict[str, Any]) -> str:
         f"per held lease, {big['threads_added']} heartbeat "
         f"thread for all of them.",
     ]
-    det = results["detection"]
-    lines += [
+    return lines
+
+
+def _steady_row(n: int, label: str, s: dict[str, Any]) -> str:
+    """The steady-state row of library ``label`` holding ``n`` leases (or why it was not run)."""
+    if "not_run" in s:
+        return f"| {n} | {label} | not run: {s['not_run']} | | | | |"
+    return (
+        f"| {n} | {label} | {_f(s['round_trips_per_interval'], 1)} | "
+        f"{_f(s['cpu_percent_of_one_core'], 3)} | "
+        f"{_f(s['cpu_ms_per_interval'])} | {s['threads_added']} | "
+        f"{_f(s['rss_added_mib'])} |"
+    )
+
+
+def _detection_table(det: dict[str, Any]) -> list[str]:
+    """Benchmark 4's lines: how often LeaseLost was raised and how late (ms), a row a cell."""
+    lines = [
         "",
         "### 4. Loss detection: LeaseLost in the body",
         "",
@@ -443,8 +512,12 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {cell['pool']} | {cell['cause']} | {cell['body']}{suffix} | "
             f"{cell['mechanism']} | {cell['raised']}/{cell['trials']} | {stats} |"
         )
-    st = results["stall"]
-    lines += [
+    return lines
+
+
+def _stall_table(st: dict[str, Any]) -> list[str]:
+    """Benchmark 5's lines: seconds from a holder's SIGKILL to the next body, a row a TTL."""
+    lines = [
         "",
         "### 5. Stall after SIGKILL of the holder",
         "",
@@ -460,42 +533,46 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {res['ttl_s']:g} | {_f(s['median'])} | {_f(s['min'])} | "
             f"{_f(s['max'])} | {_f(res['worst_over_ttl_s'])} |"
         )
-    soak = results.get("soak")
-    if soak:
-        lines += [
-            "",
-            "### 6. Soak: many leased executions through one worker",
-            "",
-            f"{soak['executions']:,} executions of the leased task (distinct arguments) per "
-            "pool; the worker's process tree measured after a 1,000-execution warm-up "
-            "and after the soak.",
-            "",
-            "| pool | executions/s | RSS MiB start → end | sockets start → end "
-            "| threads start → end | processes |",
-            "|---|---:|---:|---:|---:|---:|",
-        ]
-        for pool, res in soak["pools"].items():
-            a, b = res["start"], res["end"]
-            lines.append(
-                f"| {pool} (-c {res['concurrency']}) | {_f(res['executions'] / res['seconds'], 0)}"
-                f" | {a['rss_mib']:.1f} → {b['rss_mib']:.1f} | {a['sockets']} → {b['sockets']} | "
-                f"{a['threads']} → {b['threads']} | {a['processes']} → {b['processes']} |"
-            )
-    if "e2e" in results:
-        lines += [
-            "",
-            "### 7. End to end: publisher, worker and Redis",
-            "",
-            e2e_markdown(results["e2e"]),
-        ]
-    lines += [
+    return lines
+
+
+def _soak_table(run: dict[str, Any] | None) -> list[str]:
+    """Benchmark 6's lines (none when it was not run): the worker's process tree at the start
+    and the end of the soak, a row a pool."""
+    if not run:
+        return []
+    lines = [
+        "",
+        "### 6. Soak: many leased executions through one worker",
+        "",
+        f"{run['executions']:,} executions of the leased task (distinct arguments) per "
+        "pool; the worker's process tree measured after a 1,000-execution warm-up "
+        "and after the soak.",
+        "",
+        "| pool | executions/s | RSS MiB start → end | sockets start → end "
+        "| threads start → end | processes |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for pool, res in run["pools"].items():
+        a, b = res["start"], res["end"]
+        lines.append(
+            f"| {pool} (-c {res['concurrency']}) | {_f(res['executions'] / res['seconds'], 0)}"
+            f" | {a['rss_mib']:.1f} → {b['rss_mib']:.1f} | {a['sockets']} → {b['sockets']} | "
+            f"{a['threads']} → {b['threads']} | {a['processes']} → {b['processes']} |"
+        )
+    return lines
+
+
+def _targets_table(found: list[dict[str, Any]]) -> list[str]:
+    """The targets' lines: each one's value, limit, whether it was met, and the margin."""
+    lines = [
         "",
         "### Targets",
         "",
         "| target | value | limit | met | margin |",
         "|---|---:|---:|:---:|---:|",
     ]
-    for t in results["targets"]:
+    for t in found:
         margin = "" if t["margin"] is None else f"{t['margin']:+.3g} {t['unit']}"
         note = f" — {t['note']}" if t["note"] else ""
         lines.append(
@@ -503,7 +580,7 @@ def markdown(results: dict[str, Any]) -> str:
             f"{_f(t['limit'], 3)} {t['unit']} | {'yes' if t['met'] else '**no**'} | "
             f"{margin} |"
         )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def e2e_markdown(res: dict[str, Any]) -> str:
@@ -556,15 +633,24 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     written = []
-
-    def save(fig: Any, name: str) -> None:
+    for name, draw in (
+        ("cycle.png", _cycle_plot),
+        ("overhead.png", _overhead_plot),
+        ("renewal.png", _renewal_plot),
+        ("detection.png", _detection_plot),
+        ("stall.png", _stall_plot),
+    ):
+        fig = draw(plt, results)
         path = out / name
         fig.tight_layout()
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
+    return written
 
-    # 1. cycle latency
+
+def _cycle_plot(plt: Any, results: dict[str, Any]) -> Any:
+    """1. The acquire + release latency of each variant: median over p99 bars (µs)."""
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
     variants = list(results["cycle"]["variants"].values())
     labels = [v["label"] for v in variants]
@@ -584,9 +670,11 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     ax.set_xlim(0, max(p99) * 1.3)
     ax.legend(loc="upper right", fontsize=8)
     ax.set_title("1. Lease cycle cost")
-    save(fig, "cycle.png")
+    return fig
 
-    # 2. throughput ratios
+
+def _overhead_plot(plt: Any, results: dict[str, Any]) -> Any:
+    """2. Each variant's throughput over plain ``Task``'s, per pool (median, min-max bars)."""
     fig, ax = plt.subplots(figsize=(7.5, 4.4))
     pools = list(results["overhead"]["pools"])
     names = list(overhead.VARIANTS)
@@ -608,9 +696,11 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     ax.set_ylim(0, 1.3)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3)
     ax.set_title("2. Trivial-task throughput through a real worker")
-    save(fig, "overhead.png")
+    return fig
 
-    # 3. renewal: round trips and CPU per interval against N
+
+def _renewal_plot(plt: Any, results: dict[str, Any]) -> Any:
+    """3. Round trips and CPU per interval against the leases held (N), both libraries."""
     ren = results["renewal"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.6))
     for impl, label, style in (
@@ -630,41 +720,53 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     ax2.set_ylabel("CPU % of one core")
     ax2.axhline(5, color="red", linestyle="--", linewidth=1)
     fig.suptitle("3. Renewal cost")
-    save(fig, "renewal.png")
+    return fig
 
-    # 4. detection latency per cell
+
+def _detection_plot(plt: Any, results: dict[str, Any]) -> Any:
+    """4. Each cell's detection latencies (ms), one panel per cause, against its limit."""
     det = results["detection"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
     for ax, cause in zip(axes, detection.CAUSES, strict=True):
-        cells = [c for c in det["cells"].values() if c["cause"] == cause]
-        for i, cell in enumerate(cells):
-            samples = cell["samples_ms"]
-            ax.scatter(samples, [i] * len(samples), s=14, alpha=0.7)
-            if cell["raised"] < cell["trials"]:
-                ax.annotate(
-                    f"not raised {cell['trials'] - cell['raised']}/{cell['trials']}",
-                    (0, i),
-                    fontsize=7,
-                    color="gray",
-                    va="center",
-                )
-        ax.set_yticks(range(len(cells)), [f"{c['pool']} / {c['body']}" for c in cells])
-        ax.invert_yaxis()
-        ax.set_xscale("symlog", linthresh=10)
-        if cause == "refused":
-            limit = det["renew_interval_s"] * 1000 + DEADLINE_SLACK_MS
-            ax.set_xlabel("ms from the refusal (DEL) to LeaseLost")
-        else:
-            limit = DEADLINE_SLACK_MS
-            ax.set_xlabel("ms from the local deadline to LeaseLost")
-        ax.axvline(limit, color="red", linestyle="--", linewidth=1)
-        worst = max([s for c in cells for s in c["samples_ms"]] + [limit])
-        ax.set_xlim(0, worst * 1.6)
-        ax.set_title(cause)
+        _detection_panel(ax, det, cause)
     fig.suptitle("4. Loss detection")
-    save(fig, "detection.png")
+    return fig
 
-    # 5. stall against TTL
+
+def _detection_panel(ax: Any, det: dict[str, Any], cause: str) -> None:
+    """The panel of ``cause``: a row of samples (ms) a cell, the cells that did not raise
+    noted, and the limit as a red line (a refusal: the renew interval plus the slack; a
+    deadline: the slack alone)."""
+    cells = [c for c in det["cells"].values() if c["cause"] == cause]
+    for i, cell in enumerate(cells):
+        samples = cell["samples_ms"]
+        ax.scatter(samples, [i] * len(samples), s=14, alpha=0.7)
+        if cell["raised"] < cell["trials"]:
+            ax.annotate(
+                f"not raised {cell['trials'] - cell['raised']}/{cell['trials']}",
+                (0, i),
+                fontsize=7,
+                color="gray",
+                va="center",
+            )
+    ax.set_yticks(range(len(cells)), [f"{c['pool']} / {c['body']}" for c in cells])
+    ax.invert_yaxis()
+    ax.set_xscale("symlog", linthresh=10)
+    if cause == "refused":
+        limit = det["renew_interval_s"] * 1000 + DEADLINE_SLACK_MS
+        ax.set_xlabel("ms from the refusal (DEL) to LeaseLost")
+    else:
+        limit = DEADLINE_SLACK_MS
+        ax.set_xlabel("ms from the local deadline to LeaseLost")
+    ax.axvline(limit, color="red", linestyle="--", linewidth=1)
+    worst = max([s for c in cells for s in c["samples_ms"]] + [limit])
+    ax.set_xlim(0, worst * 1.6)
+    ax.set_title(cause)
+
+
+def _stall_plot(plt: Any, results: dict[str, Any]) -> Any:
+    """5. Seconds from a holder's SIGKILL to the next execution, against the TTL and the
+    target (TTL + 1 s)."""
     st = results["stall"]["ttls"]
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     ttls = [r["ttl_s"] for r in st.values()]
@@ -681,5 +783,4 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     ax.set_ylabel("SIGKILL → next execution (s)")
     ax.legend(fontsize=8)
     ax.set_title("5. Stall after a crash")
-    save(fig, "stall.png")
-    return written
+    return fig

@@ -278,7 +278,7 @@ class CeleryWorker(CeleryProcess):
 
     kind = "worker"
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - one argument per worker option (-P, -c, -Q, -l, ...)
         self,
         app_module: str,
         pool: str = "solo",

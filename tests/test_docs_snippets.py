@@ -148,18 +148,30 @@ def _problem(s: Snippet) -> str | None:
     if s.lang in LISTING or s.lang in PYTHON:
         return None
     if s.lang in SQL:
-        engines = [w for w in (s.marker or "").split() if "=" not in w]
-        if not engines or set(engines) - ENGINES:
-            return f"a sql block needs `<!-- run: ENGINES name=value... -->` (ENGINES: {ENGINES})"
-        return None
+        return _sql_marker_problem(s.marker)
     if s.lang in SHELL:
-        if s.marker and not s.marker.startswith("until "):
-            return f'unknown marker {s.marker!r} for a shell block (`until "TEXT"` or skip)'
-        return None
+        return _shell_marker_problem(s.marker)
     return (
         f"info string {s.lang!r} is not run: use python, sql, console, or text for "
         "output, or `<!-- run: skip REASON -->`"
     )
+
+
+def _sql_marker_problem(marker: str | None) -> str | None:
+    """Why a sql block's ``run:`` marker does not say where it runs (the engines of
+    :data:`ENGINES`, then ``name=value`` settings), or ``None``."""
+    engines = [w for w in (marker or "").split() if "=" not in w]
+    if not engines or set(engines) - ENGINES:
+        return f"a sql block needs `<!-- run: ENGINES name=value... -->` (ENGINES: {ENGINES})"
+    return None
+
+
+def _shell_marker_problem(marker: str | None) -> str | None:
+    """Why a shell block's ``run:`` marker is not one it takes (none, or ``until "TEXT"``), or
+    ``None``."""
+    if marker and not marker.startswith("until "):
+        return f'unknown marker {marker!r} for a shell block (`until "TEXT"` or skip)'
+    return None
 
 
 def test_every_snippet_says_how_it_runs() -> None:

@@ -44,45 +44,74 @@ def encode(value: Any, out: list[bytes]) -> None:
     Raises:
         Unencodable: a type with no stable encoding.
     """
-    # bool before int: True must not equal 1.
+    # The order of the checks is part of the encoding: bool before int (True must not equal 1),
+    # and the containers before the standard library's value types.
     if value is None:
         out.append(b"N")
     elif isinstance(value, bool):
         out.append(b"T" if value else b"F")
-    elif isinstance(value, int):
-        out.append(tagged(b"i", str(value).encode()))
-    elif isinstance(value, float):
-        out.append(tagged(b"f", repr(value).encode()))
-    elif isinstance(value, str):
-        out.append(tagged(b"s", value.encode("utf-8", "surrogatepass")))
-    elif isinstance(value, (bytes, bytearray, memoryview)):
-        out.append(tagged(b"b", bytes(value)))
+    elif isinstance(value, (int, float, str, bytes, bytearray, memoryview)):
+        out.append(_scalar(value))
     elif isinstance(value, (list, tuple)):
-        out.append(b"l" + str(len(value)).encode() + b"[")
-        for item in value:
-            encode(item, out)
-        out.append(b"]")
+        _encode_sequence(value, out)
     elif isinstance(value, Mapping):
-        items = sorted((encode_value(k), encode_value(v)) for k, v in value.items())
-        out.append(b"d" + str(len(items)).encode() + b"{")
-        for k, v in items:
-            out.append(k)
-            out.append(v)
-        out.append(b"}")
+        _encode_mapping(value, out)
     elif isinstance(value, (set, frozenset)):
         members = sorted(encode_value(v) for v in value)
         out.append(b"e" + str(len(members)).encode() + b"{" + b"".join(members) + b"}")
-    elif isinstance(value, uuid.UUID):
-        out.append(tagged(b"u", value.hex.encode()))
-    elif isinstance(value, _dt.datetime):
-        out.append(tagged(b"t", value.isoformat().encode()))
-    elif isinstance(value, _dt.date):
-        out.append(tagged(b"D", value.isoformat().encode()))
-    elif isinstance(value, _dt.time):
-        out.append(tagged(b"h", value.isoformat().encode()))
-    elif isinstance(value, _dt.timedelta):
-        out.append(tagged(b"w", repr(value.total_seconds()).encode()))
-    elif isinstance(value, decimal.Decimal):
-        out.append(tagged(b"m", str(value).encode()))
     else:
-        raise Unencodable(value)
+        out.append(_standard_value(value))
+
+
+def _scalar(value: int | float | str | bytes | bytearray | memoryview) -> bytes:
+    """The tagged encoding of an int (not a bool), float, str or bytes-like ``value``: a float
+    by its ``repr`` (exact), a str in UTF-8 with lone surrogates kept."""
+    if isinstance(value, int):
+        return tagged(b"i", str(value).encode())
+    if isinstance(value, float):
+        return tagged(b"f", repr(value).encode())
+    if isinstance(value, str):
+        return tagged(b"s", value.encode("utf-8", "surrogatepass"))
+    return tagged(b"b", bytes(value))
+
+
+def _encode_sequence(value: list[Any] | tuple[Any, ...], out: list[bytes]) -> None:
+    """Append a list's or tuple's encoding (the same for both, as after a JSON round trip):
+    its length, then each item's in order."""
+    out.append(b"l" + str(len(value)).encode() + b"[")
+    for item in value:
+        encode(item, out)
+    out.append(b"]")
+
+
+def _encode_mapping(value: Mapping[Any, Any], out: list[bytes]) -> None:
+    """Append a mapping's encoding: its length, then each key's and value's, the pairs ordered
+    by their encoding (not by insertion, nor by hash)."""
+    items = sorted((encode_value(k), encode_value(v)) for k, v in value.items())
+    out.append(b"d" + str(len(items)).encode() + b"{")
+    for k, v in items:
+        out.append(k)
+        out.append(v)
+    out.append(b"}")
+
+
+def _standard_value(value: Any) -> bytes:
+    """The tagged encoding of a UUID, datetime, date, time, timedelta (its float seconds) or
+    Decimal ``value``.
+
+    Raises:
+        Unencodable: any other type.
+    """
+    if isinstance(value, uuid.UUID):
+        return tagged(b"u", value.hex.encode())
+    if isinstance(value, _dt.datetime):  # before date: a datetime is a date
+        return tagged(b"t", value.isoformat().encode())
+    if isinstance(value, _dt.date):
+        return tagged(b"D", value.isoformat().encode())
+    if isinstance(value, _dt.time):
+        return tagged(b"h", value.isoformat().encode())
+    if isinstance(value, _dt.timedelta):
+        return tagged(b"w", repr(value.total_seconds()).encode())
+    if isinstance(value, decimal.Decimal):
+        return tagged(b"m", str(value).encode())
+    raise Unencodable(value)

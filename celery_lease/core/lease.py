@@ -92,7 +92,7 @@ class Lease:
         "ttl",
     )
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - keyword-only facts of a grant (core.lifecycle.take)
         self,
         *,
         key: str,

@@ -61,7 +61,7 @@ class HoldCore:
             holds it, else ``None``.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - hold()'s documented keyword options
         self,
         name: str,
         *,

@@ -224,7 +224,7 @@ class Hold(HoldCore):
         return f"<Hold {self.key} {'held' if self.lease is not None else 'not held'}>"
 
 
-def hold(
+def hold(  # noqa: PLR0913 - hold()'s documented keyword options
     name: str,
     *,
     ttl: float | None = None,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import LeaseConfigError
-from ..settings.config import resolve_backend
+from ..settings.config import LeaseOptions, resolve_backend
 from ..store import permissions
 from ..store.url import parse_store, safe_url
 from .inspection import app_options, leased_tasks
@@ -102,54 +102,81 @@ def needs(app: Any, tasks_only: bool = False) -> list[StoreNeeds]:
         LeaseConfigError: a task's settings are invalid, or no store is configured at all.
     """
     found: dict[tuple[str, str], StoreNeeds] = {}
-
-    def add(options: Any, url: str, new: bool = True) -> StoreNeeds | None:
-        key = (url, repr(sorted(options.backend_options.items())))
-        if not new and key not in found:
-            return None
-        need = found.setdefault(
-            key, StoreNeeds(url, options.backend_options, options.store_timeout)
-        )
-        need.timeout = min(need.timeout, options.store_timeout)
-        need.prefixes.add(options.key_prefix)
-        if options.min_replicas > 0:
-            need.features.add("min_replicas")
-        if options.dedupe:
-            need.features.add("dedupe")
-        if options.debounce is not None:
-            need.features.add("debounce")
-        if options.hands_over:
-            need.features.add("handoff")
-        if options.on_conflict == "preempt":
-            need.features.add("preempt")
-        return need
-
     for task in leased_tasks(app):
         options, url, _ = task.lease_settings()
-        need = add(options, url)
+        need = _add(found, options, url)
         if need is not None and task._lease_limit_spec() not in (None, 1):
             need.features.add("limit")
     if not found and not tasks_only:
         options = app_options(app)
-        add(options, resolve_backend(options, app.conf, "app settings"))
+        _add(found, options, resolve_backend(options, app.conf, "app settings"))
     if beat_configured(app):
-        from ..beat.scheduler import beat_lease_key  # beat is only imported by those who use it
-        from ..settings.config import beat_settings
-
-        try:
-            beat = beat_settings(app.conf)
-            need, key = add(beat.options, beat.url, not tasks_only), beat_lease_key(app)
-            if need is not None and not any(key.startswith(f"{p}:") for p in need.prefixes):
-                need.extra_patterns.add(f"{key}*")
-        except LeaseConfigError:
-            pass  # the doctor's beat check names it; the tasks' rule stays printable
+        _add_beat(app, found, tasks_only)
     for need in found.values():
-        spec = parse_store(need.url, need.options)
-        if spec.kind == "cluster":
-            need.features.add("cluster")
-        if int(spec.params.get("db") or 0):
-            need.features.add("database")
+        _add_url_features(need)
     return list(found.values())
+
+
+def _add(
+    found: dict[tuple[str, str], StoreNeeds], options: LeaseOptions, url: str, new: bool = True
+) -> StoreNeeds | None:
+    """Count a user of the store at ``url`` (with ``options.backend_options``) in ``found``:
+    its key prefix, its features, and its ``store_timeout`` (float seconds) if the shortest.
+
+    Args:
+        found: the stores so far, by URL and options (mutated).
+        new: False to count it only in a store already found (None is returned otherwise).
+    """
+    key = (url, repr(sorted(options.backend_options.items())))
+    if not new and key not in found:
+        return None
+    need = found.setdefault(key, StoreNeeds(url, options.backend_options, options.store_timeout))
+    need.timeout = min(need.timeout, options.store_timeout)
+    need.prefixes.add(options.key_prefix)
+    need.features |= _option_features(options)
+    return need
+
+
+def _option_features(options: LeaseOptions) -> set[str]:
+    """The features a user of ``options`` needs besides task leases (``limit`` is a task's
+    own option: :func:`needs` adds it)."""
+    used = {
+        "min_replicas": options.min_replicas > 0,
+        "dedupe": options.dedupe,
+        "debounce": options.debounce is not None,
+        "handoff": options.hands_over,
+        "preempt": options.on_conflict == "preempt",
+    }
+    return {feature for feature, wanted in used.items() if wanted}
+
+
+def _add_beat(app: Any, found: dict[tuple[str, str], StoreNeeds], tasks_only: bool) -> None:
+    """Count the beat leader lease in ``found`` (with ``tasks_only``, only in a store a task
+    uses too), and its key as an extra pattern when no prefix of that store covers it.
+
+    Invalid beat settings are left out: the doctor's beat check names them, and the tasks'
+    rule stays printable.
+    """
+    from ..beat.scheduler import beat_lease_key  # beat is only imported by those who use it
+    from ..settings.config import beat_settings
+
+    try:
+        beat = beat_settings(app.conf)
+        need, key = _add(found, beat.options, beat.url, not tasks_only), beat_lease_key(app)
+        if need is not None and not any(key.startswith(f"{p}:") for p in need.prefixes):
+            need.extra_patterns.add(f"{key}*")
+    except LeaseConfigError:
+        pass
+
+
+def _add_url_features(need: StoreNeeds) -> None:
+    """Add the features the store's URL and options call for: ``cluster``, and ``database``
+    for a database other than 0 (SELECT)."""
+    spec = parse_store(need.url, need.options)
+    if spec.kind == "cluster":
+        need.features.add("cluster")
+    if int(spec.params.get("db") or 0):
+        need.features.add("database")
 
 
 def rules(app: Any, user: str | None = None, password: str = "<password>") -> list[str]:

@@ -93,18 +93,33 @@ def lease_summary(task: Any) -> str | None:
     fields = task.__dict__
     if not fields.get("lease_key"):
         return None
+    parked = _parked(fields)
+    if parked is not None:
+        return parked
+    if fields.get("state") == "LEASE-SKIPPED" or "lease_remaining" in fields:
+        return "skipped (lease held)"
+    return _debounced(fields) or f"lost ({fields.get('lease_cause') or '?'})"
+
+
+def _parked(fields: dict[str, Any]) -> str | None:
+    """The summary of a run that waited for another (its event ``fields``): folded into the
+    pending run (``coalesce``), or in the key's line (``queue``: its position); else None."""
     if fields.get("lease_into"):
         return "coalesced (pending run)"
     if fields.get("lease_position"):  # parked, then run under the same task id
         waiting = fields.get("state") == "LEASE-QUEUED"
         return f"{'queued' if waiting else 'waited in line'} (#{fields['lease_position']})"
-    if fields.get("state") == "LEASE-SKIPPED" or "lease_remaining" in fields:
-        return "skipped (lease held)"
+    return None
+
+
+def _debounced(fields: dict[str, Any]) -> str | None:
+    """The summary of a burst's run (how many publishes it stands for), or of a burst still
+    waiting for its quiet time (its event ``fields``); else None."""
     if fields.get("lease_triggers"):
         return f"debounced ({fields['lease_triggers']} publishes)"
     if "lease_due_in" in fields:
         return "debounced (waiting)"
-    return f"lost ({fields.get('lease_cause') or '?'})"
+    return None
 
 
 def describe_exception(text: str | None) -> str | None:

@@ -15,7 +15,7 @@ rule.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -109,6 +109,12 @@ ON_CONFLICT = ("skip", "retry", "fail", "coalesce", "queue", "preempt")
 HANDOFF_POLICIES = ("coalesce", "queue", "retry")
 ON_STORE_ERROR = ("retry", "fail")
 COOLDOWN_AFTER = ("success", "any")
+#: The settings that take one of a few words -> those words.
+_CHOICES = {
+    "lease_on_conflict": ON_CONFLICT,
+    "lease_on_store_error": ON_STORE_ERROR,
+    "lease_cooldown_after": COOLDOWN_AFTER,
+}
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://", "sentinel://")
 _FALLBACK = "lease_backend (unset, so broker_url)"
 
@@ -199,6 +205,11 @@ def check_process_settings(conf: Mapping[str, Any], where: str) -> int:
     return resolve_signal(conf.get("lease_signal") or DEFAULTS["lease_signal"])
 
 
+#: One problem of a setting: ``("name=value", why)``, ``why`` the end of the sentence; an empty
+#: head when ``why`` is a whole message of its own (a backend error names its setting).
+_Problem = tuple[str, str]
+
+
 def resolve_options(
     conf: Mapping[str, Any],
     task_options: Mapping[str, Any],
@@ -228,121 +239,18 @@ def resolve_options(
             value = conf.get(name)
         return DEFAULTS[name] if value is None else value
 
-    labels = (label("lease_ttl"), label("lease_renew_interval"), "lease_store_timeout")
-    raw_interval = pick("lease_renew_interval")
     # Every invalid value at once (as unknown names are), each timing fix one that passes.
-    durations, problems = timing.resolve(
-        (
-            pick("lease_ttl"),
-            None if raw_interval is _DERIVED else raw_interval,
-            pick("lease_store_timeout"),
-        ),
-        labels,
-    )
-    ttl, interval, timeout = durations.effective
-    if not problems and interval > ttl / 3 + 1e-9:
-        third = durations._replace(interval=timing.round_down(ttl / 3))
-        logger.warning(
-            "%s=%r (%s) is above a third of %s=%r: two failed renewals in a row will lose the "
-            "lease; consider %s",
-            labels[1],
-            interval,
-            where,
-            labels[0],
-            ttl,
-            f"{labels[1]}={third.interval!r}"
-            if not timing.check(third, labels)
-            else f"a longer {labels[0]}",
-        )
+    durations, problems = _durations(pick, label, where)
     prefix = pick("lease_key_prefix")
-    if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
-        problems.append(
-            (
-                f"lease_key_prefix={prefix!r}",
-                "must be a non-empty string without "
-                "'{' or '}' (braces are reserved for the Redis Cluster hash tag)",
-            )
-        )
+    problems += _key_prefix_problems(prefix)
     backend, backend_options = pick("lease_backend"), pick("lease_backend_options") or {}
-    broker = conf.get("broker_url")
-    try:
-        if backend is not None:
-            backend_url.validate_backend(backend, backend_options, where)
-        elif isinstance(broker, str) and broker.startswith(_REDIS_SCHEMES):  # the fallback
-            backend_url.validate_backend(broker, backend_options, where, _FALLBACK)
-    except LeaseConfigError as exc:
-        problems.append(("", str(exc)))  # names the setting and the fix, credentials masked
-    min_replicas = pick("lease_min_replicas")
-    if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or min_replicas < 0:
-        problems.append(
-            (
-                f"lease_min_replicas={min_replicas!r}",
-                "must be a whole number of replicas >= 0 (0: do not wait for replicas)",
-            )
-        )
-    outage_max = pick("lease_store_outage_max")
-    outage_problem = timing.duration_problem(outage_max)
-    if outage_problem is not None:
-        problems.append(
-            (
-                f"lease_store_outage_max={outage_max!r}",
-                f"{outage_problem}, e.g. "
-                f"lease_store_outage_max={DEFAULTS['lease_store_outage_max']}",
-            )
-        )
-    choices = {
-        "lease_on_conflict": ON_CONFLICT,
-        "lease_on_store_error": ON_STORE_ERROR,
-        "lease_cooldown_after": COOLDOWN_AFTER,
-    }
-    for name, allowed in choices.items():
-        if pick(name) not in allowed:
-            problems.append(
-                (f"{name}={pick(name)!r}", f"is not one of {', '.join(map(repr, allowed))}")
-            )
-    dedupe, dedupe_ttl = pick("lease_dedupe"), pick("lease_dedupe_ttl")
-    if not isinstance(dedupe, bool):
-        problems.append(
-            (
-                f"lease_dedupe={dedupe!r}",
-                "must be True or False (a bool: the string 'false' would count as true)",
-            )
-        )
-    dedupe_problem = timing.duration_problem(dedupe_ttl)
-    if dedupe_problem is not None:
-        problems.append(
-            (
-                f"lease_dedupe_ttl={dedupe_ttl!r}",
-                f"{dedupe_problem}, e.g. lease_dedupe_ttl={DEFAULTS['lease_dedupe_ttl']}",
-            )
-        )
-    queue_max, queue_timeout = pick("lease_queue_max"), pick("lease_queue_timeout")
-    if isinstance(queue_max, bool) or not isinstance(queue_max, int) or queue_max < 1:
-        problems.append(
-            (
-                f"lease_queue_max={queue_max!r}",
-                "must be a whole number of waiting runs >= 1, e.g. lease_queue_max=100",
-            )
-        )
-    queue_problem = None if queue_timeout is None else timing.duration_problem(queue_timeout)
-    if queue_problem is not None:
-        problems.append(
-            (
-                f"lease_queue_timeout={queue_timeout!r}",
-                f"{queue_problem}, or None (no wait timeout)",
-            )
-        )
-    cooldown, grace = pick("lease_cooldown"), pick("lease_preempt_grace")
-    for name, value, unset in (
-        ("lease_cooldown", cooldown, cooldown is None),
-        ("lease_preempt_grace", grace, grace == 0),
-    ):
-        problem = None if unset and not isinstance(value, bool) else timing.duration_problem(value)
-        if problem is not None:
-            problems.append((f"{name}={value!r}", f"{problem}, e.g. {name}=60.0"))
+    problems += _backend_problems(backend, backend_options, conf.get("broker_url"), where)
+    problems += _value_problems(pick)
     debounce = debounce_settings.resolve(pick, problems)
     if problems:
         raise LeaseConfigError(_refusal(where, problems))
+    ttl, interval, timeout = durations.effective
+    queue_timeout, cooldown = pick("lease_queue_timeout"), pick("lease_cooldown")
     return LeaseOptions(
         backend=backend,
         ttl=ttl,
@@ -352,20 +260,181 @@ def resolve_options(
         on_conflict=pick("lease_on_conflict"),
         on_store_error=pick("lease_on_store_error"),
         backend_options=backend_options,
-        min_replicas=min_replicas,
-        store_outage_max=float(outage_max),
-        dedupe=dedupe,
-        dedupe_ttl=float(dedupe_ttl),
-        queue_max=queue_max,
+        min_replicas=pick("lease_min_replicas"),
+        store_outage_max=float(pick("lease_store_outage_max")),
+        dedupe=pick("lease_dedupe"),
+        dedupe_ttl=float(pick("lease_dedupe_ttl")),
+        queue_max=pick("lease_queue_max"),
         queue_timeout=None if queue_timeout is None else float(queue_timeout),
         cooldown=None if cooldown is None else float(cooldown),
         cooldown_after=pick("lease_cooldown_after"),
-        preempt_grace=float(grace),
+        preempt_grace=float(pick("lease_preempt_grace")),
         debounce=debounce,
     )
 
 
-def _refusal(where: str, problems: list[tuple[str, str]]) -> str:
+def _durations(
+    pick: Callable[[str], Any], label: Callable[[str], str], where: str
+) -> tuple[timing.Durations, list[_Problem]]:
+    """The TTL, renew interval and store timeout (float seconds) the settings give, with their
+    problems (:func:`celery_lease.settings.timing.resolve`); logs a warning when they are
+    valid but the interval is above a third of the TTL.
+
+    Args:
+        pick: the value of a setting, task option first, then ``conf``, then the default.
+        label: the name to show for a setting (``lease_beat_ttl`` for beat's own value).
+        where: what to name in messages.
+    """
+    labels = (label("lease_ttl"), label("lease_renew_interval"), "lease_store_timeout")
+    raw_interval = pick("lease_renew_interval")
+    durations, problems = timing.resolve(
+        (
+            pick("lease_ttl"),
+            None if raw_interval is _DERIVED else raw_interval,
+            pick("lease_store_timeout"),
+        ),
+        labels,
+    )
+    if not problems:
+        _warn_if_above_a_third(durations, labels, where)
+    return durations, problems
+
+
+def _warn_if_above_a_third(
+    durations: timing.Durations, labels: tuple[str, str, str], where: str
+) -> None:
+    """Log a warning when the renew interval (float seconds) is above a third of the TTL: valid
+    (at most half), but two failed renewals in a row then lose the lease. The fix suggested is
+    a third of the TTL when that passes every rule, else a longer TTL."""
+    ttl, interval, _ = durations.effective
+    if interval <= ttl / 3 + 1e-9:
+        return
+    third = durations._replace(interval=timing.round_down(ttl / 3))
+    logger.warning(
+        "%s=%r (%s) is above a third of %s=%r: two failed renewals in a row will lose the "
+        "lease; consider %s",
+        labels[1],
+        interval,
+        where,
+        labels[0],
+        ttl,
+        f"{labels[1]}={third.interval!r}"
+        if not timing.check(third, labels)
+        else f"a longer {labels[0]}",
+    )
+
+
+def _key_prefix_problems(prefix: Any) -> list[_Problem]:
+    """``lease_key_prefix``'s problem, if any: it must be a non-empty string without braces."""
+    if isinstance(prefix, str) and prefix and "{" not in prefix and "}" not in prefix:
+        return []
+    return [
+        (
+            f"lease_key_prefix={prefix!r}",
+            "must be a non-empty string without "
+            "'{' or '}' (braces are reserved for the Redis Cluster hash tag)",
+        )
+    ]
+
+
+def _backend_problems(
+    backend: Any, backend_options: Mapping[str, Any], broker: Any, where: str
+) -> list[_Problem]:
+    """The problem of ``lease_backend`` (or, unset, of a Redis ``broker_url``, the fallback)
+    with ``lease_backend_options``, if any. No URL at all is not one here: that is for
+    :func:`resolve_backend`, once the worker knows its broker."""
+    try:
+        if backend is not None:
+            backend_url.validate_backend(backend, backend_options, where)
+        elif isinstance(broker, str) and broker.startswith(_REDIS_SCHEMES):  # the fallback
+            backend_url.validate_backend(broker, backend_options, where, _FALLBACK)
+    except LeaseConfigError as exc:
+        return [("", str(exc))]  # names the setting and the fix, credentials masked
+    return []
+
+
+def _value_problems(pick: Callable[[str], Any]) -> list[_Problem]:
+    """The problems of the settings checked one by one (counts, durations, choices, bools),
+    in the order the refusal lists them; ``pick(name)`` reads a setting.
+
+    An unset duration is not checked: ``lease_queue_timeout`` and ``lease_cooldown`` None,
+    ``lease_preempt_grace`` 0 (but False, which equals 0, is refused as a bool)."""
+    queue_timeout, cooldown, grace = (
+        pick("lease_queue_timeout"),
+        pick("lease_cooldown"),
+        pick("lease_preempt_grace"),
+    )
+    found = [
+        _count_problem(
+            "lease_min_replicas",
+            pick("lease_min_replicas"),
+            0,
+            "must be a whole number of replicas >= 0 (0: do not wait for replicas)",
+        ),
+        _duration_problem(
+            "lease_store_outage_max",
+            pick("lease_store_outage_max"),
+            f", e.g. lease_store_outage_max={DEFAULTS['lease_store_outage_max']}",
+        ),
+        *(_choice_problem(name, pick(name), allowed) for name, allowed in _CHOICES.items()),
+        _bool_problem("lease_dedupe", pick("lease_dedupe")),
+        _duration_problem(
+            "lease_dedupe_ttl",
+            pick("lease_dedupe_ttl"),
+            f", e.g. lease_dedupe_ttl={DEFAULTS['lease_dedupe_ttl']}",
+        ),
+        _count_problem(
+            "lease_queue_max",
+            pick("lease_queue_max"),
+            1,
+            "must be a whole number of waiting runs >= 1, e.g. lease_queue_max=100",
+        ),
+        None
+        if queue_timeout is None
+        else _duration_problem("lease_queue_timeout", queue_timeout, ", or None (no wait timeout)"),
+        None
+        if cooldown is None
+        else _duration_problem("lease_cooldown", cooldown, ", e.g. lease_cooldown=60.0"),
+        None
+        if grace == 0 and not isinstance(grace, bool)
+        else _duration_problem("lease_preempt_grace", grace, ", e.g. lease_preempt_grace=60.0"),
+    ]
+    return [problem for problem in found if problem is not None]
+
+
+def _count_problem(name: str, value: Any, minimum: int, why: str) -> _Problem | None:
+    """``name``'s problem unless ``value`` is an int (not a bool) of at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        return (f"{name}={value!r}", why)
+    return None
+
+
+def _duration_problem(name: str, value: Any, suggestion: str) -> _Problem | None:
+    """``name``'s problem unless ``value`` is a usable duration (float seconds); the
+    ``suggestion`` (such as ``", e.g. lease_cooldown=60.0"``) ends the sentence."""
+    problem = timing.duration_problem(value)
+    return None if problem is None else (f"{name}={value!r}", f"{problem}{suggestion}")
+
+
+def _choice_problem(name: str, value: Any, allowed: tuple[str, ...]) -> _Problem | None:
+    """``name``'s problem unless ``value`` is one of ``allowed``."""
+    if value in allowed:
+        return None
+    return (f"{name}={value!r}", f"is not one of {', '.join(map(repr, allowed))}")
+
+
+def _bool_problem(name: str, value: Any) -> _Problem | None:
+    """``name``'s problem unless ``value`` is True or False (a string 'false' is refused: it
+    would count as true)."""
+    if isinstance(value, bool):
+        return None
+    return (
+        f"{name}={value!r}",
+        "must be True or False (a bool: the string 'false' would count as true)",
+    )
+
+
+def _refusal(where: str, problems: list[_Problem]) -> str:
     """One line for every problem (``(name=value, why)``; a message of its own when the
     first is empty), as unknown names are reported: all at once."""
     if len(problems) == 1:

@@ -119,7 +119,7 @@ class Trigger:
     late: bool = False
 
 
-def trigger(
+def trigger(  # noqa: PLR0913 - the ARGV of debounce-1.lua, each distinct
     client: redis.Redis,
     key: str,
     task_id: str,

@@ -72,6 +72,13 @@ def permanent_error(error: BaseException, setting: str = "lease_backend") -> str
     """
     text = f"{type(error).__name__}: {error}"
     lowered = text.lower()
+    fix = _access_fix(error, lowered, setting) or _tls_fix(error, lowered, setting)
+    return None if fix is None else f"{text}; {fix}"
+
+
+def _access_fix(error: BaseException, lowered: str, setting: str) -> str | None:
+    """The fix when the server refused who the client is or what it asked for (credentials, an
+    ACL permission, the database), else None; ``lowered`` is the error's text in lower case."""
     if (
         isinstance(error, AuthenticationError)
         or "wrongpass" in lowered
@@ -79,7 +86,7 @@ def permanent_error(error: BaseException, setting: str = "lease_backend") -> str
         or "noauth" in lowered
     ):
         return (
-            f"{text}; the store refused the credentials: fix the user name and password "
+            f"the store refused the credentials: fix the user name and password "
             f"in {setting} (redis://user:password@host:6379/0)"
         )
     # Redis 7.0 words a command a script may not run as ERR, not NOPERM.
@@ -89,22 +96,28 @@ def permanent_error(error: BaseException, setting: str = "lease_backend") -> str
         or "the user executing the script can't" in lowered
     ):
         return (
-            f"{text}; the ACL user lacks a permission the lease store needs: grant the "
+            f"the ACL user lacks a permission the lease store needs: grant the "
             f"rule `celery lease acl` prints (docs/deploying.md, section ACL), or use "
             f"another user in {setting}"
         )
     if "db index" in lowered:
-        return f"{text}; the server has no such database: fix the database number in {setting}"
+        return f"the server has no such database: fix the database number in {setting}"
+    return None
+
+
+def _tls_fix(error: BaseException, lowered: str, setting: str) -> str | None:
+    """The fix when TLS failed (a certificate out of its validity period, on either side, or
+    any other handshake failure), else None; ``lowered`` is the error's text in lower case."""
     if "certificate has expired" in lowered or "certificate is not yet valid" in lowered:
         return (
-            f"{text}; the server's TLS certificate is outside its validity period: renew "
+            f"the server's TLS certificate is outside its validity period: renew "
             f"the certificate the server presents (its tls-cert-file), or fix this host's "
             f"clock; the CA in ssl_ca_certs of {setting} / lease_backend_options is not "
             f"the problem"
         )
     if "alert certificate expired" in lowered:
         return (
-            f"{text}; the server refused the client certificate as expired: renew the "
+            f"the server refused the client certificate as expired: renew the "
             f"certificate in ssl_certfile (and its ssl_keyfile) in {setting} / "
             f"lease_backend_options"
         )
@@ -115,7 +128,7 @@ def permanent_error(error: BaseException, setting: str = "lease_backend") -> str
         or isinstance(error.__cause__ or error.__context__, ssl.SSLError)
     ):
         return (
-            f"{text}; the TLS handshake failed: check ssl_ca_certs (the CA that signed the "
+            f"the TLS handshake failed: check ssl_ca_certs (the CA that signed the "
             f"server's certificate), ssl_certfile / ssl_keyfile (client certificate) and "
             f"the rediss:// host name in {setting} / lease_backend_options"
         )

@@ -132,7 +132,7 @@ def _run(
         raise routing.note(exc, client, key) from None
 
 
-def park(
+def park(  # noqa: PLR0913 - the ARGV of park-3.lua / park_slot-2.lua, each distinct
     client: redis.Redis,
     key: str,
     mode: str,
@@ -210,7 +210,7 @@ def _slot_handoff(reply: list[Any]) -> HandOff:
     )
 
 
-def release_handing_over(
+def release_handing_over(  # noqa: PLR0913 - the release scripts' distinct ARGV
     client: redis.Redis,
     key: str,
     token: str,

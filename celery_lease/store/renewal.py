@@ -132,6 +132,12 @@ def _renew_cluster(
     return out
 
 
+#: A batched pass's plan: per call of a batch script, ``(ttl_ms, slot, indexes)`` (the leases
+#: it renews, by index in ``leases``) and the call itself, ``(script, keys, argv)``.
+_Chunks = list[tuple[int, bool, Sequence[int]]]
+_Calls = list[tuple[lua.Script, list[str], list[object]]]
+
+
 def _renew_batched(
     client: redis.Redis, leases: Sequence[tuple[str, str, int]], slots: frozenset[int]
 ) -> list[int | RedisError]:
@@ -139,39 +145,10 @@ def _renew_batched(
     :data:`RENEW_BATCH` leases (slots apart, ``renew_slots.lua``), all calls in one pipeline
     (one round trip)."""
     ttls = {ttl_ms for _, _, ttl_ms in leases}
-    chunks: list[tuple[int, bool, Sequence[int]]]
     if len(ttls) == 1 and not slots:  # the usual pass: one TTL, in order, no sorting
-        ttl = ttls.pop()
-        spans = [
-            range(at, min(at + RENEW_BATCH, len(leases)))
-            for at in range(0, len(leases), RENEW_BATCH)
-        ]
-        chunks = [(ttl, False, span) for span in spans]
-        calls = [
-            (
-                _renew_many,
-                [key for key, _, _ in leases[span.start : span.stop]],
-                [ttl, *[token + ":" for _, token, _ in leases[span.start : span.stop]]],
-            )
-            for span in spans
-        ]
+        chunks, calls = _in_order(leases, ttls.pop())
     else:
-        order: dict[tuple[int, bool], list[int]] = {}
-        for i, (_, _, ttl_ms) in enumerate(leases):
-            order.setdefault((ttl_ms, i in slots), []).append(i)
-        chunks = [
-            (ttl_ms, slot, idx[at : at + RENEW_BATCH])
-            for (ttl_ms, slot), idx in order.items()
-            for at in range(0, len(idx), RENEW_BATCH)
-        ]
-        calls = [
-            (
-                _renew_slots if slot else _renew_many,
-                [leases[i][0] for i in chunk],
-                [ttl_ms, *(leases[i][1] if slot else leases[i][1] + ":" for i in chunk)],
-            )
-            for ttl_ms, slot, chunk in chunks
-        ]
+        chunks, calls = _grouped(leases, slots)
     send = functools.partial(wire.call_many if wire.usable(client) else routing.send_many, client)
     try:
         replies = send([script.args(keys, argv) for script, keys, argv in calls])
@@ -181,6 +158,62 @@ def _renew_batched(
             replies = send([script.args(keys, argv, by_sha=False) for script, keys, argv in calls])
     except RedisError as exc:
         raise routing.note(exc, client, None) from None
+    return _batch_answers(client, leases, chunks, replies)
+
+
+def _in_order(leases: Sequence[tuple[str, str, int]], ttl_ms: int) -> tuple[_Chunks, _Calls]:
+    """The plan of a pass whose leases all have ``ttl_ms`` (int milliseconds) and none is a
+    slot: ``renew_many.lua`` over consecutive spans of :data:`RENEW_BATCH` leases, whose
+    replies land in order (one slice each)."""
+    spans = [
+        range(at, min(at + RENEW_BATCH, len(leases))) for at in range(0, len(leases), RENEW_BATCH)
+    ]
+    chunks: _Chunks = [(ttl_ms, False, span) for span in spans]
+    calls: _Calls = [
+        (
+            _renew_many,
+            [key for key, _, _ in leases[span.start : span.stop]],
+            [ttl_ms, *[token + ":" for _, token, _ in leases[span.start : span.stop]]],
+        )
+        for span in spans
+    ]
+    return chunks, calls
+
+
+def _grouped(
+    leases: Sequence[tuple[str, str, int]], slots: frozenset[int]
+) -> tuple[_Chunks, _Calls]:
+    """The plan of any other pass: the leases grouped by TTL and by kind (a slot of a limited
+    key, renewed by ``renew_slots.lua``, or a plain lease), each group in calls of at most
+    :data:`RENEW_BATCH`."""
+    order: dict[tuple[int, bool], list[int]] = {}
+    for i, (_, _, ttl_ms) in enumerate(leases):
+        order.setdefault((ttl_ms, i in slots), []).append(i)
+    chunks: _Chunks = [
+        (ttl_ms, slot, idx[at : at + RENEW_BATCH])
+        for (ttl_ms, slot), idx in order.items()
+        for at in range(0, len(idx), RENEW_BATCH)
+    ]
+    calls: _Calls = [
+        (
+            _renew_slots if slot else _renew_many,
+            [leases[i][0] for i in chunk],
+            [ttl_ms, *(leases[i][1] if slot else leases[i][1] + ":" for i in chunk)],
+        )
+        for ttl_ms, slot, chunk in chunks
+    ]
+    return chunks, calls
+
+
+def _batch_answers(
+    client: redis.Redis,
+    leases: Sequence[tuple[str, str, int]],
+    chunks: _Chunks,
+    replies: Sequence[bytes | RedisError],
+) -> list[int | RedisError]:
+    """Each lease's answer from the replies of its pass's calls, one per chunk: a call's error
+    for each of its leases (node noted), else the lease's byte in the reply (``1``, ``0``,
+    ``2``: renewed, absent, held by another token)."""
     out: list[int | RedisError] = [0] * len(leases)
     for (_, _, chunk), reply in zip(chunks, replies, strict=True):
         if isinstance(reply, RedisError):  # e.g. OOM, BUSY: every lease of the call got it

@@ -52,7 +52,7 @@ _release = lua.load("release_slot-3.lua")
 _revoke = lua.load("revoke_slot-1.lua")
 
 
-def acquire_slot(
+def acquire_slot(  # noqa: PLR0913 - store.acquire's grant signature (lifecycle.take)
     client: redis.Redis,
     key: str,
     token: str,

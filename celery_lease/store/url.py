@@ -70,6 +70,8 @@ _OPTION_KEYS = (
     "client_name",
     *TLS_KEYS,
 )
+#: The options of lease_backend_options that only a sentinel:// URL takes.
+_SENTINEL_ONLY = ("master_name", "sentinel_kwargs", "min_other_sentinels")
 _warned: set[tuple[str, str, str]] = set()  # overridden options already logged
 _CERT_REQS = {
     "cert_required": ssl.CERT_REQUIRED,
@@ -281,23 +283,12 @@ def parse_store(
     """
     if not isinstance(url, str) or "://" not in url:
         raise _fail(setting, url, "not a Redis URL", "use e.g. 'redis://localhost:6379/1'")
-    if options is None:
-        options = {}
-    if not isinstance(options, Mapping):
-        # The type, not the value: it may hold a password (ssl_password, sentinel_kwargs).
-        raise LeaseConfigError(
-            f"lease_backend_options (a {type(options).__name__}) must be a "
-            "dict, e.g. {'ssl_ca_certs': '/etc/ssl/redis-ca.pem'}"
-        )
-    opts = _options_items(options, _OPTION_KEYS, "lease_backend_options", setting, url)
+    opts = _options_items(
+        _backend_options(options), _OPTION_KEYS, "lease_backend_options", setting, url
+    )
     nodes = [_node_params(chunk, setting, url) for chunk in url.split(";") if chunk.strip()]
-    schemes = {scheme for scheme, _ in nodes}
-    cluster = opts.pop("cluster", False)
-    if not isinstance(cluster, bool):
-        raise LeaseConfigError(
-            f"lease_backend_options['cluster']={cluster!r} must be True or False"
-        )
-    if len(nodes) > 1 and schemes != {"sentinel"}:
+    cluster = _cluster_flag(opts)
+    if len(nodes) > 1 and {scheme for scheme, _ in nodes} != {"sentinel"}:
         raise _fail(
             setting,
             url,
@@ -305,6 +296,65 @@ def parse_store(
             "use sentinel://host1:26379;sentinel://host2:26379/0",
         )
     scheme, params = nodes[0]
+    tls = _settle_tls(scheme, params, opts, setting, url)
+    if scheme == "sentinel":
+        return _sentinel_spec(nodes, tls, opts, setting, url)
+    sentinel_only = [k for k in _SENTINEL_ONLY if k in opts]
+    if sentinel_only:
+        raise _fail(
+            setting,
+            url,
+            f"{', '.join(sentinel_only)} only apply to sentinel:// URLs",
+            "use sentinel://host:26379/0, or remove them from lease_backend_options",
+        )
+    if cluster:
+        return _cluster_spec(params, tls, setting, url)
+    return StoreSpec("standalone", tls, params)
+
+
+def _backend_options(options: Any) -> Mapping[str, Any]:
+    """``lease_backend_options`` (None: no options) once it is known to be a mapping.
+
+    Raises:
+        LeaseConfigError: it is not one; the message names its type only.
+    """
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        # The type, not the value: it may hold a password (ssl_password, sentinel_kwargs).
+        raise LeaseConfigError(
+            f"lease_backend_options (a {type(options).__name__}) must be a "
+            "dict, e.g. {'ssl_ca_certs': '/etc/ssl/redis-ca.pem'}"
+        )
+    return options
+
+
+def _cluster_flag(opts: dict[str, Any]) -> bool:
+    """Take ``cluster`` out of the checked options (False when absent).
+
+    Raises:
+        LeaseConfigError: it is not a bool.
+    """
+    cluster = opts.pop("cluster", False)
+    if not isinstance(cluster, bool):
+        raise LeaseConfigError(
+            f"lease_backend_options['cluster']={cluster!r} must be True or False"
+        )
+    return cluster
+
+
+def _settle_tls(
+    scheme: str, params: dict[str, Any], opts: dict[str, Any], setting: str, url: str
+) -> bool:
+    """Move the TLS options and ``client_name`` of ``lease_backend_options`` (``opts``) into
+    the first node's connection ``params``, and settle TLS there: ``ssl`` on, the certificate
+    check as a ``ssl.VerifyMode`` (``required`` by default) and ``ssl_check_hostname`` as a
+    bool. Returns True when connections use TLS (a ``rediss://`` URL or TLS options).
+
+    Raises:
+        LeaseConfigError: TLS options with a URL that is neither ``rediss://`` nor
+            ``sentinel://`` (whose data nodes may use TLS), or an unknown ``ssl_cert_reqs``.
+    """
     tls_opts = {k: opts.pop(k) for k in TLS_KEYS if k in opts}
     if tls_opts and scheme not in ("rediss", "sentinel"):
         raise _fail(
@@ -327,67 +377,81 @@ def parse_store(
                 "1",
                 "yes",
             )
-    sentinel_only = [
-        k for k in ("master_name", "sentinel_kwargs", "min_other_sentinels") if k in opts
-    ]
-    if scheme == "sentinel":
-        master = opts.get("master_name")
-        if not isinstance(master, str) or not master:
-            raise _fail(
-                setting,
-                url,
-                "a sentinel:// URL needs the master's name",
-                "set lease_backend_options={'master_name': 'mymaster'}",
-            )
-        skw = opts.get("sentinel_kwargs") or {}
-        if not isinstance(skw, Mapping):
-            raise LeaseConfigError(
-                "lease_backend_options['sentinel_kwargs'] must be a dict, e.g. {'password': '...'}"
-            )
-        skw = _options_items(
-            skw,
-            ("password", "username", *TLS_KEYS),
-            "lease_backend_options['sentinel_kwargs']",
-            setting,
-            url,
-        )
-        sentinels = tuple((str(p["host"]), int(p["port"])) for _, p in nodes)
-        for key in ("host", "port"):
-            params.pop(key)
-        return StoreSpec(
-            "sentinel",
-            tls,
-            params,
-            sentinels,
-            master,
-            dict(skw),
-            int(opts.get("min_other_sentinels", 0)),
-        )
-    if sentinel_only:
+    return tls
+
+
+def _sentinel_spec(
+    nodes: list[tuple[str, dict[str, Any]]],
+    tls: bool,
+    opts: Mapping[str, Any],
+    setting: str,
+    url: str,
+) -> StoreSpec:
+    """The spec of a ``sentinel://`` URL: each node is a Sentinel's address; the first one's
+    other parameters (db, credentials, TLS) are those of the master found through them.
+
+    Raises:
+        LeaseConfigError: no ``master_name``, or ``sentinel_kwargs`` not a dict or with an
+            option other than credentials and TLS.
+    """
+    master = opts.get("master_name")
+    if not isinstance(master, str) or not master:
         raise _fail(
             setting,
             url,
-            f"{', '.join(sentinel_only)} only apply to sentinel:// URLs",
-            "use sentinel://host:26379/0, or remove them from lease_backend_options",
+            "a sentinel:// URL needs the master's name",
+            "set lease_backend_options={'master_name': 'mymaster'}",
         )
-    if cluster:
-        if "path" in params:
-            raise _fail(
-                setting,
-                url,
-                "Redis Cluster cannot be reached over a unix socket",
-                "use a redis:// or rediss:// seed node",
-            )
-        if params.get("db"):
-            raise _fail(
-                setting,
-                url,
-                "Redis Cluster has only database 0",
-                "use /0 or no database in the URL",
-            )
-        params.pop("db", None)
-        return StoreSpec("cluster", tls, params)
-    return StoreSpec("standalone", tls, params)
+    skw = opts.get("sentinel_kwargs") or {}
+    if not isinstance(skw, Mapping):
+        raise LeaseConfigError(
+            "lease_backend_options['sentinel_kwargs'] must be a dict, e.g. {'password': '...'}"
+        )
+    skw = _options_items(
+        skw,
+        ("password", "username", *TLS_KEYS),
+        "lease_backend_options['sentinel_kwargs']",
+        setting,
+        url,
+    )
+    sentinels = tuple((str(p["host"]), int(p["port"])) for _, p in nodes)
+    params = nodes[0][1]
+    for key in ("host", "port"):
+        params.pop(key)
+    return StoreSpec(
+        "sentinel",
+        tls,
+        params,
+        sentinels,
+        master,
+        dict(skw),
+        int(opts.get("min_other_sentinels", 0)),
+    )
+
+
+def _cluster_spec(params: dict[str, Any], tls: bool, setting: str, url: str) -> StoreSpec:
+    """The spec of a Redis Cluster reached through the seed node of ``params`` (its ``db``
+    dropped: a cluster has only database 0).
+
+    Raises:
+        LeaseConfigError: a unix socket, or a database other than 0.
+    """
+    if "path" in params:
+        raise _fail(
+            setting,
+            url,
+            "Redis Cluster cannot be reached over a unix socket",
+            "use a redis:// or rediss:// seed node",
+        )
+    if params.get("db"):
+        raise _fail(
+            setting,
+            url,
+            "Redis Cluster has only database 0",
+            "use /0 or no database in the URL",
+        )
+    params.pop("db", None)
+    return StoreSpec("cluster", tls, params)
 
 
 def validate_backend(url: Any, options: Any, where: str, setting: str = "lease_backend") -> None:

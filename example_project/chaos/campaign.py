@@ -330,15 +330,7 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
     results = None if settings.broker_url else RedisServer().start()
     result_url = settings.broker_url or results.url()  # type: ignore[union-attr]
     broker_url = settings.broker_url or os.environ.get("CHAOS_AMQP_URL") or DEFAULT_AMQP_URL
-    store: Any
-    proxy: TcpProxy | None
-    if settings.sentinel:
-        store, proxy = SentinelStore(), None
-        lease_url, lease_ports = store.url, store.ports
-    else:
-        store = RedisServer(config={"maxmemory-policy": "noeviction"}).start()
-        proxy = TcpProxy(store.port)
-        lease_url, lease_ports = f"redis://127.0.0.1:{proxy.port}/0", [proxy.port]
+    store, proxy, lease_url, lease_ports = _lease_store(settings)
     queue = f"chaos-{uuid.uuid4().hex[:8]}"  # never another application's queue
     env = {
         "CHAOS_BROKER_URL": broker_url,
@@ -370,50 +362,15 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
         producer = _Producer(settings, producer_rng, worker_app.submit)
         producer.start()
         wait_for(lambda: time.time() - started > min(5.0, settings.duration / 4), 30)
-        peers = {
-            _port(broker_url): "broker",
-            _port(result_url): "results",
-            5432: "postgres",
-            **{port: "lease" for port in lease_ports},
-        }
-        sampler = _Sampler(fleet, peers)
-        sampler.start()
-        job_keys = {
-            worker_app.chaos_job.lease_key_for((), {"key": f"k{i}", "job": ""}): f"k{i}"
-            for i in range(settings.keys)
-        }
-
-        def duplicate(lease_keys: list[str]) -> None:
-            for lease_key in lease_keys:
-                if lease_key in job_keys:
-                    worker_app.submit(job_keys[lease_key], "after_erase")
-
-        nemesis = Nemesis(
-            nemesis_rng,
-            fleet,
-            store,
-            proxy,
-            settings.ttl,
-            lambda c: _lease_keys(c, worker_app.LEASE_PREFIX),
-            duplicate,
-            SENTINEL_FAULTS if settings.sentinel else FAULTS,
-        )
+        sampler = _start_sampler(fleet, broker_url, result_url, lease_ports)
+        nemesis = _nemesis(settings, nemesis_rng, fleet, store, proxy, worker_app)
         nemesis.run(until=started + settings.duration)
         nemesis_end = time.time()
         producer.halt.set()
         fleet.stop_beats()  # beat is a submission path: it stops with the producer
         producer.join(10)
         say(f"chaos: nemesis done ({len(nemesis.faults)} faults); draining")
-        _drain(dsn, store, worker_app, settings)
-        time.sleep(settings.cooldown)  # a probe in the last job's window would be skipped
-        probes = [worker_app.submit(f"k{i}", "probe") for i in range(settings.keys)]
-        wait_for(
-            lambda: all(worker_app.app.AsyncResult(p.task_id).ready() for p in probes),
-            settings.ttl * 4 + 30,
-            interval=0.2,
-            message="probes did not finish",
-        )
-        time.sleep(settings.ttl + settings.cooldown)  # one TTL (and a cooldown) after the end
+        _drain_and_probe(dsn, store, worker_app, settings)
         sampler.halt.set()
         history = _record(settings, dsn, worker_app, fleet, store, sampler, started, nemesis_end)
         history.faults = nemesis.faults
@@ -433,6 +390,88 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
             results.close()
         worker_app.recorder().close()
         db.drop_database(dsn)
+
+
+def _lease_store(settings: Settings) -> tuple[Any, TcpProxy | None, str, list[int]]:
+    """The lease store a campaign starts: ``(store, proxy, lease URL, ports)``. With
+    ``settings.sentinel`` a Sentinel-managed primary and its replica (no proxy), else one
+    noeviction Redis behind a TCP proxy the nemesis can cut; ``ports`` are those the workers
+    connect to (what the sampler counts as lease connections)."""
+    if settings.sentinel:
+        sentinel = SentinelStore()
+        return sentinel, None, sentinel.url, sentinel.ports
+    store = RedisServer(config={"maxmemory-policy": "noeviction"}).start()
+    proxy = TcpProxy(store.port)
+    return store, proxy, f"redis://127.0.0.1:{proxy.port}/0", [proxy.port]
+
+
+def _start_sampler(
+    fleet: Fleet, broker_url: str, result_url: str, lease_ports: list[int]
+) -> _Sampler:
+    """Start sampling the fleet's workers, their connections named by the peer's port: the
+    broker, the result backend, PostgreSQL (5432) and the lease store."""
+    peers = {
+        _port(broker_url): "broker",
+        _port(result_url): "results",
+        5432: "postgres",
+        **{port: "lease" for port in lease_ports},
+    }
+    sampler = _Sampler(fleet, peers)
+    sampler.start()
+    return sampler
+
+
+def _nemesis(
+    settings: Settings,
+    rng: random.Random,
+    fleet: Fleet,
+    store: Any,
+    proxy: TcpProxy | None,
+    worker_app: Any,
+) -> Nemesis:
+    """The campaign's nemesis, its faults drawn from ``rng``; a fault that erases lease keys
+    has each erased job key requested again (``"after_erase"``), the duplicate the checker
+    expects to be refused or to run after the erased holder."""
+    job_keys = {
+        worker_app.chaos_job.lease_key_for((), {"key": f"k{i}", "job": ""}): f"k{i}"
+        for i in range(settings.keys)
+    }
+
+    def duplicate(lease_keys: list[str]) -> None:
+        for lease_key in lease_keys:
+            if lease_key in job_keys:
+                worker_app.submit(job_keys[lease_key], "after_erase")
+
+    return Nemesis(
+        rng,
+        fleet,
+        store,
+        proxy,
+        settings.ttl,
+        lambda c: _lease_keys(c, worker_app.LEASE_PREFIX),
+        duplicate,
+        SENTINEL_FAULTS if settings.sentinel else FAULTS,
+    )
+
+
+def _drain_and_probe(dsn: str, store: Any, worker_app: Any, settings: Settings) -> None:
+    """After the faults: let the waiting runs drain, run one probe job per key (after a
+    cooldown, or the last job's window would skip it) and wait for every probe, then one TTL
+    (and a cooldown, float seconds) more, so that the history ends with the store quiet.
+
+    Raises:
+        AssertionError: the probes did not finish in time (:func:`wait_for`).
+    """
+    _drain(dsn, store, worker_app, settings)
+    time.sleep(settings.cooldown)  # a probe in the last job's window would be skipped
+    probes = [worker_app.submit(f"k{i}", "probe") for i in range(settings.keys)]
+    wait_for(
+        lambda: all(worker_app.app.AsyncResult(p.task_id).ready() for p in probes),
+        settings.ttl * 4 + 30,
+        interval=0.2,
+        message="probes did not finish",
+    )
+    time.sleep(settings.ttl + settings.cooldown)  # one TTL (and a cooldown) after the end
 
 
 def _port(url: str) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 import redis
 from celery.result import AsyncResult
@@ -351,20 +351,25 @@ def long_run(ctx: Context) -> SceneResult:
 # -- scene 4 ----------------------------------------------------------------------------------
 
 
-def pause(ctx: Context) -> SceneResult:
-    """A is SIGSTOPped past its lease; B takes over; A resumes, gets LeaseLost, is fenced off."""
-    result = SceneResult(
-        "pause",
-        "A is paused past its lease lifetime, B takes over, A "
-        "resumes: LeaseLost, and its late write is refused",
-    )
+class _Frozen(NamedTuple):
+    """What the pause scene's fault did: A's run and B's requests of the job, and when A was
+    frozen and resumed (wall-clock float seconds, as the timeline's rows)."""
+
+    first: AsyncResult
+    second: list[AsyncResult]
+    paused_at: float
+    resumed_at: float
+
+
+def _freeze_past_the_lease(ctx: Context, stage: Stage, job_id: str) -> _Frozen:
+    """Start the job on A, freeze A (SIGSTOP) once it wrote a step, request the job on B every
+    half TTL until B holds the lease and wrote a step, then resume A (SIGCONT); A is resumed
+    whatever happens.
+
+    Raises:
+        SceneFailed: a step of it did not happen in time.
+    """
     ttl = ctx.ttl
-    job_id = f"export-{_run_id()}"
-    stage = ctx.stage(job_id)
-    stage.note(
-        f"job {job_id}: A runs 40 steps of {ctx.step:.2f}s; TTL {ttl:.2f}s. A is "
-        f"frozen with SIGSTOP; the job is requested on B every {ttl / 2:.2f}s"
-    )
     worker_a = ctx.workers["A"]
     assert worker_a.child is not None
     first = ctx.send("A", job_id, 40)
@@ -396,6 +401,24 @@ def pause(ctx: Context) -> SceneResult:
     finally:
         if worker_a.child.paused:
             worker_a.child.resume()
+    return _Frozen(first, second, paused_at, resumed_at)
+
+
+def pause(ctx: Context) -> SceneResult:
+    """A is SIGSTOPped past its lease; B takes over; A resumes, gets LeaseLost, is fenced off."""
+    result = SceneResult(
+        "pause",
+        "A is paused past its lease lifetime, B takes over, A "
+        "resumes: LeaseLost, and its late write is refused",
+    )
+    ttl = ctx.ttl
+    job_id = f"export-{_run_id()}"
+    stage = ctx.stage(job_id)
+    stage.note(
+        f"job {job_id}: A runs 40 steps of {ctx.step:.2f}s; TTL {ttl:.2f}s. A is "
+        f"frozen with SIGSTOP; the job is requested on B every {ttl / 2:.2f}s"
+    )
+    first, second, paused_at, resumed_at = _freeze_past_the_lease(ctx, stage, job_id)
     _need(stage, lambda: bool(stage.first("stopped", "A")), 5 + 2 * ttl, "A to stop")
     _need(stage, lambda: bool(stage.first("end", "B")), 8 * ctx.step + 2 * ttl + 10, "B to finish")
     _need(stage, lambda: first.ready() and all(r.ready() for r in second), 10 + ttl, "the results")

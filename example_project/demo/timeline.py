@@ -41,6 +41,27 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _lost_text(event: dict[str, Any]) -> str:
+    """A LeaseLost: its cause, and how late it came (float seconds)."""
+    late = float(event.get("late") or 0)
+    if event.get("cause") == "deadline":
+        return f"LeaseLost: its deadline passed {late:.2f}s ago"
+    return f"LeaseLost ({event.get('cause')}, {late:.2f}s after the last renewal)"
+
+
+def _stopped_text(event: dict[str, Any]) -> str:
+    """A body that stopped on its loss: the steps done, and whether its checkpoint landed."""
+    saved = "saved" if event.get("checkpoint_accepted") else "REFUSED by the fencing guard"
+    return f"stops after step {event.get('done')}; checkpoint write {saved}"
+
+
+def _released_text(event: dict[str, Any]) -> str:
+    """A release: the key freed, or left alone (another token holds it now)."""
+    if event.get("released"):
+        return "releases the lease"
+    return "release finds another token: leaves the key alone"
+
+
 @dataclass
 class Sample:
     """One look at the lease key: ``t`` (wall-clock seconds), holder letter, fence, seconds left.
@@ -206,45 +227,43 @@ class Stage:
     # -- events -------------------------------------------------------------------------------
 
     def describe(self, event: dict[str, Any]) -> str:
-        """The timeline text of a worker event."""
+        """The timeline text of a worker event ("" for a start, which shows as the status
+        cell; the kind itself for a kind this table does not know)."""
+        texts: dict[str, Callable[[dict[str, Any]], str]] = {
+            "acquired": lambda e: f"claims the lease ({self.fence(e.get('fence'))}), starts",
+            "conflict": self._conflict_text,
+            "write": self._write_text,
+            "lost": _lost_text,
+            "stopped": _stopped_text,
+            "end": lambda e: f"finishes ({e.get('done')} steps)",
+            "released": _released_text,
+            "start": lambda e: "",
+        }
         kind = event["ev"]
-        if kind == "acquired":
-            return f"claims the lease ({self.fence(event.get('fence'))}), starts"
-        if kind == "conflict":
-            holder = str(event.get("holder", ""))
-            pid = int(holder.rsplit(":", 1)[-1]) if holder.rsplit(":", 1)[-1].isdigit() else 0
-            who = self.letter_of(pid) if pid else "?"
-            left = float(event.get("remaining") or 0.0)
-            policy = event.get("policy")
-            if policy == "retry":
-                return f"{who} holds it ({left:.1f}s left): retry in {left:.1f}s"
-            if policy == "skip":
-                return f"duplicate skipped: {who} holds it ({left:.1f}s left)"
-            return f"conflict ({policy}): {who} holds it"
-        if kind == "write":
-            if event.get("accepted"):
-                return f"step {event.get('step')} written ({self.fence(event.get('fence'))})"
-            return (
-                f"late write of step {event.get('step')} REFUSED by the fencing guard "
-                f"({self.fence(event.get('fence'))} < newest)"
-            )
-        if kind == "lost":
-            late = float(event.get("late") or 0)
-            if event.get("cause") == "deadline":
-                return f"LeaseLost: its deadline passed {late:.2f}s ago"
-            return f"LeaseLost ({event.get('cause')}, {late:.2f}s after the last renewal)"
-        if kind == "stopped":
-            saved = "saved" if event.get("checkpoint_accepted") else "REFUSED by the fencing guard"
-            return f"stops after step {event.get('done')}; checkpoint write {saved}"
-        if kind == "end":
-            return f"finishes ({event.get('done')} steps)"
-        if kind == "released":
-            if event.get("released"):
-                return "releases the lease"
-            return "release finds another token: leaves the key alone"
-        if kind == "start":
-            return ""
-        return str(kind)
+        return texts[kind](event) if kind in texts else str(kind)
+
+    def _conflict_text(self, event: dict[str, Any]) -> str:
+        """A duplicate that found the key held: who holds it, for how long (float seconds),
+        and what its policy does about it."""
+        holder = str(event.get("holder", ""))
+        pid = int(holder.rsplit(":", 1)[-1]) if holder.rsplit(":", 1)[-1].isdigit() else 0
+        who = self.letter_of(pid) if pid else "?"
+        left = float(event.get("remaining") or 0.0)
+        policy = event.get("policy")
+        if policy == "retry":
+            return f"{who} holds it ({left:.1f}s left): retry in {left:.1f}s"
+        if policy == "skip":
+            return f"duplicate skipped: {who} holds it ({left:.1f}s left)"
+        return f"conflict ({policy}): {who} holds it"
+
+    def _write_text(self, event: dict[str, Any]) -> str:
+        """A step's write: accepted, or refused by the fencing guard (an older fence)."""
+        if event.get("accepted"):
+            return f"step {event.get('step')} written ({self.fence(event.get('fence'))})"
+        return (
+            f"late write of step {event.get('step')} REFUSED by the fencing guard "
+            f"({self.fence(event.get('fence'))} < newest)"
+        )
 
     def pump(self) -> None:
         """Read new events, look at the store, and print whatever changed."""

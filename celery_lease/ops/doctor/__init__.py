@@ -83,8 +83,19 @@ def check_store(url: str, timeout: float, app: Any = None) -> list[Finding]:
                 "unreachable",
             )
         ]
-    found = [Finding("ok", subject, "reachable")]
-    found += [
+    return [
+        Finding("ok", subject, "reachable"),
+        *_layout_findings(subject, layout),
+        _version_finding(subject, check.version),
+        _eviction_finding(subject, check),
+        *_measured_findings(subject, redis_client, timeout),
+    ]
+
+
+def _layout_findings(subject: str, layout: topology.Topology) -> list[Finding]:
+    """A failure for each cluster node that does not answer, then what the store is: its
+    topology, TLS, nodes and eviction policy (and where that policy was read)."""
+    found = [
         Finding(
             "fail",
             subject,
@@ -104,101 +115,109 @@ def check_store(url: str, timeout: float, app: Any = None) -> list[Finding]:
             f", eviction policy {layout.eviction_policy}{source}",
         )
     )
-    problem = redis_version_problem(check.version)
+    return found
+
+
+def _version_finding(subject: str, version: str) -> Finding:
+    """The Redis ``version``: fine, or too old (:func:`redis_version_problem`)."""
+    problem = redis_version_problem(version)
     if problem:
-        found.append(
-            Finding(
-                "fail", subject, problem, f"upgrade to Redis {MIN_REDIS[0]}.{MIN_REDIS[1]} or later"
-            )
+        return Finding(
+            "fail", subject, problem, f"upgrade to Redis {MIN_REDIS[0]}.{MIN_REDIS[1]} or later"
         )
-    else:
-        found.append(Finding("ok", subject, f"Redis {check.version}"))
+    return Finding("ok", subject, f"Redis {version}")
+
+
+def _eviction_finding(subject: str, check: topology.StoreCheck) -> Finding:
+    """The eviction policy: ``noeviction`` is fine, an unreadable one a warning, any other a
+    failure (it may evict a live lease)."""
     if check.safe:
-        found.append(Finding("ok", subject, "maxmemory-policy noeviction"))
-    elif check.eviction_policy == "unknown":
-        found.append(
-            Finding(
-                "warn",
-                subject,
-                "maxmemory-policy could not be read (CONFIG disabled?)",
-                "make sure the server runs with maxmemory-policy noeviction",
-                "eviction",
-            )
+        return Finding("ok", subject, "maxmemory-policy noeviction")
+    if check.eviction_policy == "unknown":
+        return Finding(
+            "warn",
+            subject,
+            "maxmemory-policy could not be read (CONFIG disabled?)",
+            "make sure the server runs with maxmemory-policy noeviction",
+            "eviction",
         )
-    else:
-        found.append(
-            Finding(
-                "fail",
-                subject,
-                f"maxmemory-policy {check.eviction_policy} may evict a live lease",
-                "CONFIG SET maxmemory-policy noeviction (and in redis.conf), or "
-                "use a dedicated Redis for lease_backend",
-                "eviction",
-            )
-        )
+    return Finding(
+        "fail",
+        subject,
+        f"maxmemory-policy {check.eviction_policy} may evict a live lease",
+        "CONFIG SET maxmemory-policy noeviction (and in redis.conf), or "
+        "use a dedicated Redis for lease_backend",
+        "eviction",
+    )
+
+
+def _measured_findings(subject: str, redis_client: Any, timeout: float) -> list[Finding]:
+    """The latency (20 PINGs) against ``timeout`` (float seconds) and the clock skew (TIME) of
+    the store's node ``redis_client``; one finding instead when they cannot be measured."""
     try:
         samples = topology.round_trips(redis_client, 20)
         server, before, after = topology.server_time(redis_client)
     except NoPermissionError:  # a worker's user need not run the doctor's PING and TIME
-        found.append(
+        return [
             Finding(
                 "info",
                 subject,
                 "latency and clock not measured: the ACL user may not run PING or TIME",
                 "grant the doctor feature (celery lease acl)",
             )
-        )
-        return found
+        ]
     except RedisError as exc:
-        found.append(
+        return [
             Finding(
                 "fail",
                 subject,
                 f"stopped answering during the latency check: {store.describe(exc)}",
             )
-        )
-        return found
+        ]
+    return [
+        _latency_finding(subject, samples, timeout),
+        _skew_finding(subject, server, before, after),
+    ]
+
+
+def _latency_finding(subject: str, samples: list[float], timeout: float) -> Finding:
+    """The round trips (float seconds) against ``timeout``: the worst at or above it fails, above
+    half of it warns (a renewal then has little room for a slow moment)."""
     worst, median = max(samples), statistics.median(samples)
     detail = f"latency median {median * 1000:.2f} ms, max {worst * 1000:.2f} ms"
     if worst >= timeout:
-        found.append(
-            Finding(
-                "fail",
-                subject,
-                f"{detail}: at or above lease_store_timeout={timeout}s",
-                "move the store closer or raise lease_ttl (the timeout is derived from it)",
-            )
+        return Finding(
+            "fail",
+            subject,
+            f"{detail}: at or above lease_store_timeout={timeout}s",
+            "move the store closer or raise lease_ttl (the timeout is derived from it)",
         )
-    elif worst >= timeout / 2:
-        found.append(
-            Finding(
-                "warn",
-                subject,
-                f"{detail}: above half of lease_store_timeout={timeout}s",
-                "raise lease_ttl / lease_store_timeout, or move the store closer",
-            )
+    if worst >= timeout / 2:
+        return Finding(
+            "warn",
+            subject,
+            f"{detail}: above half of lease_store_timeout={timeout}s",
+            "raise lease_ttl / lease_store_timeout, or move the store closer",
         )
-    else:
-        found.append(Finding("ok", subject, detail))
+    return Finding("ok", subject, detail)
+
+
+def _skew_finding(subject: str, server: float, before: float, after: float) -> Finding:
+    """The server clock against this host's (epoch float seconds: ``server``'s TIME read between
+    ``before`` and ``after``): a warning past 2 s plus the time the question took."""
     skew = server - (before + after) / 2
     if abs(skew) > 2.0 + (after - before):
-        found.append(
-            Finding(
-                "warn",
-                subject,
-                f"server clock differs from this host's by {skew:+.3f}s (lease "
-                f"deadlines do not use wall clocks, but fencing tokens are server time and logs "
-                f"will not line up)",
-                "run NTP on both hosts",
-            )
+        return Finding(
+            "warn",
+            subject,
+            f"server clock differs from this host's by {skew:+.3f}s (lease "
+            f"deadlines do not use wall clocks, but fencing tokens are server time and logs "
+            f"will not line up)",
+            "run NTP on both hosts",
         )
-    else:
-        found.append(
-            Finding(
-                "ok", subject, f"clock skew {skew:+.3f}s; local deadlines use {clock.CLOCK_NAME}"
-            )
-        )
-    return found
+    return Finding(
+        "ok", subject, f"clock skew {skew:+.3f}s; local deadlines use {clock.CLOCK_NAME}"
+    )
 
 
 #: Float seconds a Sentinel failover takes after the primary is called down (election,
