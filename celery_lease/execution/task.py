@@ -279,20 +279,11 @@ class LeasedTask(Task):  # type: ignore[misc]
         try:
             resolved = self._lease_resolve()
             steps = resolved[2]
-            headers = request.headers or _NO_HEADERS
-            for prepare in steps.prepare:
-                args, kwargs = prepare(self, request, args, kwargs)
-            for header, prepare in steps.prepare_on:  # a debounce timer: its burst, or Ignore
-                if header in headers:
-                    args, kwargs = prepare(self, request, args, kwargs)
+            args, kwargs = self._prepared(steps, request, args, kwargs)  # or Ignore
             lease = self._acquire(request, args, kwargs, claim, resolved)
             if not isinstance(lease, Lease):
                 return lease  # eager mode: a skipped duplicate's marker
-            for on_grant in steps.on_grant:
-                args, kwargs = on_grant(self, request, lease) or (args, kwargs)
-            for header, on_grant in steps.on_grant_on:  # a handed-over run's joined arguments
-                if header in headers:
-                    args, kwargs = on_grant(self, request, lease) or (args, kwargs)
+            args, kwargs = self._granted(steps, request, lease, args, kwargs)
             outer = _current.get()  # put back even if an exit lands right after the set
             _current.set(lease)
             try:
@@ -320,6 +311,34 @@ class LeasedTask(Task):  # type: ignore[misc]
                     raise
                 finally:
                     eager.run_deferred(granted.token)  # eager successors: after the release
+
+    def _prepared(
+        self, steps: compose.Steps, request: Any, args: Any, kwargs: Any
+    ) -> tuple[Any, Any]:
+        """The phase before the acquire: the arguments the execution runs with (a debounce
+        timer decides its burst here, or raises ``Ignore``)."""
+        for prepare in steps.prepare:
+            args, kwargs = prepare(self, request, args, kwargs)
+        if steps.prepare_on:
+            headers = request.headers or _NO_HEADERS
+            for header, prepare in steps.prepare_on:
+                if header in headers:
+                    args, kwargs = prepare(self, request, args, kwargs)
+        return args, kwargs
+
+    def _granted(
+        self, steps: compose.Steps, request: Any, lease: Lease, args: Any, kwargs: Any
+    ) -> tuple[Any, Any]:
+        """The phase after the grant: the arguments the body runs with (a handed-over run
+        takes those a later duplicate joined it with)."""
+        for on_grant in steps.on_grant:
+            args, kwargs = on_grant(self, request, lease) or (args, kwargs)
+        if steps.on_grant_on:
+            headers = request.headers or _NO_HEADERS
+            for header, on_grant in steps.on_grant_on:
+                if header in headers:
+                    args, kwargs = on_grant(self, request, lease) or (args, kwargs)
+        return args, kwargs
 
     def _end(
         self, lease: Lease, ending: str = "failure", steps: compose.Steps | None = None
