@@ -69,11 +69,11 @@ def test_the_documented_acl_applied_with_redis_cli_runs_a_lease_and_denies_confi
 
 def test_every_lua_script_is_run_by_a_feature_so_its_commands_are_in_a_rule() -> None:
     run = {script for f in permissions.FEATURES.values() for script in f.scripts}
-    assert set(lua.names()) - run == {"acl_check-1.lua"}  # the check itself runs as EVAL
+    assert set(lua.names()) - run == {"acl/acl_check-1.lua"}  # the check itself runs as EVAL
 
 
 def test_a_scripts_commands_are_read_from_its_source_with_includes_and_pcalls() -> None:
-    assert permissions.script_commands("release_wake-3.lua") == (
+    assert permissions.script_commands("lease/release_wake-3.lua") == (
         "get",
         "del",
         "set",

@@ -54,10 +54,10 @@ def test_a_key_of_another_type_at_the_lease_key_is_held_and_no_script_touches_it
     before = dump(client, KEY)
     t = token()
     assert acquire(client, t) == [0, b"", -1]
-    assert run(client, "renew-1.lua", [KEY], [t, TTL]) == -1
-    assert run(client, "renew_many.lua", [KEY], [TTL, f"{t}:"]) == b"2"
+    assert run(client, "lease/renew-1.lua", [KEY], [t, TTL]) == -1
+    assert run(client, "lease/renew_many.lua", [KEY], [TTL, f"{t}:"]) == b"2"
     assert release(client, t) == 0
-    assert run(client, "revoke-1.lua", [KEY], [""]) == 0
+    assert run(client, "lease/revoke-1.lua", [KEY], [""]) == 0
     assert dump(client, KEY) == before
     assert client.exists(FENCE) == 0  # nothing was issued for it
 
@@ -161,9 +161,9 @@ def test_no_script_errors_on_or_changes_a_random_or_near_miss_value_at_the_lease
         t = token()
         granted, found, _ = acquire(client, t)
         assert (granted, found) == (0, value)
-        assert run(client, "renew-1.lua", [KEY], [t, TTL]) == -1
+        assert run(client, "lease/renew-1.lua", [KEY], [t, TTL]) == -1
         assert release(client, t) == 0
-        assert run(client, "revoke-1.lua", [KEY], [t]) == 0
+        assert run(client, "lease/revoke-1.lua", [KEY], [t]) == 0
         assert client.get(KEY) == value, value
 
 

@@ -21,7 +21,7 @@ LIFETIME = 60_000
 def take(client: redis.Redis, tok: str, task_id: str, handed_over: bool = False) -> Any:
     return run(
         client,
-        "acquire-4.lua",
+        "lease/acquire-4.lua",
         [KEY, fence_key(KEY), RESERVED],
         [tok, TTL, HOLDER, TTL + 3_600_000, task_id, "1" if handed_over else "0"],
     )
@@ -37,7 +37,7 @@ def park(
 ) -> Any:
     return run(
         client,
-        "park-3.lua",
+        "handoff/park-3.lua",
         [KEY, LINE, RESERVED],
         [mode, task_id, message, most, LIFETIME, "1" if handed_over else "0"],
     )
@@ -48,7 +48,7 @@ def release_handoff(
 ) -> Any:
     return run(
         client,
-        "release_handoff-4.lua",
+        "handoff/release_handoff-4.lua",
         [KEY, fence_key(KEY), LINE, RESERVED],
         [tok, reserve, LIFETIME, timeout, ran],
     )
@@ -57,7 +57,7 @@ def release_handoff(
 def recover(client: redis.Redis, reserve: int = 5000, timeout: int = 0) -> Any:
     return run(
         client,
-        "release_handoff-4.lua",
+        "handoff/release_handoff-4.lua",
         [KEY, fence_key(KEY), LINE, RESERVED],
         ["", reserve, LIFETIME, timeout, ""],
     )
@@ -233,13 +233,13 @@ def test_the_sweeps_look_hands_over_once_the_holder_is_gone_and_again_once_past_
 
 
 def test_watch_take_due_and_forget_keep_one_sweep_at_a_time_per_key(client: redis.Redis) -> None:
-    run(client, "watch-1.lua", [INDEX], [KEY, 0, LIFETIME])
+    run(client, "handoff/watch-1.lua", [INDEX], [KEY, 0, LIFETIME])
     assert 0 < client.pttl(INDEX) <= LIFETIME
-    due = run(client, "sweep_due-1.lua", [INDEX], [10, 5000])
+    due = run(client, "handoff/sweep_due-1.lua", [INDEX], [10, 5000])
     assert due[0] == KEY
-    assert run(client, "sweep_due-1.lua", [INDEX], [10, 5000]) == []  # scored ahead
-    run(client, "watch-1.lua", [INDEX], [KEY, 10_000, LIFETIME])  # noted again meanwhile
-    assert run(client, "unwatch-1.lua", [INDEX], [KEY, due[1]]) == 0
+    assert run(client, "handoff/sweep_due-1.lua", [INDEX], [10, 5000]) == []  # scored ahead
+    run(client, "handoff/watch-1.lua", [INDEX], [KEY, 10_000, LIFETIME])  # noted again meanwhile
+    assert run(client, "handoff/unwatch-1.lua", [INDEX], [KEY, due[1]]) == 0
     score = int(client.zscore(INDEX, KEY))
-    assert run(client, "unwatch-1.lua", [INDEX], [KEY, score]) == 1
+    assert run(client, "handoff/unwatch-1.lua", [INDEX], [KEY, score]) == 1
     assert client.exists(INDEX) == 0

@@ -282,7 +282,7 @@ def test_slots_on_a_redis_cluster_are_taken_renewed_and_released_on_their_keys_p
         toks = [os.urandom(16).hex() for _ in range(4)]
         got = [store.acquire_slot(client, key, t, 2000, holder, limit=3) for t in toks]
         assert [g.granted for g in got] == [True, True, True, False]
-        # The heartbeat's path on a cluster: renew-1.lua per lease, grouped by primary.
+        # The heartbeat's path on a cluster: lease/renew-1.lua per lease, grouped by primary.
         assert store.renew_many(client, [(key, t, 60_000) for t in toks], slots=range(4)) == [
             1,
             1,

@@ -1,5 +1,7 @@
 """Every Lua script held to its header: the header names exactly the KEYS and ARGV it uses,
-and each script, run alone on a real Redis, answers and writes what its header says."""
+and each script, run alone on a real Redis, answers and writes what its header says. The
+shared library (``scripts/lib/``) is held to its headers too: a file of functions names each
+one it defines and reads no KEYS or ARGV of its own."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,13 +31,13 @@ from celery_lease.store import FENCE_COUNTER_EXTRA_MS, holder_json, lua
 
 SCRIPTS = lua.names()
 _FOLDER = resources.files(lua.__package__).joinpath("scripts")
-INCLUDES = sorted(
-    f"includes/{p.name}" for p in _FOLDER.joinpath("includes").iterdir() if p.name.endswith(".lua")
-)
+LIB = sorted(f"lib/{p.name}" for p in _FOLDER.joinpath("lib").iterdir() if p.name.endswith(".lua"))
+DOCS = Path(__file__).parent.parent / "docs" / "reference" / "scripts.md"
 
 _ENTRY = re.compile(r"^(KEYS|ARGV)\[([^\]]+)\]\s+\S", re.M)
 _RANGE = re.compile(r"^\d+\.\.n(\+\d+)?$")  # "1..n", "2..n+1": any number of entries
 _INCLUDE = re.compile(r"^ *--@include (\S+)$", re.M)
+_FUNCTION = re.compile(r"^local function (\w+)\(", re.M)
 
 
 # --- the header check ---------------------------------------------------------------------
@@ -65,16 +68,14 @@ def _named(header_text: str, kind: str) -> tuple[set[int], list[str]]:
 
 def header_problems(header_text: str | None, body: str) -> list[str]:
     """What is wrong with a header (``None``: the file has none) for the Lua ``body`` it heads:
-    no description line or KEYS line, or KEYS/ARGV it names that the body does not use, or the
-    other way round. Empty when the header is right."""
+    no description line, or KEYS/ARGV it names that the body does not use, or the other way
+    round. Empty when the header is right."""
     if header_text is None or not header_text.strip():
         return ["no header: the file must open with a --[[ ... ]] block"]
     problems = []
     first = header_text.splitlines()[0]
     if not first.strip() or _ENTRY.match(first):
         problems.append("no description line: the header must open with what the script does")
-    if not _ENTRY.search(header_text) or "KEYS" not in dict(_ENTRY.findall(header_text)):
-        problems.append("no KEYS line")
     code = _code(body)
     for kind in ("KEYS", "ARGV"):
         named, ranges = _named(header_text, kind)
@@ -110,14 +111,14 @@ def _keys(header_text: str) -> list[str]:
 
 
 def _key_count(name: str) -> int | None:
-    """The number of keys in the file name (``acquire-2.lua``: 2), None when it has none."""
+    """The number of keys in the file name (``lease/release-2.lua``: 2), None when it has none."""
     found = re.search(r"-(\d+)\.lua$", name)
     return int(found.group(1)) if found else None
 
 
 def _body(path: str) -> str:
-    """What the header of ``path`` describes: a script's assembled source, an include's own
-    body."""
+    """What the header of ``path`` describes: a script's assembled source, a library file's
+    own body."""
     return lua.source(path) if path in SCRIPTS else lua.parts(path)[1]
 
 
@@ -125,7 +126,7 @@ def _includes_of(path: str) -> list[str]:
     """Every include ``path`` pulls in, its includes' includes as well."""
     found = []
     for name in _INCLUDE.findall(lua.parts(path)[1]):
-        found += [f"includes/{name}", *_includes_of(f"includes/{name}")]
+        found += [f"lib/{name}", *_includes_of(f"lib/{name}")]
     return list(dict.fromkeys(found))
 
 
@@ -143,17 +144,43 @@ def test_the_header_check_reports_a_missing_header_an_unused_key_and_an_unnamed_
     ]
 
 
-@pytest.mark.parametrize("path", SCRIPTS + INCLUDES)
-def test_the_file_opens_with_a_header_saying_what_it_does_and_its_keys(path: str) -> None:
-    header = _header(path)
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_the_script_opens_with_a_header_saying_what_it_does_its_keys_and_its_reply(
+    name: str,
+) -> None:
+    header = _header(name)
     assert header.splitlines()[0].strip()
     assert _keys(header)
-    if path in SCRIPTS:
-        returns = header[header.index("Returns") :] if "Returns" in header else ""
-        assert returns.removeprefix("Returns").strip(" :\n")
+    returns = header[header.index("Returns") :] if "Returns" in header else ""
+    assert returns.removeprefix("Returns").strip(" :\n")
 
 
-@pytest.mark.parametrize("path", SCRIPTS + INCLUDES)
+@pytest.mark.parametrize("path", LIB)
+def test_a_library_file_defines_functions_it_names_or_is_code_whose_keys_it_names(
+    path: str,
+) -> None:
+    header, body = lua.parts(path)
+    assert header.splitlines()[0].strip()
+    functions = _FUNCTION.findall(body)
+    if functions:  # a library of functions: the keys are their arguments
+        defines = header[header.index("Defines:") :] if "Defines:" in header else ""
+        assert [f for f in functions if not re.search(rf"^  {f}\(", defines, re.M)] == []
+        assert _named(header, "KEYS")[0] == _used(_code(body), "KEYS") == set()
+        assert _named(header, "ARGV")[0] == _used(_code(body), "ARGV") == set()
+    else:  # a fragment of its script's own code
+        assert _keys(header)
+        assert "Defines:" in header or "Returns" in header
+
+
+def test_every_script_lives_in_a_folder_the_scripts_page_has_a_section_for() -> None:
+    folders = {p.name for p in _FOLDER.iterdir() if p.is_dir()}
+    assert {name.split("/")[0] for name in SCRIPTS} == folders - {"lib"}
+    assert not [p.name for p in _FOLDER.iterdir() if p.name.endswith(".lua")]
+    sections = re.findall(r"^## `(\w+)/`", DOCS.read_text(), re.M)
+    assert sorted(sections) == sorted(folders)
+
+
+@pytest.mark.parametrize("path", SCRIPTS + LIB)
 def test_the_header_names_exactly_the_keys_and_arguments_the_body_uses(path: str) -> None:
     assert header_problems(_header(path), _body(path)) == []
 
@@ -209,18 +236,18 @@ def run(client: redis.Redis, name: str, keys: Sequence[str], argv: Sequence[Any]
 def acquire(client: redis.Redis, tok: str, key: str = KEY, ttl: int = TTL) -> Any:
     return run(
         client,
-        "acquire-4.lua",
+        "lease/acquire-4.lua",
         [key, fence_key(key), reservation_key(key)],
         [tok, ttl, HOLDER, ttl + FENCE_COUNTER_EXTRA_MS, "task-1", "0"],
     )
 
 
 def release(client: redis.Redis, tok: str, key: str = KEY) -> Any:
-    return run(client, "release-2.lua", [key, fence_key(key)], [tok])
+    return run(client, "lease/release-2.lua", [key, fence_key(key)], [tok])
 
 
 def release_wake(client: redis.Redis, tok: str, lifetime: int = 2000) -> Any:
-    return run(client, "release_wake-3.lua", [HOLD, fence_key(HOLD), WAKE], [tok, lifetime])
+    return run(client, "lease/release_wake-3.lua", [HOLD, fence_key(HOLD), WAKE], [tok, lifetime])
 
 
 def micros(client: redis.Redis) -> int:
@@ -308,14 +335,14 @@ def test_fencing_tokens_strictly_increase_across_grants_even_after_the_counter_i
 def test_renew_sets_the_holders_lifetime_back_to_the_ttl_and_answers_1(client: redis.Redis) -> None:
     t = token()
     acquire(client, t, ttl=60_000)
-    assert run(client, "renew-1.lua", [KEY], [t, 2000]) == 1
+    assert run(client, "lease/renew-1.lua", [KEY], [t, 2000]) == 1
     assert 1000 < client.pttl(KEY) <= 2000  # set, not added to the minute left
-    assert run(client, "renew-1.lua", [KEY], [t, 30_000]) == 1
+    assert run(client, "lease/renew-1.lua", [KEY], [t, 30_000]) == 1
     assert 29_000 < client.pttl(KEY) <= 30_000
 
 
 def test_renew_answers_0_for_an_absent_key_and_does_not_create_it(client: redis.Redis) -> None:
-    assert run(client, "renew-1.lua", [KEY], [token(), TTL]) == 0
+    assert run(client, "lease/renew-1.lua", [KEY], [token(), TTL]) == 0
     assert client.exists(KEY) == 0
 
 
@@ -324,7 +351,7 @@ def test_renew_answers_minus_1_for_a_key_held_by_another_token_and_leaves_its_li
 ) -> None:
     acquire(client, token(), ttl=2000)
     value = client.get(KEY)
-    assert run(client, "renew-1.lua", [KEY], [token(), 60_000]) == -1
+    assert run(client, "lease/renew-1.lua", [KEY], [token(), 60_000]) == -1
     assert client.pttl(KEY) <= 2000 and client.get(KEY) == value
 
 
@@ -334,20 +361,21 @@ def test_renew_many_answers_one_character_per_key_in_the_order_of_keys(client: r
     acquire(client, theirs, key="lease:{c}", ttl=2000)
     keys = ["lease:{a}", "lease:{b}", "lease:{c}"]
     assert (
-        run(client, "renew_many.lua", keys, [60_000, f"{mine}:", f"{mine}:", f"{mine}:"]) == "102"
+        run(client, "lease/renew_many.lua", keys, [60_000, f"{mine}:", f"{mine}:", f"{mine}:"])
+        == "102"
     )
     assert 59_000 < client.pttl("lease:{a}") <= 60_000
     assert client.exists("lease:{b}") == 0
     assert client.pttl("lease:{c}") <= 2000
     reordered = ["lease:{b}", "lease:{c}", "lease:{a}"]
     assert (
-        run(client, "renew_many.lua", reordered, [60_000, f"{mine}:", f"{mine}:", f"{mine}:"])
+        run(client, "lease/renew_many.lua", reordered, [60_000, f"{mine}:", f"{mine}:", f"{mine}:"])
         == "021"
     )
 
 
 def test_renew_many_of_no_keys_answers_an_empty_string(client: redis.Redis) -> None:
-    assert run(client, "renew_many.lua", [], [TTL]) == ""
+    assert run(client, "lease/renew_many.lua", [], [TTL]) == ""
 
 
 def test_release_deletes_the_key_and_notes_the_token_beside_the_counter_keeping_its_lifetime(
@@ -458,7 +486,7 @@ def test_revoke_deletes_the_lease_and_does_not_note_the_token_beside_the_counter
 ) -> None:
     t = token()
     fence = acquire(client, t)[1]
-    assert run(client, "revoke-1.lua", [KEY], [t]) == 1
+    assert run(client, "lease/revoke-1.lua", [KEY], [t]) == 1
     assert client.exists(KEY) == 0
     assert client.get(FENCE) == fence
     assert release(client, t) == 0  # the holder's own release reports the loss
@@ -469,10 +497,10 @@ def test_revoke_with_a_token_that_no_longer_holds_answers_0_and_leaves_the_key(
 ) -> None:
     acquire(client, token())
     value = client.get(KEY)
-    assert run(client, "revoke-1.lua", [KEY], [token()]) == 0
+    assert run(client, "lease/revoke-1.lua", [KEY], [token()]) == 0
     assert client.get(KEY) == value
     client.delete(KEY)
-    assert run(client, "revoke-1.lua", [KEY], [token()]) == 0
+    assert run(client, "lease/revoke-1.lua", [KEY], [token()]) == 0
 
 
 CLAIM = claim_key(KEY)
@@ -487,7 +515,7 @@ def claim(
 ) -> Any:
     return run(
         client,
-        "claim-2.lua",
+        "dedupe/claim-2.lua",
         [CLAIM, KEY],
         [task_id, lifetime, claimer(task_id), "1" if take_over else "0"],
     )
@@ -496,7 +524,7 @@ def claim(
 def acquire_claimed(client: redis.Redis, tok: str, task_id: str) -> Any:
     return run(
         client,
-        "acquire-4.lua",
+        "lease/acquire-4.lua",
         [KEY, FENCE, reservation_key(KEY), CLAIM],
         [
             tok,
@@ -571,11 +599,11 @@ def test_claim_over_a_key_celery_lease_did_not_write_answers_2_and_leaves_it(
 
 def test_unclaim_removes_only_a_claim_naming_the_task_id(client: redis.Redis) -> None:
     claim(client, "w1")
-    assert run(client, "unclaim-1.lua", [CLAIM], ["w2"]) == 0
+    assert run(client, "dedupe/unclaim-1.lua", [CLAIM], ["w2"]) == 0
     assert client.exists(CLAIM) == 1
-    assert run(client, "unclaim-1.lua", [CLAIM], ["w1"]) == 1
+    assert run(client, "dedupe/unclaim-1.lua", [CLAIM], ["w1"]) == 1
     assert client.exists(CLAIM) == 0
-    assert run(client, "unclaim-1.lua", [CLAIM], ["w1"]) == 0
+    assert run(client, "dedupe/unclaim-1.lua", [CLAIM], ["w1"]) == 0
 
 
 def test_acquire_3_grants_as_acquire_2_and_clears_the_claim_naming_its_task_id(
@@ -605,7 +633,7 @@ def test_record_run_stamps_the_entry_with_the_servers_clock_and_gives_the_record
     client: redis.Redis,
 ) -> None:
     before = micros(client)
-    stamp = run(client, "record_run-1.lua", [LAST_RUN], ["report", 60_000])
+    stamp = run(client, "beat/record_run-1.lua", [LAST_RUN], ["report", 60_000])
     after = micros(client)
     seconds, _, fraction = stamp.partition(".")
     assert len(fraction) == 6 and before <= int(seconds + fraction) <= after
@@ -614,11 +642,11 @@ def test_record_run_stamps_the_entry_with_the_servers_clock_and_gives_the_record
 
 
 def test_record_run_raises_the_records_lifetime_and_never_lowers_it(client: redis.Redis) -> None:
-    run(client, "record_run-1.lua", [LAST_RUN], ["daily", 600_000])
-    run(client, "record_run-1.lua", [LAST_RUN], ["often", 5_000])  # a shorter period
+    run(client, "beat/record_run-1.lua", [LAST_RUN], ["daily", 600_000])
+    run(client, "beat/record_run-1.lua", [LAST_RUN], ["often", 5_000])  # a shorter period
     assert 599_000 < client.pttl(LAST_RUN) <= 600_000
     client.pexpire(LAST_RUN, 1_000)
-    run(client, "record_run-1.lua", [LAST_RUN], ["often", 5_000])
+    run(client, "beat/record_run-1.lua", [LAST_RUN], ["often", 5_000])
     assert 4_000 < client.pttl(LAST_RUN) <= 5_000
     assert set(client.hgetall(LAST_RUN)) == {"daily", "often"}
 
@@ -626,15 +654,15 @@ def test_record_run_raises_the_records_lifetime_and_never_lowers_it(client: redi
 def test_last_runs_answers_the_servers_clock_and_the_record_as_a_flat_list(
     client: redis.Redis,
 ) -> None:
-    stamp = run(client, "record_run-1.lua", [LAST_RUN], ["report", 60_000])
-    seconds, us, fields = run(client, "last_runs-1.lua", [LAST_RUN], [])
+    stamp = run(client, "beat/record_run-1.lua", [LAST_RUN], ["report", 60_000])
+    seconds, us, fields = run(client, "beat/last_runs-1.lua", [LAST_RUN], [])
     now = int(seconds) * 1_000_000 + int(us)
     assert fields == ["report", stamp]
     assert int(stamp.replace(".", "")) <= now <= micros(client)
 
 
 def test_last_runs_of_an_absent_record_answers_the_clock_and_no_fields(client: redis.Redis) -> None:
-    seconds, us, fields = run(client, "last_runs-1.lua", [LAST_RUN], [])
+    seconds, us, fields = run(client, "beat/last_runs-1.lua", [LAST_RUN], [])
     assert fields == [] and int(seconds) > 0 and 0 <= int(us) < 1_000_000
 
 
@@ -650,7 +678,7 @@ def test_acl_check_answers_the_commands_the_user_may_not_run_and_runs_none(
     client: redis.Redis, redis_url: str
 ) -> None:
     specs = ["GET %k", "SET %k 1", "WAIT 0 0", "GET jobs:{t}", "PING", "BLPOP %k 1"]
-    assert run(client, "acl_check-1.lua", [KEY], specs) == []  # the default user: all
+    assert run(client, "acl/acl_check-1.lua", [KEY], specs) == []  # the default user: all
     assert client.exists(KEY) == 0  # asked about, not run
     name = f"acl-check-{token()[:8]}"
     client.execute_command(
@@ -669,7 +697,7 @@ def test_acl_check_answers_the_commands_the_user_may_not_run_and_runs_none(
     )
     try:
         with redis.Redis.from_url(redis_url, username=name, password="pw") as limited:
-            assert run(limited, "acl_check-1.lua", [KEY], specs) == [2, 3, 4, 5]
+            assert run(limited, "acl/acl_check-1.lua", [KEY], specs) == [2, 3, 4, 5]
     finally:
         client.execute_command("ACL", "DELUSER", name)
 
@@ -709,7 +737,7 @@ def test_release_wake_answers_the_refusal_of_its_wake_and_still_releases(
 
 
 def pass_turn(client: redis.Redis, lifetime: int = 2000) -> Any:
-    return run(client, "pass_turn-2.lua", [HOLD, WAKE], [lifetime])
+    return run(client, "lease/pass_turn-2.lua", [HOLD, WAKE], [lifetime])
 
 
 def test_pass_turn_on_a_free_key_leaves_exactly_one_wake_element_with_its_lifetime(
@@ -766,7 +794,10 @@ def release_cooldown(
     counter_extra: int = FENCE_COUNTER_EXTRA_MS,
 ) -> Any:
     return run(
-        client, "release_cooldown-2.lua", [key, fence_key(key)], [tok, cooldown, counter_extra]
+        client,
+        "cooldown/release_cooldown-2.lua",
+        [key, fence_key(key)],
+        [tok, cooldown, counter_extra],
     )
 
 
@@ -859,7 +890,9 @@ def take_over(
     claimed: bool = False,
 ) -> Any:
     keys = [key, fence_key(key), reservation_key(key), *([claim_key(key)] if claimed else [])]
-    return run(client, "preempt-4.lua", keys, [tok, TTL, HOLDER, COUNTER_TTL, task_id, "0", old])
+    return run(
+        client, "preempt/preempt-4.lua", keys, [tok, TTL, HOLDER, COUNTER_TTL, task_id, "0", old]
+    )
 
 
 def preempted(holder: str, old: str) -> str:
@@ -956,7 +989,7 @@ def test_wake_preempter_leaves_exactly_the_preempted_token_with_its_lifetime(
     wake = wake_key(KEY)
     client.rpush(wake, "stale")
     t = token()
-    assert run(client, "wake_preempter-1.lua", [wake], [t, 1500]) == 1
+    assert run(client, "preempt/wake_preempter-1.lua", [wake], [t, 1500]) == 1
     assert client.lrange(wake, 0, -1) == [t]
     assert 0 < client.pttl(wake) <= 1500
 
@@ -975,7 +1008,7 @@ def take_slot(
     same = f',"id":"{task_id}",' if task_id else ""
     return run(
         client,
-        "acquire_slot-3.lua",
+        "slots/acquire_slot-3.lua",
         [KEY, FENCE, *([CLAIM] if claimed else [])],
         [tok, ttl, HOLDER, ttl + FENCE_COUNTER_EXTRA_MS, limit, same, task_id],
     )
@@ -983,8 +1016,8 @@ def take_slot(
 
 def release_slot(client: redis.Redis, tok: str, wake: bool = False) -> Any:
     if wake:
-        return run(client, "release_slot-3.lua", [KEY, FENCE, wake_key(KEY)], [tok, 1500])
-    return run(client, "release_slot-3.lua", [KEY, FENCE], [tok])
+        return run(client, "slots/release_slot-3.lua", [KEY, FENCE, wake_key(KEY)], [tok, 1500])
+    return run(client, "slots/release_slot-3.lua", [KEY, FENCE], [tok])
 
 
 def slot_deadline(client: redis.Redis, tok: str) -> int:
@@ -1084,25 +1117,25 @@ def test_slot_renewal_moves_only_its_own_deadline_and_refuses_an_ended_slot(
     take_slot(client, mine, ttl=1000)
     take_slot(client, other, ttl=1000)
     others = client.hget(KEY, other)
-    assert run(client, "renew_slots.lua", [KEY, KEY], [60_000, mine, token()]) == "12"
+    assert run(client, "slots/renew_slots.lua", [KEY, KEY], [60_000, mine, token()]) == "12"
     assert slot_deadline(client, mine) >= server_ms(client) + 59_000
     assert client.hget(KEY, other) == others and client.pttl(KEY) > 59_000
-    assert run(client, "renew_slot-1.lua", [KEY], [other, 60_000]) == 1
+    assert run(client, "slots/renew_slot-1.lua", [KEY], [other, 60_000]) == 1
     release_slot(client, other)
-    assert run(client, "renew_slot-1.lua", [KEY], [other, 60_000]) == -1
+    assert run(client, "slots/renew_slot-1.lua", [KEY], [other, 60_000]) == -1
     client.set("lease:{t}:plain", f"{token()}:1:{HOLDER}", px=TTL)
     assert (
         run(
             client,
-            "renew_slots.lua",
+            "slots/renew_slots.lua",
             [KEY, "lease:{t}:plain", "lease:{t}:gone"],
             [TTL, mine, mine, mine],
         )
         == "120"
     )
-    assert run(client, "renew_slot-1.lua", ["lease:{t}:gone"], [mine, TTL]) == 0
+    assert run(client, "slots/renew_slot-1.lua", ["lease:{t}:gone"], [mine, TTL]) == 0
     # The plain renewal does not renew a slot: a hash is another type for it.
-    assert run(client, "renew_many.lua", [KEY], [TTL, f"{mine}:"]) == "2"
+    assert run(client, "lease/renew_many.lua", [KEY], [TTL, f"{mine}:"]) == "2"
 
 
 def test_renewal_of_a_slot_past_its_deadline_is_refused(client: redis.Redis) -> None:
@@ -1110,8 +1143,8 @@ def test_renewal_of_a_slot_past_its_deadline_is_refused(client: redis.Redis) -> 
     take_slot(client, mine, ttl=300)
     take_slot(client, token(), ttl=5000)  # keeps the hash alive past the first deadline
     time.sleep(0.35)
-    assert run(client, "renew_slots.lua", [KEY], [TTL, mine]) == "2"
-    assert run(client, "renew_slot-1.lua", [KEY], [mine, TTL]) == -1
+    assert run(client, "slots/renew_slots.lua", [KEY], [TTL, mine]) == "2"
+    assert run(client, "slots/renew_slot-1.lua", [KEY], [mine, TTL]) == -1
 
 
 def test_release_slot_deletes_only_its_own_slot_and_the_last_one_deletes_the_key(
@@ -1140,8 +1173,8 @@ def test_slot_renewals_set_the_deadline_never_add_to_it(client: redis.Redis) -> 
     mine = token()
     take_slot(client, mine, ttl=TTL)
     for _ in range(5):
-        assert run(client, "renew_slots.lua", [KEY], [TTL, mine]) == "1"
-        assert run(client, "renew_slot-1.lua", [KEY], [mine, TTL]) == 1
+        assert run(client, "slots/renew_slots.lua", [KEY], [TTL, mine]) == "1"
+        assert run(client, "slots/renew_slot-1.lua", [KEY], [mine, TTL]) == 1
     assert slot_deadline(client, mine) - server_ms(client) <= TTL
     assert client.pttl(KEY) <= TTL
 
@@ -1151,11 +1184,11 @@ def test_revoke_slot_deletes_only_that_slot_and_notes_no_end(client: redis.Redis
     take_slot(client, a)
     take_slot(client, b)
     counter = client.get(FENCE)
-    assert run(client, "revoke_slot-1.lua", [KEY], [a]) == 1
+    assert run(client, "slots/revoke_slot-1.lua", [KEY], [a]) == 1
     assert client.hexists(KEY, a) is False and client.hexists(KEY, b)
     assert client.get(FENCE) == counter  # not noted as ended: a redelivery runs again
-    assert run(client, "revoke_slot-1.lua", [KEY], [a]) == 0
-    assert run(client, "revoke_slot-1.lua", [KEY], [b]) == 1 and client.exists(KEY) == 0
+    assert run(client, "slots/revoke_slot-1.lua", [KEY], [a]) == 0
+    assert run(client, "slots/revoke_slot-1.lua", [KEY], [b]) == 1 and client.exists(KEY) == 0
 
 
 def test_a_slot_granted_to_a_claimed_message_clears_its_claim_and_a_refusal_keeps_it(
@@ -1181,7 +1214,10 @@ def park_slot(
     client: redis.Redis, mode: str, task_id: str, message: str, limit: int = 2, most: int = 10
 ) -> Any:
     return run(
-        client, "park_slot-2.lua", [KEY, LINE_OF_KEY], [mode, task_id, message, most, 60_000, limit]
+        client,
+        "handoff/park_slot-2.lua",
+        [KEY, LINE_OF_KEY],
+        [mode, task_id, message, most, 60_000, limit],
     )
 
 
@@ -1195,7 +1231,7 @@ def release_slot_handoff(
 ) -> Any:
     return run(
         client,
-        "release_slot_handoff-4.lua",
+        "handoff/release_slot_handoff-4.lua",
         [KEY, FENCE, LINE_OF_KEY, RESERVED_OF_KEY],
         [tok, reserve, 60_000, timeout, ran, limit],
     )
@@ -1251,7 +1287,7 @@ def two_held_and_one_waiting(client: redis.Redis, mode: str, task_id: str) -> st
 def sweep_look(client: redis.Redis, reserve: int = 5000) -> Any:
     return run(
         client,
-        "release_handoff-4.lua",
+        "handoff/release_handoff-4.lua",
         [KEY, FENCE, LINE_OF_KEY, RESERVED_OF_KEY],
         ["", reserve, 60_000, 0, ""],
     )
@@ -1310,7 +1346,7 @@ def test_a_slot_reservation_never_taken_frees_its_slot_once_its_lifetime_ends(
     a = two_held_and_one_waiting(client, "coalesce", "p1")
     run(
         client,
-        "release_slot_handoff-4.lua",
+        "handoff/release_slot_handoff-4.lua",
         [KEY, FENCE, LINE_OF_KEY, RESERVED_OF_KEY],
         [a, 50, 150, 0, "", 2],
     )  # due in 50 ms, a lifetime of 150 ms
@@ -1366,7 +1402,10 @@ def trigger(
     late: int = 60_000,
 ) -> Any:
     return run(
-        client, "debounce-1.lua", [BURST], [task_id, delay, cap, arguments, HOLDER, DAY, late]
+        client,
+        "debounce/debounce-1.lua",
+        [BURST],
+        [task_id, delay, cap, arguments, HOLDER, DAY, late],
     )
 
 
@@ -1421,7 +1460,7 @@ def test_debounce_over_a_key_celery_lease_did_not_write_answers_2_and_leaves_it(
     assert trigger(client, "b-1", "{}")[0] == 2
     assert client.type(BURST) == foreign
     assert fire(client, "b-1") == [0, "", 0, 0]
-    assert run(client, "debounce_look-1.lua", [BURST], [1000]) == [0, "", "", 0]
+    assert run(client, "debounce/debounce_look-1.lua", [BURST], [1000]) == [0, "", "", 0]
 
 
 def test_debounce_fire_tells_an_early_timer_the_time_left_and_a_stale_one_nothing(
@@ -1471,7 +1510,9 @@ def fire(
     again: str = "0",
     timer: str = "",
 ) -> Any:
-    return run(client, "debounce_fire-1.lua", [BURST], [task_id, now, tombstone, again, timer])
+    return run(
+        client, "debounce/debounce_fire-1.lua", [BURST], [task_id, now, tombstone, again, timer]
+    )
 
 
 def test_debounce_fire_at_the_due_time_leaves_a_tombstone_so_a_second_timer_does_nothing(
@@ -1485,7 +1526,7 @@ def test_debounce_fire_at_the_due_time_leaves_a_tombstone_so_a_second_timer_does
     assert client.hget(BURST, "fired") == "1"
     assert 4000 < client.pttl(BURST) <= 5000
     assert fire(client, "b-1") == [0, "", 0, 0]
-    assert run(client, "debounce_look-1.lua", [BURST], [0]) == [0, "", "", 0]
+    assert run(client, "debounce/debounce_look-1.lua", [BURST], [0]) == [0, "", "", 0]
     # The same timer again (redelivered, or retried after a lost reply): the same run.
     assert fire(client, "b-1", again="1")[:3] == [2, '{"n": 2}', 2]
     assert trigger(client, "b-3", "{}")[:2] == [1, "b-3"]  # the next publish: a new burst
@@ -1506,22 +1547,27 @@ def test_debounce_fire_of_a_timer_whose_record_the_store_lost_runs_it_as_publish
 def test_debounce_look_answers_a_burst_late_past_its_grace_and_writes_nothing(
     client: redis.Redis,
 ) -> None:
-    assert run(client, "debounce_look-1.lua", [BURST], [100]) == [0, "", "", 0]
+    assert run(client, "debounce/debounce_look-1.lua", [BURST], [100]) == [0, "", "", 0]
     trigger(client, "b-1", '{"n": 1}', delay=50)
-    code, _, _, again = run(client, "debounce_look-1.lua", [BURST], [100])
+    code, _, _, again = run(client, "debounce/debounce_look-1.lua", [BURST], [100])
     assert code == 1 and 100 < again <= 150
     time.sleep(0.17)
-    assert run(client, "debounce_look-1.lua", [BURST], [100]) == [2, "b-1", '{"n": 1}', 100]
+    assert run(client, "debounce/debounce_look-1.lua", [BURST], [100]) == [
+        2,
+        "b-1",
+        '{"n": 1}',
+        100,
+    ]
     assert client.hget(BURST, "id") == "b-1"
 
 
 def test_watch_keeping_an_earlier_note_never_puts_the_look_off(client: redis.Redis) -> None:
     index = "lease:{celery-lease:handoff}:index"
-    soon = run(client, "watch-1.lua", [index], [KEY, 1000, DAY])
-    assert run(client, "watch-1.lua", [index], [KEY, 60_000, DAY, "1"]) == soon
+    soon = run(client, "handoff/watch-1.lua", [index], [KEY, 1000, DAY])
+    assert run(client, "handoff/watch-1.lua", [index], [KEY, 60_000, DAY, "1"]) == soon
     assert int(client.zscore(index, KEY)) == soon
-    later = run(client, "watch-1.lua", [index], [KEY, 60_000, DAY])
-    assert run(client, "watch-1.lua", [index], [KEY, 500, DAY, "1"]) < later
+    later = run(client, "handoff/watch-1.lua", [index], [KEY, 60_000, DAY])
+    assert run(client, "handoff/watch-1.lua", [index], [KEY, 500, DAY, "1"]) < later
 
 
 def test_debounce_joining_a_burst_whose_timer_is_late_says_so_to_publish_it_again(
@@ -1549,7 +1595,7 @@ def test_debounce_fire_now_without_its_trigger_leaves_a_tombstone_its_late_trigg
     assert 4000 < client.pttl(BURST) <= 5000
     assert trigger(client, "b-1", "{}") == [2, "fired", 0, 0]  # its trigger, landing late
     assert client.hgetall(BURST) == {"id": "b-1", "fired": "1", "timer": ""}
-    assert run(client, "debounce_look-1.lua", [BURST], [0]) == [0, "", "", 0]
+    assert run(client, "debounce/debounce_look-1.lua", [BURST], [0]) == [0, "", "", 0]
     assert trigger(client, "b-2", '{"n": 2}')[:2] == [1, "b-2"]  # another publish: a burst
     assert "fired" not in client.hgetall(BURST)
     assert fire(client, "b-3", now="1") == [3, "", 0, 0]  # run as published
@@ -1621,12 +1667,12 @@ def _hand_over(client: redis.Redis, policy: str, message: str) -> str:
     line, reserved = f"{KEY}:line", reservation_key(KEY)
     holder = token()
     assert acquire(client, holder)[0] == 1
-    assert run(client, "park-3.lua", [KEY, line, reserved], [policy, "run-b", message, 10, 60_000])[
-        :2
-    ] == [1, "run-b"]
+    assert run(
+        client, "handoff/park-3.lua", [KEY, line, reserved], [policy, "run-b", message, 10, 60_000]
+    )[:2] == [1, "run-b"]
     handed = run(
         client,
-        "release_handoff-4.lua",
+        "handoff/release_handoff-4.lua",
         [KEY, FENCE, line, reserved],
         [holder, 5000, 60_000, 0, "", policy],
     )
@@ -1638,7 +1684,7 @@ def _hand_over(client: redis.Redis, policy: str, message: str) -> str:
 def _take(client: redis.Redis, task_id: str) -> Any:
     return run(
         client,
-        "acquire-4.lua",
+        "lease/acquire-4.lua",
         [KEY, FENCE, reservation_key(KEY)],
         [token(), TTL, HOLDER, COUNTER_TTL, task_id, "1"],
     )
@@ -1652,7 +1698,7 @@ def test_a_coalesce_duplicate_joins_the_reserved_run_and_its_grant_answers_the_l
     for n in (2, 3):  # after the hand-over, before the run starts: each joins it
         assert run(
             client,
-            "park-3.lua",
+            "handoff/park-3.lua",
             [KEY, line, reserved],
             ["coalesce", f"fresh-{n}", f'{{"args": [{n}]}}', 10, 60_000],
         ) == [1, pending, 1]
@@ -1666,7 +1712,7 @@ def test_a_coalesce_duplicate_joins_the_reserved_run_and_its_grant_answers_the_l
     client.delete(KEY)  # once it started, a duplicate opens a new pending run, as before
     assert acquire(client, token())[0] == 1
     assert run(
-        client, "park-3.lua", [KEY, line, reserved], ["coalesce", "run-c", "mc", 10, 60_000]
+        client, "handoff/park-3.lua", [KEY, line, reserved], ["coalesce", "run-c", "mc", 10, 60_000]
     ) == [1, "run-c", 1]
 
 
@@ -1681,7 +1727,7 @@ def test_a_queue_reservation_is_never_joined_by_a_coalesce_duplicate(client: red
     line, reserved = f"{KEY}:line", reservation_key(KEY)
     _hand_over(client, "queue", "mb")
     assert run(
-        client, "park-3.lua", [KEY, line, reserved], ["coalesce", "run-c", "mc", 10, 60_000]
+        client, "handoff/park-3.lua", [KEY, line, reserved], ["coalesce", "run-c", "mc", 10, 60_000]
     ) == [1, "run-c", 1]
     assert client.hget(reserved, "el").endswith("\nmb") and client.hget(reserved, "new") == "0"
     assert len(_take(client, "run-b")) == 3
@@ -1692,11 +1738,13 @@ def test_a_joined_reservation_handed_over_again_keeps_the_latest_message_and_a_n
 ) -> None:
     line, reserved = f"{KEY}:line", reservation_key(KEY)
     _hand_over(client, "coalesce", "mb")
-    run(client, "park-3.lua", [KEY, line, reserved], ["coalesce", "x", "latest", 10, 60_000])
+    run(
+        client, "handoff/park-3.lua", [KEY, line, reserved], ["coalesce", "x", "latest", 10, 60_000]
+    )
     client.hset(reserved, "due", "1")  # its publish was lost: the sweep hands it over again
     again = run(
         client,
-        "release_handoff-4.lua",
+        "handoff/release_handoff-4.lua",
         [KEY, FENCE, line, reserved],
         ["", 5000, 60_000, 0, "", "coalesce"],
     )
@@ -1704,12 +1752,37 @@ def test_a_joined_reservation_handed_over_again_keeps_the_latest_message_and_a_n
     client.hdel(reserved, "id")  # (it started: its grant ended the reservation)
     holder = token()
     assert acquire(client, holder)[0] == 1
-    run(client, "park-3.lua", [KEY, line, reserved], ["coalesce", "run-d", "md", 10, 60_000])
+    run(
+        client, "handoff/park-3.lua", [KEY, line, reserved], ["coalesce", "run-d", "md", 10, 60_000]
+    )
     run(
         client,
-        "release_handoff-4.lua",
+        "handoff/release_handoff-4.lua",
         [KEY, FENCE, line, reserved],
         [holder, 5000, 60_000, 0, "", "coalesce"],
     )
     assert client.hget(reserved, "new") == "0"  # a fresh hand-over: nobody joined it yet
     assert len(_take(client, "run-d")) == 3
+
+
+@pytest.mark.parametrize("taker", ["acquire", "take over"])
+def test_the_reserved_run_taking_the_key_ends_its_reservation_and_keeps_the_runs_that_ran(
+    client: redis.Redis, taker: str
+) -> None:
+    # lib/reservation.lua's take_reservation, for the acquire and the take-over alike: the
+    # fields a hand-over writes for one run go, the ran list of runs that released stays.
+    reserved = reservation_key(KEY)
+    pending = _hand_over(client, "coalesce", "mb")
+    run(
+        client,
+        "handoff/park-3.lua",
+        [KEY, f"{KEY}:line", reserved],
+        ["coalesce", "x", "m2", 10, 60_000],
+    )
+    client.hset(reserved, "ran", "run-a")
+    assert client.hget(reserved, "new") == "1"
+    if taker == "acquire":
+        assert _take(client, pending)[0] == 1
+    else:
+        assert take_over(client, token(), token(), task_id=pending)[0] == 1
+    assert client.hgetall(reserved) == {"ran": "run-a"}

@@ -30,8 +30,8 @@ REDELIVERY_HEADER = "lease_redelivery"
 HANDOFF_HEADER = "lease_handoff"
 
 #: A message that claimed its key's waiting slot at publish (``lease_dedupe``); its value is
-#: the lease key. The execution's acquire clears the claim, and a worker that drops the
-#: message as revoked or expired removes it.
+#: the lease key. The execution's acquire clears the claim (``lease/acquire-4.lua``), and a
+#: worker that drops the message as revoked or expired removes it.
 CLAIM_HEADER = "lease_claimed"
 
 #: A burst's timer message (``lease_debounce``); its value is the lease key.

@@ -16,10 +16,10 @@ is handed over and the run published; a key with nothing waiting is dropped from
 So a holder killed by SIGKILL or OOM leaves its pending run or line to be published at most one
 TTL plus one pass after it died, by any live worker, without an operator; a releaser that died
 between its release and its publish leaves a reservation that passes its due time (one TTL)
-and is published the same way; a run published twice runs once (``acquire-4.lua``). A limited
+and is published the same way; a run published twice runs once (``lease/acquire-4.lua``). A limited
 key (``lease_limit`` above 1) is looked at while its slots are held: each slot reservation
 past due is published again, its slot still reserved (the same look, the same script), and
-the copy that takes the slot refuses the other (``acquire_slot-3.lua``).
+the copy that takes the slot refuses the other (``slots/acquire_slot-3.lua``).
 
 On Redis Cluster the index has a hash tag of its own (one node holds it; each key's line and
 lease live on theirs): the index is only a hint of where to look, and each look decides on the

@@ -7,7 +7,7 @@ publish of a key claims the key's *waiting slot* for its task id and is publishe
 while that copy waits (published, not started) publishes nothing and returns an ``AsyncResult``
 for the waiting copy's task id, whose ``.get()`` returns the result of the execution that serves
 this request too. The execution's acquire clears the claim when the lease is granted
-(``acquire-4.lua``, same round trip), so once the waiting copy runs the next publish is queued
+(``lease/acquire-4.lua``, same round trip), so once the waiting copy runs the next publish is queued
 again: at most one running and one waiting per key. The idea is sidekiq-unique-jobs'
 ``until_and_while_executing`` and BullMQ's deduplication, kept to the lease's invariants
 (docs/howto/shaping.md).

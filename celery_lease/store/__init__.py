@@ -4,7 +4,8 @@ Nothing above this package builds a Redis command; it calls these functions:
 
 - the protocol (:mod:`.protocol`, :mod:`.renewal`): acquire, renew, release, revoke, the
   release that wakes a waiting hold and the wake-up a cancelled waiter passes on, each one
-  script in ``scripts/*.lua`` (:mod:`.lua`); the release into a cooldown (:mod:`.cooldown`);
+  script in ``scripts/<policy>/*.lua`` (:mod:`.lua`); the release into a cooldown
+  (:mod:`.cooldown`);
 - what is stored (:mod:`.value`: a lease's value; :mod:`.records`: reading leases back for
   ``celery lease ls``, and beat's last-run record);
 - the slots of a limited key, up to N holders at once (:mod:`.slots`, ``lease_limit``);

@@ -7,12 +7,13 @@ microseconds, ``TIME``), its lifetime (int milliseconds, also its ``PX``) and wh
 message (task name, the message's task id, the publishing host and pid, as a lease's holder
 JSON). It names the copy of the key that was published and has not started yet:
 
-- :func:`claim` (``claim-2.lua``) decides a publish: claim the slot for the message about to be
-  published, or answer the task id of the copy already waiting (nothing is published then);
+- :func:`claim` (``dedupe/claim-2.lua``) decides a publish: claim the slot for the message about
+  to be published, or answer the task id of the copy already waiting (nothing is published
+  then);
 - the execution's acquire clears it when the lease is granted to the task id it names
-  (``acquire-4.lua``: :func:`celery_lease.store.acquire` with ``claimed=True``), in the same
-  script;
-- :func:`unclaim` (``unclaim-1.lua``) removes it when its message will not run (its publish
+  (``lease/acquire-4.lua``: :func:`celery_lease.store.acquire` with ``claimed=True``), in the
+  same script;
+- :func:`unclaim` (``dedupe/unclaim-1.lua``) removes it when its message will not run (its publish
   failed, it was revoked or expired, it ended on a conflict); otherwise it lapses at its
   lifetime.
 
@@ -33,8 +34,8 @@ from .value import _holder_fields
 
 __all__ = ["Claim", "Decision", "claim", "parse_claim", "unclaim"]
 
-_claim = lua.load("claim-2.lua")
-_unclaim = lua.load("unclaim-1.lua")
+_claim = lua.load("dedupe/claim-2.lua")
+_unclaim = lua.load("dedupe/unclaim-1.lua")
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,10 @@ execution ended, as a cooldown record written by the release itself.
 
 The record is the lease value with ``"cooldown_until_ms"`` in its holder JSON
 (:attr:`celery_lease.store.value.Holder.cooldown_until`) and the cooldown as its lifetime, on the
-store's clock (``scripts/release_cooldown-2.lua`` says why each step is safe). An acquire finds
-it held as by any holder; ``celery lease ls`` lists it and ``celery lease release`` ends it
-(:func:`celery_lease.store.revoke`: the record keeps the holder's token).
+store's clock (``scripts/cooldown/release_cooldown-2.lua``; docs/reference/scripts.md says why
+each step is safe). An acquire finds it held as by any holder; ``celery lease ls`` lists it and
+``celery lease release`` ends it (:func:`celery_lease.store.revoke`: the record keeps the
+holder's token).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ __all__ = ["release_into_cooldown"]
 
 logger = logging.getLogger("celery_lease")
 
-_release_cooldown = lua.load("release_cooldown-2.lua")
+_release_cooldown = lua.load("cooldown/release_cooldown-2.lua")
 
 
 def release_into_cooldown(client: redis.Redis, key: str, token: str, cooldown_ms: int) -> bool:

@@ -5,12 +5,12 @@ under the lease's hash tag, so it works on Cluster and Sentinel as the lease doe
 burst's task id, the store's clock at its first publish, its due time, its deadline (first
 publish plus ``lease_debounce_max``) and its latest arguments:
 
-- :func:`trigger` (``debounce-1.lua``) decides a publish: start a burst (publish its timer
+- :func:`trigger` (``debounce/debounce-1.lua``) decides a publish: start a burst (publish its timer
   message) or join the waiting one (publish nothing; the caller gets the burst's task id);
-- :func:`fire` (``debounce_fire-1.lua``) decides what a timer message does on a worker:
+- :func:`fire` (``debounce/debounce_fire-1.lua``) decides what a timer message does on a worker:
   nothing (its burst ran), publish itself again for the remainder, or run (the record
   becomes a tombstone in the same script, so of two timers of a burst one fires);
-- :func:`look` (``debounce_look-1.lua``) is the crash sweep's: a burst waiting past its due
+- :func:`look` (``debounce/debounce_look-1.lua``) is the crash sweep's: a burst waiting past its due
   time plus a grace lost its timer, which the sweep publishes again;
 - :func:`read_burst` reads a record back (``celery lease ls``).
 
@@ -32,9 +32,9 @@ from .errors import NotReplicated
 
 __all__ = ["Burst", "Fire", "Look", "Trigger", "fire", "look", "read_burst", "trigger"]
 
-_trigger = lua.load("debounce-1.lua")
-_fire = lua.load("debounce_fire-1.lua")
-_look = lua.load("debounce_look-1.lua")
+_trigger = lua.load("debounce/debounce-1.lua")
+_fire = lua.load("debounce/debounce_fire-1.lua")
+_look = lua.load("debounce/debounce_look-1.lua")
 
 
 def _text(value: Any) -> str:

@@ -3,9 +3,9 @@
 A duplicate that finds its key held is *parked* (:func:`park`) in the key's line,
 ``<key>:line`` (:func:`celery_lease.base.keys.line_key`): ``coalesce`` keeps one element, the
 pending run, whose message each later duplicate replaces; ``queue`` appends, up to a bound.
-The holder's token-checked release (:func:`release_handing_over`, ``release_handoff-4.lua``)
+The holder's token-checked release (:func:`release_handing_over`, ``handoff/release_handoff-4.lua``)
 reserves the key, in the same script, for the next element's task id (``<key>:reserved``,
-honoured by ``acquire-4.lua``) and answers that element for the releasing worker to publish.
+honoured by ``lease/acquire-4.lua``) and answers that element for the releasing worker to publish.
 A ``coalesce`` duplicate that arrives before that run starts joins it (its message replaces
 the reserved one; the run's grant answers it, :attr:`celery_lease.store.AcquireResult.joined`);
 a queued run's reservation is never joined.
@@ -45,13 +45,13 @@ __all__ = [
 #: The sweep index's lifetime, int milliseconds: raised to this at every note (a day).
 INDEX_LIFETIME_MS = 24 * 3600 * 1000
 
-_park = lua.load("park-3.lua")
-_release = lua.load("release_handoff-4.lua")
-_park_slot = lua.load("park_slot-2.lua")
-_release_slot = lua.load("release_slot_handoff-4.lua")
-_watch = lua.load("watch-1.lua")
-_due = lua.load("sweep_due-1.lua")
-_unwatch = lua.load("unwatch-1.lua")
+_park = lua.load("handoff/park-3.lua")
+_release = lua.load("handoff/release_handoff-4.lua")
+_park_slot = lua.load("handoff/park_slot-2.lua")
+_release_slot = lua.load("handoff/release_slot_handoff-4.lua")
+_watch = lua.load("handoff/watch-1.lua")
+_due = lua.load("handoff/sweep_due-1.lua")
+_unwatch = lua.load("handoff/unwatch-1.lua")
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ def park(  # noqa: PLR0913 - the ARGV of park-3.lua / park_slot-2.lua, each dist
         max_length: queue: the most elements the line holds (``lease_queue_max``).
         lifetime_ms: the line's lifetime, int milliseconds.
         limit: the key's ``lease_limit``: above 1 it parks only while all ``limit`` slots are
-            held, reserved ones included (``park_slot-2.lua``), else answers ``"free"``.
+            held, reserved ones included (``handoff/park_slot-2.lua``), else answers ``"free"``.
         handed_over: the duplicate is a copy of a handed-over run (its hand-over header):
             one whose task id already ran to its release answers ``"ran"`` (not parked).
 
@@ -231,7 +231,7 @@ def release_handing_over(  # noqa: PLR0913 - the release scripts' distinct ARGV
         ran: the releasing execution's task id when it is a handed-over run (noted, so that
             a second copy of it is refused), else ''.
         limit: the key's ``lease_limit``: above 1, ``token``'s slot is released and each slot
-            then free is reserved for the head of the line (``release_slot_handoff-4.lua``;
+            then free is reserved for the head of the line (``handoff/release_slot_handoff-4.lua``;
             ``handed``, then ``more``), for ``reserve_ms`` each; a repeat (its first reply
             lost, so nothing was published) answers again the reservations it made that no
             run has taken yet.
@@ -281,7 +281,7 @@ def recover(
     mode: str = "queue",
 ) -> HandOff:
     """The crash sweep's look at ``key``: hand it over only if nobody holds it and no
-    reservation is due (``release_handoff-4.lua`` without a token); ``mode`` as for
+    reservation is due (``handoff/release_handoff-4.lua`` without a token); ``mode`` as for
     :func:`release_handing_over`.
 
     Returns:

@@ -1,17 +1,21 @@
 """The Lua scripts of the protocol: one file each, loaded once, sent by SHA.
 
-Each script is a file in ``scripts/`` (package data), named after what it does and the number
-of keys it takes (``release-2.lua``: two keys; a name without a number takes any number). Each
-opens with a header in a Lua block comment: what it does, one line per ``KEYS[i]`` and
-``ARGV[i]``, and what it returns; ``tests/test_scripts.py`` holds every script to its header.
+Each script is a file in a folder of ``scripts/`` (package data) named after the policy whose
+decision it makes (``lease/``, ``slots/``, ``handoff/``...), the file named after what it does
+and the number of keys it takes (``lease/release-2.lua``: two keys; a name without a number
+takes any number). A script's name is that path: ``load("lease/release-2.lua")``. Each opens
+with a header in a Lua block comment: what it does, one line per ``KEYS[i]`` and ``ARGV[i]``,
+and what it returns; ``tests/test_scripts.py`` holds every script to its header, and
+docs/reference/scripts.md says why each one is written as it is.
 
-A fragment several scripts share (the token check, for one) is a file in ``scripts/includes/``,
-pulled in by a line that reads ``--@include <file name>`` (indented or not). That line is
-replaced by the fragment's body, indented as the line was; nothing else is expanded. A script
-that extends another may name it one folder up (``--@include ../other-2.lua``): it runs that
-script's body unchanged, as a function of its own. Headers
-are dropped from what is sent to Redis (the release is sent as ``EVAL`` with its source on
-every execution).
+What several scripts share is a file in ``scripts/lib/``: Lua functions (``next_fence``), or a
+fragment of a script's own code (the token check). A line that reads ``--@include <file
+name>`` (indented or not) is replaced by that file's body, indented as the line was; nothing
+else is expanded, so a function is defined where its file is included. The name is a path
+under ``lib/``: ``--@include ../lease/release-2.lua`` pastes another script's body the same
+way (an including script that wraps it in a function of its own runs it as one). Headers are
+dropped from what is sent to Redis (the release is sent as ``EVAL`` with its source on every
+execution).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ __all__ = ["Script", "load", "names", "parts", "source"]
 _INCLUDE = re.compile(r"^( *)--@include (\S+)$")
 _HEADER = re.compile(r"\A--\[\[\n(.*?)\n\]\]\n", re.S)
 _DIR = "scripts"
+_LIB = "lib"
 
 
 def _read(path: str) -> str:
@@ -55,8 +60,8 @@ def _expand(body: str, seen: tuple[str, ...]) -> str:
             continue
         indent, name = found.groups()
         if name in seen:
-            raise ValueError(f"scripts/includes/{name} includes itself")
-        path = f"includes/{name}"
+            raise ValueError(f"scripts/{_LIB}/{name} includes itself")
+        path = f"{_LIB}/{name}"
         fragment = _expand(parts(path)[1], (*seen, name))
         lines += [
             indent + part if part.strip() else part for part in fragment.splitlines(keepends=True)
@@ -65,15 +70,22 @@ def _expand(body: str, seen: tuple[str, ...]) -> str:
 
 
 def names() -> list[str]:
-    """The file names of every script (``scripts/*.lua``, not the includes), sorted."""
-    folder = resources.files(__package__).joinpath(_DIR)
-    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".lua"))
+    """The name of every script (``"lease/release-2.lua"``: ``scripts/<folder>/*.lua``, not
+    ``lib/``), sorted."""
+    scripts = resources.files(__package__).joinpath(_DIR)
+    return sorted(
+        f"{folder.name}/{p.name}"
+        for folder in scripts.iterdir()
+        if folder.is_dir() and folder.name != _LIB
+        for p in folder.iterdir()
+        if p.name.endswith(".lua")
+    )
 
 
 @functools.cache
 def source(name: str) -> str:
-    """The source sent to Redis for script ``name`` (``"release-2.lua"``): its body with each
-    ``--@include`` line replaced by the fragment's body, headers left out.
+    """The source sent to Redis for script ``name`` (``"lease/release-2.lua"``): its body with
+    each ``--@include`` line replaced by the included file's body, headers left out.
 
     Raises:
         ValueError: the script or a fragment it includes has no header, or an include loops.
@@ -83,7 +95,7 @@ def source(name: str) -> str:
 
 
 def parts(path: str) -> tuple[str, str]:
-    """``(header, body)`` of ``scripts/<path>`` (``"release-2.lua"``, ``"includes/held.lua"``)
+    """``(header, body)`` of ``scripts/<path>`` (``"lease/release-2.lua"``, ``"lib/held.lua"``)
     as written: the header without its ``--[[``/``]]`` lines, the body with its ``--@include``
     lines (what ``tests/test_scripts.py`` holds to the header).
 
@@ -110,7 +122,7 @@ class Script:
     ``execute_command``.
 
     Attributes:
-        name: the script's file name (str).
+        name: the script's name, its path under ``scripts/`` (str).
         source: what is sent to Redis (str, see :func:`source`).
         sha: its SHA1, hex (str).
     """
@@ -146,7 +158,8 @@ class Script:
 
 @functools.cache
 def load(name: str) -> Script:
-    """The :class:`Script` of ``scripts/<name>`` (``"release-2.lua"``), read once per process.
+    """The :class:`Script` of ``scripts/<name>`` (``"lease/release-2.lua"``), read once per
+    process.
 
     Raises:
         ValueError, FileNotFoundError: as :func:`source`.

@@ -51,7 +51,7 @@ __all__ = ["PendingRelease", "has_pending", "settle_all", "write"]
 
 logger = logging.getLogger("celery_lease")
 
-_RELEASE = lua.load("release-2.lua")
+_RELEASE = lua.load("lease/release-2.lua")
 
 
 class PendingRelease:

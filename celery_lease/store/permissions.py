@@ -15,7 +15,7 @@ on ``<prefix>:preempt:*`` (:attr:`Feature.channels`, ``&<prefix>:preempt:*`` in 
 without it the rule grants none (``reset`` leaves none).
 
 Checking without running: :func:`denied` asks the server, in one ``EVAL`` of
-``scripts/acl_check-1.lua``, whether the user may run each command on a key under each prefix
+``scripts/acl/acl_check-1.lua``, whether the user may run each command on a key under each prefix
 (``redis.acl_check_cmd``, Redis 7.0 or later); nothing is written. ``ACL DRYRUN`` does the same
 but needs an admin permission no lease user should have. An older server cannot answer that
 question without running the commands, so :func:`denied` returns ``None`` there.
@@ -51,7 +51,7 @@ _CALL = re.compile(r"redis\.p?call\(\s*['\"]([A-Za-z]+)['\"]")
 
 @functools.cache
 def script_commands(name: str) -> tuple[str, ...]:
-    """The commands script ``name`` (``"release-2.lua"``) calls, lower case, in the order
+    """The commands script ``name`` (``"lease/release-2.lua"``) calls, lower case, in the order
     they first appear in its assembled source (its includes expanded)."""
     return tuple(dict.fromkeys(c.lower() for c in _CALL.findall(lua.source(name))))
 
@@ -64,7 +64,7 @@ class Feature:
         name: the feature's name (``"tasks"``, ``"hold"``...), as :data:`FEATURES` keys it.
         title: what it is, for the documentation and messages.
         sent: the commands it sends itself, lower case, ``|`` before a subcommand.
-        scripts: the scripts (``scripts/*.lua``) it runs.
+        scripts: the scripts it runs, by name (``"lease/acquire-4.lua"``).
         channels: the pub/sub channel patterns it publishes or subscribes to, ``{prefix}``
             standing for each ``lease_key_prefix`` (:func:`channels`).
     """
@@ -98,11 +98,11 @@ FEATURES: dict[str, Feature] = {
             "redelivery check reads the fencing counter, the start check reads INFO",
             ("get", "info"),
             (
-                "acquire-4.lua",
-                "renew_many.lua",
-                "renew-1.lua",
-                "release-2.lua",
-                "release_cooldown-2.lua",
+                "lease/acquire-4.lua",
+                "lease/renew_many.lua",
+                "lease/renew-1.lua",
+                "lease/release-2.lua",
+                "cooldown/release_cooldown-2.lua",
             ),
         ),
         Feature(
@@ -111,11 +111,11 @@ FEATURES: dict[str, Feature] = {
             "that hands the key over, the crash sweep's index",
             (),
             (
-                "park-3.lua",
-                "release_handoff-4.lua",
-                "watch-1.lua",
-                "sweep_due-1.lua",
-                "unwatch-1.lua",
+                "handoff/park-3.lua",
+                "handoff/release_handoff-4.lua",
+                "handoff/watch-1.lua",
+                "handoff/sweep_due-1.lua",
+                "handoff/unwatch-1.lua",
             ),
         ),
         Feature(
@@ -123,7 +123,7 @@ FEATURES: dict[str, Feature] = {
             "celery_lease.hold and hold_async: the release wakes a waiting hold, "
             "on_conflict='wait' blocks for it, a cancelled waiter passes the turn on",
             ("blpop",),
-            ("release_wake-3.lua", "pass_turn-2.lua"),
+            ("lease/release_wake-3.lua", "lease/pass_turn-2.lua"),
         ),
         Feature(
             "preempt",
@@ -131,7 +131,7 @@ FEATURES: dict[str, Feature] = {
             "old holder's process (a channel <prefix>:preempt:*, which the ACL user needs as "
             "&<prefix>:preempt:*), and the wait out of lease_preempt_grace",
             ("publish", "subscribe", "blpop"),
-            ("preempt-4.lua", "wake_preempter-1.lua"),
+            ("preempt/preempt-4.lua", "preempt/wake_preempter-1.lua"),
             ("{prefix}:preempt:*",),
         ),
         Feature(
@@ -140,14 +140,14 @@ FEATURES: dict[str, Feature] = {
             "and read on the store's clock; a stopping leader wakes a standby blocked on "
             "its release",
             ("blpop",),
-            ("record_run-1.lua", "last_runs-1.lua", "release_wake-3.lua"),
+            ("beat/record_run-1.lua", "beat/last_runs-1.lua", "lease/release_wake-3.lua"),
         ),
         Feature(
             "cli",
             "celery lease ls / show / release: SCAN (never KEYS), value and lifetime "
             "read in one MULTI, the operator's release, the lines of waiting runs",
             ("scan", "multi", "exec", "pttl", "lrange", "hget"),
-            ("revoke-1.lua",),
+            ("lease/revoke-1.lua",),
         ),
         Feature("doctor", "celery lease doctor: latency and clock", ("ping", "time", "info")),
         Feature("min_replicas", "lease_min_replicas above 0: WAIT after each acquire", ("wait",)),
@@ -158,13 +158,13 @@ FEATURES: dict[str, Feature] = {
             "policy that waits in the key's line, parked and handed over slot by slot",
             ("hgetall", "time"),
             (
-                "acquire_slot-3.lua",
-                "renew_slots.lua",
-                "renew_slot-1.lua",
-                "release_slot-3.lua",
-                "revoke_slot-1.lua",
-                "park_slot-2.lua",
-                "release_slot_handoff-4.lua",
+                "slots/acquire_slot-3.lua",
+                "slots/renew_slots.lua",
+                "slots/renew_slot-1.lua",
+                "slots/release_slot-3.lua",
+                "slots/revoke_slot-1.lua",
+                "handoff/park_slot-2.lua",
+                "handoff/release_slot_handoff-4.lua",
             ),
         ),
         Feature(
@@ -172,7 +172,7 @@ FEATURES: dict[str, Feature] = {
             "lease_dedupe: the waiting copy's claim, decided at publish, cleared by "
             "the acquire that grants it, removed when its message will not run",
             (),
-            ("claim-2.lua", "acquire-4.lua", "unclaim-1.lua"),
+            ("dedupe/claim-2.lua", "lease/acquire-4.lua", "dedupe/unclaim-1.lua"),
         ),
         Feature(
             "debounce",
@@ -180,12 +180,12 @@ FEATURES: dict[str, Feature] = {
             "timer on a worker and by the crash sweep (the hand-over's index notes the key)",
             ("hmget",),
             (
-                "debounce-1.lua",
-                "debounce_fire-1.lua",
-                "debounce_look-1.lua",
-                "watch-1.lua",
-                "sweep_due-1.lua",
-                "unwatch-1.lua",
+                "debounce/debounce-1.lua",
+                "debounce/debounce_fire-1.lua",
+                "debounce/debounce_look-1.lua",
+                "handoff/watch-1.lua",
+                "handoff/sweep_due-1.lua",
+                "handoff/unwatch-1.lua",
             ),
         ),
         Feature("database", "a lease_backend database other than 0", ("select",)),
@@ -247,7 +247,7 @@ _SHAPES = {
     "publish": "PUBLISH %p:preempt:" + PROBE_KEY + " 1",
     "subscribe": "SUBSCRIBE %p:preempt:" + PROBE_KEY,
 }
-_CHECK = lua.load("acl_check-1.lua")
+_CHECK = lua.load("acl/acl_check-1.lua")
 
 
 def _shape(command: str) -> str:

@@ -1,7 +1,7 @@
 """Newest wins (``lease_on_conflict="preempt"``): the store's side of taking a lease over.
 
-- :func:`take_over`: one script (``scripts/preempt-4.lua``) replaces the holder's token with the
-  newcomer's and issues a higher fencing token;
+- :func:`take_over`: one script (``scripts/preempt/preempt-4.lua``) replaces the holder's token
+  with the newcomer's and issues a higher fencing token;
 - :func:`was_preempted`: whether a refused renewal was a take-over (the newcomer's holder JSON
   names the token it replaced), for an old holder whose notice was lost;
 - :func:`publish_preempted` / :func:`subscribe` / :func:`next_message`: the notification the
@@ -36,8 +36,8 @@ __all__ = [
     "was_preempted",
 ]
 
-_take_over = lua.load("preempt-4.lua")
-_wake_preempter = lua.load("wake_preempter-1.lua")
+_take_over = lua.load("preempt/preempt-4.lua")
+_wake_preempter = lua.load("preempt/wake_preempter-1.lua")
 
 
 def preempt_channel(prefix: str, hostname: str, pid: int) -> str:
@@ -92,8 +92,8 @@ def take_over(  # noqa: PLR0913 - store.acquire's grant signature (lifecycle.tak
 
 def was_preempted(client: redis.Redis, key: str, token: str) -> bool:
     """True when lease ``key`` is now held by an execution that took it over from ``token``
-    (its holder JSON's ``"preempted"``, written by ``preempt-4.lua``): a renewal of ``token``
-    refused because of a take-over, not an expiry. One ``GET``; False for anything else (a
+    (its holder JSON's ``"preempted"``, written by ``preempt/preempt-4.lua``): a renewal of
+    ``token`` refused because of a take-over, not an expiry. One ``GET``; False for anything else (a
     free key, another value, a store error: the loss then stays ``refused``)."""
     try:
         value = client.get(key)

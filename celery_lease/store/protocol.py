@@ -5,15 +5,15 @@ Stored value of a lease key: ``<token>:<fencing token>:<holder JSON>``
 every conditional operation compares; the rest is there for the holder's successors and for
 operators (``celery lease ls``). Renewal is :mod:`celery_lease.store.renewal`.
 
-Each decision is one script (``scripts/*.lua``, see :mod:`celery_lease.store.lua`), one round
-trip; each script's header says what it does, its keys, arguments and replies, and why it is
-safe (conditional on the token, safe to repeat, checks before writes, nothing left without a
-lifetime under ``maxmemory``). The fencing token is ``max(previous + 1, server time in
-microseconds)``: strictly increasing per key across every grant, even when the counter key was
-evicted or the server restarted empty (as long as the server clock does not step back further
-than the counter lifetime), and across a failover that lost the counter (as long as the new
-primary's clock is not behind the old one's by more than the failover took;
-docs/deploying.md, Sentinel).
+Each decision is one script (``scripts/<policy>/*.lua``, see :mod:`celery_lease.store.lua`), one
+round trip; each script's header says what it does, its keys, arguments and replies, and
+docs/reference/scripts.md why it is safe (conditional on the token, safe to repeat, checks before
+writes, nothing left without a lifetime under ``maxmemory``). The fencing token is
+``max(previous + 1, server time in microseconds)``: strictly increasing per key across every
+grant, even when the counter key was evicted or the server restarted empty (as long as the server
+clock does not step back further than the counter lifetime), and across a failover that lost the
+counter (as long as the new primary's clock is not behind the old one's by more than the failover
+took; docs/deploying.md, Sentinel).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ logger = logging.getLogger("celery_lease")
 
 # The fencing counter outlives its lease by an hour: across a longer gap the server clock
 # (microseconds) alone keeps fencing tokens increasing, and per-argument keys do not pile up.
-# scripts/includes/note_ended.lua writes the same lifetime for a counter that had lapsed.
+# scripts/lib/note_ended.lua writes the same lifetime for a counter that had lapsed.
 FENCE_COUNTER_EXTRA_MS = 3600 * 1000
 # How long a wake element waits for a waiter, int milliseconds: long enough for a waiter
 # between its refused acquire and its BLPOP; a stale one costs a later waiter one acquire.
@@ -62,11 +62,11 @@ RESERVED_HOLDER = "(reserved)"
 #: The host a refused acquire names when a handed-over run's copy already ran.
 RAN_HOLDER = "(already ran)"
 
-_acquire = lua.load("acquire-4.lua")
-_release = lua.load("release-2.lua")
-_release_wake = lua.load("release_wake-3.lua")
-_revoke = lua.load("revoke-1.lua")
-_pass_turn = lua.load("pass_turn-2.lua")
+_acquire = lua.load("lease/acquire-4.lua")
+_release = lua.load("lease/release-2.lua")
+_release_wake = lua.load("lease/release_wake-3.lua")
+_revoke = lua.load("lease/revoke-1.lua")
+_pass_turn = lua.load("lease/pass_turn-2.lua")
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class AcquireResult:
         holder: the holder (this token when granted).
         remaining: the lifetime left on the server, float seconds.
         joined: a grant to a handed-over ``coalesce`` run that a later duplicate joined
-            before it started (``park-3.lua``): that duplicate's message (JSON str, with
+            before it started (``handoff/park-3.lua``): that duplicate's message (JSON str, with
             ``args`` and ``kwargs``: the latest, which the run takes); else None.
     """
 
@@ -120,7 +120,7 @@ def acquire(  # noqa: PLR0913 - the grant signature take_over and acquire_slot s
             timeout), so its reply arrives before the socket gives up.
         claimed: the execution's message claimed the key's waiting slot at publish
             (``lease_dedupe``): a grant also clears that claim when it names ``task_id``, in
-            the same script (``acquire-4.lua``; :mod:`celery_lease.store.claims`).
+            the same script (``lease/acquire-4.lua``; :mod:`celery_lease.store.claims`).
 
     Raises:
         NotReplicated: fewer than ``min_replicas`` replicas acknowledged the grant in time;
@@ -157,7 +157,7 @@ def acquire_call(
     handed_over: bool = False,
     claimed: bool = False,
 ) -> tuple[tuple[str, ...], tuple[Any, ...]]:
-    """The keys and arguments of the acquire script (``acquire-4.lua``) for :func:`acquire`'s
+    """The keys and arguments of the acquire script (``lease/acquire-4.lua``) for :func:`acquire`'s
     arguments (the same names): for :func:`acquire` and for an acquire written ahead of its
     execution (:mod:`celery_lease.store.written`)."""
     keys: tuple[str, ...] = (key, fence_key(key), reservation_key(key))
@@ -175,7 +175,7 @@ def acquire_call(
 
 def acquire_answer(reply: Any, token: str, ttl_ms: int) -> AcquireResult:
     """The :class:`AcquireResult` of the acquire script's ``reply`` for ``token`` (see
-    ``acquire-4.lua``'s header for the replies)."""
+    ``lease/acquire-4.lua``'s header for the replies)."""
     granted, value, pttl, *joined = reply
     if granted and b":" not in value:  # a fresh grant answers with the fencing token alone
         if joined:  # the reserved run a later duplicate joined: its latest message

@@ -6,8 +6,8 @@
   ``WRONGTYPE`` error reaches the caller): a key celery-lease did not write.
 - Beat's last-run record (``<beat lease key>:last-run``, a hash of entry name -> the store's
   clock at its last send, epoch seconds): :func:`record_run` stamps it inside the store
-  (``record_run-1.lua``), :func:`last_run_ages` reads how long ago each entry ran on that same
-  clock (``last_runs-1.lua``). No host's wall clock is written, so beats on hosts whose clocks
+  (``beat/record_run-1.lua``), :func:`last_run_ages` reads how long ago each entry ran on that same
+  clock (``beat/last_runs-1.lua``). No host's wall clock is written, so beats on hosts whose clocks
   disagree still agree on when an entry last ran.
 """
 
@@ -26,8 +26,8 @@ __all__ = ["Found", "last_run_ages", "read", "read_many", "record_run"]
 #: What a read of ``key`` finds: its bytes, a key of another type, or None when absent.
 Found = bytes | OtherType | None
 
-_record_run = lua.load("record_run-1.lua")
-_last_runs = lua.load("last_runs-1.lua")
+_record_run = lua.load("beat/record_run-1.lua")
+_last_runs = lua.load("beat/last_runs-1.lua")
 
 
 def _other_type(client: Any, key: str) -> OtherType:

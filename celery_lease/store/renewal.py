@@ -1,12 +1,13 @@
 """Renewal: many leases in one round trip per primary.
 
-A standalone or Sentinel client renews with ``scripts/renew_many.lua``, up to
+A standalone or Sentinel client renews with ``scripts/lease/renew_many.lua``, up to
 :data:`RENEW_BATCH` leases per call, every call of a pass in one pipeline; a cluster client
-with ``scripts/renew-1.lua`` per lease, grouped by the primary that owns each key's slot
+with ``scripts/lease/renew-1.lua`` per lease, grouped by the primary that owns each key's slot
 (:func:`celery_lease.store.routing.send_many`). A renewal sets the lifetime back to the TTL
 (``PEXPIRE``: sets, never adds) only while the token matches, so it is safe to repeat. The
 slots of limited keys (``lease_limit``, :mod:`.slots`) go in the same round trip, with scripts
-of their own (``renew_slots.lua``, ``renew_slot-1.lua``): only the token's own deadline moves.
+of their own (``slots/renew_slots.lua``, ``slots/renew_slot-1.lua``): only the token's own
+deadline moves.
 
 A renewal counts only where it is known to survive a failover: with ``min_replicas`` above 0
 each primary's renewals are followed by ``WAIT`` on the same connection, and one that fewer
@@ -33,10 +34,10 @@ __all__ = ["RENEW_BATCH", "renew_many"]
 #: for 1 000 keys (about a millisecond) delays other clients by no more than that.
 RENEW_BATCH = 1000
 
-_renew = lua.load("renew-1.lua")
-_renew_many = lua.load("renew_many.lua")
-_renew_slot = lua.load("renew_slot-1.lua")
-_renew_slots = lua.load("renew_slots.lua")
+_renew = lua.load("lease/renew-1.lua")
+_renew_many = lua.load("lease/renew_many.lua")
+_renew_slot = lua.load("slots/renew_slot-1.lua")
+_renew_slots = lua.load("slots/renew_slots.lua")
 _BATCH_REPLY = {ord("1"): 1, ord("0"): 0, ord("2"): -1}
 
 
@@ -91,14 +92,15 @@ def renew_many(
 
 
 def _one(slots: frozenset[int], i: int) -> lua.Script:
-    """The script that renews lease ``i`` alone: ``renew_slot-1.lua`` for a slot."""
+    """The script that renews lease ``i`` alone: ``slots/renew_slot-1.lua`` for a slot."""
     return _renew_slot if i in slots else _renew
 
 
 def _renew_cluster(
     client: redis.Redis, leases: Sequence[tuple[str, str, int]], slots: frozenset[int]
 ) -> list[int | RedisError]:
-    """:func:`renew_many` on a cluster: ``renew-1.lua`` per lease, one round trip per primary."""
+    """:func:`renew_many` on a cluster: ``lease/renew-1.lua`` per lease, one round trip per
+    primary."""
     commands = [
         _one(slots, i).args((key,), (token, ttl_ms))
         for i, (key, token, ttl_ms) in enumerate(leases)
@@ -142,7 +144,7 @@ def _renew_batched(
     client: redis.Redis, leases: Sequence[tuple[str, str, int]], slots: frozenset[int]
 ) -> list[int | RedisError]:
     """:func:`renew_many` on one primary: the batch script, per TTL and per
-    :data:`RENEW_BATCH` leases (slots apart, ``renew_slots.lua``), all calls in one pipeline
+    :data:`RENEW_BATCH` leases (slots apart, ``slots/renew_slots.lua``), all calls in one pipeline
     (one round trip)."""
     ttls = {ttl_ms for _, _, ttl_ms in leases}
     if len(ttls) == 1 and not slots:  # the usual pass: one TTL, in order, no sorting

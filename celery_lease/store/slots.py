@@ -3,13 +3,13 @@
 A limited key is a hash at the lease key itself, one field per holder's token, each holding
 ``<deadline>:<fencing token>:<holder JSON>`` (the deadline in milliseconds of the store's
 clock), and a field ``n``, the N of the last grant (for ``celery lease ls``). Each slot is a
-lease of its own: taken by ``scripts/acquire_slot-3.lua`` (expired slots deleted first, then
+lease of its own: taken by ``scripts/slots/acquire_slot-3.lua`` (expired slots deleted first, then
 counted: a holder that dies frees its own slot at its own deadline, and nothing is a counter
 that could drift), renewed in the heartbeat's one round trip beside the plain leases by
-scripts of its own (``scripts/renew_slots.lua``, ``scripts/renew_slot-1.lua``, through
+scripts of its own (``scripts/slots/renew_slots.lua``, ``scripts/slots/renew_slot-1.lua``, through
 :func:`celery_lease.store.renew_many`'s ``slots``: only its own deadline moves), released by
-``scripts/release_slot-3.lua`` (only its own field), taken away by an operator with
-``scripts/revoke_slot-1.lua``. The fencing token comes from the key's one
+``scripts/slots/release_slot-3.lua`` (only its own field), taken away by an operator with
+``scripts/slots/revoke_slot-1.lua``. The fencing token comes from the key's one
 counter, so it increases across every grant of every slot.
 
 N = 1 is the plain lease, with its own scripts and key format (:mod:`.protocol`): a limit of 1
@@ -47,9 +47,9 @@ __all__ = [
     "revoke_slot",
 ]
 
-_acquire = lua.load("acquire_slot-3.lua")
-_release = lua.load("release_slot-3.lua")
-_revoke = lua.load("revoke_slot-1.lua")
+_acquire = lua.load("slots/acquire_slot-3.lua")
+_release = lua.load("slots/release_slot-3.lua")
+_revoke = lua.load("slots/revoke_slot-1.lua")
 
 
 def acquire_slot(  # noqa: PLR0913 - store.acquire's grant signature (lifecycle.take)
@@ -177,7 +177,7 @@ def release_slot(client: redis.Redis, key: str, token: str) -> bool:
 
 
 def _released(client: redis.Redis, key: str, argv: tuple[Any, ...], wake: bool = False) -> bool:
-    """One ``release_slot-3.lua`` (``wake``: with the key's wake list); a store error names
+    """One ``slots/release_slot-3.lua`` (``wake``: with the key's wake list); a store error names
     the node it came from."""
     keys = (key, fence_key(key), wake_key(key)) if wake else (key, fence_key(key))
     try:

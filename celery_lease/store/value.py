@@ -160,7 +160,7 @@ def parse_counter(value: Any) -> int | None:
     """The count a fencing counter's stored value starts with, else None (not ours).
 
     The counter reads ``<digits>``, ``<digits>:<token>`` or ``<digits>;<token>``; as in
-    ``acquire-4.lua``, whatever follows the leading digits is left to the version that wrote
+    ``lease/acquire-4.lua``, whatever follows the leading digits is left to the version that wrote
     it, and digits at or above :data:`MAX_FENCE` are refused (no exact next token).
     """
     if isinstance(value, str):

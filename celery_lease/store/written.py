@@ -34,7 +34,7 @@ __all__ = ["WrittenAcquire", "abandon_stale", "keep", "take", "write"]
 
 logger = logging.getLogger("celery_lease")
 
-_ACQUIRE = lua.load("acquire-4.lua")
+_ACQUIRE = lua.load("lease/acquire-4.lua")
 
 
 class WrittenAcquire:

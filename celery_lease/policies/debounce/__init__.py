@@ -78,7 +78,7 @@ NOW_HEADER = "lease_debounce_now"
 AGAIN_HEADER = "lease_debounce_again"
 #: Message header of a timer message: its own id (a uuid, str), new for each message published
 #: (a burst's copies share the task id); only the timer that fired fires again, retried or
-#: redelivered (debounce_fire-1.lua).
+#: redelivered (debounce/debounce_fire-1.lua).
 TIMER_HEADER = "lease_debounce_timer"
 #: Float seconds a burst's record outlives its deadline (first publish plus cap): a day.
 RECORD_MARGIN = 24 * 3600.0  # as long as a key's line lives without a look
@@ -186,7 +186,8 @@ def send(
             error,
         )
         # Its trigger may have landed all the same (a lost reply): the message then fires
-        # that burst; else it runs as published and leaves a tombstone (debounce_fire-1.lua).
+        # that burst; else it runs as published and leaves a tombstone
+        # (debounce/debounce_fire-1.lua).
         headers = {**(options.get("headers") or {}), DEBOUNCE_HEADER: key, NOW_HEADER: "1"}
         headers[TIMER_HEADER] = uuid()
         now = publish(**{**options, "task_id": task_id, "headers": headers})
