@@ -31,6 +31,7 @@ The combination rules:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import pkgutil
@@ -322,7 +323,7 @@ def handle(c: Conflict, steps: Steps) -> Any:
             ``lease_on_store_error="fail"``; ``"retry"`` raises ``Retry``).
     """
     policy = choose(c)
-    c = Conflict(**{**c.__dict__, "policy": policy})
+    c = dataclasses.replace(c, policy=policy)
     task, request, holder = c.task, c.request, c.found.holder
     # A skip says what happened in its own line, once the marker is stored.
     logger.log(
