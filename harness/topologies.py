@@ -223,6 +223,11 @@ class SentinelSetup(_Topology):
             raise
         return self
 
+    def stray_sentinel(self) -> Node:
+        """Start a sentinel that monitors nothing: one left in a ``lease_backend`` list after
+        the group moved on (pause it to make it hang, as a stopped VM does)."""
+        return self._node(f"stray{len(self.nodes)}", {}, "sentinel resolve-hostnames no\n")
+
     @property
     def sentinel_url(self) -> str:
         """The Celery-style ``sentinel://h:p;sentinel://h:p/0`` URL."""

@@ -58,8 +58,7 @@ Reply = TypeVar("Reply")
 
 def managed(client: Any) -> bool:
     """True for a Sentinel-managed client (the only kind whose writes are confirmed here)."""
-    pool = getattr(client, "connection_pool", None)  # a cluster client has none
-    return getattr(pool, "sentinel_manager", None) is not None
+    return sentinels.manager_of(client) is not None
 
 
 def written_to(client: Any) -> Address | None:
@@ -130,7 +129,9 @@ def released(
     told the pool to look for it), and only that reply counts, confirmed in turn. An earlier
     reply is dropped with everything it answered (a hand-over's run, a cooldown): a caller
     acts on one reply only. A reply with ``found`` False is final at once: nothing is
-    confirmed for it. Used by :func:`celery_lease.store.release`,
+    confirmed for it. One that too few sentinels answered for is ``lost`` at once (logged at
+    DEBUG: the grant it undoes, or the holder's loss, is what is reported). Used by
+    :func:`celery_lease.store.release`,
     :func:`celery_lease.store.handoff.release_handing_over` and
     :func:`celery_lease.store.release_into_cooldown`.
 
@@ -150,6 +151,9 @@ def released(
         problem = confirm(client, before)
         if problem is None:
             return reply
+        if problem.unanswered:  # too few sentinels answer: asking again would not help
+            logger.debug("lease release of %s not confirmed by the sentinels: %s", key, problem)
+            return lost
         logger.warning(
             "lease release of %s not confirmed by the sentinels (%s): sent to the "
             "primary they name",

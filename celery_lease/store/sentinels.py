@@ -30,6 +30,7 @@ import os
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -48,6 +49,7 @@ __all__ = [
     "group_for",
     "heard_nothing",
     "look",
+    "look_for",
     "manager_of",
     "named",
 ]
@@ -293,12 +295,7 @@ def look(manager: Any, service: str, budget: float) -> Group:
     for _ in range(ROUNDS):
         if not todo:
             break
-        replies = ask(
-            [client_of(manager, a) for a in todo],
-            [("SENTINEL", "MYID"), ("SENTINEL", "SENTINELS", service)],
-            budget,
-        )
-        for address, reply in zip(todo, replies, strict=True):
+        for address, reply in zip(todo, _ask_each(manager, todo, service, budget), strict=True):
             seen.heard(address, reply)
         asked.update(todo)
         todo = [a for a in dict.fromkeys(seen.members.values()) if a not in asked]
@@ -306,6 +303,15 @@ def look(manager: Any, service: str, budget: float) -> Group:
     with state.lock:
         state.group = group
     return group
+
+
+def _ask_each(manager: Any, todo: list[Address], service: str, budget: float) -> list[Reply]:
+    """Each sentinel of ``todo``'s run id and peers, asked in a thread of its own: one that
+    hangs while it is connected to (half the budget) holds up no other, so that each is
+    named with what it did."""
+    commands = [("SENTINEL", "MYID"), ("SENTINEL", "SENTINELS", service)]
+    with ThreadPoolExecutor(len(todo), thread_name_prefix="celery-lease-sentinels") as pool:
+        return list(pool.map(lambda a: ask([client_of(manager, a)], commands, budget)[0], todo))
 
 
 def _group(
@@ -327,6 +333,17 @@ def _group(
         tuple(silent.items()),
         clock.now(),
     )
+
+
+def look_for(client: Any) -> Group | None:
+    """A look now (:func:`look`) at the group of a Sentinel-managed ``client``, each round
+    within its store timeout; None for any other client. Never raises a store error."""
+    manager = manager_of(client)
+    if manager is None:
+        return None
+    pool = client.connection_pool
+    budget = pool.connection_kwargs.get("socket_timeout") or 1.0
+    return look(manager, pool.service_name, budget)
 
 
 def group_for(manager: Any, service: str, budget: float) -> Group:
