@@ -220,3 +220,24 @@ def test_doctor_and_the_worker_start_check_name_the_sentinels_that_do_not_answer
     refused = [r for r in caplog.records if "leases cannot be granted" in r.getMessage()]
     assert len(refused) == 1 and refused[0].levelname == "ERROR", refused
     assert second.address in refused[0].getMessage() and third.address in refused[0].getMessage()
+
+
+def test_a_sentinel_reset_during_a_partition_does_not_shrink_the_group_a_client_knows(
+    stale: Stale,
+) -> None:
+    first, second, third = stale.setup.sentinels
+    client = store.client_for(stale.url, 1.0, OPTIONS)
+    assert grant(client)  # the client looked at the group: three sentinels
+    second.pause()
+    third.pause()
+    with first.client() as admin:  # the one live sentinel now names no other
+        admin.execute_command("SENTINEL", "RESET", MASTER_NAME)
+        assert admin.execute_command("SENTINEL", "SENTINELS", MASTER_NAME) == []
+    group = sentinels.look_for(client)
+    assert group is not None
+    # One answer of the three members known before is no majority of them: it cannot tell
+    # that the group shrank, and the two silent members still count.
+    assert len(group.members) == 3 and group.answering == ((HOST, first.port),)
+    assert not group.grantable
+    with pytest.raises(store.PrimaryUnconfirmed, match="only 1 of the 3 sentinels"):
+        grant(client)

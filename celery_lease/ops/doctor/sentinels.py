@@ -39,25 +39,38 @@ def sentinel_finding(subject: str, group: sentinels.Group) -> Finding:
     if not group.silent:
         return Finding("ok", subject, f"{count}: leases can be granted")
     silent = f"sentinels not answering: {group.describe_silent()}"
+    more = [fix for fix in (_forget_fix(group), _listing_fix(group)) if fix]
     if group.grantable:
         return Finding(
             "warn",
             subject,
             f"{silent}; leases can be granted: {count}",
-            "restart or replace the sentinels that do not answer" + _also(_listing_fix(group)),
+            "; ".join(["restart or replace the sentinels that do not answer", *more]),
         )
     return Finding(
         "fail",
         subject,
         f"{silent}; leases cannot be granted: {count}, every grant is refused "
         f"(PrimaryUnconfirmed) and tasks follow lease_on_store_error",
-        "restart the sentinels that do not answer, or mend the network to them, until a "
-        "majority of the group answers" + _also(_listing_fix(group)),
+        "; ".join(
+            [
+                "restart the sentinels that do not answer, or mend the network to them, "
+                "until a majority of the group answers",
+                *more,
+            ]
+        ),
     )
 
 
-def _also(fix: str) -> str:
-    return f"; {fix}" if fix else ""
+def _forget_fix(group: sentinels.Group) -> str:
+    """How to drop a member that is gone for good ("" when every silent one is no member):
+    sentinels never forget one by themselves, and it counts towards the majority."""
+    if not any(address in group.members for address, _ in group.silent):
+        return ""
+    return (
+        "a sentinel removed for good stays a member of the group (and counts towards its "
+        "majority) until SENTINEL RESET <master_name> is sent to each live sentinel"
+    )
 
 
 def _listing_fix(group: sentinels.Group) -> str:
