@@ -15,6 +15,9 @@ the :data:`OUTAGE_HEADER` header, on the wall clocks of the workers that saw the
 store's clock, which other timings use, is what cannot be read). A store error more than
 :data:`NEW_OUTAGE_GAP` after the previous one of the same message (the store answered in
 between, e.g. a later ``self.retry()`` of the task) starts a new outage.
+
+A store error is logged at each refusal, except a grant the sentinels did not confirm
+(:func:`report_unconfirmed`): that one says why once a minute, naming the sentinels.
 """
 
 from __future__ import annotations
