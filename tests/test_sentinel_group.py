@@ -166,6 +166,7 @@ def test_a_refused_grant_is_logged_once_naming_the_sentinels_that_do_not_answer(
     assert len(reported) == 1, [r.getMessage() for r in reported]
     assert reported[0].levelname == "ERROR"
     line = reported[0].getMessage()
+    assert "only 1 of the 3 sentinels of the group answered" in line, line
     assert second.address in line and third.address in line, line
     assert "celery lease doctor" in line
 

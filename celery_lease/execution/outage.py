@@ -111,16 +111,17 @@ _reported: dict[str, tuple[float, int]] = {}
 
 def report_unconfirmed(task: Any, options: LeaseOptions, error: PrimaryUnconfirmed) -> None:
     """Log that an execution of ``task`` was not run because the sentinels did not confirm its
-    grant: one line per reason (the error's text, which names the sentinels that do not
-    answer) every :data:`REPORT_EVERY` seconds, with the count of the refusals in between,
+    grant: one line per reason (the sentinels that do not answer, else the error's text)
+    every :data:`REPORT_EVERY` seconds, with the count of the refusals in between,
     which are logged at DEBUG. An ERROR when too few sentinels answered (nothing is granted
     until a majority does), a WARNING for a failover (the next try meets the new primary)."""
-    reason = str(error)
+    # Too few answered: the same sentinels, whatever each one's reason this time.
+    reason = " ".join(sorted(error.unanswered)) or str(error)
     now = clock.now()
     last, since = _reported.get(reason, (float("-inf"), 0))
     if now - last < REPORT_EVERY:
         _reported[reason] = (last, since + 1)
-        logger.debug("task %s[%s] not run: %s", task.name, task.request.id, reason)
+        logger.debug("task %s[%s] not run: %s", task.name, task.request.id, error)
         return
     _reported[reason] = (now, 0)
     (logger.error if error.unanswered else logger.warning)(
@@ -130,5 +131,5 @@ def report_unconfirmed(task: Any, options: LeaseOptions, error: PrimaryUnconfirm
         task.request.id,
         options.on_store_error,
         f", {since} more refused since the last report" if since else "",
-        reason,
+        error,
     )
