@@ -11,8 +11,8 @@ three, and that this map names every module)::
     base/        clock, process, keys, key_encoding, signals, headers (the message headers)
     errors       the exceptions (at the root: a stored failure names this module)
     store/       the Redis side: protocol, lua, wire, connection, routing, topology, url,
-                 primary, replicated, renewal, pending, written, value, records, errors,
-                 permissions, async_wait, and each policy's store half: claims, debounce,
+                 primary, sentinels, replicated, renewal, pending, written, value, records,
+                 errors, permissions, async_wait, and each policy's store half: claims, debounce,
                  handoff, preempt, slots, cooldown; shape (a key: plain, or N slots)
     settings/    config, names, timing, signal_setting, publish, debounce
     core/        lease, lifecycle, heartbeat, interrupt, next_instruction, eager
@@ -23,8 +23,8 @@ three, and that this map names every module)::
     execution/   task, accepted, publishing, lease_tasks, outage
     holds/       plain, aio, core, options, shapes
     beat/        scheduler, leader
-    ops/         cli, doctor (+ claims), finding, inspection, flower, metrics, acl, worker,
-                 sweep, testing
+    ops/         cli, doctor (+ claims, sentinels), finding, inspection, flower, metrics, acl,
+                 worker, sweep, testing
     (root)       signals, flower, metrics, testing: the documented import paths, re-exported
 """
 

@@ -114,6 +114,17 @@ class Node:
             return {str(k): str(v) for k, v in reply.items()}
         return dict(line.split(":", 1) for line in str(reply).splitlines() if ":" in line)
 
+    def pause(self) -> None:
+        """SIGSTOP the process: it keeps its port and accepts connections, answers nothing."""
+        if self.pid is not None:
+            os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT the process (harmless if it was not paused, or has exited)."""
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGCONT)
+
     def kill(self) -> None:
         """SIGKILL the process and reap it (a crash: nothing is flushed or handed over)."""
         executor, self._executor = self._executor, None
@@ -122,6 +133,7 @@ class Node:
 
     def stop(self) -> None:
         """Stop the process (SIGTERM; SIGKILL if it lingers)."""
+        self.resume()  # a paused process cannot act on SIGTERM
         executor, self._executor = self._executor, None
         if executor is not None:
             with contextlib.suppress(Exception):
@@ -210,6 +222,11 @@ class SentinelSetup(_Topology):
             self.close()
             raise
         return self
+
+    def stray_sentinel(self) -> Node:
+        """Start a sentinel that monitors nothing: one left in a ``lease_backend`` list after
+        the group moved on (pause it to make it hang, as a stopped VM does)."""
+        return self._node(f"stray{len(self.nodes)}", {}, "sentinel resolve-hostnames no\n")
 
     @property
     def sentinel_url(self) -> str:

@@ -15,6 +15,9 @@ the :data:`OUTAGE_HEADER` header, on the wall clocks of the workers that saw the
 store's clock, which other timings use, is what cannot be read). A store error more than
 :data:`NEW_OUTAGE_GAP` after the previous one of the same message (the store answered in
 between, e.g. a later ``self.retry()`` of the task) starts a new outage.
+
+A store error is logged at each refusal, except a grant the sentinels did not confirm
+(:func:`report_unconfirmed`): that one says why once a minute, naming the sentinels.
 """
 
 from __future__ import annotations
@@ -25,10 +28,19 @@ from typing import Any, NoReturn
 
 from celery.exceptions import Reject, Retry
 
+from ..base import clock
 from ..errors import LeaseStoreUnavailable
 from ..settings.config import LeaseOptions
+from ..store.errors import PrimaryUnconfirmed
 
-__all__ = ["MAX_WAIT", "NEW_OUTAGE_GAP", "OUTAGE_HEADER", "wait_out"]
+__all__ = [
+    "MAX_WAIT",
+    "NEW_OUTAGE_GAP",
+    "OUTAGE_HEADER",
+    "REPORT_EVERY",
+    "report_unconfirmed",
+    "wait_out",
+]
 
 logger = logging.getLogger("celery_lease")
 
@@ -89,3 +101,35 @@ def wait_out(task: Any, options: LeaseOptions, error: LeaseStoreUnavailable) -> 
     except Exception as exc:  # the broker is down too: as Celery's own retry does
         raise Reject(exc, requeue=False) from None
     raise Retry(exc=error, when=wait, sig=again)
+
+
+#: Float seconds between two log lines about grants the sentinels did not confirm, per reason.
+REPORT_EVERY = 60.0
+#: Per reason: when it was last logged (clock.now()) and the refusals not logged since.
+_reported: dict[str, tuple[float, int]] = {}
+
+
+def report_unconfirmed(task: Any, options: LeaseOptions, error: PrimaryUnconfirmed) -> None:
+    """Log that an execution of ``task`` was not run because the sentinels did not confirm its
+    grant: one line per reason (the sentinels that do not answer, else the error's text)
+    every :data:`REPORT_EVERY` seconds, with the count of the refusals in between,
+    which are logged at DEBUG. An ERROR when too few sentinels answered (nothing is granted
+    until a majority does), a WARNING for a failover (the next try meets the new primary)."""
+    # Too few answered: the same sentinels, whatever each one's reason this time.
+    reason = " ".join(sorted(error.unanswered)) or str(error)
+    now = clock.now()
+    last, since = _reported.get(reason, (float("-inf"), 0))
+    if now - last < REPORT_EVERY:
+        _reported[reason] = (last, since + 1)
+        logger.debug("task %s[%s] not run: %s", task.name, task.request.id, error)
+        return
+    _reported[reason] = (now, 0)
+    (logger.error if error.unanswered else logger.warning)(
+        "lease grants not confirmed by the sentinels, task %s[%s] not run "
+        "(lease_on_store_error=%s%s): %s; `celery lease doctor` names the sentinels",
+        task.name,
+        task.request.id,
+        options.on_store_error,
+        f", {since} more refused since the last report" if since else "",
+        error,
+    )

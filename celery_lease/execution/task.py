@@ -448,13 +448,16 @@ class LeasedTask(Task):  # type: ignore[misc]
 
     def _store_error(self, options: LeaseOptions, key: str, exc: RedisError) -> NoReturn:
         error = LeaseStoreUnavailable(key, "acquire", store.describe(exc))
-        logger.error(
-            "lease store unavailable, task %s[%s] not run (lease_on_store_error=%s): %s",
-            self.name,
-            self.request.id,
-            options.on_store_error,
-            error,
-        )
+        if isinstance(exc, store.PrimaryUnconfirmed):  # once a minute, not at every retry
+            outage.report_unconfirmed(self, options, exc)
+        else:
+            logger.error(
+                "lease store unavailable, task %s[%s] not run (lease_on_store_error=%s): %s",
+                self.name,
+                self.request.id,
+                options.on_store_error,
+                error,
+            )
         outage.wait_out(self, options, error)  # retried without using up max_retries, or raised
 
     def _event(self, type_: str, **fields: Any) -> None:

@@ -36,14 +36,19 @@ class PrimaryUnconfirmed(RedisError):
         moved_during_write: True when the client found a new primary while the write was in
             flight, so that the node it went to is not known (writing again is safe: every
             lease write is conditional on the token).
+        unanswered: ``"host:port"`` of each sentinel that did not answer, when too few of the
+            group answered to confirm anything (empty otherwise).
     """
 
-    def __init__(self, message: str, moved_during_write: bool = False) -> None:
+    def __init__(
+        self, message: str, moved_during_write: bool = False, unanswered: tuple[str, ...] = ()
+    ) -> None:
         super().__init__(message)
         self.moved_during_write = moved_during_write
+        self.unanswered = tuple(unanswered)
 
-    def __reduce__(self) -> tuple[type, tuple[str, bool]]:  # picklable with its field
-        return (type(self), (str(self), self.moved_during_write))
+    def __reduce__(self) -> tuple[type, tuple[str, bool, tuple[str, ...]]]:  # with its fields
+        return (type(self), (str(self), self.moved_during_write, self.unanswered))
 
 
 def describe(error: BaseException) -> str:

@@ -12,15 +12,21 @@ confirm, after its reply, that the node it was written to is still the one they 
 (``SENTINEL GET-MASTER-ADDR-BY-NAME``, which names a promoted replica as soon as the
 failover's leader has seen it promoted, before redis-py's own discovery does):
 
-- every sentinel is asked at once (all requests written before any reply is read: one round
-  trip, the whole check bounded by the store timeout, so that a renewal with its check takes
-  at most two store timeouts, less than the renew interval);
-- the write counts when a majority of the sentinels answered and every one that answered
-  names the node written to;
+- the sentinels counted are the group that monitors the service now, as its live sentinels
+  know it (:mod:`celery_lease.store.sentinels`), not only those ``lease_backend`` lists: a
+  stale list (a hung sentinel, a port nobody listens on) neither refuses every write nor
+  counts as an answer;
+- every member that answered at the last look is asked at once (all requests written before
+  any reply is read: one round trip, the whole check bounded by the store timeout, so that a
+  renewal with its check takes at most two store timeouts, less than the renew interval); one
+  that does not answer is left out of the next checks until a background look finds it again;
+- the write counts when a majority of the group answered and every one that answered names
+  the node written to;
 - otherwise it does not count (:class:`~celery_lease.store.errors.PrimaryUnconfirmed`, a store
-  error: a grant is released and the task's ``lease_on_store_error`` applies; a renewal is
-  tried again until the lease's deadline, when the holder gets ``LeaseLost``), and the client
-  is told to look for the primary again, so the next write goes to the new one.
+  error naming the sentinels that do not answer: a grant is released and the task's
+  ``lease_on_store_error`` applies; a renewal is tried again until the lease's deadline, when
+  the holder gets ``LeaseLost``), and the client is told to look for the primary again, so
+  the next write goes to the new one.
 
 A release (:func:`released`: the plain one, the hand-over's and the cooldown's) counts the same
 way, but never raises for it: one unconfirmed is sent once more, to the primary the sentinels
@@ -34,11 +40,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
-from ..base import clock
+from . import sentinels
 from .errors import PrimaryUnconfirmed
 
 __all__ = ["Address", "confirm", "confirmed_grant", "managed", "released", "written_to"]
@@ -51,8 +58,7 @@ Reply = TypeVar("Reply")
 
 def managed(client: Any) -> bool:
     """True for a Sentinel-managed client (the only kind whose writes are confirmed here)."""
-    pool = getattr(client, "connection_pool", None)  # a cluster client has none
-    return getattr(pool, "sentinel_manager", None) is not None
+    return sentinels.manager_of(client) is not None
 
 
 def written_to(client: Any) -> Address | None:
@@ -90,14 +96,14 @@ def confirm(client: Any, before: Address | None) -> PrimaryUnconfirmed | None:
             moved_during_write=True,
         )
     budget = pool.connection_kwargs.get("socket_timeout") or 1.0  # the store timeout
-    named = _ask_all(manager.sentinels, pool.service_name, budget)
-    answered = [address for address in named if address is not None]
-    majority = len(named) // 2 + 1
-    if len(answered) < majority:
-        return PrimaryUnconfirmed(
-            f"only {len(answered)} of {len(named)} sentinels answered: whether "
-            f"{before[0]}:{before[1]} is still the primary cannot be known"
-        )
+    group = sentinels.group_for(manager, pool.service_name, budget)
+    named = _ask_all(manager, group.answering, pool.service_name, budget)
+    answered = [address for address in named.values() if isinstance(address, tuple)]
+    silent = {a: why for a, why in named.items() if isinstance(why, str)}
+    if silent or len(answered) < group.majority:  # look again soon, in the background
+        sentinels.heard_nothing(manager, pool.service_name, budget, silent)
+    if len(answered) < group.majority:
+        return _too_few(group, silent, len(answered), before)
     others = sorted({f"{h}:{p}" for h, p in answered if (h, p) != before})
     if not others:
         return None
@@ -123,7 +129,9 @@ def released(
     told the pool to look for it), and only that reply counts, confirmed in turn. An earlier
     reply is dropped with everything it answered (a hand-over's run, a cooldown): a caller
     acts on one reply only. A reply with ``found`` False is final at once: nothing is
-    confirmed for it. Used by :func:`celery_lease.store.release`,
+    confirmed for it. One that too few sentinels answered for is ``lost`` at once (logged at
+    DEBUG: the grant it undoes, or the holder's loss, is what is reported). Used by
+    :func:`celery_lease.store.release`,
     :func:`celery_lease.store.handoff.release_handing_over` and
     :func:`celery_lease.store.release_into_cooldown`.
 
@@ -143,6 +151,9 @@ def released(
         problem = confirm(client, before)
         if problem is None:
             return reply
+        if problem.unanswered:  # too few sentinels answer: asking again would not help
+            logger.debug("lease release of %s not confirmed by the sentinels: %s", key, problem)
+            return lost
         logger.warning(
             "lease release of %s not confirmed by the sentinels (%s): sent to the "
             "primary they name",
@@ -152,51 +163,37 @@ def released(
     return lost
 
 
-def _ask_all(sentinels: list[Any], service: str, budget: float) -> list[Address | None]:
-    """Each sentinel's primary for ``service`` (None where it did not answer), asked of all at
-    once: every request is written before any reply is read, and the whole check ends within
-    ``budget`` float seconds (the store timeout), however many sentinels do not answer: no
-    connection is begun after half of it (each takes at most half: see
-    :func:`celery_lease.store.connection.build_client`), and no reply waited for after it."""
-    started = clock.now()
-    asked: list[tuple[Any, Any] | None] = []
-    for sentinel in sentinels:
-        pool = sentinel.connection_pool
-        if clock.now() - started >= budget / 2:
-            asked.append(None)
-            continue
-        try:
-            try:
-                conn = pool.get_connection()
-            except TypeError:  # redis-py 5.0 wants a command name
-                conn = pool.get_connection("SENTINEL")
-        except RedisError:
-            asked.append(None)
-            continue
-        try:
-            conn.send_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", service)
-            asked.append((pool, conn))
-        except RedisError:
-            pool.release(conn)
-            asked.append(None)
-    named: list[Address | None] = []
-    for entry in asked:
-        if entry is None:
-            named.append(None)
-            continue
-        pool, conn = entry
-        reply = None
-        try:
-            if conn.can_read(timeout=max(budget - (clock.now() - started), 0.0)):
-                reply = conn.read_response()
-            else:
-                conn.disconnect()  # its reply, if it ever comes, must not be read as another's
-        except RedisError:
-            conn.disconnect()
-        finally:
-            pool.release(conn)
-        named.append(_address(reply))
+def _ask_all(
+    manager: Any, asked: tuple[Address, ...], service: str, budget: float
+) -> dict[Address, Address | str]:
+    """Each sentinel of ``asked``'s primary for ``service``, or why it named none, asked of
+    all at once within ``budget`` float seconds (:func:`celery_lease.store.sentinels.ask`)."""
+    replies = sentinels.ask(
+        [sentinels.client_of(manager, a) for a in asked],
+        [("SENTINEL", "GET-MASTER-ADDR-BY-NAME", service)],
+        budget,
+    )
+    named: dict[Address, Address | str] = {}
+    for address, reply in zip(asked, replies, strict=True):
+        found = reply if isinstance(reply, str) else _address(reply[0])
+        named[address] = f"does not know {service!r}" if found is None else found
     return named
+
+
+def _too_few(
+    group: sentinels.Group, silent: dict[Address, str], answered: int, before: Address
+) -> PrimaryUnconfirmed:
+    """The error for a write that too few of the group's sentinels confirmed, naming the
+    sentinels that do not answer (addresses only)."""
+    quiet = replace(group, silent=tuple({**dict(group.silent), **silent}.items()))
+    names = tuple(dict.fromkeys(sentinels.named(a) for a, _ in quiet.silent))
+    return PrimaryUnconfirmed(
+        f"only {answered} of the {len(group.members)} sentinels of the group answered (a "
+        f"majority, {group.majority}, must name the primary; not answering: "
+        f"{quiet.describe_silent() or 'none'}): whether {before[0]}:{before[1]} is still the "
+        f"primary cannot be known",
+        unanswered=names,
+    )
 
 
 def _address(reply: Any) -> Address | None:

@@ -3,7 +3,8 @@
 Configured from environment variables (set by the tests):
 
 - ``TEST_BROKER_URL`` / ``TEST_RESULT_BACKEND`` / ``TEST_QUEUE``: as in ``smoke_app``.
-- ``LEASE_BACKEND``: lease store URL (default: the broker URL).
+- ``LEASE_BACKEND``: lease store URL (default: the broker URL); ``LEASE_BACKEND_OPTIONS``:
+  ``lease_backend_options`` as JSON (``{"master_name": ...}`` for a Sentinel URL).
 - ``LEASE_TTL`` (float seconds, default 2.0), ``LEASE_ON_CONFLICT`` (default ``skip``).
 - ``BEAT_PERIOD`` (float seconds): adds a beat entry sending ``ops.slow`` (``SLOW_SECONDS``)
   or ``ops.tick`` (``BEAT_TASK=tick``) every period.
@@ -44,6 +45,8 @@ app.conf.update(
     lease_on_conflict=os.environ.get("LEASE_ON_CONFLICT", "skip"),
     beat_max_loop_interval=float(os.environ.get("BEAT_MAX_INTERVAL", "1")),
 )
+if os.environ.get("LEASE_BACKEND_OPTIONS"):
+    app.conf.lease_backend_options = json.loads(os.environ["LEASE_BACKEND_OPTIONS"])
 if os.environ.get("VISIBILITY_TIMEOUT"):
     app.conf.broker_transport_options = {
         "visibility_timeout": float(os.environ["VISIBILITY_TIMEOUT"])

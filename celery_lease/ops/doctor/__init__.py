@@ -3,7 +3,8 @@ each store's ACL user (:func:`check_acl`).
 
 Each check returns :class:`~celery_lease.ops.finding.Finding` values; the command
 (:mod:`celery_lease.ops.cli`) prints them.
-The waiting copies' claims (``lease_dedupe``) are checked by :mod:`celery_lease.ops.doctor.claims`.
+The waiting copies' claims (``lease_dedupe``) are checked by :mod:`celery_lease.ops.doctor.claims`,
+a Sentinel store's sentinels by :mod:`celery_lease.ops.doctor.sentinels`.
 The worker's start check (:mod:`celery_lease.ops.worker`) runs the same list,
 ``diagnose(app, at_start=True)``, and logs what it finds (or refuses to start, for a
 :attr:`Finding.refuses_start` one).
@@ -29,6 +30,7 @@ from .. import acl
 from ..finding import Finding
 from ..inspection import app_options, client, leased_tasks, scan_foreign, stores
 from .claims import check_claims
+from .sentinels import check_sentinels
 
 __all__ = [
     "MIN_REDIS",
@@ -38,6 +40,7 @@ __all__ = [
     "check_claims",
     "check_failover",
     "check_replicas",
+    "check_sentinels",
     "check_store",
     "check_task",
     "check_values",
@@ -395,14 +398,15 @@ def diagnose(
     app: Any, url: str | None = None, *, at_start: bool = False, skip_stores: Collection[str] = ()
 ) -> Iterator[Finding]:
     """Every check of ``celery lease doctor``, in order: tasks, beat, each store (its state,
-    Sentinel failover, connected replicas), then the keys under each prefix
+    its sentinels, Sentinel failover, connected replicas), then the keys under each prefix
     (:func:`check_values`) and the ACL (:func:`check_acl`).
 
     Args:
         app: the Celery app, with its tasks imported; url: check this store instead.
         at_start: what applies at every worker start: not the keys under each prefix (a
             ``SCAN`` of the keyspace), the ACL (the worker checks it, refusing what every
-            worker sends), nor "no task is leased". skip_stores: URLs not to check.
+            worker sends), nor "no task is leased". skip_stores: URLs not to check (but for
+            the sentinels of a Sentinel store).
     """
     tasks = leased_tasks(app)
     if not tasks and not at_start:
@@ -437,9 +441,11 @@ def diagnose(
         except LeaseConfigError as exc:
             yield Finding("fail", "app", str(exc))
     for store_url, timeout in timeouts.items():
-        if store_url in skip_stores:
+        if store_url in skip_stores:  # but its sentinels, which may be why it did not answer
+            yield from check_sentinels(store_url, app)
             continue
         yield from check_store(store_url, timeout, app)
+        yield from check_sentinels(store_url, app)
         yield from check_failover(store_url, using.get(store_url, []), app)
         yield from check_replicas(store_url, using.get(store_url, []), app)
     if at_start:
