@@ -75,7 +75,8 @@ def counted(
 ) -> Any:
     """:func:`run`, and a reply for which ``counts(reply)`` is True counts only once
     ``min_replicas`` replicas acknowledged it: else it is taken back (``undo(reply)`` when
-    given, its errors ignored: what it wrote then lapses with its lifetime) and raises.
+    given, truthy when it removed something; its errors ignored: what it wrote then lapses
+    with its lifetime) and raises.
     ``what`` names the decision in the error (``"grant"``).
 
     Raises:
@@ -85,16 +86,17 @@ def counted(
     """
     reply, acked, wait_ms = run(script, client, keys, argv, min_replicas)
     if counts(reply) and (isinstance(acked, Exception) or acked < min_replicas):
+        taken_back = False
         if undo is not None:
             try:
-                undo(reply)
+                taken_back = bool(undo(reply))
             except RedisError:
                 pass
         if isinstance(acked, Exception):
             raise acked
         raise NotReplicated(
             f"WAIT {min_replicas}: only {acked} replica(s) acknowledged the {what} within "
-            f"{wait_ms} ms (lease_min_replicas){'; taken back' if undo is not None else ''}"
+            f"{wait_ms} ms (lease_min_replicas){'; taken back' if taken_back else ''}"
         )
     return reply
 
