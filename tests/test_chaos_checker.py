@@ -271,6 +271,20 @@ def test_a_publish_folded_onto_a_copy_granted_after_it_or_skipped_is_no_violatio
     assert rules(history) == []
 
 
+def test_with_min_replicas_a_publish_folded_onto_a_copy_that_never_ran_is_found() -> None:
+    history = clean()
+    history.jobs.append(folded("task-gone", T0 + 3.5, "unresolved"))  # no run of task-gone
+    history.jobs[-1].detail = "folded onto task-gone, a copy no job published"
+    assert rules(history) == [(4, "job-unresolved")]  # lease_min_replicas=0: property 4 alone
+    history.dedupe_min_replicas = 1  # a fold counts once a replica has it: never onto nothing
+    assert rules(history) == [(4, "job-unresolved"), (6, "folded-onto-no-run")]
+    history.jobs[-1].resolution, history.jobs[-1].holder = "skipped", "h:1"
+    assert rules(history) == []  # the copy was skipped naming a holder: so was the fold
+    history.faults.append(Fault("failover", "SENTINEL FAILOVER", T0 + 3.4, T0 + 3.6))
+    history.jobs.append(folded("task-b", T0 + 3.5))  # onto b, granted at T0 + 3, by a failover
+    assert rules(history) == [(6, "folded-onto-started")]
+
+
 def test_a_claim_left_past_its_lifetime_or_without_one_is_found() -> None:
     history = clean()
     claim = {"key": "lease:{k1}", "task_id": "task-x", "age": 4.0, "lifetime": 10.0, "ttl": 6.0}
@@ -334,6 +348,23 @@ def test_a_waiter_parked_later_that_started_first_is_out_of_order() -> None:
     assert rules(history) == [(7, "out-of-order")]  # emptied before the first was parked
     history.faults.append(Fault("restart_empty", "lease redis", T0 + 5.5, T0 + 5.7))
     assert rules(history) == []  # emptied while it waited: its line was lost with the store
+
+
+def test_with_min_replicas_a_waiter_whose_turn_came_in_a_failover_may_lose_its_place() -> None:
+    history = handover()  # the primary was paused from T0 + 5 to T0 + 6, while q1 waited
+    for e in history.executions:
+        if e.task_id == "task-q2":
+            e.grant_lower, e.grant_upper, e.body_end, e.fence = T0 + 6.7, T0 + 6.8, T0 + 6.9, 0
+    assert rules(history) == [(7, "out-of-order")]  # lease_min_replicas=0: grants went on
+    history.debounce_min_replicas = 1
+    assert rules(history) == [(7, "out-of-order")]  # q1 is no debounce key
+    history.jobs += [Job("job-d", "q1", "debounce", "task-d", T0 + 1, "ran")]
+    # No grant counted until the primary answered again: q1's reservation lapsed.
+    assert rules(history) == []
+    history.faults = [Fault("failover", "SIGKILL of the primary", T0 + 6.85, T0 + 7.0)]
+    assert rules(history) == [(7, "out-of-order")]  # after q2 started: no excuse
+    history.faults = [Fault("failover", "SIGKILL of the primary", T0 + 5.5, T0 + 6.0)]
+    assert rules(history) == []  # no replica followed the primary when q1's turn came
 
 
 def test_a_grant_within_the_cooldown_after_a_success_is_found() -> None:

@@ -65,6 +65,21 @@ def test_publishes_of_one_key_while_nothing_runs_send_one_message_and_share_its_
     assert [r["what"] for r in runs("a")] == ["start", "end"]
 
 
+def test_without_min_replicas_a_publish_decides_in_one_script_call_and_waits_for_no_replica(
+    client: redis.Redis,
+) -> None:
+    def calls(name: str) -> int:
+        return int(client.info("commandstats").get(f"cmdstat_{name}", {}).get("calls", 0))
+
+    scripts, waits = calls("evalsha"), calls("wait")
+    assert [sync.delay("w", n).lease_disposition for n in range(3)] == [
+        "published",
+        "deduplicated",
+        "deduplicated",
+    ]
+    assert (calls("evalsha") - scripts, calls("wait") - waits) == (3, 0)
+
+
 def test_a_publish_while_one_runs_waits_and_later_ones_are_folded_onto_it(
     client: redis.Redis, worker_factory: WorkerFactory
 ) -> None:

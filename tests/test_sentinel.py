@@ -2,7 +2,8 @@
 
 A holder either keeps a lease that the new primary really holds, or gets ``LeaseLost``; a
 successor's fencing token is always above the lost holder's; with ``lease_min_replicas`` a
-grant no replica acknowledged never runs a body.
+grant no replica acknowledged never runs a body, and a dedupe decision at publish no replica
+acknowledged folds nothing.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from celery_lease import LeaseStoreUnavailable, store
+from celery_lease.base.keys import claim_key
 from harness.topologies import MASTER_NAME, SentinelSetup
+from tests.support.fixtures import WorkerFactory
 from tests.support.holders import Holders
 from tests.support.redis_server import RedisServer
 from tests.support.rig import MODE, POOLS, Rig
@@ -358,8 +362,6 @@ def test_doctor_and_the_worker_start_check_name_a_ttl_a_partitioned_primary_can_
 def test_a_publish_refused_on_an_old_primary_that_stays_writable_is_not_a_dedupe_refusal(
     sentinel: SentinelSetup,
 ) -> None:
-    from celery_lease.base.keys import claim_key
-
     client = store.client_for(sentinel.sentinel_url, 1.0, {"master_name": MASTER_NAME})
     key, claimer = "lease:{t.job:claimed}", store.holder_json("t.job", "w1", "host", 1)
     assert store.claim(client, key, "w1", 60_000, claimer).claimed  # its pool: the primary
@@ -375,6 +377,64 @@ def test_a_publish_refused_on_an_old_primary_that_stays_writable_is_not_a_dedupe
         store.claim(client, key, "w2", 60_000, claimer)
     # The client looked for the primary again: the next publish claims the free slot there.
     assert store.claim(client, key, "w2", 60_000, claimer).claimed
+
+
+def test_with_min_replicas_a_dedupe_claim_or_fold_no_replica_acknowledged_does_not_count(
+    sentinel: SentinelSetup,
+) -> None:
+    client = store.client_for(sentinel.sentinel_url, 1.0, {"master_name": MASTER_NAME})
+    key, other = "lease:{t.job:replicated}", "lease:{t.job:unreplicated}"
+
+    def claim(key: str, task_id: str, min_replicas: int = 1) -> store.Decision:
+        claimer = store.holder_json("t.job", task_id, "host", 1)
+        return store.claim(client, key, task_id, 60_000, claimer, min_replicas=min_replicas)
+
+    assert claim(key, "w1").claimed
+    folded = claim(key, "w2")
+    assert (folded.claimed, folded.task_id) == (False, "w1")  # the replica follows: it counts
+    proxy = sentinel.replication_proxy
+    assert proxy is not None
+    proxy.blackhole()  # the replica hears nothing: a failover now would lose the claim
+    with pytest.raises(store.NotReplicated, match="taken back"):
+        claim(other, "w3")
+    with sentinel.primary().client() as primary:
+        assert primary.exists(claim_key(other)) == 0  # taken back: the publish goes unclaimed
+    proxy.heal()
+    assert claim(other, "w3").claimed
+    # More replicas asked for than follow the primary: neither a claim nor a fold counts.
+    with pytest.raises(store.NotReplicated):
+        claim(key, "w4", 2)
+    with pytest.raises(store.NotReplicated):
+        claim("lease:{t.job:third}", "w5", 2)
+    with sentinel.primary().client() as primary:
+        assert primary.get(claim_key(key)) is not None  # w1 still waits; w4 wrote nothing
+        assert primary.exists(claim_key("lease:{t.job:third}")) == 0
+
+
+def test_with_min_replicas_a_publish_whose_dedupe_no_replica_acknowledged_is_published(
+    sentinel: SentinelSetup, redis_url: str, worker_factory: WorkerFactory
+) -> None:
+    from tests.apps import dedupe_app
+
+    conf = {
+        "lease_backend": sentinel.sentinel_url,
+        "lease_backend_options": {"master_name": MASTER_NAME},
+        "lease_on_store_error": "fail",
+    }
+    dedupe_app.configure(redis_url, worker_factory.queue, lease_min_replicas=1, **conf)
+    results = [dedupe_app.sync.delay("m", n) for n in range(2)]
+    assert [r.lease_disposition for r in results] == ["published", "deduplicated"]
+    # Two replicas asked for, one follows: the claim is taken back and the message still
+    # published (lease_on_store_error="fail" notwithstanding), never folded on a claim that
+    # a failover could lose.
+    dedupe_app.configure(redis_url, worker_factory.queue, lease_min_replicas=2, **conf)
+    unconfirmed = [dedupe_app.sync.delay("n", n) for n in range(2)]
+    assert [r.lease_disposition for r in unconfirmed] == ["unguarded"] * 2
+    assert len({r.id for r in unconfirmed}) == 2
+    with redis.Redis.from_url(redis_url) as broker:
+        assert broker.llen(worker_factory.queue) == 3
+    with sentinel.primary().client() as primary:
+        assert primary.exists(claim_key(dedupe_app.sync.lease_key_for(("n",)))) == 0
 
 
 def test_a_duplicate_parked_on_an_old_primary_that_stays_writable_is_not_parked(

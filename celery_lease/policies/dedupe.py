@@ -17,6 +17,13 @@ Every result a leased task's ``apply_async`` returns carries ``lease_disposition
 without a claim, the execution lease still guards; with ``lease_on_store_error="fail"``
 :class:`~celery_lease.errors.LeaseStoreUnavailable` is raised instead).
 
+With ``lease_min_replicas`` above 0 the decision waits for that many replicas, as a grant
+does (``WAIT`` in the same round trip, :func:`celery_lease.store.claim`): a claim or a fold
+fewer acknowledged in time does not count. The claim is taken back and the message is
+published without a claim (``"unguarded"``, a warning logged, whatever
+``lease_on_store_error`` says): a fold that a failover may undo could lose the request, a
+publish too many costs one more execution, which the lease still keeps to one at a time.
+
 A claim never outlives its message for long: it has a lifetime (the message's ``expires``, else
 its countdown plus ``lease_dedupe_ttl``), and is removed when its publish fails, when a worker
 drops its message as revoked or expired (``task_revoked``), and when its execution ends on a
@@ -113,7 +120,7 @@ def send(
 
     Raises:
         LeaseStoreUnavailable: the store could not be asked and ``lease_on_store_error`` is
-            ``"fail"``.
+            ``"fail"`` (never for a decision too few replicas acknowledged: published then).
         Exception: whatever ``publish`` raises (the claim is removed first).
     """
     headers = {k: v for k, v in (options.get("headers") or {}).items() if k != CLAIM_HEADER}
@@ -130,13 +137,21 @@ def send(
             settings.url, settings.options.store_timeout, settings.options.backend_options
         )
         decision = store.claim(
-            client, key, task_id, max(1, round(lifetime * 1000)), claimer, take_over
+            client,
+            key,
+            task_id,
+            max(1, round(lifetime * 1000)),
+            claimer,
+            take_over,
+            settings.options.min_replicas,
         )
     except RedisError as exc:
         # A lost reply (a broken connection, a timeout) may hide a claim that was written.
         ambiguous = isinstance(exc, (RedisConnectionError, RedisTimeoutError))
         error = LeaseStoreUnavailable(key, "publish", store.describe(exc))
-        if settings.options.on_store_error == "fail":
+        # A decision too few replicas acknowledged (lease_min_replicas; a claim was taken
+        # back) may not survive a failover: this request is published, never folded on it.
+        if settings.options.on_store_error == "fail" and not isinstance(exc, store.NotReplicated):
             if ambiguous:
                 forget(task, key, task_id, "its publish was refused")
             raise error from None

@@ -17,6 +17,13 @@ JSON). It names the copy of the key that was published and has not started yet:
   failed, it was revoked or expired, it ended on a conflict); otherwise it lapses at its
   lifetime.
 
+With ``lease_min_replicas`` above 0 a decision, a claim or a refusal, counts only once that
+many replicas acknowledged it (``WAIT`` in the same round trip,
+:mod:`celery_lease.store.replicated`): a claim a failover loses leaves the new primary without
+it, and the copy's grant there cannot clear the old one; a refusal answered by a primary that
+lost its replicas (a planned failover's promotion window, before the sentinels name the
+promoted one) can name a copy whose grant the new primary saw, or whose claim it never had.
+
 Every change is checked against the task id the claim names, as a lease's against its token.
 """
 
@@ -29,7 +36,7 @@ import redis
 from redis.exceptions import RedisError
 
 from ..base.keys import claim_key
-from . import lua, primary, routing
+from . import lua, primary, replicated, routing
 from .value import _holder_fields
 
 __all__ = ["Claim", "Decision", "claim", "parse_claim", "unclaim"]
@@ -64,6 +71,7 @@ def claim(
     lifetime_ms: int,
     claimer: str,
     take_over: bool = False,
+    min_replicas: int = 0,
 ) -> Decision:
     """Claim lease ``key``'s waiting slot for the message ``task_id`` about to be published, for
     ``lifetime_ms`` (int milliseconds), unless another copy is waiting. One round trip.
@@ -77,8 +85,12 @@ def claim(
             message's task id).
         take_over: claim whoever holds the slot (a message the holder publishes for its own
             key, or a message published again under its own task id).
+        min_replicas: ``lease_min_replicas``: a claim or a refusal counts once that many
+            replicas acknowledged it (``WAIT`` in the same round trip; 0: no ``WAIT``).
 
     Raises:
+        NotReplicated: fewer than ``min_replicas`` replicas acknowledged the claim (it was
+            taken back, best effort: otherwise it lapses at its lifetime) or the refusal.
         PrimaryUnconfirmed: a Sentinel-managed client's refusal the sentinels did not confirm
             came from the primary they name now (:mod:`celery_lease.store.primary`).
         redis.exceptions.RedisError: on store errors (the node noted for
@@ -88,9 +100,11 @@ def claim(
     confirmed = primary.managed(client)  # a Sentinel-managed client
     before = primary.written_to(client) if confirmed else None
     try:
-        claimed, answer, age = _claim(
-            client, keys, (task_id, lifetime_ms, claimer, "1" if take_over else "0")
-        )
+        argv = (task_id, lifetime_ms, claimer, "1" if take_over else "0")
+        if min_replicas > 0:
+            claimed, answer, age = _replicated(client, keys, argv, min_replicas)
+        else:
+            claimed, answer, age = _claim(client, keys, argv)
         # A refusal read off a demoted primary (a replica since a failover, still answering
         # reads on an old connection) can name a copy whose grant on the new primary cleared
         # the claim: a lost trigger. On Sentinel it counts only once the sentinels confirm the
@@ -106,6 +120,23 @@ def claim(
     if int(claimed) == 2:
         return Decision(False, foreign=text)
     return Decision(False, text, int(age) / 1000)
+
+
+def _replicated(
+    client: redis.Redis, keys: tuple[str, str], argv: tuple[Any, ...], min_replicas: int
+) -> Any:
+    """The claim script with ``WAIT min_replicas`` in its round trip; a claim or a refusal
+    fewer replicas acknowledged raises, a claim taken back first (its task id is argv[0])."""
+    return replicated.counted(
+        _claim,
+        client,
+        keys,
+        argv,
+        min_replicas,
+        lambda reply: int(reply[0]) != 2,  # a foreign value decides nothing: no claim
+        lambda reply: int(reply[0]) == 1 and _unclaim(client, keys[:1], argv[:1]),
+        "dedupe decision",
+    )
 
 
 def unclaim(client: redis.Redis, key: str, task_id: str) -> bool:

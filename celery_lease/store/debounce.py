@@ -28,7 +28,6 @@ from redis.exceptions import RedisError
 
 from ..base.keys import burst_key
 from . import lua, primary, replicated, routing
-from .errors import NotReplicated
 
 __all__ = ["Burst", "Fire", "Look", "Trigger", "fire", "look", "read_burst", "trigger"]
 
@@ -73,22 +72,11 @@ def _decide(
     before = primary.written_to(client) if confirmed else None
     if min_replicas > 0:
         try:
-            reply, acked, wait_ms = replicated.run(
-                script, client, (burst_key(key),), argv, min_replicas
+            reply = replicated.counted(
+                script, client, (burst_key(key),), argv, min_replicas, counts, None, "decision"
             )
         except RedisError as exc:
             raise routing.note(exc, client, key) from None
-        if counts(reply) and (isinstance(acked, Exception) or acked < min_replicas):
-            if isinstance(acked, RedisError):
-                raise routing.note(acked, client, key)
-            raise routing.note(
-                NotReplicated(
-                    f"WAIT {min_replicas}: only {acked} replica(s) acknowledged the decision "
-                    f"within {wait_ms} ms (lease_min_replicas)"
-                ),
-                client,
-                key,
-            )
     else:
         reply = _run(script, client, key, argv)
     problem = primary.confirm(client, before) if confirmed and counts(reply) else None

@@ -15,11 +15,14 @@ __all__ = ["NotReplicated", "PrimaryUnconfirmed", "describe", "is_wrong_type", "
 
 
 class NotReplicated(RedisError):
-    """A grant was not acknowledged by ``min_replicas`` replicas within the store timeout.
+    """A decision was not acknowledged by ``min_replicas`` replicas within the store timeout
+    (:mod:`celery_lease.store.replicated`).
 
-    The grant was released again (best effort; otherwise it lapses with its TTL). A
-    :class:`redis.exceptions.RedisError`, so callers treat it as any store error: the task
-    body does not run (``lease_on_store_error`` decides what happens instead).
+    A grant was released again (best effort; otherwise it lapses with its TTL), a dedupe claim
+    removed. A :class:`redis.exceptions.RedisError`, so callers treat it as any store error: the
+    task body does not run (``lease_on_store_error`` decides what happens instead); a publish
+    with ``lease_dedupe`` is published without a claim
+    (:func:`celery_lease.policies.dedupe.send`).
     """
 
 

@@ -6,8 +6,9 @@ primary still answers (and the sentinels still name it) while the promoted repli
 follows it. ``WAIT n`` after the write, on the same connection (it counts that connection's
 writes), answers how many replicas have it; the write counts only when at least ``n`` do.
 Used by the acquire (:func:`celery_lease.store.acquire`), a slot's acquire
-(:mod:`celery_lease.store.slots`) and every debounce decision
-(:mod:`celery_lease.store.debounce`); renewals batch their own ``WAIT`` per primary
+(:mod:`celery_lease.store.slots`), every debounce decision
+(:mod:`celery_lease.store.debounce`) and every dedupe decision at publish
+(:mod:`celery_lease.store.claims`); renewals batch their own ``WAIT`` per primary
 (:mod:`celery_lease.store.renewal`).
 
 Where the idea comes from: Redis' ``WAIT`` command and its documented guarantee (a write
@@ -24,7 +25,7 @@ from redis.exceptions import MovedError, NoScriptError, RedisError
 from . import lua, routing
 from .errors import NotReplicated
 
-__all__ = ["grant", "run"]
+__all__ = ["counted", "grant", "run"]
 
 
 def run(
@@ -62,6 +63,44 @@ def run(
     return reply, (acked if isinstance(acked, Exception) else int(acked)), wait_ms
 
 
+def counted(
+    script: lua.Script,
+    client: Any,
+    keys: Sequence[str],
+    argv: Sequence[Any],
+    min_replicas: int,
+    counts: Callable[[Any], bool],
+    undo: Callable[[Any], Any] | None,
+    what: str,
+) -> Any:
+    """:func:`run`, and a reply for which ``counts(reply)`` is True counts only once
+    ``min_replicas`` replicas acknowledged it: else it is taken back (``undo(reply)`` when
+    given, truthy when it removed something; its errors ignored: what it wrote then lapses
+    with its lifetime) and raises.
+    ``what`` names the decision in the error (``"grant"``).
+
+    Raises:
+        NotReplicated: fewer than ``min_replicas`` replicas acknowledged a reply that counts,
+            in time.
+        redis.exceptions.RedisError: what the script or ``WAIT`` answered.
+    """
+    reply, acked, wait_ms = run(script, client, keys, argv, min_replicas)
+    if counts(reply) and (isinstance(acked, Exception) or acked < min_replicas):
+        taken_back = False
+        if undo is not None:
+            try:
+                taken_back = bool(undo(reply))
+            except RedisError:
+                pass
+        if isinstance(acked, Exception):
+            raise acked
+        raise NotReplicated(
+            f"WAIT {min_replicas}: only {acked} replica(s) acknowledged the {what} within "
+            f"{wait_ms} ms (lease_min_replicas){'; taken back' if taken_back else ''}"
+        )
+    return reply
+
+
 def grant(
     script: lua.Script,
     client: Any,
@@ -70,24 +109,14 @@ def grant(
     min_replicas: int,
     undo: Callable[[], Any],
 ) -> Any:
-    """:func:`run` for a grant script (its reply ``[granted, ...]``): a grant fewer than
-    ``min_replicas`` replicas acknowledged is taken back (``undo()``, its errors ignored: the
-    grant then lapses with its lifetime, and nobody ran under it) and raises.
+    """:func:`counted` for a grant script (its reply ``[granted, ...]``): a grant fewer than
+    ``min_replicas`` replicas acknowledged is released again (``undo()``; nobody ran under
+    it) and raises.
 
     Raises:
         NotReplicated: fewer than ``min_replicas`` replicas acknowledged the grant in time.
         redis.exceptions.RedisError: what the script or ``WAIT`` answered.
     """
-    reply, acked, wait_ms = run(script, client, keys, argv, min_replicas)
-    if reply[0] and (isinstance(acked, Exception) or acked < min_replicas):
-        try:
-            undo()
-        except RedisError:
-            pass
-        if isinstance(acked, Exception):
-            raise acked
-        raise NotReplicated(
-            f"WAIT {min_replicas}: only {acked} replica(s) acknowledged the "
-            f"grant within {wait_ms} ms (lease_min_replicas); released"
-        )
-    return reply
+    return counted(
+        script, client, keys, argv, min_replicas, lambda r: bool(r[0]), lambda _: undo(), "grant"
+    )

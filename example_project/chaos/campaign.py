@@ -61,7 +61,8 @@ class Settings:
     jobs after the nemesis stops; ``cooldown``: the job's ``lease_cooldown`` (0: none);
     ``preempt_grace``: the preempt job's ``lease_preempt_grace`` (its keys ``p0``..``p4``);
     ``limit``: the ``lease_limit`` of a limited job sent on keys of its own (0: none);
-    ``debounce_min_replicas``: the debounce job's ``lease_min_replicas`` (``--sentinel``);
+    ``debounce_min_replicas``, ``dedupe_min_replicas``: the debounce and the dedupe job's
+    ``lease_min_replicas`` (``--sentinel``);
     ``broker_url``: an existing Redis for the broker and results (default: RabbitMQ at
     ``CHAOS_AMQP_URL`` or :data:`DEFAULT_AMQP_URL`, results on a private Redis).
     """
@@ -84,6 +85,7 @@ class Settings:
     preempt_grace: float = 0.5
     limit: int = 0
     debounce_min_replicas: int = 0
+    dedupe_min_replicas: int = 0
 
 
 #: Keys of the preempt job: few, so that its copies meet (each meeting is a take-over).
@@ -344,6 +346,7 @@ def run_campaign(settings: Settings, say: Any = print) -> History:
         "CHAOS_PREEMPT_GRACE": str(settings.preempt_grace),
         "CHAOS_LIMIT": str(settings.limit),
         "CHAOS_DEBOUNCE_MIN_REPLICAS": str(settings.debounce_min_replicas),
+        "CHAOS_DEDUPE_MIN_REPLICAS": str(settings.dedupe_min_replicas),
         "CHAOS_BEAT_KEYS": ",".join(f"k{i}" for i in range(min(settings.beat_keys, settings.keys))),
         "CHAOS_BEAT_PERIOD": str(settings.beat_period),
     }
@@ -606,4 +609,6 @@ def _record(
         preempt_grace=settings.preempt_grace,
         limit=settings.limit,
         debounce_cap=worker_app.DEBOUNCE_CAP,
+        dedupe_min_replicas=settings.dedupe_min_replicas,
+        debounce_min_replicas=settings.debounce_min_replicas,
     )

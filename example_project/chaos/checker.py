@@ -19,9 +19,11 @@ its send), so a violation is never an artefact of timing, and each comes with it
 6. Never two running, and deduplication at publish kept its word: no two executions of one
    key that both ended normally, neither told of a loss, were running at one moment; a
    publish folded onto a waiting copy (``lease_dedupe``) got the result of a run granted
-   after the publish was sent, never of one that had started before; no claim was left
-   without a lifetime or past it (a claim is written before its message can run, so it then
-   outlives its message by no more than its lifetime).
+   after the publish was sent, never of one that had started before; with the dedupe job's
+   ``lease_min_replicas`` at 1 or more, not even across a failover, and never onto a copy
+   that never ran (a fold read off a demoted primary); no claim was left without a lifetime
+   or past it (a claim is written before its message can run, so it then outlives its
+   message by no more than its lifetime).
 7. Hand-over (``lease_on_conflict`` ``coalesce`` and ``queue``): no lost trigger (every
    coalesced job's covering run ran, and did not start before the trigger was parked), FIFO
    (a waiter parked surely before another started surely before it; not for the ``limited``
@@ -29,7 +31,10 @@ its send), so a violation is never an artefact of timing, and each comes with it
    (property 4's unresolved jobs, the ``limited`` path's queued copies included). Never two
    running is properties 2 and 3, which hold for these keys too. A store that restarted
    empty loses what waited in it: jobs submitted before such a fault ended and not run are
-   excused, and counted.
+   excused, and counted. A run handed the key that cannot take it within its reservation
+   (one TTL) loses its place, so FIFO is not asked across a store error that long: on the
+   keys of a job with ``lease_min_replicas`` at 1 or more, a failover or a pause of the
+   primary (no grant counts until a replica follows the primary again).
 8. Once per window (a campaign with ``lease_cooldown``): no execution was granted its key
    within the cooldown after an execution that succeeded, unless a fault erased the store's
    keys in between.
@@ -57,7 +62,7 @@ from typing import Any
 
 from .checker_debounce import debounce as debounce_bursts
 from .checker_debounce import lateness
-from .history import Execution, Fault, History, Job, Write
+from .history import Execution, Fault, History, Job, Parked, Write
 
 __all__ = ["LEASE_ERRORS", "Violation", "check", "summarize"]
 
@@ -435,7 +440,7 @@ def handover(history: History) -> list[Violation]:
     }
     # A limited key's line is handed over in order too, one slot at a time, but its runs then
     # start on N workers at once: their start order is no promise (only none lost, property 4).
-    limited = limited_keys(history)
+    limited, replicated = limited_keys(history), replicated_keys(history)
     queued = [
         p
         for p in parked_at.values()
@@ -445,15 +450,10 @@ def handover(history: History) -> list[Violation]:
         for a in waiters:
             for b in waiters:
                 ra, rb = first_run[a.task_id], first_run[b.task_id]
-                # A store emptied while a waited took the line with it: the copies parked
-                # again in the order their messages came back, which is no promise.
                 if (
                     a.upper < b.lower
                     and rb.grant_upper < ra.grant_lower
-                    and not any(
-                        empties(f) and f.ended_at >= a.lower and f.started_at <= ra.grant_upper
-                        for f in history.faults
-                    )
+                    and not _order_excused(history, a, ra, rb, key in replicated)
                 ):
                     found.append(
                         Violation(
@@ -529,30 +529,7 @@ def dedupe(history: History) -> list[Violation]:
                         {"first": _execution(a), "second": _execution(b)},
                     )
                 )
-    by_task: dict[str, list[Execution]] = defaultdict(list)
-    for e in history.executions:
-        by_task[e.task_id].append(e)
-    for job in history.jobs:
-        runs = by_task.get(job.folded_onto or "", [])
-        if (
-            job.folded_onto is None
-            or job.decided_lower is None
-            or job.resolution != "ran"
-            or not runs
-            or any(e.grant_upper >= job.decided_lower for e in runs)
-        ):
-            continue
-        found.append(
-            Violation(
-                6,
-                "folded-onto-started",
-                f"{job.key}: job {job.job} was folded onto "
-                f"{job.folded_onto} at {job.decided_lower:.3f}, but every run of that copy had "
-                f"been granted before",
-                job.key,
-                {"job": asdict(job), "runs": [_execution(e) for e in runs]},
-            )
-        )
+    found += unserved_folds(history)
     # A claim is written before its message can start and cleared at its grant; one left
     # past its lifetime (or without one) outlived its message by more than its lifetime.
     for claim in history.leftover_claims:
@@ -573,8 +550,93 @@ def dedupe(history: History) -> list[Violation]:
     return found
 
 
+#: How a folded job may end without a run of its copy: the copy was skipped naming a holder,
+#: or failed with a lease error (the fold shares its copy's fate).
+COPY_ENDED_WITHOUT_RUN = ("skipped", "failed_lease", "coalesced")
+
+
+def unserved_folds(history: History) -> list[Violation]:
+    """Property 6's folds: a publish folded onto a waiting copy is served by a run of that copy
+    granted after the fold's decision. A copy whose every run had been granted before is
+    ``folded-onto-started``; with the dedupe job's ``lease_min_replicas`` >= 1 (a claim and
+    a fold count once a replica has them), so is a copy with no run at all while the fold did
+    not end as its copy legitimately did (:data:`COPY_ENDED_WITHOUT_RUN`):
+    ``folded-onto-no-run``, a fold read off a primary that a failover demoted, naming a copy
+    the new primary never saw (such a job is also property 4's ``job-unresolved``)."""
+    found: list[Violation] = []
+    by_task: dict[str, list[Execution]] = defaultdict(list)
+    for e in history.executions:
+        by_task[e.task_id].append(e)
+    for job in history.jobs:
+        runs = by_task.get(job.folded_onto or "", [])
+        if (
+            job.folded_onto is None
+            or job.decided_lower is None
+            or any(e.grant_upper >= job.decided_lower for e in runs)
+        ):
+            continue
+        if runs and job.resolution == "ran":
+            rule, why = "folded-onto-started", "every run of that copy had been granted before"
+        elif (
+            not runs
+            and history.dedupe_min_replicas > 0
+            and job.resolution not in COPY_ENDED_WITHOUT_RUN
+        ):
+            rule, why = "folded-onto-no-run", f"that copy never ran ({job.detail})"
+        else:
+            continue
+        found.append(
+            Violation(
+                6,
+                rule,
+                f"{job.key}: job {job.job} was folded onto {job.folded_onto} at "
+                f"{job.decided_lower:.3f}, but {why}",
+                job.key,
+                {"job": asdict(job), "runs": [_execution(e) for e in runs]},
+            )
+        )
+    return found
+
+
 #: Faults that erase what the lease store holds, cooldown records included.
 ERASING_FAULTS = ("restart_empty", "delete_key", "failover")
+
+
+#: Faults after which a key of a job with ``lease_min_replicas`` >= 1 has no grant that counts
+#: for longer than a reservation (one TTL): the promoted node has no replica until the old
+#: primary rejoins it, a paused primary answers nothing, and past ``down-after`` is replaced.
+REPLICA_OUTAGES = ("failover", "pause_store")
+
+
+def replicated_keys(history: History) -> set[str]:
+    """The keys of the jobs whose ``lease_min_replicas`` is 1 or more (dedupe, debounce)."""
+    wait = {"dedupe": history.dedupe_min_replicas, "debounce": history.debounce_min_replicas}
+    return {job.key for job in history.jobs if wait.get(job.path, 0) > 0}
+
+
+def _order_excused(
+    history: History, a: Parked, ra: Execution, rb: Execution, replicated: bool
+) -> bool:
+    """Whether waiter ``a`` (first run ``ra``) may start after ``rb``, a run parked after it:
+
+    - a store emptied while ``a`` waited took the line with it: the copies parked again in
+      the order their messages came back, which is no promise;
+    - on a ``replicated`` key (``lease_min_replicas`` >= 1) a replica outage
+      (:data:`REPLICA_OUTAGES`) between ``a``'s park and ``rb``'s grant: ``a``'s turn came
+      while no grant counted (each was taken back, ``NotReplicated``), its reservation lapsed
+      and the key went to the next run; ``a`` parked again at the back of the line.
+    """
+    for f in history.faults:
+        if empties(f) and f.ended_at >= a.lower and f.started_at <= ra.grant_upper:
+            return True
+        if (
+            replicated
+            and f.kind in REPLICA_OUTAGES
+            and f.ended_at >= a.upper
+            and f.started_at <= rb.grant_upper
+        ):
+            return True
+    return False
 
 
 def cooldown_windows(history: History) -> list[Violation]:

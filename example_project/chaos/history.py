@@ -189,7 +189,9 @@ class History:
     ``preempt_grace`` (float seconds); ``limit`` the limited job's ``lease_limit`` (int; 0:
     no limited job);
     ``debounce_cap`` the debounce job's ``lease_debounce_max`` (float seconds; 0.0: no
-    debounce jobs): a leftover claim with ``debounced`` above 0 is a burst that never ran.
+    debounce jobs): a leftover claim with ``debounced`` above 0 is a burst that never ran;
+    ``dedupe_min_replicas`` and ``debounce_min_replicas`` the ``lease_min_replicas`` of the
+    dedupe and the debounce job (int; 0: no ``WAIT``).
     """
 
     ttl: float
@@ -210,6 +212,8 @@ class History:
     preemptions: list[Preemption] = field(default_factory=list)
     preempt_grace: float = 0.0
     limit: int = 0
+    dedupe_min_replicas: int = 0
+    debounce_min_replicas: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (see :meth:`from_dict`)."""

@@ -79,6 +79,13 @@ def _parser() -> argparse.ArgumentParser:
         help="the debounce job's lease_min_replicas (with --sentinel: 1 makes "
         "every debounce decision wait for the replica)",
     )
+    parser.add_argument(
+        "--dedupe-min-replicas",
+        type=int,
+        default=0,
+        help="the dedupe job's lease_min_replicas (with --sentinel: 1 makes "
+        "every dedupe decision at publish wait for the replica)",
+    )
     parser.add_argument("--json", type=Path, help="write violations and counts here")
     parser.add_argument("--history", type=Path, help="save the whole recorded history here")
     parser.add_argument("--check", type=Path, help="re-check a saved history; run nothing")
@@ -151,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                 cooldown=args.cooldown,
                 limit=args.limit,
                 debounce_min_replicas=args.debounce_min_replicas,
+                dedupe_min_replicas=args.dedupe_min_replicas,
             )
         )
         if args.history is not None:

@@ -315,6 +315,7 @@ def chaos_job(
     max_retries=3,
     lease_dedupe=True,
     lease_dedupe_ttl=DEDUPE_TTL,
+    lease_min_replicas=int(os.environ.get("CHAOS_DEDUPE_MIN_REPLICAS") or 0),
 )
 def chaos_dedupe_job(
     self: LeasedTask, key: str, job: str, writes: int = 3, step: float = 0.3, mode: str = "plain"
