@@ -3,8 +3,9 @@
 Starts two private redis-servers on free loopback ports (the broker and everything measured,
 and a lease store for the loss-detection task that can be frozen), runs the seven benchmarks,
 and writes ``results.json`` (every figure and the machine), ``results.md`` and the PNG plots
-into ``--out`` (default ``docs/benchmarks/``). When ``--out`` is that default, the Markdown
-block between the ``benchmarks:results`` markers in ``docs/benchmarks.md`` is refreshed too.
+into ``--out`` (default ``docs/benchmarks/``). When ``--out`` is that default, the targets
+table between the ``benchmarks:results`` markers in ``docs/benchmarks.md`` is refreshed too
+(the page's other figures are written by hand from ``results.json``).
 
 ``--quick`` (the CI smoke run) makes every figure from fewer samples in about a minute; the
 full run takes about seven minutes on two cores. The exit status is 1 when a figure is missing,
@@ -240,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "results.md").write_text("## Benchmark results\n\n" + table)
     report.plots(results, out)
     if out == DEFAULT_OUT.resolve():
-        _refresh_doc(table)
+        _refresh_doc(table[table.index("### Targets") :])
     print(table)
     missing = report.missing_figures(results)
     print(f"done in {time.perf_counter() - started:.0f} s; results in {out}", file=sys.stderr)

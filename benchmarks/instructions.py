@@ -54,7 +54,7 @@ from . import worker_instructions
 
 WORKER_VARIANTS = ("plain", "floor1", "leased", "leased_sync", "singleton", "once")
 PUBLISHER_VARIANTS = ("plain", "leased", "singleton", "once")
-#: step name -> what it covers (the per-step table of docs/benchmarks.md).
+#: step name -> what it covers (the per-step figures of docs/benchmarks.md).
 STEPS = {
     "settings_client": "settings and store client lookup (lease_settings, client_for)",
     "key": "key: bind the arguments, encode, BLAKE2b (build_key)",

@@ -1,6 +1,6 @@
 """``python -m benchmarks.profile [--out DIR]``: where a leased execution spends its time.
 
-Written for the closing note of ``docs/benchmarks.md`` (targets missed, and why):
+Written for ``docs/benchmarks.md`` ("The targets missed"):
 
 - ``profile-leased-task.txt``: a pyinstrument profile of ``LeasedTask.apply()`` (the whole
   execution path: key, token, acquire, heartbeat, body, release) repeated against a private

@@ -12,5 +12,5 @@ from celery_lease.flower import install
 install()
 
 # The tasks list columns; "lease" is the column install() adds. Flower's default also has
-# "runtime": left out so that the list fits a 1280-pixel window (see docs/operations.md).
+# "runtime": left out so that the list fits a 1280-pixel window (see docs/operations/flower.md).
 tasks_columns = "name,uuid,state,lease,received,worker"

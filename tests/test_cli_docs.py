@@ -1,5 +1,5 @@
 """``celery lease`` as the docs show it: the sample ``ls`` tables are what the command prints,
-and every exit code docs/operations.md lists is the one the command returns.
+and every exit code docs/operations/cli.md lists is the one the command returns.
 
 The exit codes are checked in this process with Click's runner (the command as ``celery``
 runs it, without a subprocess per case); the leases are real, in the private Redis.
@@ -25,7 +25,7 @@ from tests.support.waiting import wait_for
 from tests.test_cli import celery_lease
 from tests.test_docs_snippets import ALL, LISTING, REPO
 
-OPERATIONS = REPO / "docs" / "operations.md"
+OPERATIONS = REPO / "docs" / "operations" / "cli.md"
 _CELLS = re.compile(r"\S+(?: \S+)*")  # a cell: words separated by single spaces
 
 
@@ -45,7 +45,7 @@ def _ls_tables() -> list[tuple[str, list[str]]]:
 def test_the_docs_ls_tables_are_what_ls_prints(redis_url: str) -> None:
     tables = _ls_tables()
     assert {where.split(":")[0] for where, _ in tables} >= {
-        "docs/operations.md",
+        "docs/operations/cli.md",
         "docs/howto/hold.md",
     }
     env = {"TEST_BROKER_URL": redis_url}
@@ -89,10 +89,10 @@ def test_the_docs_ls_tables_are_what_ls_prints(redis_url: str) -> None:
 
 
 def _listed_exit_codes() -> dict[int, list[str]]:
-    """docs/operations.md's exit-code table: code -> its clauses (split at ``;``)."""
-    text = OPERATIONS.read_text().split("### Exit codes", 1)[1]
+    """docs/operations/cli.md's exit-code table: code -> its clauses (split at ``;``)."""
+    text = OPERATIONS.read_text().split("## Exit codes", 1)[1]
     rows = re.findall(r"^\| (\d) \| (.+) \|$", text, re.M)
-    assert rows, "docs/operations.md has no exit-code table"
+    assert rows, "docs/operations/cli.md has no exit-code table"
     return {int(code): [c.strip() for c in clauses.split(";")] for code, clauses in rows}
 
 

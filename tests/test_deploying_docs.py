@@ -1,5 +1,5 @@
-"""docs/deploying.md runs: each Python block is a configuration the library accepts, and the
-documented ACL is the rule generated from the commands the code sends
+"""docs/deploying.md and its topic pages run: each Python block is a configuration the library
+accepts, and the documented ACL is the rule generated from the commands the code sends
 (:mod:`celery_lease.store.permissions`) and, applied with redis-cli to a real server, allows
 every one of them and no more."""
 
@@ -20,10 +20,16 @@ from celery_lease.store import lua, permissions
 from tests.support.secure import SystemRedisServer
 
 DOC = Path(__file__).parent.parent / "docs" / "deploying.md"
+#: The deploying page and its topic pages (Sentinel, Cluster).
+PAGES = [DOC, *sorted((DOC.parent / "deploying").glob("*.md"))]
 
 
 def blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", DOC.read_text(), re.S)
+    return [
+        block
+        for page in PAGES
+        for block in re.findall(rf"```{language}\n(.*?)```", page.read_text(), re.S)
+    ]
 
 
 @pytest.mark.parametrize("source", blocks("python"))

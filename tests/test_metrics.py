@@ -167,7 +167,7 @@ metrics.install(app, port={port})  # a second call (a re-imported module) adds n
 def test_documented_install_call_serves_with_the_default_address_and_only_once(
     redis_url: str, worker_factory: WorkerFactory, tmp_path: Path
 ) -> None:
-    # `metrics.install(app, port=...)` as docs/operations.md writes it: no addr argument.
+    # `metrics.install(app, port=...)` as docs/operations/metrics.md writes it: no addr argument.
     port = free_port()
     (tmp_path / "documented_metrics_app.py").write_text(DOCUMENTED_CALL_APP.format(port=port))
     env = {

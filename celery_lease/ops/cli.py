@@ -14,7 +14,7 @@ app's settings and its registered :class:`~celery_lease.LeasedTask` tasks; ``--u
 ``--prefix`` override them. Listing uses ``SCAN`` (never ``KEYS``), in batches, so it is safe
 on a large production Redis.
 
-Exit codes (docs/operations.md, tests/test_cli_exit_codes.py): 0 success; 1 a check failed, a
+Exit codes (docs/operations/cli.md, tests/test_cli_exit_codes.py): 0 success; 1 a check failed, a
 release was refused or declined, the lease was not found (``show`` of a free key, ``release`` of
 a missing one), or a cluster node did not answer ``ls``; 2 bad usage or configuration.
 """

@@ -10,7 +10,7 @@ this request too. The execution's acquire clears the claim when the lease is gra
 (``lease/acquire-4.lua``, same round trip), so once the waiting copy runs the next publish is queued
 again: at most one running and one waiting per key. The idea is sidekiq-unique-jobs'
 ``until_and_while_executing`` and BullMQ's deduplication, kept to the lease's invariants
-(docs/howto/shaping.md).
+(docs/howto/shaping/dedupe.md).
 
 Every result a leased task's ``apply_async`` returns carries ``lease_disposition``:
 ``"published"``, ``"deduplicated"`` or ``"unguarded"`` (the store could not be asked: published

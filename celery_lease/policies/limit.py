@@ -13,7 +13,7 @@ and ``coalesce`` wait in the key's line once all N slots are held, and each slot
 hands the freed slot to the line's head (:mod:`celery_lease.policies.handoff`).
 
 Where the idea comes from: Sidekiq Enterprise's concurrent limiter and Oban Pro's partitioned
-``global_limit`` (docs/howto/shaping.md compares them), made of leases that each expire on
+``global_limit`` (docs/howto/shaping/limit.md compares them), made of leases that each expire on
 their own instead of a counter.
 """
 

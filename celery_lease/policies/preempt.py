@@ -21,7 +21,7 @@ it) but waits, before its body runs, until the old holder ended (its end wakes t
 the old one's writes are fenced off once the new one writes.
 
 The idea: Temporal's ``TERMINATE_EXISTING`` workflow-id conflict policy and Kubernetes
-CronJob's ``concurrencyPolicy: Replace`` (docs/howto/shaping.md compares them).
+CronJob's ``concurrencyPolicy: Replace`` (docs/howto/shaping/preempt.md compares them).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def release_into_cooldown(client: redis.Redis, key: str, token: str, cooldown_ms
     cooldown (True), and a warning names the fix.
 
     The idea: sidekiq-unique-jobs' ``until_expired`` lock and Oban's uniqueness ``period``
-    (docs/howto/shaping.md compares them).
+    (docs/howto/shaping/cooldown.md compares them).
 
     On a Sentinel-managed client a release that found its token counts only once the sentinels
     confirm the node that answered it, as :func:`celery_lease.store.release` does

@@ -13,7 +13,7 @@ writes, nothing left without a lifetime under ``maxmemory``). The fencing token 
 grant, even when the counter key was evicted or the server restarted empty (as long as the server
 clock does not step back further than the counter lifetime), and across a failover that lost the
 counter (as long as the new primary's clock is not behind the old one's by more than the failover
-took; docs/deploying.md, Sentinel).
+took; docs/deploying/sentinel.md).
 """
 
 from __future__ import annotations

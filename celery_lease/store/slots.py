@@ -18,7 +18,7 @@ a holder the slots wait for, and a hash of slots is a holder (of another type) t
 waits for, so changing a task's limit never lets more run than the old or the new limit allows.
 
 Where the idea comes from: the concurrent limiters of Sidekiq Enterprise and Oban Pro
-(docs/howto/shaping.md compares them), made of leases that expire one by one, because a count
+(docs/howto/shaping/limit.md compares them), made of leases that expire one by one, because a count
 decremented on release loses a slot to every holder that dies before its release.
 """
 

@@ -74,7 +74,7 @@ def _ran_twice(history: History, done: list[Execution]) -> bool:
     A run whose release was not confirmed (the store paused past its TTL, so its lease had
     lapsed and a retried copy held the key when the release came) left no such record: for
     the store it is a run that died before its release, and a copy of it runs again, as
-    documented (docs/howto/shaping.md, "A double publish is harmless")."""
+    documented (docs/howto/shaping/handover.md, "Crashes")."""
     return any(
         earlier.released is True and not _erased_between(history, earlier, later)
         for n, earlier in enumerate(done)

@@ -4,7 +4,7 @@
 (``pause``/``resume``, ``client``, ``close``), always on the primary the sentinels name at
 that moment, and adds :meth:`SentinelStore.failover`. The workers reach it as a Celery user
 would: ``lease_backend = "sentinel://...;sentinel://.../0"`` with
-``lease_backend_options = {"master_name": ...}`` (docs/deploying.md, "Sentinel"), so there is
+``lease_backend_options = {"master_name": ...}`` (docs/deploying/sentinel.md), so there is
 no proxy in front of it: a client follows the primary the sentinels name.
 """
 

@@ -1,5 +1,5 @@
 """The doctor's check of the waiting copies' claims (``lease_dedupe``): each listed with its
-age, a claim that outlived what its lifetime allows flagged (docs/howto/shaping.md)."""
+age, a claim that outlived what its lifetime allows flagged (docs/howto/shaping/dedupe.md)."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def _judge(c: ClaimInfo, app: Any) -> Found | None:
             f"{where} outlived its message (the result backend has the task "
             f"{state}); it lapses in {c.ttl:.0f}s",
             "a worker before lease_dedupe, "
-            "or a claim the store could not clear: docs/howto/shaping.md says how "
+            "or a claim the store could not clear: docs/howto/shaping/dedupe.md says how "
             "a claim ends",
         )
     return None

@@ -27,7 +27,7 @@ that could not ask the store runs at once (:data:`NOW_HEADER`), firing its own b
 trigger landed after all; a timer whose record the store lost runs as published.
 
 Where the idea comes from: lodash's ``debounce`` with ``maxWait`` (a maximum wait), and
-BullMQ's debounce mode of deduplication, which has none (docs/howto/shaping.md).
+BullMQ's debounce mode of deduplication, which has none (docs/howto/shaping/debounce.md).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ slot's release reserves the freed slot for the line's head (coalesce: at most on
 per key, which takes the first slot that frees). The crash sweep
 (:mod:`celery_lease.ops.sweep`) publishes what a dead holder or releaser left. Where the idea
 comes from: trailing runs of BullMQ's ``keepLastIfActive`` and Temporal's ``BUFFER_ONE``, and
-the parked waiters of Solid Queue's ``:block`` (docs/howto/shaping.md).
+the parked waiters of Solid Queue's ``:block`` (docs/howto/shaping/queue.md).
 """
 
 from __future__ import annotations
