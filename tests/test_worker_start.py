@@ -69,7 +69,7 @@ def test_require_noeviction_with_an_unreachable_store_refuses_to_start(
     assert "lease_require_noeviction=True refuses to start without that check" in output
     # Without the promise, the worker starts and the tasks follow lease_on_store_error.
     started = worker_factory("tests.apps.lease_app", env=env)
-    assert "is unreachable at worker start" in started.log_text()
+    assert "is unreachable (seen by the worker's start check" in started.log_text()
 
 
 DJANGO_STYLE_PROJECT = {

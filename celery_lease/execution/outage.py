@@ -50,33 +50,50 @@ def _outage_start(headers: Any, now: float) -> float:
     return first if abs(now - last) <= NEW_OUTAGE_GAP and first <= last else now
 
 
-def wait_out(task: Any, options: LeaseOptions, error: LeaseStoreUnavailable) -> NoReturn:
+def wait_out(
+    task: Any, options: LeaseOptions, error: LeaseStoreUnavailable, unreachable: bool = True
+) -> NoReturn:
     """Publish the execution of ``task`` again to wait out a store outage, or fail it.
+
+    Logs an ERROR only when the execution is given up (failed, or dropped because its retry
+    could not be published); a retry is logged at DEBUG when ``unreachable`` (the store did
+    not answer: :mod:`celery_lease.store.health` logs the outage once, with reminders), else
+    as a WARNING (the store answered with an error).
 
     Raises:
         celery.exceptions.Retry: published again (the task's state is ``RETRY``), its
             ``request.retries`` unchanged.
+        celery.exceptions.Reject: the retry could not be published (the broker is down too):
+            the message is dropped, as Celery's own retry does.
         LeaseStoreUnavailable: ``lease_on_store_error="fail"``, eager mode, or the outage has
             lasted ``lease_store_outage_max`` seconds.
     """
     request = task.request
     if options.on_store_error != "retry" or request.is_eager:
-        raise error
+        _given_up(task, f"lease_on_store_error={options.on_store_error}", error)
     now = time.time()
     first = _outage_start(request.headers, now)
     lasted = now - first
     if lasted >= options.store_outage_max:
-        logger.error(
-            "task %s[%s] fails: the lease store has not answered for %.1fs, "
-            "lease_store_outage_max=%gs",
-            task.name,
-            request.id,
-            lasted,
-            options.store_outage_max,
+        _given_up(
+            task,
+            f"the lease store has not answered for {lasted:.1f}s, "
+            f"lease_store_outage_max={options.store_outage_max:g}s",
+            error,
         )
-        raise error
     wait = max(
         min(max(lasted, options.renew_interval), MAX_WAIT, options.store_outage_max - lasted), 0.05
+    )
+    logger.log(
+        logging.DEBUG if unreachable else logging.WARNING,
+        "task %s[%s] not run, tried again in %.1fs (store errors for %.1fs of "
+        "lease_store_outage_max=%gs): %s",
+        task.name,
+        request.id,
+        wait,
+        lasted,
+        options.store_outage_max,
+        error,
     )
     again = task.signature_from_request(
         request,
@@ -87,5 +104,20 @@ def wait_out(task: Any, options: LeaseOptions, error: LeaseStoreUnavailable) -> 
     try:
         again.apply_async()
     except Exception as exc:  # the broker is down too: as Celery's own retry does
+        logger.error(
+            "task %s[%s] dropped: its retry through a lease store outage could not be "
+            "published: %s: %s",
+            task.name,
+            request.id,
+            type(exc).__name__,
+            exc,
+        )
         raise Reject(exc, requeue=False) from None
     raise Retry(exc=error, when=wait, sig=again)
+
+
+def _given_up(task: Any, why: str, error: LeaseStoreUnavailable) -> NoReturn:
+    """Log that ``task``'s execution fails with ``error`` (an ERROR: it is not run) and
+    raise it."""
+    logger.error("task %s[%s] fails: %s: %s", task.name, task.request.id, why, error)
+    raise error

@@ -39,6 +39,7 @@ from ..settings.config import (
     resolve_settings,
 )
 from ..settings.names import check_task_names
+from ..store import health
 from ..store import written as store_written
 from . import outage, publishing
 
@@ -448,14 +449,11 @@ class LeasedTask(Task):  # type: ignore[misc]
 
     def _store_error(self, options: LeaseOptions, key: str, exc: RedisError) -> NoReturn:
         error = LeaseStoreUnavailable(key, "acquire", store.describe(exc))
-        logger.error(
-            "lease store unavailable, task %s[%s] not run (lease_on_store_error=%s): %s",
-            self.name,
-            self.request.id,
-            options.on_store_error,
-            error,
+        # An unreachable store is logged once per outage (store.health), not per task.
+        unreachable = health.reachability(self.lease_settings().url).failed(
+            exc, f"acquire of {key}"
         )
-        outage.wait_out(self, options, error)  # retried without using up max_retries, or raised
+        outage.wait_out(self, options, error, unreachable)  # retried, or raised
 
     def _event(self, type_: str, **fields: Any) -> None:
         """Send a task event (Flower shows ``task-lease-*`` as the task's state); never raises."""

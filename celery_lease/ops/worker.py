@@ -20,7 +20,8 @@ worker before it consumes a single message:
   eviction policy other than ``noeviction`` can evict a live lease (the holder is told
   nothing): a loud warning, or a refusal when ``lease_require_noeviction`` is true.
 
-An unreachable store is logged, not fatal: tasks then follow ``lease_on_store_error``, which
+An unreachable store is logged (a WARNING, through :mod:`celery_lease.store.health`, which
+logs the outage's end too), not fatal: tasks then follow ``lease_on_store_error``, which
 beats a worker that crash-loops while Redis restarts. Two exceptions refuse the start: a store
 error that waiting cannot fix (a wrong password, an ACL denial, a refused TLS certificate, a
 missing database), with a message naming the setting to fix; and ``lease_require_noeviction``
@@ -45,7 +46,7 @@ from ..errors import LeaseConfigError, LeaseStartRefused
 from ..execution.task import LeasedTask
 from ..settings.config import check_process_settings
 from ..settings.names import check_app_settings
-from ..store import permissions, topology
+from ..store import health, permissions, topology
 from ..store.errors import permanent_error
 from ..store.url import safe_url
 from . import acl
@@ -95,12 +96,8 @@ def check_app(app: Any) -> list[topology.StoreCheck]:
                     f"refuses to start without that check; start the worker once the store "
                     f"answers, or set lease_require_noeviction=False"
                 ) from None
-            logger.error(
-                "lease store %s is unreachable at worker start: %s; leased tasks "
-                "follow lease_on_store_error until it answers",
-                safe_url(url),
-                store.describe(exc),
-            )
+            # Not an ERROR: nothing is given up; leased tasks follow lease_on_store_error.
+            health.reachability(url).failed(exc, "the worker's start check")
             unreachable.add(url)
     _run_doctor(app, unreachable)
     return checks
