@@ -456,10 +456,15 @@ class LeasedTask(Task):  # type: ignore[misc]
         outage.wait_out(self, options, error, unreachable)  # retried, or raised
 
     def _event(self, type_: str, **fields: Any) -> None:
-        """Send a task event (Flower shows ``task-lease-*`` as the task's state); never raises."""
+        """Send a task event (Flower shows ``task-lease-*`` as the task's state); never raises.
+
+        The event names the task (``name``), as ``task-received`` does: a monitor that did
+        not see that one (started later, or got the events out of order) would otherwise
+        know the task by its id only, and Flower label its metrics with an empty task name.
+        """
         if self.request.is_eager:
             return
         try:
-            self.send_event(type_, retry=False, **fields)
+            self.send_event(type_, retry=False, name=self.name, **fields)
         except Exception as exc:
             logger.debug("could not send %s: %s: %s", type_, type(exc).__name__, exc)
