@@ -16,7 +16,7 @@ so an outage reads as three kinds of WARNING:
 Only errors that say the store could not be reached count (:func:`is_unreachable`: refused
 or broken connections, timeouts); a store that answers with an error is reachable, and that
 error is logged where it happens. The state is per process (a prefork child starts its own,
-reset at fork) and per store URL, and guarded by a lock: reports come from pool threads,
+with no outage) and per store URL, and guarded by a lock: reports come from pool threads,
 greenlets and the sweep thread at once. Store URLs are logged through
 :func:`celery_lease.store.url.safe_url` (passwords masked).
 """
@@ -24,13 +24,12 @@ greenlets and the sweep thread at once. Store URLs are logged through
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..base import clock
+from ..base import clock, process
 from .errors import describe
 from .url import safe_url
 
@@ -164,25 +163,15 @@ class Reachability:
             )
 
 
-_states: dict[str, Reachability] = {}
-_lock = threading.Lock()
+#: (pid, URL) -> state: a forked child (a prefork pool process) finds none of its parent's,
+#: and needs no lock to make its own (``setdefault`` is atomic), so none held at the fork.
+_states: dict[tuple[int, str], Reachability] = {}
 
 
 def reachability(url: str) -> Reachability:
     """This process's :class:`Reachability` of the store at ``url`` (one per URL)."""
-    state = _states.get(url)
+    key = (process.pid(), url)
+    state = _states.get(key)
     if state is None:
-        with _lock:
-            state = _states.setdefault(url, Reachability(url))
+        state = _states.setdefault(key, Reachability(url))
     return state
-
-
-def _reset_in_child() -> None:
-    """A forked child starts with no outage of its own (and no lock held by another thread)."""
-    global _lock
-    _states.clear()
-    _lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_in_child)
