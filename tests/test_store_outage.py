@@ -89,11 +89,14 @@ def test_an_outage_is_logged_once_as_it_begins_and_once_as_it_ends_with_its_leng
     log = worker.log_text()
 
     assert log.count(f"lease store {lease_store.url()} is unreachable (seen by") == 1, log
-    back = re.findall(r"is reachable again after (\d+\.\d)s \((\d+) failed calls\)", log)
+    back = re.findall(
+        r"is reachable again after (\d+\.\d)s \((\d+) failed calls, the last (\d+\.\d)s ago\)", log
+    )
     assert len(back) == 1, log
     # From the first failed call (within a sweep pass of the stop) to the first answer.
     assert restarting - stopped - 2.0 <= float(back[0][0]) <= answered - stopped, back
     assert int(back[0][1]) >= 12  # the sweep's passes and the tasks' acquires
+    assert float(back[0][2]) <= answered - restarting + 1.0  # the sweep tried every 0.5 s
     assert "still unreachable" not in log  # the first reminder is due after 30 s
     assert "lease sweep" not in log and "interrupted acquire" not in log
     # ERROR only for the task given up: our line and Celery's own, naming its id.

@@ -9,9 +9,12 @@ so an outage reads as three kinds of WARNING:
 - reminders while it lasts, ``lease store ... still unreachable after 30.2s (<n> failed
   calls; last seen by ...)``: :data:`FIRST_REMINDER` (30.0) seconds into the outage, then
   after gaps that double (60 s, 120 s, ...), at most :data:`MAX_REMINDER_GAP` (600.0) s apart;
-- one when it answers again, with the outage's length in float seconds: ``lease store ...
-  is reachable again after 42.7s (<n> failed calls)``. A WARNING, not INFO, so that a worker
-  run at ``-l warning`` shows the end of what it showed the start of.
+- one when it answers again, with the outage's length as this process saw it, from its
+  first failed call to its first answer, in float seconds, and how long before that answer
+  its last failed call was (a process idle meanwhile learns of the end late): ``lease store
+  ... is reachable again after 42.7s (<n> failed calls, the last 0.4s ago)``. A WARNING,
+  not INFO, so that a worker run at ``-l warning`` shows the end of what it showed the start
+  of.
 
 Only errors that say the store could not be reached count (:func:`is_unreachable`: refused
 or broken connections, timeouts); a store that answers with an error is reachable, and that
@@ -91,6 +94,7 @@ class Reachability:
         self._next_reminder = 0.0
         self._gap = FIRST_REMINDER
         self._failures = 0
+        self._last_failure = 0.0  # clock.now() of the latest
 
     @property
     def down(self) -> bool:
@@ -115,6 +119,7 @@ class Reachability:
         now = clock.now()
         with self._lock:
             self._failures += 1
+            self._last_failure = now
             started = self._down_since
             if started is None:
                 self._down_since, self._gap = now, FIRST_REMINDER
@@ -154,12 +159,17 @@ class Reachability:
         with self._lock:
             started, self._down_since = self._down_since, None
             failures, self._failures = self._failures, 0
+            last = self._last_failure
         if started is not None:
+            # The last failure says how long ago this process last tried: one that was idle
+            # meanwhile learns of the end late, and its figure is the outage's upper bound.
             logger.warning(
-                "lease store %s is reachable again after %.1fs (%d failed calls)",
+                "lease store %s is reachable again after %.1fs (%d failed calls, the last "
+                "%.1fs ago)",
                 self.name,
                 now - started,
                 failures,
+                now - last,
             )
 
 
