@@ -12,7 +12,8 @@ three, and that this map names every module)::
     errors       the exceptions (at the root: a stored failure names this module)
     store/       the Redis side: protocol, lua, wire, connection, routing, topology, url,
                  primary, sentinels, replicated, renewal, pending, written, value, records,
-                 errors, permissions, async_wait, and each policy's store half: claims, debounce,
+                 errors, permissions, async_wait, health (whether the store answers, logged
+                 once per outage), and each policy's store half: claims, debounce,
                  handoff, preempt, slots, cooldown; shape (a key: plain, or N slots)
     settings/    config, names, timing, signal_setting, publish, debounce
     core/        lease, lifecycle, heartbeat, interrupt, next_instruction, eager

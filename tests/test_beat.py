@@ -18,6 +18,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,7 +39,7 @@ from celery_lease.beat.scheduler import LeasedScheduler
 from celery_lease.errors import EX_CONFIG
 from harness.waiting import wait_for
 from tests.support import runs as journal
-from tests.support.fixtures import WorkerFactory
+from tests.support.fixtures import RedisFactory, WorkerFactory
 from tests.support.skew import skewed_env
 from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, REPO_ROOT, RESULT_BACKEND_ENV
 
@@ -669,3 +670,31 @@ def test_two_beats_sending_a_preempt_job_replace_the_run_that_outlived_its_perio
         # Told at once (its renewal is 10 s away): the overlap is the notice's latency.
         assert by_run[old["run"], "lost"]["at"] - new["at"] < period
         assert by_run[old["run"], "end"]["late_write_accepted"] is False  # fenced off
+
+
+def test_a_store_outage_is_logged_once_by_beat_without_a_release_it_never_needed(
+    redis_url: str, beats: list[BeatProcess], tmp_path: Path, throwaway_redis: RedisFactory
+) -> None:
+    lease_store = throwaway_redis(config={"requirepass": "s3cret-pw"})
+    url = f"redis://:s3cret-pw@127.0.0.1:{lease_store.port}/0"
+    env = _env(redis_url, "beat-outage", LEASE_BACKEND=url, BEAT_TTL="1.5")
+    beat = BeatProcess(env, tmp_path, "outage").start()
+    beats.append(beat)
+    wait_for(lambda: "became leader" in beat.log(), 20, message=beat.log)
+    lease_store.stop()
+    stopped = time.monotonic()
+    masked = f"lease store redis://:**@127.0.0.1:{lease_store.port}/0"
+    wait_for(lambda: f"{masked} is unreachable (seen by" in beat.log(), 20, message=beat.log)
+    # Many election tries (every renew interval, 0.5 s) meet the stopped store.
+    wait_for(lambda: time.monotonic() - stopped >= 5.0, 10)
+    restarting = time.monotonic()
+    lease_store.restart()
+    wait_for(lambda: beat.log().count("became leader") == 2, 20, message=beat.log)
+    answered = time.monotonic()
+    log = beat.log()
+    assert log.count("is unreachable (seen by") == 1, log
+    assert "interrupted acquire" not in log and "may have been granted" not in log, log
+    back = re.findall(rf"{re.escape(masked)} is reachable again after (\d+\.\d)s", log)
+    assert len(back) == 1, log
+    assert restarting - stopped - 3.0 <= float(back[0]) <= answered - stopped, back
+    assert "s3cret-pw" not in log

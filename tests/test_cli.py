@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -108,16 +109,21 @@ def test_ls_lists_the_leases_real_workers_hold(held: dict[str, Any]) -> None:
         assert 0 < item["ttl"] <= 2.0
         assert item["key"].startswith("lease:{ops.hold:")
 
-    # Not a terminal: the table fits 80 columns (COLUMNS says how wide a terminal is).
+    # Not a terminal: the table fits 80 columns (COLUMNS says how wide a terminal is), and
+    # the key `celery lease release` takes is printed whole: TASK ID is shortened, PID then
+    # HOST left out, first.
     table = celery_lease({**held["env"], "COLUMNS": "80"}, "ls")
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
-    assert lines[0].split() == ["TASK", "TASK", "ID", "HOST", "PID", "TIME", "LEFT", "KEY"]
+    header = _cells(lines[0])
+    assert header[:2] == ["TASK", "TASK ID"] and header[-2:] == ["TIME LEFT", "KEY"], lines
+    assert header[2:-2] in (["HOST", "PID"], ["HOST"], []), lines
     assert max(len(line) for line in lines) <= 80, table.stdout
-    for item in leases:  # TASK ID and KEY cut in the middle to fit, the key's ends kept
-        row = next(line for line in lines if _cut_of(line.split()[-1], item["key"]))
-        assert row.startswith("ops.hold") and _cut_of(row.split()[1], item["task_id"])
-        assert f" {socket.gethostname()[:8]}" in row and f" {held['worker'].pid} " in row
+    for item in leases:
+        (row,) = [line for line in lines if line.endswith(f"  {item['key']}")]
+        cells = dict(zip(header, _cells(row), strict=True))
+        assert cells["TASK"] == "ops.hold" and _cut_of(cells["TASK ID"], item["task_id"])
+        assert cells.get("PID", str(held["worker"].pid)) == str(held["worker"].pid)
     assert lines[-1] == "2 lease(s)"
     wide = celery_lease({**held["env"], "COLUMNS": "80"}, "ls", "--wide")
     assert wide.stdout.splitlines()[0].split() == [
@@ -151,6 +157,25 @@ def test_ls_lists_the_leases_real_workers_hold(held: dict[str, Any]) -> None:
     assert len(mine) == 2
 
 
+def test_ls_too_narrow_for_a_key_beside_its_row_prints_it_whole_under_the_row(
+    held: dict[str, Any],
+) -> None:
+    leases = json.loads(celery_lease(held["env"], "ls", "--json").stdout)
+    narrow = celery_lease({**held["env"], "COLUMNS": "40"}, "ls").stdout.splitlines()
+    header = _cells(narrow[0])
+    assert header[:2] == ["TASK", "TASK ID"] and header[-1] == "TIME LEFT", narrow
+    assert header[2:-1] in (["HOST", "PID"], ["HOST"], []) and narrow[1] == "  KEY", narrow
+    rows = narrow[2:-1]
+    assert [_cells(row)[0] for row in rows[::2]] == ["ops.hold", "ops.hold"], narrow
+    assert sorted(rows[1::2]) == sorted(f"  {item['key']}" for item in leases), narrow
+    assert max(len(row) for row in rows[::2]) <= 40, narrow
+
+
+def _cells(line: str) -> list[str]:
+    """The cells of a table line: words separated by single spaces."""
+    return re.findall(r"\S+(?: \S+)*", line)
+
+
 def _cut_of(shown: str, full: str) -> bool:
     """``shown`` is ``full``, or ``full`` shortened in the middle with ``~``."""
     head, cut, tail = shown.partition("~")
@@ -171,7 +196,11 @@ def test_show_names_the_key_a_call_takes_and_its_holder(held: dict[str, Any]) ->
     )
     assert by_kwargs.returncode == 0, by_kwargs.stderr
     assert f"key:    {alpha['key']}" in by_kwargs.stdout
-    assert f"[{alpha['task_id']}]" in by_kwargs.stdout
+    worker = held["worker"]
+    assert (
+        f"holder: task ops.hold [{alpha['task_id']}] on worker {worker.hostname} "
+        f"(host {socket.gethostname()}, pid {worker.pid}), fencing token "
+    ) in by_kwargs.stdout, by_kwargs.stdout
     free = celery_lease(held["env"], "show", "ops.hold", "gamma", "30")
     assert "holder: none (free)" in free.stdout and free.returncode == 1  # not found
     plain = celery_lease(held["env"], "show", "ops.tick")

@@ -25,7 +25,7 @@ import redis
 
 from celery_lease import LeaseLost, store
 from harness.redis_server import free_port
-from harness.waiting import wait_for
+from harness.waiting import poll, wait_for
 from harness.workers import CeleryProcess
 from tests.support.fixtures import WorkerFactory
 from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, REPO_ROOT, RESULT_BACKEND_ENV
@@ -348,3 +348,55 @@ def test_flower_shows_a_coalesced_and_a_queued_duplicate(flower_setup: dict[str,
     rows = _task_list(flower)
     assert rows[coalesced.id]["lease"] == "coalesced (pending run)"
     assert rows[queued.id]["lease"] == "queued (#1)"
+
+
+def test_a_lease_event_names_its_task_so_no_flower_metric_has_an_empty_task_label(
+    redis_url: str, worker_factory: WorkerFactory, tmp_path: Path
+) -> None:
+    from celery import Celery
+
+    env = {
+        BROKER_URL_ENV: redis_url,
+        RESULT_BACKEND_ENV: redis_url,
+        QUEUE_ENV: worker_factory.queue,
+        "LEASE_TTL": "1.5",
+    }
+    worker = worker_factory(APP, pool="threads", concurrency=3, env=env, extra_args=["-E"])
+    app = Celery("client", broker=redis_url, backend=redis_url)
+    app.conf.task_default_queue = worker_factory.queue
+    client = redis.Redis.from_url(redis_url)
+    holder = app.send_task("ops.hold", ("late", 30))
+    wait_for(lambda: client.llen("started") >= 1, 15, message=worker.log_tail)
+    # Flower starts after the holder's task-received: the lease's loss is the first event
+    # of that task it sees (as after a Flower restart, or events arriving out of order).
+    flower = Flower(env, tmp_path)
+    try:
+        wait_for(lambda: flower.get("/healthcheck")[0] == 200, 30, message=flower.log)
+
+        def probe_seen() -> bool:  # a probe sent before Flower listened is never seen: again
+            probe = app.send_task("ops.tick", kwargs={"tag": "probe"})
+            return bool(poll(lambda: flower.get(f"/api/task/info/{probe.id}")[0] == 200, 3.0))
+
+        wait_for(probe_seen, 30, message=lambda: flower.log()[-3000:])
+        key = next(
+            k.decode()
+            for k in client.scan_iter(match="lease:{ops.hold:*", _type="STRING")
+            if not k.endswith(b":fence")
+        )
+        value = client.get(key)
+        assert value is not None and store.revoke(client, key, store.parse_value(value).token)
+        with pytest.raises(LeaseLost):
+            holder.get(timeout=15)
+        wait_for(lambda: "task-failed" in flower.get("/metrics")[1], 15)
+        metrics = flower.get("/metrics")[1]
+        samples = [line for line in metrics.splitlines() if line.startswith("flower_")]
+        lost = [
+            line
+            for line in samples
+            if line.startswith("flower_events_total{") and 'type="task-lease-lost"' in line
+        ]
+        assert len(lost) == 1 and 'task="ops.hold"' in lost[0], samples
+        assert [line for line in samples if 'task=""' in line] == []
+    finally:
+        flower.stop()
+        worker.kill()

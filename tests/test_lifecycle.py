@@ -192,7 +192,7 @@ def test_store_down_at_start_retries_then_runs(rig: Rig) -> None:
         result = rig.send("hold", "r12", 0.1, "sleep")
         wait_for(lambda: result.state == "RETRY", 15, message=lambda: rig.logs())
         assert rig.journal("r12", "start") == []
-        assert "lease store unavailable" in rig.logs()
+        assert "is unreachable (seen by acquire of lease:" in rig.logs()
     finally:
         rig.store.start()
     assert result.get(timeout=30) == "r12"

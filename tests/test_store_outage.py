@@ -1,11 +1,18 @@
 """A lease store outage with a real worker and a stopped private redis-server: an execution
 waits it out without using up ``max_retries``, up to ``lease_store_outage_max``, then fails
-with ``LeaseStoreUnavailable``."""
+with ``LeaseStoreUnavailable``; the worker's log says when the outage began and ended, once
+each, and logs an ERROR only for what it gave up."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
+import re
+import threading
+import time
 
+import pytest
 import redis
 from celery import Celery
 
@@ -52,3 +59,98 @@ def test_store_errors_of_one_message_far_apart_are_two_outages() -> None:
     assert _outage_start({OUTAGE_HEADER: [9_000.0, now - NEW_OUTAGE_GAP - 1]}, now) == now
     assert _outage_start({OUTAGE_HEADER: "damaged"}, now) == now
     assert _outage_start({}, now) == now
+
+
+def test_an_outage_is_logged_once_as_it_begins_and_once_as_it_ends_with_its_length(
+    redis_url: str,
+    throwaway_redis: RedisFactory,
+    worker_factory: WorkerFactory,
+) -> None:
+    lease_store = throwaway_redis()
+    # The sweep thread (a coalesce task) and the retried tasks all meet the outage.
+    worker = worker_factory(
+        "tests.apps.lease_app",
+        env={"LEASE_BACKEND": lease_store.url(), "LEASE_TTL": "1.5", "LEASE_APP_SWEEP": "1"},
+    )
+    app = Celery("client", broker=redis_url, backend=redis_url, set_as_current=False)
+    app.conf.task_default_queue = worker_factory.queue
+    lease_store.stop()
+    stopped = time.monotonic()
+    waiting = [app.send_task("one_retry", (f"w{i}",)) for i in range(3)]
+    given_up = app.send_task("short_outage", ("b",))  # lease_store_outage_max=1.5
+    # Each waiting task retries several times (Celery logs each retry at INFO).
+    wait_for(lambda: worker.log_text().count("one_retry[") >= 12, 60, message=worker.log_tail)
+    wait_for(lambda: given_up.ready(), 30)
+    wait_for(lambda: time.monotonic() - stopped >= 5.0, 10)
+    restarting = time.monotonic()
+    lease_store.restart()
+    assert [w.get(timeout=60) for w in waiting] == [0, 0, 0]
+    answered = time.monotonic()
+    log = worker.log_text()
+
+    assert log.count(f"lease store {lease_store.url()} is unreachable (seen by") == 1, log
+    back = re.findall(
+        r"is reachable again after (\d+\.\d)s \((\d+) failed calls, the last (\d+\.\d)s ago\)", log
+    )
+    assert len(back) == 1, log
+    # From the first failed call (within a sweep pass of the stop) to the first answer.
+    assert restarting - stopped - 2.0 <= float(back[0][0]) <= answered - stopped, back
+    assert int(back[0][1]) >= 12  # the sweep's passes and the tasks' acquires
+    assert float(back[0][2]) <= answered - restarting + 1.0  # the sweep tried every 0.5 s
+    assert "still unreachable" not in log  # the first reminder is due after 30 s
+    assert "lease sweep" not in log and "interrupted acquire" not in log
+    # ERROR only for the task given up: our line and Celery's own, naming its id.
+    errors = [line for line in log.splitlines() if "ERROR/" in line or "CRITICAL/" in line]
+    assert errors and all(given_up.id in line for line in errors), errors
+    assert sum("fails: the lease store has not answered for" in line for line in errors) == 1
+
+
+def test_reminders_back_off_and_threads_reporting_at_once_log_an_outage_once(
+    throwaway_redis: RedisFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from celery_lease.store import health
+
+    # The schedule shrunk a hundredfold (30 s, then gaps of 60, 120, ... capped): 0.3 s, then
+    # gaps of 0.6 s and 1.2 s, capped at 1.2 s.
+    monkeypatch.setattr(health, "FIRST_REMINDER", 0.3)
+    monkeypatch.setattr(health, "MAX_REMINDER_GAP", 1.2)
+    lease_store = throwaway_redis()
+    client = lease_store.client(socket_timeout=0.5)
+    lease_store.stop()
+    state = health.Reachability(lease_store.url())
+    caplog.set_level(logging.WARNING, logger="celery_lease")
+    until = time.monotonic() + 3.0
+
+    def report() -> None:
+        while time.monotonic() < until:
+            try:
+                client.ping()
+            except redis.RedisError as exc:
+                state.failed(exc, "ping")
+            time.sleep(0.005)
+
+    threads = [threading.Thread(target=report) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    lease_store.restart()
+    client.ping()
+    state.answered()
+    state.answered()  # a second answer: nothing more to say
+
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum(" is unreachable (seen by ping: ConnectionError" in m for m in lines) == 1, lines
+    reminders = [
+        float(m.group(1))
+        for line in lines
+        if (m := re.search(r"still unreachable after ([\d.]+)s", line))
+    ]
+    # Due at 0.3, 0.9, 2.1 s (the third gap capped at 1.2 s): each one a gap after the last.
+    assert len(reminders) in (2, 3), lines
+    gaps = [b - a for a, b in itertools.pairwise([0.0, *reminders])]
+    for gap, due in zip(gaps, (0.3, 0.6, 1.2)[: len(gaps)], strict=True):
+        assert due - 0.1 <= gap <= due + 0.5, reminders
+    (back,) = [m for m in lines if "is reachable again after" in m]
+    lasted = re.search(r"after ([\d.]+)s", back)
+    assert lasted is not None and float(lasted.group(1)) >= 3.0 - 0.1, back

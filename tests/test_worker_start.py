@@ -69,7 +69,7 @@ def test_require_noeviction_with_an_unreachable_store_refuses_to_start(
     assert "lease_require_noeviction=True refuses to start without that check" in output
     # Without the promise, the worker starts and the tasks follow lease_on_store_error.
     started = worker_factory("tests.apps.lease_app", env=env)
-    assert "is unreachable at worker start" in started.log_text()
+    assert "is unreachable (seen by the worker's start check" in started.log_text()
 
 
 DJANGO_STYLE_PROJECT = {
@@ -208,3 +208,20 @@ def test_a_user_with_only_the_task_commands_starts_without_an_error_from_the_doc
         with caplog.at_level("ERROR", logger="celery_lease"):
             assert check_app(app)
     assert caplog.records == []
+
+
+def test_the_worker_banner_names_the_lease_store_with_its_password_masked(
+    redis_url: str, throwaway_redis: RedisFactory, worker_factory: WorkerFactory
+) -> None:
+    lease_store = throwaway_redis(config={"requirepass": "banner-pw"})
+    url = f"redis://:banner-pw@127.0.0.1:{lease_store.port}/0"
+    worker = worker_factory("tests.apps.lease_app", env={"LEASE_BACKEND": url})
+    lines = worker.log_text().splitlines()
+    section = lines.index(next(line for line in lines if line.strip() == "[lease]"))
+    assert lines[section + 1].split() == [
+        ".>",
+        "store:",
+        f"redis://:**@127.0.0.1:{lease_store.port}/0",
+    ]
+    assert lines.index(next(line for line in lines if ".> results:" in line)) < section
+    assert "banner-pw" not in worker.log_text()

@@ -77,7 +77,6 @@ class BeatLeader:
         self._next_try = 0.0
         self._seen_fence = -1  # last leader seen while standby (to log each leader once)
         self._seen_leader = ""  # who that leader was, for the log line of a take-over
-        self._store_down = False
 
     @property
     def client(self) -> redis.Redis:
@@ -116,18 +115,11 @@ class BeatLeader:
                 self.settings, self.client, self.key, holder, _NoInterrupt(), sender=BEAT_TASK_NAME
             )
         except RedisError as exc:
-            if not self._store_down:
-                logger.warning(
-                    "beat: lease store unreachable, staying standby (key=%s): %s",
-                    self.key,
-                    store.describe(exc),
-                )
-            self._store_down = True
+            # take() reported it to the store's reachability state (store.health), which
+            # logs an outage once, with reminders, and its end: here only what beat does.
+            logger.debug("beat: staying standby (key=%s): %s", self.key, store.describe(exc))
             self._next_try = clock.now() + self.options.renew_interval
             return False
-        if self._store_down:
-            logger.info("beat: lease store reachable again (key=%s)", self.key)
-            self._store_down = False
         if not isinstance(got, Lease):
             self._standby(got)
             return False

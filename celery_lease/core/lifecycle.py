@@ -32,7 +32,10 @@ API (durations are float seconds, times are :func:`celery_lease.base.clock.now` 
 
 On a conflict it returns the :class:`~celery_lease.store.AcquireResult` (holder, time left)
 and does not retry; on a store error it finishes ``target``, releases what the failed attempt
-may have been granted (best effort) and raises the :class:`redis.exceptions.RedisError`.
+may have been granted (best effort; nothing when no send reached the store, e.g. a refused
+connection) and raises the :class:`redis.exceptions.RedisError`. Whether the store answered
+is reported to the process's :mod:`celery_lease.store.health` state, which logs an outage
+once as it begins and once as it ends.
 
 Exits: any exception, ``BaseException`` included (a soft or hard time limit, ``SystemExit``,
 ``KeyboardInterrupt``, gevent's ``Timeout``), at any point of :func:`take` or :func:`end`
@@ -78,7 +81,7 @@ from .. import store
 from ..base import clock, process, signals
 from ..errors import LeaseLost
 from ..settings.config import LeaseOptions, LeaseSettings
-from ..store import pending
+from ..store import health, pending
 from ..store.written import WrittenAcquire
 from .heartbeat import heartbeat
 from .interrupt import Target
@@ -253,6 +256,7 @@ def take(
             )
         except (RedisConnectionError, RedisTimeoutError):  # the same token, asked again
             found = _send(send, client, key, token, options, holder, asked)
+        health.reachability(settings.url).answered()
         if not found.granted:
             target.finish()
             return found
@@ -294,14 +298,16 @@ def take(
             )
         announced = True
         return lease
-    except BaseException:
+    except BaseException as exc:
+        if isinstance(exc, RedisError):
+            health.reachability(settings.url).failed(exc, f"acquire of {key}")
         _undo_take(
             client,
             key,
             token,
             target,
             lease if sent else None,
-            sent,
+            sent and not _unsent(exc),
             sender if announced else None,
             asked.shape.release,
         )
@@ -363,6 +369,16 @@ def _undo_take(
             _abandon(client, key, token, release)
 
 
+def _unsent(error: BaseException) -> bool:
+    """True when the acquire that raised ``error`` never reached the store, so that it
+    granted nothing to release: every send of it failed before a byte was written (the
+    same-token retry's error is chained to the first send's)."""
+    if not health.never_reached(error):
+        return False
+    first = error.__context__
+    return first is None or not health.is_unreachable(first) or health.never_reached(first)
+
+
 def _abandon(
     client: redis.Redis,
     key: str,
@@ -373,9 +389,11 @@ def _abandon(
     try:
         release(client, key, token)
     except Exception as exc:
-        logger.warning(
-            "release after an interrupted acquire failed (it expires within its "
-            "TTL): key=%s error=%s",
+        # An unreachable store is reported once per outage (store.health), not per call.
+        logger.log(
+            logging.DEBUG if health.is_unreachable(exc) else logging.WARNING,
+            "the acquire of %s may have been granted (its reply was not read) and its "
+            "release failed too: if granted, it lapses within its TTL: %s",
             key,
             store.describe(exc),
         )

@@ -16,8 +16,9 @@ store's clock, which other timings use, is what cannot be read). A store error m
 :data:`NEW_OUTAGE_GAP` after the previous one of the same message (the store answered in
 between, e.g. a later ``self.retry()`` of the task) starts a new outage.
 
-A store error is logged at each refusal, except a grant the sentinels did not confirm
-(:func:`report_unconfirmed`): that one says why once a minute, naming the sentinels.
+An unreachable store is logged once per outage (:mod:`celery_lease.store.health`), a grant the
+sentinels did not confirm once a minute, naming them (:func:`report_unconfirmed`); both at
+WARNING, as retrying is the configured behaviour. An ERROR says an execution was given up.
 """
 
 from __future__ import annotations
@@ -62,33 +63,50 @@ def _outage_start(headers: Any, now: float) -> float:
     return first if abs(now - last) <= NEW_OUTAGE_GAP and first <= last else now
 
 
-def wait_out(task: Any, options: LeaseOptions, error: LeaseStoreUnavailable) -> NoReturn:
+def wait_out(
+    task: Any, options: LeaseOptions, error: LeaseStoreUnavailable, unreachable: bool = True
+) -> NoReturn:
     """Publish the execution of ``task`` again to wait out a store outage, or fail it.
+
+    Logs an ERROR only when the execution is given up (failed, or dropped because its retry
+    could not be published); a retry is logged at DEBUG when ``unreachable`` (the store did
+    not answer: :mod:`celery_lease.store.health` logs the outage once, with reminders), else
+    as a WARNING (the store answered with an error).
 
     Raises:
         celery.exceptions.Retry: published again (the task's state is ``RETRY``), its
             ``request.retries`` unchanged.
+        celery.exceptions.Reject: the retry could not be published (the broker is down too):
+            the message is dropped, as Celery's own retry does.
         LeaseStoreUnavailable: ``lease_on_store_error="fail"``, eager mode, or the outage has
             lasted ``lease_store_outage_max`` seconds.
     """
     request = task.request
     if options.on_store_error != "retry" or request.is_eager:
-        raise error
+        _given_up(task, f"lease_on_store_error={options.on_store_error}", error)
     now = time.time()
     first = _outage_start(request.headers, now)
     lasted = now - first
     if lasted >= options.store_outage_max:
-        logger.error(
-            "task %s[%s] fails: the lease store has not answered for %.1fs, "
-            "lease_store_outage_max=%gs",
-            task.name,
-            request.id,
-            lasted,
-            options.store_outage_max,
+        _given_up(
+            task,
+            f"the lease store has not answered for {lasted:.1f}s, "
+            f"lease_store_outage_max={options.store_outage_max:g}s",
+            error,
         )
-        raise error
     wait = max(
         min(max(lasted, options.renew_interval), MAX_WAIT, options.store_outage_max - lasted), 0.05
+    )
+    logger.log(
+        logging.DEBUG if unreachable else logging.WARNING,
+        "task %s[%s] not run, tried again in %.1fs (store errors for %.1fs of "
+        "lease_store_outage_max=%gs): %s",
+        task.name,
+        request.id,
+        wait,
+        lasted,
+        options.store_outage_max,
+        error,
     )
     again = task.signature_from_request(
         request,
@@ -99,8 +117,23 @@ def wait_out(task: Any, options: LeaseOptions, error: LeaseStoreUnavailable) -> 
     try:
         again.apply_async()
     except Exception as exc:  # the broker is down too: as Celery's own retry does
+        logger.error(
+            "task %s[%s] dropped: its retry through a lease store outage could not be "
+            "published: %s: %s",
+            task.name,
+            request.id,
+            type(exc).__name__,
+            exc,
+        )
         raise Reject(exc, requeue=False) from None
     raise Retry(exc=error, when=wait, sig=again)
+
+
+def _given_up(task: Any, why: str, error: LeaseStoreUnavailable) -> NoReturn:
+    """Log that ``task``'s execution fails with ``error`` (an ERROR: it is not run) and
+    raise it."""
+    logger.error("task %s[%s] fails: %s: %s", task.name, task.request.id, why, error)
+    raise error
 
 
 #: Float seconds between two log lines about grants the sentinels did not confirm, per reason.
@@ -113,8 +146,9 @@ def report_unconfirmed(task: Any, options: LeaseOptions, error: PrimaryUnconfirm
     """Log that an execution of ``task`` was not run because the sentinels did not confirm its
     grant: one line per reason (the sentinels that do not answer, else the error's text)
     every :data:`REPORT_EVERY` seconds, with the count of the refusals in between,
-    which are logged at DEBUG. An ERROR when too few sentinels answered (nothing is granted
-    until a majority does), a WARNING for a failover (the next try meets the new primary)."""
+    which are logged at DEBUG. A WARNING: the execution is tried again as
+    ``lease_on_store_error`` says; an ERROR is logged only if it is given up
+    (:func:`wait_out`)."""
     # Too few answered: the same sentinels, whatever each one's reason this time.
     reason = " ".join(sorted(error.unanswered)) or str(error)
     now = clock.now()
@@ -124,7 +158,7 @@ def report_unconfirmed(task: Any, options: LeaseOptions, error: PrimaryUnconfirm
         logger.debug("task %s[%s] not run: %s", task.name, task.request.id, error)
         return
     _reported[reason] = (now, 0)
-    (logger.error if error.unanswered else logger.warning)(
+    logger.warning(
         "lease grants not confirmed by the sentinels, task %s[%s] not run "
         "(lease_on_store_error=%s%s): %s; `celery lease doctor` names the sentinels",
         task.name,

@@ -39,6 +39,7 @@ from ..settings.config import (
     resolve_settings,
 )
 from ..settings.names import check_task_names
+from ..store import health
 from ..store import written as store_written
 from . import outage, publishing
 
@@ -448,23 +449,25 @@ class LeasedTask(Task):  # type: ignore[misc]
 
     def _store_error(self, options: LeaseOptions, key: str, exc: RedisError) -> NoReturn:
         error = LeaseStoreUnavailable(key, "acquire", store.describe(exc))
-        if isinstance(exc, store.PrimaryUnconfirmed):  # once a minute, not at every retry
+        if isinstance(exc, store.PrimaryUnconfirmed):  # once a minute, naming the sentinels
             outage.report_unconfirmed(self, options, exc)
-        else:
-            logger.error(
-                "lease store unavailable, task %s[%s] not run (lease_on_store_error=%s): %s",
-                self.name,
-                self.request.id,
-                options.on_store_error,
-                error,
+            unreachable = True
+        else:  # an unreachable store is logged once per outage (store.health), not per task
+            unreachable = health.reachability(self.lease_settings().url).failed(
+                exc, f"acquire of {key}"
             )
-        outage.wait_out(self, options, error)  # retried without using up max_retries, or raised
+        outage.wait_out(self, options, error, unreachable)  # retried, or raised
 
     def _event(self, type_: str, **fields: Any) -> None:
-        """Send a task event (Flower shows ``task-lease-*`` as the task's state); never raises."""
+        """Send a task event (Flower shows ``task-lease-*`` as the task's state); never raises.
+
+        The event names the task (``name``), as ``task-received`` does: a monitor that did
+        not see that one (started later, or got the events out of order) would otherwise
+        know the task by its id only, and Flower label its metrics with an empty task name.
+        """
         if self.request.is_eager:
             return
         try:
-            self.send_event(type_, retry=False, **fields)
+            self.send_event(type_, retry=False, name=self.name, **fields)
         except Exception as exc:
             logger.debug("could not send %s: %s: %s", type_, type(exc).__name__, exc)

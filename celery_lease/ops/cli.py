@@ -86,28 +86,108 @@ def _table(
     rows: Sequence[Sequence[str]],
     width: int | None = None,
     shrink_first: Sequence[str] = (),
+    drop: Sequence[str] = (),
 ) -> str:
-    """Left-aligned columns; with ``width``, columns are shortened in the middle (never below
-    :data:`_MIN_COLUMN`) until each line fits: those named in ``shrink_first`` in that order,
-    then the widest."""
+    """Left-aligned columns. With ``width``, the last column (the key that ``celery lease
+    release`` takes) is never cut: the others are shortened in the middle (``shrink_first``
+    in that order, then the widest), then the ``drop`` columns left out, in that order; if a
+    line still does not fit, each row's last cell goes on a line of its own under the row
+    (indented by two spaces, as the header's last name is), and the other columns are
+    shortened to fit."""
     widths = [
         max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
     ]
-    floor = [max(_MIN_COLUMN, len(h)) for h in headers]
-    order = [headers.index(h) for h in shrink_first]
-    while width is not None and sum(widths) + 2 * (len(widths) - 1) > width:
-        column = next((i for i in order if widths[i] > floor[i]), None)
-        if column is None:
-            column = max(range(len(widths)), key=lambda i: widths[i])
-            if widths[column] <= floor[column]:
-                break
-        widths[column] -= 1
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    for row in rows:
-        lines.append(
-            "  ".join(_shorten(c, w).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-        )
+    if width is None or _fits(widths, width):
+        return "\n".join(_lines(headers, rows, widths))
+    kept = list(range(len(headers)))
+    for name in (None, *drop):
+        if name in headers:
+            kept.remove(headers.index(name))
+        fitted = _with_last_whole(headers, rows, widths, width, shrink_first, kept)
+        if fitted is not None:
+            return "\n".join(fitted)
+    head, *body = _key_below(headers, rows, widths, width, shrink_first, drop)
+    lines = [head, f"  {headers[-1]}"]
+    for line, row in zip(body, rows, strict=True):
+        lines += [line, f"  {row[-1]}"]
     return "\n".join(lines)
+
+
+def _key_below(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    widths: Sequence[int],
+    width: int,
+    shrink_first: Sequence[str],
+    drop: Sequence[str],
+) -> list[str]:
+    """The lines of every column but the last, fitted to ``width`` as :func:`_table` does
+    (shortened, then the ``drop`` columns left out until they fit)."""
+    kept = list(range(len(headers) - 1))
+    for name in (None, *drop):
+        if name in headers:
+            kept.remove(headers.index(name))
+        names = [headers[i] for i in kept]
+        cut = _fit(names, [widths[i] for i in kept], width, shrink_first)
+        if _fits(cut, width):
+            break
+    return _lines(names, [[r[i] for i in kept] for r in rows], cut)
+
+
+def _with_last_whole(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    widths: Sequence[int],
+    width: int,
+    shrink_first: Sequence[str],
+    kept: Sequence[int],
+) -> list[str] | None:
+    """The lines of the ``kept`` columns with the last one whole and the others fitted to
+    ``width``; None if they cannot fit."""
+    others = list(kept[:-1])
+    room = width - widths[-1] - 2
+    names = [headers[i] for i in others]
+    cut = _fit(names, [widths[i] for i in others], room, shrink_first)
+    if not _fits(cut, room):
+        return None
+    return _lines(
+        [headers[i] for i in kept], [[r[i] for i in kept] for r in rows], [*cut, widths[-1]]
+    )
+
+
+def _fit(
+    headers: Sequence[str], widths: Sequence[int], width: int, shrink_first: Sequence[str]
+) -> list[int]:
+    """``widths`` shortened (never below :data:`_MIN_COLUMN` or the header) until a line of
+    these columns fits ``width``: those named in ``shrink_first`` in that order, then the
+    widest; as narrow as they go when nothing fits."""
+    fitted = list(widths)
+    floor = [max(_MIN_COLUMN, len(h)) for h in headers]
+    order = [headers.index(h) for h in shrink_first if h in headers]
+    while not _fits(fitted, width):
+        column = next((i for i in order if fitted[i] > floor[i]), None)
+        if column is None:
+            column = max(range(len(fitted)), key=lambda i: fitted[i] - floor[i])
+            if fitted[column] <= floor[column]:
+                break
+        fitted[column] -= 1
+    return fitted
+
+
+def _fits(widths: Sequence[int], width: int) -> bool:
+    """Whether columns of ``widths``, two spaces apart, fit ``width`` characters."""
+    return sum(widths) + 2 * max(len(widths) - 1, 0) <= width
+
+
+def _lines(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], widths: Sequence[int]
+) -> list[str]:
+    """The header and ``rows``, left-aligned, cells longer than their width cut in the middle."""
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(_shorten(c, w).ljust(w) for c, w in zip(cells, widths, strict=True))
+
+    return [line(headers).rstrip(), *(line(row).rstrip() for row in rows)]
 
 
 def _describe(info: LeaseInfo) -> str:
@@ -115,15 +195,22 @@ def _describe(info: LeaseInfo) -> str:
         return f"an unknown holder ({info.foreign}), expires in {_human(info.ttl)}"
     if info.cooldown_until:
         return (
-            f"a cooldown after task {info.task or '?'} [{info.task_id or '?'}] on host "
-            f"{info.host or '?'} (pid {info.pid}) ended, fencing token "
+            f"a cooldown after task {info.task or '?'} [{info.task_id or '?'}] on "
+            f"{_where(info)} ended, fencing token "
             f"{info.fencing_token}, ends in {_human(info.ttl)}"
         )
     return (
-        f"task {info.task or '?'} [{info.task_id or '?'}] on host {info.host or '?'} "
-        f"(pid {info.pid}), fencing token {info.fencing_token}, "
-        f"expires in {_human(info.ttl)}"
+        f"task {info.task or '?'} [{info.task_id or '?'}] on {_where(info)}, "
+        f"fencing token {info.fencing_token}, expires in {_human(info.ttl)}"
     )
+
+
+def _where(info: LeaseInfo) -> str:
+    """Where the holder runs: its worker node (``celery@web1``, what ``celery inspect -d``
+    and Flower name) when a worker holds the lease, and its host and pid."""
+    if info.node:
+        return f"worker {info.node} (host {info.host or '?'}, pid {info.pid})"
+    return f"host {info.host or '?'} (pid {info.pid})"
 
 
 def _no_app_hint() -> str:
@@ -309,7 +396,8 @@ def _print_leases(found: list[LeaseInfo], wide: bool) -> None:
                 ("TASK", "TASK ID", "HOST", "PID", "TIME LEFT", *head, "KEY"),
                 rows,
                 width=shutil.get_terminal_size().columns,
-                shrink_first=("TASK ID", "KEY"),
+                shrink_first=("TASK ID",),
+                drop=("PID", "HOST"),
             )
         )
     click.echo(f"{len(found)} lease(s)")
@@ -335,7 +423,8 @@ def _print_waiting(waiting: list[ClaimInfo], wide: bool) -> None:
                 headers,
                 rows,
                 width=shutil.get_terminal_size().columns,
-                shrink_first=("TASK ID", "KEY"),
+                shrink_first=("TASK ID",),
+                drop=("AGE",),
             )
         )
     click.echo(

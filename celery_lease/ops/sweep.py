@@ -39,6 +39,7 @@ from .. import store
 from ..policies import compose
 from ..settings.config import LeaseOptions
 from ..store import handoff as stored
+from ..store import health
 from .inspection import leased_tasks
 
 __all__ = ["BATCH", "HandoffSweep", "Sweep", "sweep_once"]
@@ -118,19 +119,28 @@ class Sweep:
     ) -> None:
         while not self.stopped.wait(interval):
             for (url, prefix), tasks in targets.items():
-                options = next(iter(tasks.values()))
-                try:
-                    client = store.client_for(url, options.store_timeout, options.backend_options)
-                    sweep_once(self.app, client, prefix, tasks)
-                except RedisError as exc:
-                    logger.warning(
-                        "lease sweep of %s failed (next pass in %.1fs): %s",
-                        prefix,
-                        interval,
-                        store.describe(exc),
-                    )
-                except Exception:  # never let the sweep die silently
-                    logger.exception("lease sweep of %s failed", prefix)
+                self._pass(url, prefix, tasks, interval)
+
+    def _pass(self, url: str, prefix: str, tasks: dict[str, LeaseOptions], interval: float) -> None:
+        """One pass over ``prefix`` on the store at ``url``; never raises."""
+        options = next(iter(tasks.values()))
+        reachable = health.reachability(url)
+        try:
+            client = store.client_for(url, options.store_timeout, options.backend_options)
+            sweep_once(self.app, client, prefix, tasks)
+        except RedisError as exc:
+            # An unreachable store: one line per outage (store.health), not one per pass.
+            if not reachable.failed(exc, f"hand-over sweep of {prefix}"):
+                logger.warning(
+                    "lease sweep of %s failed (next pass in %.1fs): %s",
+                    prefix,
+                    interval,
+                    store.describe(exc),
+                )
+        except Exception:  # never let the sweep die silently
+            logger.exception("lease sweep of %s failed", prefix)
+        else:
+            reachable.answered()
 
 
 class HandoffSweep(bootsteps.StartStopStep):  # type: ignore[misc]

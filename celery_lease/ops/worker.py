@@ -20,7 +20,11 @@ worker before it consumes a single message:
   eviction policy other than ``noeviction`` can evict a live lease (the holder is told
   nothing): a loud warning, or a refusal when ``lease_require_noeviction`` is true.
 
-An unreachable store is logged, not fatal: tasks then follow ``lease_on_store_error``, which
+The banner of ``celery worker`` gets a ``[lease]`` section naming each lease store of its
+tasks, passwords masked (``.> store:       redis://:**@redis-1:6379/0``).
+
+An unreachable store is logged (a WARNING, through :mod:`celery_lease.store.health`, which
+logs the outage's end too), not fatal: tasks then follow ``lease_on_store_error``, which
 beats a worker that crash-loops while Redis restarts. Two exceptions refuse the start: a store
 error that waiting cannot fix (a wrong password, an ACL denial, a refused TLS certificate, a
 missing database), with a message naming the setting to fix; and ``lease_require_noeviction``
@@ -34,6 +38,7 @@ that builds a worker itself, and for ``celery worker`` a Click error, so the com
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -45,7 +50,7 @@ from ..errors import LeaseConfigError, LeaseStartRefused
 from ..execution.task import LeasedTask
 from ..settings.config import check_process_settings
 from ..settings.names import check_app_settings
-from ..store import permissions, topology
+from ..store import health, permissions, topology
 from ..store.errors import permanent_error
 from ..store.url import safe_url
 from . import acl
@@ -95,12 +100,8 @@ def check_app(app: Any) -> list[topology.StoreCheck]:
                     f"refuses to start without that check; start the worker once the store "
                     f"answers, or set lease_require_noeviction=False"
                 ) from None
-            logger.error(
-                "lease store %s is unreachable at worker start: %s; leased tasks "
-                "follow lease_on_store_error until it answers",
-                safe_url(url),
-                store.describe(exc),
-            )
+            # Not an ERROR: nothing is given up; leased tasks follow lease_on_store_error.
+            health.reachability(url).failed(exc, "the worker's start check")
             unreachable.add(url)
     _run_doctor(app, unreachable)
     return checks
@@ -182,6 +183,19 @@ class LeaseStoreCheck(bootsteps.StartStopStep):  # type: ignore[misc]
             # Raised from the worker's construction: Click prints it as one line and exits.
             logger.critical("celery-lease refused to start this worker: %s", exc)
             raise LeaseStartRefused("worker", str(exc)) from None
+        startup_info = getattr(parent, "startup_info", None)  # `celery worker`'s banner
+        urls = dict.fromkeys(need.url for need in acl.needs(parent.app, tasks_only=True))
+        if callable(startup_info) and urls:
+            parent.startup_info = functools.partial(_banner, startup_info, list(urls))
+
+
+def _banner(startup_info: Any, urls: list[str], artlines: bool = True) -> str:
+    """Celery's worker banner (``startup_info``) with a ``[lease]`` section naming each lease
+    store of the worker's tasks (``urls``, passwords masked), indented as the lines below
+    Celery's logo are."""
+    pad = " " * 16 if artlines else ""
+    lines = [f"{pad}.> store:       {safe_url(url)}\n" for url in urls]
+    return str(startup_info(artlines=artlines)) + f"\n{pad}[lease]\n" + "".join(lines)
 
 
 def install(app: Any) -> None:

@@ -19,7 +19,8 @@ Nothing above this package builds a Redis command; it calls these functions:
   client a waiting ``hold_async`` blocks on (:mod:`.async_wait`);
 - handing a key over to the next run (``coalesce``, ``queue``: :mod:`.handoff`): parking a
   duplicate, the release that reserves the key for the next run, the crash sweep's look;
-- store errors (:mod:`.errors`);
+- store errors (:mod:`.errors`), and whether the store answers, logged once per outage
+  (:mod:`.health`);
 - the commands each feature sends, and whether the ACL user may send them
   (:mod:`.permissions`).
 """

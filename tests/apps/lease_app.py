@@ -363,3 +363,18 @@ def _record_prerun(sender: Any = None, task_id: str = "", args: Any = (), **_: A
         if held_by is None:
             time.sleep(0.01)
     record("prerun", tag, held_by=held_by, task_id=task_id, key=key)
+
+
+if os.environ.get("LEASE_APP_SWEEP") == "1":  # a task that hands over: the worker sweeps
+
+    @app.task(
+        shared=False,
+        bind=True,
+        base=LeasedTask,
+        name="coalesced",
+        lease_key=("tag",),
+        lease_on_conflict="coalesce",
+    )
+    def coalesced(self: Any, tag: str) -> None:
+        """Gives the worker the hand-over sweep thread (``lease_on_conflict="coalesce"``)."""
+        record("start", tag)
