@@ -1,0 +1,185 @@
+"""OpenTelemetry (:mod:`celery_lease.ops.tracing`): the lease on the spans of the Celery
+instrumentation, read from the SDK's in-memory exporter of real workers in two pools; and
+nothing of it imported without OpenTelemetry."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from celery_lease import LeaseLost, LostCause
+from tests.apps import tracing_app
+from tests.apps.tracing_app import deduped, hold_after_wait, lose, publish_twice, traced
+from tests.support.fixtures import WorkerFactory
+from tests.support.waiting import wait_for
+from tests.support.workers import REPO_ROOT
+
+APP = "tests.apps.tracing_app"
+Span = dict[str, Any]
+
+
+@pytest.fixture(params=["prefork", "threads"])
+def client(request: Any, redis_url: str, worker_factory: WorkerFactory) -> Iterator[redis.Redis]:
+    """A traced worker of the pool (two processes or threads) on this test's queue."""
+    tracing_app.app.conf.update(
+        broker_url=redis_url,
+        result_backend=redis_url,
+        lease_backend=redis_url,
+        task_default_queue=worker_factory.queue,
+    )
+    for task in (traced, lose, deduped):
+        task.forget_lease_settings()
+    worker_factory(APP, pool=request.param, concurrency=2)
+    with redis.Redis.from_url(redis_url) as client:
+        yield client
+
+
+def spans(client: redis.Redis) -> list[Span]:
+    return [json.loads(raw) for raw in client.lrange("spans", 0, -1)]
+
+
+def run_span(client: redis.Redis, task_id: str) -> Span:
+    """The run span of ``task_id``, once its worker reported it."""
+    found: list[Span] = []
+
+    def reported() -> bool:
+        found[:] = [
+            s
+            for s in spans(client)
+            if s["name"].startswith("run/")
+            and s["attributes"].get("messaging.message.id") == task_id
+        ]
+        return bool(found)
+
+    wait_for(reported, 30, message=f"no run span for task {task_id}")
+    return found[0]
+
+
+def lease(span: Span, name: str) -> Any:
+    return span["attributes"].get(f"celery_lease.{name}")
+
+
+def test_a_run_span_carries_its_key_fencing_token_wait_and_renewals(
+    client: redis.Redis,
+) -> None:
+    result = traced.delay("long", 1.8)  # longer than three renew intervals (0.5 s)
+    fencing_token = result.get(timeout=30)
+    span = run_span(client, result.id)
+    assert lease(span, "key") == traced.lease_key_for(("long",))
+    assert lease(span, "fencing_token") == fencing_token
+    assert 0.0 < lease(span, "wait_seconds") < 5.0
+    assert lease(span, "renewals") >= 2
+    assert lease(span, "held_seconds") >= 1.8
+    assert lease(span, "conflict") is None
+
+
+def test_a_skipped_duplicate_says_how_its_conflict_ended_and_who_held_the_key(
+    client: redis.Redis,
+) -> None:
+    first = traced.delay("dup", 3.0)
+    key = traced.lease_key_for(("dup",))
+    wait_for(lambda: client.exists(key), 30, message="the first run did not take its lease")
+    second = traced.delay("dup")
+    second.get(timeout=30)
+    span = run_span(client, second.id)
+    assert lease(span, "conflict") == "skipped"
+    assert lease(span, "holder_task_id") == first.id
+    assert lease(span, "key") is None  # never granted
+    first.get(timeout=30)
+
+
+def test_a_lost_lease_is_an_exception_event_with_its_cause(client: redis.Redis) -> None:
+    result = lose.delay("gone")
+    with pytest.raises(LeaseLost):
+        result.get(timeout=30)
+    span = run_span(client, result.id)
+    lost = [
+        e
+        for e in span["events"]
+        if e["name"] == "exception" and "celery_lease.cause" in e["attributes"]
+    ]
+    assert len(lost) == 1
+    assert lost[0]["attributes"]["exception.type"].endswith("LeaseLost")
+    assert lost[0]["attributes"]["celery_lease.cause"] == LostCause.REFUSED
+    assert span["status"] == "ERROR"
+
+
+def test_a_deduplicated_publish_is_an_event_on_the_publishers_span(client: redis.Redis) -> None:
+    result = publish_twice.delay("once")
+    assert result.get(timeout=30) == ["published", "deduplicated"]
+    span = run_span(client, result.id)
+    published = [e["attributes"] for e in span["events"] if e["name"] == "celery_lease.publish"]
+    key = deduped.lease_key_for(("once",))
+    assert [(p["celery_lease.key"], p["celery_lease.disposition"]) for p in published] == [
+        (key, "published"),
+        (key, "deduplicated"),
+    ]
+    assert published[0]["celery_lease.task_id"] == published[1]["celery_lease.task_id"]
+    assert lease(span, "key") is None  # the publisher's own attributes are left alone
+
+
+def test_a_hold_opens_its_own_span_with_the_time_it_waited(client: redis.Redis) -> None:
+    result = hold_after_wait.delay("report", 1.0)
+    fencing_token = result.get(timeout=30)
+    run = run_span(client, result.id)
+    holds = [s for s in spans(client) if s["name"] == "lease.hold" and s["pid"] == run["pid"]]
+    waited = [s for s in holds if s["parent_id"] == run["span_id"]]
+    assert len(waited) == 1, holds
+    span = waited[0]
+    assert lease(span, "hold") == "report"
+    assert lease(span, "key").endswith("{hold:report}")
+    assert lease(span, "fencing_token") == fencing_token
+    assert lease(span, "wait_seconds") >= 0.8  # the other thread held it for 1 s
+    assert span["status"] == "UNSET"
+
+
+def test_without_opentelemetry_nothing_of_it_is_imported_and_no_receiver_is_connected(
+    redis_url: str,
+) -> None:
+    script = textwrap.dedent(
+        f"""
+        import sys
+
+        class Blocker:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "opentelemetry":
+                    raise ModuleNotFoundError(f"No module named {{name!r}}")
+
+        sys.meta_path.insert(0, Blocker())
+        from celery import Celery
+        import celery_lease
+        from celery_lease import LeasedTask, hold
+        from celery_lease.base import signals
+
+        app = Celery("blocked", broker="memory://", set_as_current=False)
+        app.conf.update(lease_backend={redis_url!r}, lease_ttl=5.0)
+
+        @app.task(base=LeasedTask, name="blocked.double")
+        def double(x):
+            return 2 * x
+
+        assert double.apply((21,)).get() == 42
+        with hold("blocked", app=app):
+            pass
+        print(sorted(m for m in sys.modules if m.startswith(("opentelemetry",
+              "celery_lease.ops.tracing"))))
+        print(len(signals.lease_acquired.receivers), len(signals.lease_released.receivers))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["[]", "0 0"]
