@@ -140,41 +140,10 @@ def test_a_hold_opens_its_own_span_with_the_time_it_waited(client: redis.Redis) 
     assert span["status"] == "UNSET"
 
 
-def test_without_opentelemetry_nothing_of_it_is_imported_and_no_receiver_is_connected(
-    redis_url: str,
-) -> None:
-    script = textwrap.dedent(
-        f"""
-        import sys
-
-        class Blocker:
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] == "opentelemetry":
-                    raise ModuleNotFoundError(f"No module named {{name!r}}")
-
-        sys.meta_path.insert(0, Blocker())
-        from celery import Celery
-        import celery_lease
-        from celery_lease import LeasedTask, hold
-        from celery_lease.base import signals
-
-        app = Celery("blocked", broker="memory://", set_as_current=False)
-        app.conf.update(lease_backend={redis_url!r}, lease_ttl=5.0)
-
-        @app.task(base=LeasedTask, name="blocked.double")
-        def double(x):
-            return 2 * x
-
-        assert double.apply((21,)).get() == 42
-        with hold("blocked", app=app):
-            pass
-        print(sorted(m for m in sys.modules if m.startswith(("opentelemetry",
-              "celery_lease.ops.tracing"))))
-        print(len(signals.lease_acquired.receivers), len(signals.lease_released.receivers))
-        """
-    )
+def run_python(script: str) -> list[str]:
+    """The lines ``script`` printed, run by a fresh interpreter in the repository."""
     done = subprocess.run(
-        [sys.executable, "-c", script],
+        [sys.executable, "-c", textwrap.dedent(script)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -182,4 +151,127 @@ def test_without_opentelemetry_nothing_of_it_is_imported_and_no_receiver_is_conn
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[:2] == ["[]", "0 0"]
+    return done.stdout.splitlines()
+
+
+def app_code(redis_url: str) -> str:
+    return f"""
+        from celery import Celery
+        from celery_lease import LeasedTask
+
+        app = Celery("traced", broker="memory://", set_as_current=False)
+        app.conf.update(lease_backend={redis_url!r}, lease_ttl=5.0)
+
+        @app.task(base=LeasedTask, name="traced.double")
+        def double(x):
+            return 2 * x
+        """
+
+
+def test_without_opentelemetry_nothing_of_it_is_imported_and_no_receiver_is_connected(
+    redis_url: str,
+) -> None:
+    blocked = """
+        import sys
+
+        class Blocker:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "opentelemetry":
+                    raise ModuleNotFoundError(f"No module named {name!r}")
+
+        sys.meta_path.insert(0, Blocker())
+        """
+    printed = run_python(
+        blocked
+        + app_code(redis_url)
+        + """
+        from celery_lease import hold
+        from celery_lease.base import signals
+
+        assert double.apply((21,)).get() == 42
+        with hold("blocked", app=app):
+            pass
+        print(sorted(m for m in sys.modules if m.startswith("opentelemetry") or ".tracing" in m))
+        print(len(signals.lease_acquired.receivers), len(signals.lease_released.receivers))
+        """
+    )
+    assert printed == ["[]", "0 0"]
+
+
+def test_without_a_tracer_provider_the_first_execution_disconnects_it_and_a_child_looks_again(
+    redis_url: str,
+) -> None:
+    printed = run_python(
+        app_code(redis_url)
+        + """
+        import os
+        from celery_lease.base import signals
+        from celery_lease.ops import tracing
+
+        print(tracing.installed(), len(signals.lease_acquired.receivers))
+        assert double.apply((21,)).get() == 42
+        print(tracing.installed(), len(signals.lease_acquired.receivers))
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if tracing.installed() else 1)
+        print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        """
+    )
+    assert printed == ["True 1", "False 0", "0"]
+
+
+def test_hold_async_opens_a_span_current_in_its_block_and_a_refused_hold_ends_its_own(
+    redis_url: str,
+) -> None:
+    printed = run_python(
+        """
+        import asyncio, json
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        """
+        + app_code(redis_url)
+        + """
+        from celery_lease import LeaseConflict, hold, hold_async
+
+        async def main():
+            async with hold_async("nightly", app=app) as lease:
+                with trace.get_tracer("test").start_as_current_span("inside"):
+                    pass
+                try:
+                    with hold("nightly", app=app):
+                        pass
+                except LeaseConflict:
+                    pass
+                return lease.fencing_token
+
+        print(asyncio.run(main()))
+        spans = exporter.get_finished_spans()
+        names = {s.context.span_id: s.name for s in spans}
+        for s in spans:
+            print(json.dumps({
+                "name": s.name,
+                "parent": names.get(s.parent.span_id) if s.parent else None,
+                "attributes": dict(s.attributes),
+                "status": s.status.status_code.name,
+                "events": [e.attributes.get("exception.type") for e in s.events],
+            }))
+        """
+    )
+    fencing_token = int(printed[0])
+    inside, refused, held = (json.loads(line) for line in printed[1:])
+    assert inside["name"] == "inside" and inside["parent"] == "lease.hold"
+    assert refused["parent"] == "lease.hold" and refused["status"] == "ERROR"
+    assert refused["events"] == ["celery_lease.errors.LeaseConflict"]
+    assert "celery_lease.key" not in refused["attributes"]
+    assert held["parent"] is None and held["status"] == "UNSET"
+    assert held["attributes"]["celery_lease.hold"] == "nightly"
+    assert held["attributes"]["celery_lease.fencing_token"] == fencing_token
+    assert held["attributes"]["celery_lease.renewals"] == 0
+    assert held["attributes"]["celery_lease.key"].endswith("{hold:nightly}")

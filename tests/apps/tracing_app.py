@@ -83,6 +83,7 @@ def _as_json(span: ReadableSpan) -> str:
                 {"name": e.name, "attributes": dict(e.attributes or {})} for e in span.events
             ],
             "status": span.status.status_code.name,
+            "seconds": ((span.end_time or 0) - (span.start_time or 0)) / 1e9,
             "pid": os.getpid(),
         }
     )
