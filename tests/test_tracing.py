@@ -16,7 +16,16 @@ import redis
 
 from celery_lease import LeaseLost, LostCause
 from tests.apps import tracing_app
-from tests.apps.tracing_app import deduped, hold_after_wait, lose, publish_twice, traced
+from tests.apps.tracing_app import (
+    coalesced,
+    deduped,
+    hold_after_wait,
+    lose,
+    preempting,
+    publish_twice,
+    queued,
+    traced,
+)
 from tests.support.fixtures import WorkerFactory
 from tests.support.waiting import wait_for
 from tests.support.workers import REPO_ROOT
@@ -34,7 +43,7 @@ def client(request: Any, redis_url: str, worker_factory: WorkerFactory) -> Itera
         lease_backend=redis_url,
         task_default_queue=worker_factory.queue,
     )
-    for task in (traced, lose, deduped):
+    for task in (traced, lose, deduped, queued, coalesced, preempting):
         task.forget_lease_settings()
     worker_factory(APP, pool=request.param, concurrency=2)
     with redis.Redis.from_url(redis_url) as client:
@@ -93,6 +102,47 @@ def test_a_skipped_duplicate_says_how_its_conflict_ended_and_who_held_the_key(
     assert lease(span, "holder_task_id") == first.id
     assert lease(span, "key") is None  # never granted
     first.get(timeout=30)
+
+
+def started(client: redis.Redis, task: Any, tag: str) -> None:
+    key = task.lease_key_for((tag,))
+    wait_for(lambda: client.exists(key), 30, message=f"{task.name} did not take {key}")
+
+
+def test_a_duplicate_put_aside_says_where_its_message_went(client: redis.Redis) -> None:
+    first = queued.delay("line", 1.0)
+    started(client, queued, "line")
+    parked = queued.delay("line")
+    # Long enough for the duplicate to meet it once a worker thread or process is free.
+    first_coalesced = coalesced.delay("pending", 5.0)
+    started(client, coalesced, "pending")
+    joined = coalesced.delay("pending")
+    span = run_span(client, parked.id)  # the parked copy's own run ended, its message waits
+    assert (lease(span, "conflict"), lease(span, "disposition")) == ("queued", "parked")
+    assert (lease(span, "position"), lease(span, "holder_task_id")) == (1, first.id)
+    span = run_span(client, joined.id)
+    assert (lease(span, "conflict"), lease(span, "disposition")) == ("coalesced", "coalesced")
+    assert lease(span, "holder_task_id") == first_coalesced.id
+    assert first.get(timeout=30) < parked.get(timeout=30)  # it ran later, fenced higher
+
+
+def test_a_take_over_names_whom_it_preempted_and_the_holder_records_why_it_lost(
+    client: redis.Redis,
+) -> None:
+    holder = preempting.delay("newest", 20.0)
+    started(client, preempting, "newest")
+    newcomer = preempting.delay("newest")
+    newcomer.get(timeout=30)
+    with pytest.raises(LeaseLost):
+        holder.get(timeout=30)
+    span = run_span(client, newcomer.id)
+    assert lease(span, "conflict") == "preempted"
+    assert lease(span, "preempted_task_id") == holder.id
+    old = run_span(client, holder.id)
+    assert lease(span, "preempted_fencing_token") == lease(old, "fencing_token")
+    assert lease(span, "fencing_token") > lease(old, "fencing_token")
+    causes = [e["attributes"].get("celery_lease.cause") for e in old["events"]]
+    assert LostCause.PREEMPTED in causes
 
 
 def test_a_lost_lease_is_an_exception_event_with_its_cause(client: redis.Redis) -> None:

@@ -111,8 +111,39 @@ def lose(self: Any, tag: str) -> None:
     ``LeaseLost`` is raised here (short sleeps: the threads pool delivers between them)."""
     with redis.Redis.from_url(BROKER) as client:
         client.delete(self.lease.key)
-    for _ in range(300):
-        time.sleep(0.1)
+    _held_for(30.0)
+
+
+def _held_for(seconds: float) -> None:
+    """Sleep ``seconds`` in short steps (the threads pool delivers ``LeaseLost`` between)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@app.task(bind=True, base=LeasedTask, name="queued", lease_key=("tag",), lease_on_conflict="queue")
+def queued(self: Any, tag: str, seconds: float = 0.0) -> int:
+    """Hold the lease ``seconds``; a duplicate waits in the key's line."""
+    _held_for(seconds)
+    return int(self.lease.fencing_token)
+
+
+@app.task(
+    bind=True, base=LeasedTask, name="coalesced", lease_key=("tag",), lease_on_conflict="coalesce"
+)
+def coalesced(self: Any, tag: str, seconds: float = 0.0) -> int:
+    """Hold the lease ``seconds``; duplicates coalesce into one pending run."""
+    _held_for(seconds)
+    return int(self.lease.fencing_token)
+
+
+@app.task(
+    bind=True, base=LeasedTask, name="preempting", lease_key=("tag",), lease_on_conflict="preempt"
+)
+def preempting(self: Any, tag: str, seconds: float = 0.0) -> int:
+    """Hold the lease ``seconds`` unless a newer run takes the key over."""
+    _held_for(seconds)
+    return int(self.lease.fencing_token)
 
 
 @app.task(bind=True, base=LeasedTask, name="deduped", lease_key=("tag",), lease_dedupe=True)
