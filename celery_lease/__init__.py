@@ -24,12 +24,15 @@ three, and that this map names every module)::
     execution/   task, accepted, publishing, lease_tasks, outage
     holds/       plain, aio, core, options, shapes
     beat/        scheduler, leader
-    ops/         cli, doctor (+ claims, sentinels), finding, inspection, flower, metrics, acl,
-                 worker, sweep, testing
+    ops/         cli, doctor (+ claims, sentinels), finding, inspection, flower, metrics,
+                 tracing (OpenTelemetry, switched on below when importable), acl, worker,
+                 sweep, testing
     (root)       signals, flower, metrics, testing: the documented import paths, re-exported
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 from .base.keys import hold_name
 from .core.lease import Lease, current_lease
@@ -76,3 +79,18 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def _opentelemetry_importable() -> bool:
+    try:  # a top-level name: nothing is imported to answer
+        return importlib.util.find_spec("opentelemetry") is not None
+    except (ImportError, ValueError):  # an import hook refusing it, a None in sys.modules
+        return False
+
+
+# The `otel` extra: spans carry the lease. Without OpenTelemetry nothing of it is imported and
+# no signal gets a receiver: a leased execution does no work for it.
+if _opentelemetry_importable():
+    from .ops import tracing as _tracing
+
+    _tracing.install()

@@ -39,8 +39,10 @@ from .. import store
 from ..base import clock
 from ..core import interrupt
 from ..core.lease import Lease
+from ..core.lifecycle import Ending
 from ..errors import LeaseStoreUnavailable
 from ..store.async_wait import AsyncWaiter
+from . import core as hold_core
 from .core import WAIT_CHUNK, HoldCore, end
 
 __all__ = ["STORE_THREADS", "AsyncHold", "hold_async"]
@@ -141,6 +143,8 @@ class AsyncHold:
         self.name = name
         self.lease: Lease | None = None
         self._target: interrupt.AsyncioTarget | None = None
+        # (tracer, its span) while entered (celery_lease.holds.core.spans)
+        self._span: tuple[hold_core.HoldSpans, Any] | None = None
 
     async def __aenter__(self) -> Lease:
         h = self._hold
@@ -151,6 +155,26 @@ class AsyncHold:
             raise RuntimeError("hold_async() must be entered from an asyncio task")
         loop = asyncio.get_running_loop()
         h.settings  # noqa: B018 - resolved here: celery.current_app is per thread
+        tracing = hold_core.spans
+        self._span = None if tracing is None else (tracing, tracing.open(self.name, True))
+        try:
+            got = await self._take_or_wait(h, task, loop)
+        except BaseException as exc:
+            if self._span is not None:
+                self._close_span(exc)
+            raise
+        if self._span is not None:
+            self._span[0].held(self._span[1], got)
+        return got
+
+    def _close_span(self, error: BaseException | None) -> None:
+        assert self._span is not None
+        (tracing, opened), self._span = self._span, None
+        tracing.close(opened, error)
+
+    async def _take_or_wait(
+        self, h: HoldCore, task: asyncio.Task[Any], loop: asyncio.AbstractEventLoop
+    ) -> Lease:
         wait, timeout = h.waiting.wait, h.waiting.timeout
         started = clock.now()
         deadline = None if timeout is None else started + timeout
@@ -208,7 +232,7 @@ class AsyncHold:
                     interrupt.CANCEL_MESSAGE,
                 )
         # Cancelled meanwhile: the release is still awaited to its end, then CancelledError.
-        ending = await _off_loop(lambda: end(lease, sender=lease.task_name))
+        ending = await self._end(lease, exc, target)
         if external:
             if isinstance(exc, asyncio.CancelledError):
                 return False
@@ -220,6 +244,21 @@ class AsyncHold:
         if exc is None and ending.loss is not None:
             raise ending.loss
         return False
+
+    async def _end(
+        self, lease: Lease, exc: BaseException | None, target: interrupt.AsyncioTarget
+    ) -> Ending:
+        """Release ``lease`` (awaited to its end through a cancellation), then end the hold's
+        span with what ended the block (``exc``), or the loss."""
+        try:
+            ending = await _off_loop(lambda: end(lease, sender=lease.task_name))
+        except BaseException as error:
+            if self._span is not None:
+                self._close_span(error)
+            raise
+        if self._span is not None:
+            self._close_span(exc or target.error or ending.loss)
+        return ending
 
 
 def hold_async(name: str, **options: Any) -> AsyncHold:

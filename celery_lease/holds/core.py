@@ -19,7 +19,7 @@ import logging
 import socket
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from celery import current_app
 from celery._state import get_current_task
@@ -34,7 +34,7 @@ from ..errors import LeaseConfigError, LeaseConflict, LeaseStoreUnavailable
 from ..settings.config import LeaseSettings, resolve_settings
 from . import options as hold_options
 
-__all__ = ["EXPIRY_SLACK", "HOLD_TASK_NAME", "WAIT_CHUNK", "HoldCore", "end"]
+__all__ = ["EXPIRY_SLACK", "HOLD_TASK_NAME", "WAIT_CHUNK", "HoldCore", "HoldSpans", "end", "spans"]
 
 logger = logging.getLogger("celery_lease")
 
@@ -45,6 +45,24 @@ HOLD_TASK_NAME = "celery_lease.hold"
 WAIT_CHUNK = 5.0
 # Past the holder's expiry before trying again, float seconds (the key expires on the server).
 EXPIRY_SLACK = 0.002
+
+
+class HoldSpans(Protocol):
+    """A span around each hold, from its entry to the end of its release."""
+
+    def open(self, name: str, current: bool) -> Any:
+        """Start the span of hold ``name`` (current inside the block when ``current``)."""
+
+    def held(self, opened: Any, lease: Lease) -> None:
+        """The hold whose span ``open`` returned ``opened`` was granted ``lease``."""
+
+    def close(self, opened: Any, error: BaseException | None) -> None:
+        """End the span, ``error`` ending the hold or its block (None: none)."""
+
+
+#: Set by :mod:`celery_lease.ops.tracing` when OpenTelemetry is importable; None: a hold
+#: opens no span (one global read per entry).
+spans: HoldSpans | None = None
 
 
 class HoldCore:

@@ -33,6 +33,7 @@ from ..base import clock
 from ..core import interrupt, lifecycle
 from ..core.lease import Lease
 from ..errors import LeaseLost
+from . import core as hold_core
 from . import options as hold_options
 from . import shapes as hold_shapes
 from .aio import AsyncHold
@@ -79,15 +80,25 @@ class Hold(HoldCore):
         # Filled at the grant: an exit that lands anywhere after it (a time limit,
         # KeyboardInterrupt, SystemExit) ends the lease here instead of leaving it renewed.
         claim = lifecycle.Claim()
+        tracing = hold_core.spans
+        if tracing is not None:  # a generator's steps run in their caller's context
+            self._span = (tracing, tracing.open(self.name, not self._by_steps))
         try:
             took = self._take_or_wait(waiting, raise_conflict, claim)
             self.lease = claim.lease
-            return took
-        except BaseException:
+        except BaseException as exc:
             if claim.lease is not None:
                 self.lease = claim.lease
-                self._release()
+                self._release(exc)
+            elif self._span is not None:
+                self._close_span(exc)
             raise
+        if self._span is not None:
+            if self.lease is not None:
+                self._span[0].held(self._span[1], self.lease)
+            else:
+                self._close_span(None)
+        return took
 
     def _take_or_wait(
         self, waiting: hold_options.Waiting, raise_conflict: bool, claim: lifecycle.Claim
@@ -132,18 +143,32 @@ class Hold(HoldCore):
             raise ending.loss
         return bool(ending.released)
 
-    def _release(self) -> lifecycle.Ending:
+    def _release(self, error: BaseException | None = None) -> lifecycle.Ending:
+        """End the lease; ``error``: what ended the block, for the hold's span."""
         lease = self.lease
         if lease is None:
             raise RuntimeError(f"hold {self.name!r} is not held")
         self.lease = None
+        ending: lifecycle.Ending | None = None
         try:
             lease.target.finish()
-            return end(lease, sender=lease.task_name)
-        except BaseException:
+            ending = end(lease, sender=lease.task_name)
+            return ending
+        except BaseException as exc:
+            error = error or exc
             if not lease.retired:  # the exit landed before the end began: end it, go on
                 end(lease, sender=lease.task_name)
             raise
+        finally:
+            if self._span is not None:
+                self._close_span(error or (ending.loss if ending is not None else None))
+
+    _span: tuple[hold_core.HoldSpans, Any] | None = None  # (tracer, its span) while entered
+
+    def _close_span(self, error: BaseException | None) -> None:
+        assert self._span is not None
+        (tracing, opened), self._span = self._span, None
+        tracing.close(opened, error)
 
     # -- with / decorator ---------------------------------------------------------------------
 
@@ -154,10 +179,10 @@ class Hold(HoldCore):
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         try:
-            ending = self._release()
+            ending = self._release(exc)
         finally:
             if self.lease is not None:  # an exit landed as the end began: end it all the same
-                self._release()
+                self._release(exc)
         if isinstance(exc, LeaseLost) and type(exc) is not LeaseLost:
             # The threads' per-delivery carrier: surface the public class.
             raise LeaseLost(*exc.args).with_traceback(tb) from None
