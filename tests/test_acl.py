@@ -128,26 +128,29 @@ def test_min_replicas_is_acknowledged_by_a_real_replica_under_the_generated_rule
     assert check_app(app_for(server.lease_url(), lease_min_replicas=1))
 
 
-PREEMPT_PREFIX = "aclpre"  # a prefix of its own: this process's listener on its own channel
+# A prefix of its own: this process's listener on its own channel. A process has one listener
+# per prefix, on the first store it used: a test on another server takes another prefix.
+PREEMPT_PREFIX = "aclpre"
 
 
 def test_a_preempt_under_the_generated_rule_tells_the_old_body_at_once_on_its_channel(
     server: AclRedisServer,
 ) -> None:
-    job, _ = in_process("redis://unused@127.0.0.1:1/0", PREEMPT_PREFIX)
+    prefix = f"{PREEMPT_PREFIX}{server.port}"
+    job, _ = in_process("redis://unused@127.0.0.1:1/0", prefix)
     app = job.app
     (need,) = acl.needs(app)
     assert "preempt" in need.features
     (rule,) = acl.rules(app)
-    assert f"'~{PREEMPT_PREFIX}:*' resetchannels '&{PREEMPT_PREFIX}:preempt:*' -@all" in rule
+    assert f"'~{prefix}:*' resetchannels '&{prefix}:preempt:*' -@all" in rule
     assert "+publish +subscribe" in rule
     with server.client() as admin:  # the user `celery lease acl` prints for this app
         admin.execute_command(
             "ACL",
             "SETUSER",
-            *lease_acl("preempter", "pw", PREEMPT_PREFIX, features=sorted(need.features)),
+            *lease_acl("preempter", "pw", prefix, features=sorted(need.features)),
         )
-    job, seen = in_process(f"redis://preempter:pw@{HOST}:{server.port}/0", PREEMPT_PREFIX)
+    job, seen = in_process(f"redis://preempter:pw@{HOST}:{server.port}/0", prefix)
     assert check_app(job.app)  # the start check finds nothing missing, channels included
     told: list[int] = []
 
@@ -162,8 +165,7 @@ def test_a_preempt_under_the_generated_rule_tells_the_old_body_at_once_on_its_ch
         wait_for(lambda: seen, 10, message="the old run never started")
         wait_for(
             lambda: any(
-                listener.subscribed.is_set()
-                and listener.channel.startswith(f"{PREEMPT_PREFIX}:preempt:")
+                listener.subscribed.is_set() and listener.channel.startswith(f"{prefix}:preempt:")
                 for listener in preempt._listeners.values()
             ),
             10,
