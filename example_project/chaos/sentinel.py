@@ -169,7 +169,7 @@ class SentinelStore:
         node = self.setup.node_on(old)
         node.kill()
         new = self.setup.wait_failover(old)
-        node.options["replicaof"] = f"127.0.0.1 {new}"  # comes back as a replica, empty
+        node.options["replicaof"] = ["127.0.0.1", str(new)]  # comes back as a replica, empty
         node.start()
         self.setup.wait_ready(new, timeout=20)
         return f"SIGKILL of primary {old}; failover to {new}; {old} back as its replica"

