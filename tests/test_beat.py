@@ -34,8 +34,11 @@ from celery import Celery
 from celery.beat import Scheduler
 
 from celery_lease import LeaseConfigError, LeaseStartRefused, store
+from celery_lease.base.keys import BEAT_TASK_NAME
+from celery_lease.beat.leader import BeatLeader
 from celery_lease.beat.scheduler import LeasedScheduler
 from celery_lease.errors import EX_CONFIG
+from celery_lease.settings import config
 from harness.waiting import wait_for
 from tests.support import runs as journal
 from tests.support.fixtures import WorkerFactory
@@ -419,6 +422,30 @@ def test_leased_scheduler_wraps_the_configured_scheduler_and_only_the_leader_sen
     app.conf.lease_beat_scheduler = "celery_lease.beat:LeasedScheduler"
     with pytest.raises(LeaseConfigError, match="lease_beat_scheduler"):
         LeasedScheduler(app=app, lazy=True)
+
+
+def test_a_standby_asks_again_when_a_dead_leaders_lease_ends_not_a_renew_interval_later(
+    redis_url: str,
+) -> None:
+    # A killed leader stops renewing, so its lease ends sooner than the standby's renew
+    # interval: waiting a whole interval after that try would take over later than one TTL.
+    app = Celery("ending", broker=redis_url)
+    app.conf.lease_beat_ttl = 6.0  # renew interval 2 s
+    options, url, _ = config.beat_settings(app.conf)
+    key = "lease:{celery.beat:ending}"
+    client = redis.Redis.from_url(url)
+    dead = store.holder_json(BEAT_TASK_NAME, "beat@killed", "host", 42)
+    assert store.acquire(client, key, uuid.uuid4().hex, 1000, dead).granted  # never renewed
+    standby = BeatLeader(app, key, options, url)
+    leading, wait = standby.poll()
+    left = client.pttl(key) / 1000
+    assert not leading and 0 < left < options.renew_interval
+    assert wait <= left + 0.1, f"asks again in {wait:.3f}s, the lease ends in {left:.3f}s"
+    try:
+        wait_for(lambda: standby.poll()[0], left + 0.5, interval=0.01)
+        assert store.parse_value(client.get(key)).task_id == standby.node
+    finally:
+        standby.step_down()
 
 
 def test_a_send_the_last_run_record_calls_early_is_not_made_and_the_record_is_loaded_again(
