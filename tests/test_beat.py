@@ -448,6 +448,45 @@ def test_a_standby_asks_again_when_a_dead_leaders_lease_ends_not_a_renew_interva
         standby.step_down()
 
 
+class StoppedWhileSending(RecordingScheduler):
+    """A scheduler whose process is told to stop (SIGTERM) while it sends."""
+
+    def apply_async(
+        self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
+    ) -> Any:
+        result = super().apply_async(entry, producer, advance, **kwargs)
+        signal.raise_signal(signal.SIGTERM)
+        return result
+
+
+def test_a_stop_during_a_send_is_handled_once_the_send_is_recorded(redis_url: str) -> None:
+    # celery beat's SIGTERM handler closes the scheduler, releasing the lease (a standby leads
+    # within milliseconds), then exits: had the send's last-run record not been written by
+    # then, the new leader would send the same slot again.
+    app = _recording_app("stopped", redis_url, ttl=5.0, every=3600.0)
+    app.conf.beat_scheduler = "tests.test_beat:StoppedWhileSending"
+    scheduler = LeasedScheduler(app=app)
+    wait_for(lambda: scheduler.tick() is not None and scheduler.leader is not None, 5)
+    leader = scheduler.leader
+    assert leader is not None and leader.is_leader
+    client = redis.Redis.from_url(redis_url)
+
+    def stop(signum: int, frame: Any) -> None:  # what `celery beat` installs
+        scheduler.close()
+        raise SystemExit()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(SystemExit):
+            scheduler.apply_async(scheduler.inner.schedule["every"])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert scheduler.inner.sent == ["every"]
+    assert client.get(leader.key) is None  # released by the stop
+    assert list(leader.last_run_ages()) == ["every"]  # but only once the send was recorded
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+
 def test_a_send_the_last_run_record_calls_early_is_not_made_and_the_record_is_loaded_again(
     redis_url: str,
 ) -> None:
