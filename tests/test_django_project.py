@@ -107,8 +107,11 @@ def test_a_schedule_change_after_a_take_over_does_not_resend_what_the_old_leader
         beats += [dj.start_beat(project, "a"), dj.start_beat(project, "b")]
         by_pid = {beat.pid: beat for beat in beats}
         wait_for(lambda: len(dj.sends(client)) >= 2, 3 * period, interval=0.01, message=logs)
-        old = dj.sends(client)[-1].pid
-        by_pid[old].send_signal(signal.SIGKILL)  # right after a send: the database did not see it
+        last = dj.sends(client)[-1]
+        old = last.pid
+        # Right after the send is in the last-run record; the database did not see it.
+        wait_for(lambda: dj.recorded(leases) >= last.at, 5, interval=0.005)
+        by_pid[old].send_signal(signal.SIGKILL)
         by_pid[old].wait(10)
         (new,) = set(by_pid) - {old}
         wait_for(lambda: dj.leader(leases) == new, TTL + 10, message=logs)

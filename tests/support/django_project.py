@@ -24,6 +24,7 @@ from pathlib import Path
 import redis
 
 from celery_lease import store
+from celery_lease.base.keys import last_run_key
 from tests.test_docs_snippets import _local
 from tests.test_testing_plugin import titled_blocks, write_project
 
@@ -108,6 +109,14 @@ def leader(client: redis.Redis) -> int | None:
     """The pid of the beat holding the leader lease (``client``: :func:`leases`)."""
     value = client.get(BEAT_KEY)
     return store.parse_value(value).pid if value else None
+
+
+def recorded(client: redis.Redis, entry: str = ENTRY) -> float:
+    """When the beat leaders' last-run record says ``entry`` was last sent: epoch seconds on
+    the store's clock (this host's), 0.0 if never (``client``: :func:`leases`). A leader
+    writes it right after each send."""
+    stamp = client.hget(last_run_key(BEAT_KEY), entry)
+    return float(stamp) if stamp else 0.0
 
 
 @dataclass(frozen=True)
