@@ -35,8 +35,11 @@ from celery import Celery
 from celery.beat import Scheduler
 
 from celery_lease import LeaseConfigError, LeaseStartRefused, store
+from celery_lease.base.keys import BEAT_TASK_NAME
+from celery_lease.beat.leader import BeatLeader
 from celery_lease.beat.scheduler import LeasedScheduler
 from celery_lease.errors import EX_CONFIG
+from celery_lease.settings import config
 from harness.waiting import wait_for
 from tests.support import runs as journal
 from tests.support.fixtures import RedisFactory, WorkerFactory
@@ -420,6 +423,69 @@ def test_leased_scheduler_wraps_the_configured_scheduler_and_only_the_leader_sen
     app.conf.lease_beat_scheduler = "celery_lease.beat:LeasedScheduler"
     with pytest.raises(LeaseConfigError, match="lease_beat_scheduler"):
         LeasedScheduler(app=app, lazy=True)
+
+
+def test_a_standby_asks_again_when_a_dead_leaders_lease_ends_not_a_renew_interval_later(
+    redis_url: str,
+) -> None:
+    # A killed leader stops renewing, so its lease ends sooner than the standby's renew
+    # interval: waiting a whole interval after that try would take over later than one TTL.
+    app = Celery("ending", broker=redis_url)
+    app.conf.lease_beat_ttl = 6.0  # renew interval 2 s
+    options, url, _ = config.beat_settings(app.conf)
+    key = "lease:{celery.beat:ending}"
+    client = redis.Redis.from_url(url)
+    dead = store.holder_json(BEAT_TASK_NAME, "beat@killed", "host", 42)
+    assert store.acquire(client, key, uuid.uuid4().hex, 1000, dead).granted  # never renewed
+    standby = BeatLeader(app, key, options, url)
+    leading, wait = standby.poll()
+    left = client.pttl(key) / 1000
+    assert not leading and 0 < left < options.renew_interval
+    assert wait <= left + 0.1, f"asks again in {wait:.3f}s, the lease ends in {left:.3f}s"
+    try:
+        wait_for(lambda: standby.poll()[0], left + 0.5, interval=0.01)
+        assert store.parse_value(client.get(key)).task_id == standby.node
+    finally:
+        standby.step_down()
+
+
+class StoppedWhileSending(RecordingScheduler):
+    """A scheduler whose process is told to stop (SIGTERM) while it sends."""
+
+    def apply_async(
+        self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
+    ) -> Any:
+        result = super().apply_async(entry, producer, advance, **kwargs)
+        signal.raise_signal(signal.SIGTERM)
+        return result
+
+
+def test_a_stop_during_a_send_is_handled_once_the_send_is_recorded(redis_url: str) -> None:
+    # celery beat's SIGTERM handler closes the scheduler, releasing the lease (a standby leads
+    # within milliseconds), then exits: had the send's last-run record not been written by
+    # then, the new leader would send the same slot again.
+    app = _recording_app("stopped", redis_url, ttl=5.0, every=3600.0)
+    app.conf.beat_scheduler = "tests.test_beat:StoppedWhileSending"
+    scheduler = LeasedScheduler(app=app)
+    wait_for(lambda: scheduler.tick() is not None and scheduler.leader is not None, 5)
+    leader = scheduler.leader
+    assert leader is not None and leader.is_leader
+    client = redis.Redis.from_url(redis_url)
+
+    def stop(signum: int, frame: Any) -> None:  # what `celery beat` installs
+        scheduler.close()
+        raise SystemExit()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(SystemExit):
+            scheduler.apply_async(scheduler.inner.schedule["every"])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert scheduler.inner.sent == ["every"]
+    assert client.get(leader.key) is None  # released by the stop
+    assert list(leader.last_run_ages()) == ["every"]  # but only once the send was recorded
+    assert signal.getsignal(signal.SIGTERM) is previous
 
 
 def test_a_send_the_last_run_record_calls_early_is_not_made_and_the_record_is_loaded_again(

@@ -54,8 +54,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,7 +71,6 @@ SQL = {"sql"}
 SHELL = {"console", "shell", "bash", "sh"}
 LISTING = {"text"}
 ENGINES = {"sqlite", "postgresql"}
-PG_DSN = "host=localhost port=5432 user=postgres"
 
 _FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)(.*)$")
 _TITLE = re.compile(r'\btitle="([^"]+)"')
@@ -293,26 +291,6 @@ def _used(statement: str, params: dict[str, object]) -> dict[str, object]:
     return {k: v for k, v in params.items() if re.search(rf"(?<!:):{k}\b", statement)}
 
 
-@pytest.fixture
-def postgres_db() -> Iterator[str]:
-    """A private PostgreSQL database on localhost:5432 (trust auth), dropped afterwards."""
-    psycopg = pytest.importorskip("psycopg")
-    name = f"docs_snippet_{uuid.uuid4().hex[:12]}"
-    try:
-        admin = psycopg.connect(f"{PG_DSN} dbname=postgres", autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        pytest.fail(
-            f"the docs' SQL names PostgreSQL, which must answer on localhost:5432 "
-            f"with trust auth for user postgres: {exc}"
-        )
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            yield f"{PG_DSN} dbname={name}"
-        finally:
-            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-
-
 SQL_SNIPPETS = [s for s in RUN if s.lang in SQL]
 
 
@@ -341,7 +319,7 @@ def _executor(
         return db.execute
     import psycopg
 
-    pg = psycopg.connect(request.getfixturevalue("postgres_db"), autocommit=True)
+    pg = psycopg.connect(request.getfixturevalue("postgres_db").dsn, autocommit=True)
     request.addfinalizer(pg.close)
 
     def execute(statement: str, params: dict[str, object]) -> object:

@@ -106,7 +106,10 @@ class BeatLeader:
         now = clock.now()
         if now < self._next_try:
             return False, self._next_try - now
-        return self._try_acquire(), self.options.renew_interval
+        if self._try_acquire():
+            return True, self.options.renew_interval
+        # Not a whole renew interval: the next try is due when the leader's lifetime ends.
+        return False, max(self._next_try - clock.now(), 0.0)
 
     def _try_acquire(self) -> bool:
         holder = lifecycle.HolderInfo(BEAT_TASK_NAME, self.node, socket.gethostname())
@@ -163,8 +166,11 @@ class BeatLeader:
                 fencing_token=leader.fencing_token,
                 token=leader.token,
             )
-        # Ask again the moment the leader's lifetime ends, or at the next interval.
-        self._next_try = clock.now() + min(found.remaining + 0.01, self.options.renew_interval)
+        # Ask again the moment the leader's lifetime ends, or at the next interval (a key
+        # without a lifetime, remaining < 0, is not retried in a tight loop).
+        renew = self.options.renew_interval
+        wait = found.remaining + 0.01 if found.remaining >= 0 else renew
+        self._next_try = clock.now() + min(wait, renew)
 
     def step_down(self) -> None:
         """Stop leading: stop renewing, release the lease if still ours (token-checked)."""

@@ -25,6 +25,9 @@ Celery's ``PersistentScheduler``) and only the process holding the leader lease 
   record is read again: a wrapped scheduler that re-read older times from its own storage
   (django-celery-beat's database after a schedule change) does not send an entry again. The
   record lives :data:`LAST_RUN_PERIODS` times the longest period, refreshed at every send.
+  A stop (SIGTERM, SIGINT) that arrives during a send is held until its record is written:
+  ``celery beat``'s handler releases the lease at once, and a standby leading before the
+  record would send the entry again.
 
 A check-then-send can still race with a pause that hits between the check and the send; the
 window is one ``apply_async`` call. Tasks that must never overlap should also be
@@ -35,9 +38,12 @@ schedule from firing twice. Settings (``lease_beat_scheduler``, ``lease_beat_ttl
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import logging
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from celery.utils.imports import load_extension_class_names, symbol_by_name
@@ -56,6 +62,8 @@ _DEFAULT_INNER = "celery.beat:PersistentScheduler"
 
 #: Float seconds: a send this close to the due time of the last recorded one is its own.
 RESEND_SLACK = 1.0
+#: What ``celery beat`` installs its stop handler on (it closes the scheduler, then exits).
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _SELF_NAMES = (
     "celery_lease.beat:LeasedScheduler",
     "celery_lease.beat.LeasedScheduler",
@@ -108,6 +116,28 @@ def _inner_class(app: Any) -> type:
             "wrap, e.g. 'celery.beat:PersistentScheduler'"
         )
     return inner
+
+
+@contextlib.contextmanager
+def _stop_signals_held() -> Iterator[None]:
+    """Hold the signals ``celery beat`` stops on (SIGTERM, SIGINT) for the block, and deliver
+    them after it. Only in the main thread (Python runs signal handlers there, and only there
+    can they be replaced), and only a handler set from Python is replaced."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    held: dict[signal.Signals, Any] = {}
+    for stop in _STOP_SIGNALS:
+        if callable(signal.getsignal(stop)):
+            held[stop] = signal.signal(stop, lambda number, _frame: caught.append(number))
+    try:
+        yield
+    finally:
+        for stop, handler in held.items():
+            signal.signal(stop, handler)
+        for number in dict.fromkeys(caught):
+            signal.raise_signal(number)  # its handler runs now, as if it came now
 
 
 class LeasedScheduler:
@@ -223,8 +253,11 @@ class LeasedScheduler:
             logger.warning("beat: not sending %s: by its last-run record not due yet", entry.name)
             self._take_over(leader)  # the wrapped scheduler's times are older: load them again
             return None
-        result = self._send(entry, producer=producer, advance=advance, **kwargs)
-        leader.record_run(entry.name, self._period(entry))
+        # A send and its record are one step for a beat told to stop: celery beat's handler
+        # steps down at once, and a standby leading before the record would send it again.
+        with _stop_signals_held():
+            result = self._send(entry, producer=producer, advance=advance, **kwargs)
+            leader.record_run(entry.name, self._period(entry))
         return result
 
     def _sent_lately(self, leader: BeatLeader, entry: Any) -> bool:

@@ -1,4 +1,5 @@
-"""Pytest fixtures for private Redis servers, TCP proxies and Celery workers.
+"""Pytest fixtures for private Redis servers, TCP proxies, Celery workers and PostgreSQL
+databases.
 
 Load with ``pytest_plugins = ["tests.support.fixtures"]`` in ``tests/conftest.py``.
 """
@@ -18,6 +19,7 @@ from celery_lease import store
 from harness.proxy import TcpProxy
 from harness.redis_server import RedisServer
 from harness.workers import CeleryWorker
+from tests.support.postgres import PrivateDatabase, private_database
 from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, RESULT_BACKEND_ENV
 
 DEFAULT_APP = "tests.apps.smoke_app"
@@ -40,6 +42,13 @@ def redis_server() -> Iterator[RedisServer]:
     """One private redis-server for the whole session (never the shared one)."""
     with RedisServer() as server:
         yield server
+
+
+@pytest.fixture
+def postgres_db() -> Iterator[PrivateDatabase]:
+    """A private database on the machine's PostgreSQL (localhost:5432), dropped afterwards."""
+    with private_database("celery_lease_test") as db:
+        yield db
 
 
 @pytest.fixture(scope="module")
