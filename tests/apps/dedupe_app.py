@@ -17,19 +17,19 @@ import redis
 from celery import Celery
 
 from celery_lease import LeasedTask
-from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, RESULT_BACKEND_ENV
+from tests.support.workers import QUEUE_ENV, app_urls
 
-BROKER = os.environ.get(BROKER_URL_ENV, "redis://127.0.0.1:1/0")
+BROKER, RESULTS, LEASES = app_urls()
 
 app = Celery(
     "dedupe_app",
     broker=BROKER,
-    backend=os.environ.get(RESULT_BACKEND_ENV) or BROKER,
+    backend=RESULTS,
     set_as_current=False,
 )
 app.conf.update(
     task_default_queue=os.environ.get(QUEUE_ENV, "celery"),
-    lease_backend=BROKER,
+    lease_backend=LEASES,
     lease_ttl=5.0,
     lease_dedupe=True,
     broker_connection_retry_on_startup=True,
