@@ -23,8 +23,8 @@ three, and that this map names every module)::
     execution/   task, accepted, publishing, lease_tasks, outage
     holds/       plain, aio, core, options, shapes
     beat/        scheduler, leader
-    ops/         cli, doctor (+ claims), finding, inspection, flower, metrics, acl, worker,
-                 sweep, testing
+    ops/         cli, doctor (+ claims, consumer_timeout), finding, inspection, flower, metrics,
+                 acl, worker, sweep, testing
     (root)       signals, flower, metrics, testing: the documented import paths, re-exported
 """
 

@@ -16,7 +16,7 @@ from celery import Celery
 
 from celery_lease import LeasedTask, current_lease
 from tests.support import runs as journal
-from tests.support.workers import QUEUE_ENV, app_urls
+from tests.support.workers import QUEUE_ENV, app_urls, point_app
 
 BROKER, RESULTS, LEASES = app_urls()
 #: The cooldown of ``cool.once`` and ``cool.any``: long, so that a copy surely meets it.
@@ -42,7 +42,7 @@ app.conf.update(
 def configure(url: str, **conf: Any) -> None:
     """Point the app at ``url`` (broker, results, leases; ``conf`` overrides any of them)
     before its first leased call."""
-    app.conf.update({"broker_url": url, "result_backend": url, "lease_backend": url, **conf})
+    point_app(app, **{"broker_url": url, "result_backend": url, "lease_backend": url, **conf})
 
 
 def _record(tag: str) -> None:

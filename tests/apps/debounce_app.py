@@ -19,7 +19,7 @@ from celery import Celery
 
 from celery_lease import LeasedTask
 from tests.support import runs as journal
-from tests.support.workers import QUEUE_ENV, app_urls
+from tests.support.workers import QUEUE_ENV, app_urls, point_app
 
 BROKER, RESULTS, LEASES = app_urls()
 
@@ -39,7 +39,7 @@ app.conf.update(
 def configure(url: str, **conf: Any) -> None:
     """Point the app at ``url`` (broker, results, leases; ``conf`` overrides any of them)
     before its first leased call."""
-    app.conf.update({"broker_url": url, "result_backend": url, "lease_backend": url, **conf})
+    point_app(app, **{"broker_url": url, "result_backend": url, "lease_backend": url, **conf})
     refresh.forget_lease_settings()
 
 

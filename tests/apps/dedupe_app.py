@@ -17,7 +17,7 @@ import redis
 from celery import Celery
 
 from celery_lease import LeasedTask
-from tests.support.workers import QUEUE_ENV, app_urls
+from tests.support.workers import QUEUE_ENV, app_urls, point_app
 
 BROKER, RESULTS, LEASES = app_urls()
 
@@ -40,14 +40,15 @@ app.conf.update(
 
 def configure(url: str, queue: str, **conf: Any) -> None:
     """Point the client-side twin at ``url`` (broker, results, leases) and ``queue``."""
-    app.conf.update(
-        {
+    point_app(
+        app,
+        **{
             "broker_url": url,
             "result_backend": url,
             "lease_backend": url,
             "task_default_queue": queue,
             **conf,
-        }
+        },
     )
     for task in app.tasks.values():
         if isinstance(task, LeasedTask):

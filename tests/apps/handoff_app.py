@@ -21,7 +21,7 @@ from celery import Celery
 
 from celery_lease import LeasedTask
 from celery_lease.base import signals
-from tests.support.workers import QUEUE_ENV, app_urls
+from tests.support.workers import QUEUE_ENV, app_urls, point_app
 
 BROKER, RESULTS, LEASES = app_urls()
 _timeout = os.environ.get("LEASE_QUEUE_TIMEOUT")
@@ -42,7 +42,7 @@ app.conf.update(
 def configure(url: str, **conf: Any) -> None:
     """Point the app at ``url`` (broker, results, leases; ``conf`` overrides any of them)
     before its first leased call."""
-    app.conf.update({"broker_url": url, "result_backend": url, "lease_backend": url, **conf})
+    point_app(app, **{"broker_url": url, "result_backend": url, "lease_backend": url, **conf})
     for task in (coalesced, queued, retried, queued_retrying):
         task.forget_lease_settings()
 

@@ -67,9 +67,11 @@ def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url(0)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def rabbitmq_url() -> Iterator[str]:
-    """A private vhost on the shared RabbitMQ for this module (:mod:`tests.support.rabbitmq`)."""
+    """A private vhost on the shared RabbitMQ (:mod:`tests.support.rabbitmq`) for the session:
+    one per xdist worker (each ``rabbitmqctl`` call takes seconds); the tests' queue names are
+    their own (the ``worker_factory``'s and each rig's)."""
     with rabbitmq.private_vhost() as url:
         yield url
 

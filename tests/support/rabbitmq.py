@@ -1,4 +1,4 @@
-"""A private virtual host on the shared RabbitMQ (localhost:5672) for one test module.
+"""A private virtual host on the shared RabbitMQ (localhost:5672) for the tests.
 
 The server is shared: the tests only add a vhost of their own (``rabbitmqctl add_vhost`` and
 ``set_permissions`` for ``guest``), use it as the Celery broker, and delete it afterwards. They
@@ -38,7 +38,7 @@ def answers(host: str = HOST, port: int = PORT, timeout: float = 2.0) -> bool:
 def require() -> str:
     """The path of ``rabbitmqctl`` when a RabbitMQ answers on 5672; else skip the test (or
     fail it, under ``CELERY_LEASE_NEEDS_RABBITMQ=1``)."""
-    ctl = shutil.which("rabbitmqctl")
+    ctl = shutil.which("rabbitmqctl") or shutil.which("rabbitmqctl", path="/usr/sbin:/sbin")
     missing = (
         "rabbitmqctl is not installed"
         if ctl is None

@@ -1,6 +1,7 @@
 """Celery workers for the tests: :mod:`harness.workers` plus the test apps' variables."""
 
 import os
+from typing import Any
 
 from harness import REPO_ROOT
 from harness.workers import CeleryProcess, CeleryWorker
@@ -25,6 +26,20 @@ def app_urls() -> tuple[str, str, str]:
     return broker, results, os.environ.get(LEASE_BACKEND_ENV) or results
 
 
+def point_app(app: Any, **conf: Any) -> None:
+    """Update the settings of a test app's client-side twin (``broker_url``, ...).
+
+    Celery keeps the connection and producer pools it made for the first broker; after a test
+    on RabbitMQ a later test on Redis (or the reverse) would publish to the earlier broker.
+    When ``broker_url`` changes, the pools are dropped with Celery's own reset of a forked
+    child's (``Celery._after_fork``).
+    """
+    before = app.conf.broker_url
+    app.conf.update(conf)
+    if app.conf.broker_url != before:
+        app._after_fork()
+
+
 __all__ = [
     "BROKER_URL_ENV",
     "LEASE_BACKEND_ENV",
@@ -34,4 +49,5 @@ __all__ = [
     "CeleryProcess",
     "CeleryWorker",
     "app_urls",
+    "point_app",
 ]
