@@ -79,7 +79,7 @@ def test_ten_contending_executions_at_limit_three_never_run_more_than_three(
     rig: Rig, concurrency: int
 ) -> None:
     _worker(rig, concurrency)
-    tag = f"ten-{rig.pool}"
+    tag = f"ten-{rig.queue}"  # the journal is the module's: a tag of this rig's own
     results = [rig.send("limit.retry", tag, 0.6, "chunks") for _ in range(10)]
     assert [r.get(timeout=60) for r in results] == [tag] * 10  # each ran, none used a retry
     starts = rig.journal(tag, "start")

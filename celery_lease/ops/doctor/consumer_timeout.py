@@ -16,7 +16,8 @@ not ask the server. It takes, in this order:
 
 1. the ``x-consumer-timeout`` argument (integer milliseconds) the app declares on the task's
    queue (``task_queues``: ``Queue(..., queue_arguments={"x-consumer-timeout": ...})``), which
-   overrides the server's value for that queue on RabbitMQ versions that honour it;
+   overrides the server's value for that queue from RabbitMQ 3.12 (3.10 ignores it: there the
+   server's value applies, and the doctor, which cannot tell the version, trusts the argument);
 2. the setting ``lease_rabbitmq_consumer_timeout``: the server's ``consumer_timeout`` as the
    user configured it, in float seconds (``rabbitmq.conf`` states milliseconds: divide by 1000);
 3. RabbitMQ's documented default, 1800 seconds.
