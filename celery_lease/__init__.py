@@ -24,9 +24,9 @@ three, and that this map names every module)::
     execution/   task, accepted, publishing, lease_tasks, outage
     holds/       plain, aio, core, options, shapes
     beat/        scheduler, leader
-    ops/         cli, doctor (+ claims, sentinels), finding, inspection, flower, metrics,
-                 tracing (OpenTelemetry, switched on below when importable), acl, worker,
-                 sweep, testing
+    ops/         cli, doctor (+ claims, sentinels, consumer_timeout), finding, inspection,
+                 flower, metrics, tracing (OpenTelemetry, switched on below when importable),
+                 acl, worker, sweep, testing
     (root)       signals, flower, metrics, testing: the documented import paths, re-exported
 """
 

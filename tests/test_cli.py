@@ -337,6 +337,50 @@ def test_doctor_fails_and_says_what_to_fix(
     assert "unreachable" in down.stdout
 
 
+def test_doctor_warns_when_a_run_or_a_countdown_can_outlast_rabbitmqs_consumer_timeout(
+    redis_url: str,
+) -> None:
+    # Only the URL's scheme matters: the doctor never connects to the broker.
+    rabbitmq = {BROKER_URL_ENV: "amqp://guest:guest@127.0.0.1:5672//", "LEASE_BACKEND": redis_url}
+    env = {**_env(redis_url, "doctor-rabbitmq"), **rabbitmq, RESULT_BACKEND_ENV: redis_url}
+
+    default = celery_lease({**env, "ACKS_LATE": "1"}, "doctor").stdout
+    assert (
+        "WARN task ops.hold: acks_late is on with no time_limit: a run longer than RabbitMQ's "
+        "consumer_timeout=1800s (RabbitMQ's default; state the server's in "
+        "lease_rabbitmq_consumer_timeout)"
+    ) in default
+    assert "fix: set time_limit below 1800s, or raise consumer_timeout in rabbitmq.conf" in default
+    assert "lease_ttl=2s reaches" not in default
+
+    stated = celery_lease({**env, "LEASE_TTL": "40", "CONSUMER_TIMEOUT": "30"}, "doctor")
+    assert (
+        "WARN task ops.hold: lease_ttl=40s reaches RabbitMQ's consumer_timeout=30s "
+        "(lease_rabbitmq_consumer_timeout)"
+    ) in stated.stdout
+    assert "fix: keep lease_ttl below 30s, or raise consumer_timeout" in stated.stdout
+    assert "acks_late is on" not in stated.stdout
+    strict = celery_lease(
+        {**env, "LEASE_TTL": "40", "CONSUMER_TIMEOUT": "30"}, "doctor", "--strict"
+    )
+    assert strict.returncode == 1
+
+    per_queue = {**env, "LEASE_TTL": "40", "CONSUMER_TIMEOUT": "30"}
+    raised = celery_lease({**per_queue, "QUEUE_CONSUMER_TIMEOUT": "3600000"}, "doctor", "--strict")
+    assert raised.returncode == 0, raised.stdout + raised.stderr  # the queue's 3600 s holds 40 s
+    assert "consumer_timeout" not in raised.stdout
+
+    on_redis = celery_lease({**_env(redis_url, "doctor-redis"), "ACKS_LATE": "1"}, "doctor")
+    assert "consumer_timeout" not in on_redis.stdout and "visibility_timeout" in on_redis.stdout
+
+    bad = celery_lease({**env, "CONSUMER_TIMEOUT": "-1"}, "doctor")
+    assert bad.returncode == 1
+    assert (
+        "FAIL task ops.hold: lease_rabbitmq_consumer_timeout (float seconds) must be a positive "
+        "number, not -1.0"
+    ) in bad.stdout
+
+
 def test_without_an_app_the_cli_says_how_to_give_one(redis_url: str) -> None:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("CELERY_")}
     environ["PYTHONPATH"] = str(REPO_ROOT)

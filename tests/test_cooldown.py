@@ -18,7 +18,7 @@ import redis
 from celery_lease import is_skipped
 from tests.apps import cooldown_app
 from tests.apps.cooldown_app import LONG, SHORT, any_ending, once, requeue, retried, runs
-from tests.support.fixtures import WorkerFactory
+from tests.support.fixtures import BROKERS, WorkerFactory
 from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, REPO_ROOT, RESULT_BACKEND_ENV
 
 APP = "tests.apps.cooldown_app"
@@ -49,7 +49,9 @@ def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def client_app(redis_url: str, worker_factory: WorkerFactory) -> Iterator[Any]:
     """The app pointed at the test's store and the worker's queue, for publishing."""
-    cooldown_app.configure(redis_url, task_default_queue=worker_factory.queue)
+    cooldown_app.configure(
+        redis_url, task_default_queue=worker_factory.queue, broker_url=worker_factory.broker_url
+    )
     yield cooldown_app.app
     cooldown_app.app.conf.task_default_queue = "celery"
 
@@ -98,6 +100,7 @@ def test_a_failure_leaves_no_cooldown_unless_lease_cooldown_after_is_any(
     assert len(runs(tag)) == 2 and len(runs(f"any-{tag}")) == 1
 
 
+@pytest.mark.parametrize("broker_url", BROKERS, indirect=True)
 def test_a_copy_retried_from_the_cooldown_starts_only_once_it_is_over_on_the_stores_clock(
     worker_factory: WorkerFactory, client_app: Any
 ) -> None:

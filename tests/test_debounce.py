@@ -27,7 +27,7 @@ from celery_lease.settings.config import resolve_options
 from tests.apps import debounce_app
 from tests.apps.debounce_app import refresh, runs
 from tests.support.events import task_events
-from tests.support.fixtures import WorkerFactory
+from tests.support.fixtures import BROKERS, WorkerFactory
 from tests.support.received import received
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_for
@@ -44,6 +44,7 @@ def client(redis_url: str, worker_factory: WorkerFactory) -> Iterator[redis.Redi
         task_always_eager=False,
         lease_debounce=DELAY,
         lease_debounce_max=CAP,
+        broker_url=worker_factory.broker_url,
     )
     with redis.Redis.from_url(redis_url) as client:
         yield client
@@ -129,6 +130,7 @@ def test_a_burst_of_publishes_runs_once_with_the_latest_arguments_and_every_call
     assert client.hget(burst_key(refresh.lease_key_for(("a", 0))), "fired") == b"1"
 
 
+@pytest.mark.parametrize("broker_url", BROKERS, indirect=True)
 def test_a_steady_stream_of_publishes_cannot_put_the_run_off_past_the_cap(
     client: redis.Redis, worker_factory: WorkerFactory
 ) -> None:

@@ -24,7 +24,7 @@ from celery_lease.policies.dedupe import claim_lifetime
 from harness.topologies import cluster_setup
 from tests.apps import dedupe_app
 from tests.apps.dedupe_app import open_gate, requeue, runs, skipping, sync
-from tests.support.fixtures import WorkerFactory
+from tests.support.fixtures import BROKERS, WorkerFactory
 from tests.support.redis_server import free_port
 from tests.support.waiting import wait_for
 
@@ -39,6 +39,7 @@ def client(redis_url: str, worker_factory: WorkerFactory) -> Iterator[redis.Redi
         task_always_eager=False,
         lease_on_store_error="retry",
         lease_dedupe_ttl=300.0,
+        broker_url=worker_factory.broker_url,
     )
     with redis.Redis.from_url(redis_url) as client:
         yield client
@@ -80,6 +81,7 @@ def test_without_min_replicas_a_publish_decides_in_one_script_call_and_waits_for
     assert (calls("evalsha") - scripts, calls("wait") - waits) == (3, 0)
 
 
+@pytest.mark.parametrize("broker_url", BROKERS, indirect=True)
 def test_a_publish_while_one_runs_waits_and_later_ones_are_folded_onto_it(
     client: redis.Redis, worker_factory: WorkerFactory
 ) -> None:

@@ -21,7 +21,7 @@ from celery_lease.policies.handoff import publish
 from celery_lease.store import handoff as stored
 from tests.apps import handoff_app
 from tests.apps.handoff_app import coalesced, queued, queued_retrying, retried, runs
-from tests.support.fixtures import WorkerFactory
+from tests.support.fixtures import BROKERS, WorkerFactory
 from tests.support.waiting import wait_for
 
 APP = "tests.apps.handoff_app"
@@ -29,7 +29,9 @@ APP = "tests.apps.handoff_app"
 
 @pytest.fixture
 def app(redis_url: str, worker_factory: WorkerFactory) -> Iterator[Any]:
-    handoff_app.configure(redis_url, task_default_queue=worker_factory.queue)
+    handoff_app.configure(
+        redis_url, task_default_queue=worker_factory.queue, broker_url=worker_factory.broker_url
+    )
     yield handoff_app.app
 
 
@@ -68,6 +70,7 @@ def _waiting_state(url: str) -> list[bytes]:
         client.close()
 
 
+@pytest.mark.parametrize("broker_url", BROKERS, indirect=True)
 def test_coalesce_runs_one_pending_run_after_the_holder_with_the_latest_arguments(
     app: Any, redis_url: str, worker_factory: WorkerFactory
 ) -> None:
@@ -92,6 +95,7 @@ def test_coalesce_runs_one_pending_run_after_the_holder_with_the_latest_argument
     wait_for(lambda: _waiting_state(redis_url) == [], 10, message="pending state left behind")
 
 
+@pytest.mark.parametrize("broker_url", BROKERS, indirect=True)
 def test_queue_runs_every_duplicate_in_arrival_order_under_its_own_task_id(
     app: Any, redis_url: str, worker_factory: WorkerFactory
 ) -> None:
@@ -200,6 +204,7 @@ def test_a_hand_over_whose_publish_was_lost_is_published_by_the_sweep_once_past_
     assert [r["id"] for r in _started("lost")] == ["lost-run"]
 
 
+@pytest.mark.parametrize("broker_url", BROKERS, indirect=True)
 def test_retry_runs_the_duplicate_at_the_holders_release_not_its_lifetime_and_uses_no_retry(
     app: Any, worker_factory: WorkerFactory
 ) -> None:

@@ -121,6 +121,7 @@ def test_redelivery_after_the_holder_died_runs_once_its_lease_lapsed(rig: Rig) -
     assert result.get(timeout=30) == "rd"
     starts = rig.journal("rd", "start")
     assert len(starts) == 2 and starts[1]["fence"] > first["fence"]
+    assert len(rig.journal("rd", "end")) == 1  # the killed run never ended; the new one once
     assert time.monotonic() - killed < rig.ttl + 1.0 + 3.0  # one lifetime, then the run
 
 

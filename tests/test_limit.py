@@ -36,9 +36,17 @@ APP = "tests.apps.limit_app"
 
 
 @pytest.fixture
-def rig(request: pytest.FixtureRequest, broker: RedisServer, tmp_path: Path) -> Iterator[Rig]:
-    """A rig (broker, a lease store of its own) for the pool given by ``indirect``."""
-    made = Rig(broker, request.param, tmp_path)
+def rig(
+    request: pytest.FixtureRequest,
+    broker: RedisServer,
+    broker_url: str,
+    redis_url: str,
+    tmp_path: Path,
+) -> Iterator[Rig]:
+    """A rig (broker, a lease store of its own) for the pool given by ``indirect``; its
+    Celery broker is RabbitMQ when ``broker_url`` is (the rig's own Redis otherwise)."""
+    rabbitmq = broker_url if broker_url != redis_url else None
+    made = Rig(broker, request.param, tmp_path, broker_url=rabbitmq)
     yield made
     made.close()
 
@@ -58,13 +66,20 @@ def _worker(rig: Rig, concurrency: int, **env: str) -> CeleryWorker:
 
 
 @pytest.mark.parametrize(
-    ("rig", "concurrency"), [("prefork", 6), ("threads", 10), ("gevent", 10)], indirect=["rig"]
+    ("rig", "concurrency", "broker_url"),
+    [
+        ("prefork", 6, "redis"),
+        ("threads", 10, "redis"),
+        ("gevent", 10, "redis"),
+        ("threads", 10, "rabbitmq"),
+    ],
+    indirect=["rig", "broker_url"],
 )
 def test_ten_contending_executions_at_limit_three_never_run_more_than_three(
     rig: Rig, concurrency: int
 ) -> None:
     _worker(rig, concurrency)
-    tag = f"ten-{rig.pool}"
+    tag = f"ten-{rig.queue}"  # the journal is the module's: a tag of this rig's own
     results = [rig.send("limit.retry", tag, 0.6, "chunks") for _ in range(10)]
     assert [r.get(timeout=60) for r in results] == [tag] * 10  # each ran, none used a retry
     starts = rig.journal(tag, "start")

@@ -23,6 +23,7 @@ from tests.apps.preempt_app import GRACE, deduped, graceful, runs, took_over, wo
 from tests.support.fixtures import WorkerFactory
 from tests.support.redis_server import HOST
 from tests.support.secure import AclRedisServer, lease_acl
+from tests.support.workers import point_app
 
 APP = "tests.apps.preempt_app"
 
@@ -33,8 +34,9 @@ def _tag() -> str:
 
 @pytest.fixture
 def client_app(redis_url: str, worker_factory: WorkerFactory) -> Iterator[Any]:
-    preempt_app.app.conf.update(
-        broker_url=redis_url,
+    point_app(
+        preempt_app.app,
+        broker_url=worker_factory.broker_url,
         result_backend=redis_url,
         lease_backend=redis_url,
         task_default_queue=worker_factory.queue,
@@ -54,7 +56,11 @@ def _started(tag: str, count: int) -> list[dict[str, Any]]:
     )
 
 
-@pytest.mark.parametrize("pool", ["prefork", "threads", "gevent"])
+@pytest.mark.parametrize(
+    ("pool", "broker_url"),
+    [("prefork", "redis"), ("threads", "redis"), ("gevent", "redis"), ("prefork", "rabbitmq")],
+    indirect=["broker_url"],
+)
 def test_the_newcomer_runs_and_the_old_body_gets_lease_lost_preempted_with_its_write_refused(
     pool: str, worker_factory: WorkerFactory, client_app: Any
 ) -> None:

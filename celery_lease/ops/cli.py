@@ -582,7 +582,8 @@ def doctor(ctx: click.Context, strict: bool, url: str | None, **kwargs: Any) -> 
 
     Store: reachable, version, maxmemory-policy, latency, clock. Settings: TTL and renew
     interval of every leased task against its time limits and the broker's
-    visibility_timeout, and the beat leader lease. Exits 1 when a check fails.
+    visibility_timeout (Redis) or consumer_timeout (RabbitMQ), and the beat leader lease.
+    Exits 1 when a check fails.
     """
     app = _app(ctx)
     failures = warnings = 0

@@ -92,8 +92,8 @@ TASK_OPTIONS = (
 )
 
 #: Settings read elsewhere (the beat leader lease, celery_lease.beat.scheduler; lease_tasks,
-#: celery_lease.execution.lease_tasks) and the task-only options (lease_limit:
-#: celery_lease.policies.limit).
+#: celery_lease.execution.lease_tasks; the doctor's RabbitMQ check) and the task-only options
+#: (lease_limit: celery_lease.policies.limit).
 OTHER_NAMES = (
     "lease_key",
     "lease_tasks",
@@ -102,6 +102,7 @@ OTHER_NAMES = (
     "lease_beat_renew_interval",
     "lease_beat_key",
     "lease_limit",
+    "lease_rabbitmq_consumer_timeout",  # float seconds (celery_lease.ops.doctor.consumer_timeout)
 )
 
 ON_CONFLICT = ("skip", "retry", "fail", "coalesce", "queue", "preempt")

@@ -16,9 +16,9 @@ from celery import Celery
 
 from celery_lease import LeasedTask, current_lease
 from tests.support import runs as journal
-from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, RESULT_BACKEND_ENV
+from tests.support.workers import QUEUE_ENV, app_urls, point_app
 
-BROKER = os.environ.get(BROKER_URL_ENV, "redis://127.0.0.1:1/0")
+BROKER, RESULTS, LEASES = app_urls()
 #: The cooldown of ``cool.once`` and ``cool.any``: long, so that a copy surely meets it.
 LONG = 60.0
 #: The cooldown of ``cool.retried``: short, so that its retry runs soon after.
@@ -27,12 +27,12 @@ SHORT = 1.5
 app = Celery(
     "cooldown_app",
     broker=BROKER,
-    backend=os.environ.get(RESULT_BACKEND_ENV) or BROKER,
+    backend=RESULTS,
     set_as_current=False,
 )
 app.conf.update(
     task_default_queue=os.environ.get(QUEUE_ENV, "celery"),
-    lease_backend=BROKER,
+    lease_backend=LEASES,
     lease_ttl=5.0,
     broker_connection_retry_on_startup=True,
     result_expires=300,
@@ -40,8 +40,9 @@ app.conf.update(
 
 
 def configure(url: str, **conf: Any) -> None:
-    """Point the app at ``url`` (broker, results, leases) before its first leased call."""
-    app.conf.update(broker_url=url, result_backend=url, lease_backend=url, **conf)
+    """Point the app at ``url`` (broker, results, leases; ``conf`` overrides any of them)
+    before its first leased call."""
+    point_app(app, **{"broker_url": url, "result_backend": url, "lease_backend": url, **conf})
 
 
 def _record(tag: str) -> None:

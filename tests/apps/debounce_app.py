@@ -19,14 +19,14 @@ from celery import Celery
 
 from celery_lease import LeasedTask
 from tests.support import runs as journal
-from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV
+from tests.support.workers import QUEUE_ENV, app_urls, point_app
 
-BROKER = os.environ.get(BROKER_URL_ENV, "redis://127.0.0.1:1/0")
+BROKER, RESULTS, LEASES = app_urls()
 
-app = Celery("debounce_app", broker=BROKER, backend=BROKER, set_as_current=False)
+app = Celery("debounce_app", broker=BROKER, backend=RESULTS, set_as_current=False)
 app.conf.update(
     task_default_queue=os.environ.get(QUEUE_ENV, "celery"),
-    lease_backend=os.environ.get("LEASE_BACKEND") or BROKER,
+    lease_backend=LEASES,
     lease_ttl=float(os.environ.get("LEASE_TTL", "2.0")),
     lease_debounce=float(os.environ.get("LEASE_DEBOUNCE", "0.5")),
     lease_debounce_max=float(os.environ.get("LEASE_DEBOUNCE_MAX", "2.0")),
@@ -37,9 +37,9 @@ app.conf.update(
 
 
 def configure(url: str, **conf: Any) -> None:
-    """Point the app at ``url`` (broker, results, and leases unless ``lease_backend`` is
-    given) before its first leased call."""
-    app.conf.update(broker_url=url, result_backend=url, **{"lease_backend": url, **conf})
+    """Point the app at ``url`` (broker, results, leases; ``conf`` overrides any of them)
+    before its first leased call."""
+    point_app(app, **{"broker_url": url, "result_backend": url, "lease_backend": url, **conf})
     refresh.forget_lease_settings()
 
 

@@ -17,19 +17,19 @@ import redis
 from celery import Celery
 
 from celery_lease import LeasedTask
-from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, RESULT_BACKEND_ENV
+from tests.support.workers import QUEUE_ENV, app_urls, point_app
 
-BROKER = os.environ.get(BROKER_URL_ENV, "redis://127.0.0.1:1/0")
+BROKER, RESULTS, LEASES = app_urls()
 
 app = Celery(
     "dedupe_app",
     broker=BROKER,
-    backend=os.environ.get(RESULT_BACKEND_ENV) or BROKER,
+    backend=RESULTS,
     set_as_current=False,
 )
 app.conf.update(
     task_default_queue=os.environ.get(QUEUE_ENV, "celery"),
-    lease_backend=BROKER,
+    lease_backend=LEASES,
     lease_ttl=5.0,
     lease_dedupe=True,
     broker_connection_retry_on_startup=True,
@@ -40,14 +40,15 @@ app.conf.update(
 
 def configure(url: str, queue: str, **conf: Any) -> None:
     """Point the client-side twin at ``url`` (broker, results, leases) and ``queue``."""
-    app.conf.update(
-        {
+    point_app(
+        app,
+        **{
             "broker_url": url,
             "result_backend": url,
             "lease_backend": url,
             "task_default_queue": queue,
             **conf,
-        }
+        },
     )
     for task in app.tasks.values():
         if isinstance(task, LeasedTask):

@@ -21,15 +21,15 @@ from celery import Celery
 
 from celery_lease import LeasedTask
 from celery_lease.base import signals
-from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV
+from tests.support.workers import QUEUE_ENV, app_urls, point_app
 
-BROKER = os.environ.get(BROKER_URL_ENV, "redis://127.0.0.1:1/0")
+BROKER, RESULTS, LEASES = app_urls()
 _timeout = os.environ.get("LEASE_QUEUE_TIMEOUT")
 
-app = Celery("handoff_app", broker=BROKER, backend=BROKER, set_as_current=False)
+app = Celery("handoff_app", broker=BROKER, backend=RESULTS, set_as_current=False)
 app.conf.update(
     task_default_queue=os.environ.get(QUEUE_ENV, "celery"),
-    lease_backend=BROKER,
+    lease_backend=LEASES,
     lease_ttl=float(os.environ.get("LEASE_TTL", "3.0")),
     lease_queue_max=int(os.environ.get("LEASE_QUEUE_MAX", "100")),
     lease_queue_timeout=float(_timeout) if _timeout else None,
@@ -40,8 +40,9 @@ app.conf.update(
 
 
 def configure(url: str, **conf: Any) -> None:
-    """Point the app at ``url`` (broker, results, leases) before its first leased call."""
-    app.conf.update(broker_url=url, result_backend=url, lease_backend=url, **conf)
+    """Point the app at ``url`` (broker, results, leases; ``conf`` overrides any of them)
+    before its first leased call."""
+    point_app(app, **{"broker_url": url, "result_backend": url, "lease_backend": url, **conf})
     for task in (coalesced, queued, retried, queued_retrying):
         task.forget_lease_settings()
 

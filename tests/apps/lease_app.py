@@ -24,14 +24,15 @@ from celery.signals import task_prerun
 
 from celery_lease import LeasedTask, LeaseLost, current_lease
 from celery_lease.base import clock, signals
+from tests.support.workers import app_urls
 
-BROKER = os.environ.get("TEST_BROKER_URL", "redis://127.0.0.1:1/0")
+BROKER, RESULTS, LEASES = app_urls()
 TTL = float(os.environ.get("LEASE_TTL", "1.5"))
 
-app = Celery("lease_app", broker=BROKER, backend=BROKER)
+app = Celery("lease_app", broker=BROKER, backend=RESULTS)
 app.conf.update(
     task_default_queue=os.environ.get("TEST_QUEUE", "celery"),
-    lease_backend=os.environ.get("LEASE_BACKEND", BROKER),
+    lease_backend=LEASES,
     lease_backend_options=json.loads(os.environ.get("LEASE_BACKEND_OPTIONS", "null")),
     lease_ttl=TTL,
     lease_on_store_error=os.environ.get("LEASE_ON_STORE_ERROR", "retry"),
@@ -42,7 +43,7 @@ app.conf.update(
     result_expires=600,
 )
 
-_journal = redis.Redis.from_url(BROKER)
+_journal = redis.Redis.from_url(RESULTS)
 # A direct line to the lease store, when the worker reaches it through a proxy the test cuts:
 # lets a task report what the server still holds at the moment it learns of a loss.
 _direct = (
@@ -354,7 +355,7 @@ def _record_prerun(sender: Any = None, task_id: str = "", args: Any = (), **_: A
         return
     tag = str(args[0])
     key = sender.lease_key_for((tag,))
-    store = redis.Redis.from_url(os.environ.get("LEASE_BACKEND", BROKER))  # a plain URL here
+    store = redis.Redis.from_url(LEASES)  # a plain URL here
     deadline = time.monotonic() + 1.0
     held_by = None
     while held_by is None and time.monotonic() < deadline:

@@ -51,6 +51,18 @@ if os.environ.get("VISIBILITY_TIMEOUT"):
     app.conf.broker_transport_options = {
         "visibility_timeout": float(os.environ["VISIBILITY_TIMEOUT"])
     }
+if os.environ.get("ACKS_LATE") == "1":
+    app.conf.task_acks_late = True
+if os.environ.get("CONSUMER_TIMEOUT"):  # RabbitMQ's, as the user states it: float seconds
+    app.conf.lease_rabbitmq_consumer_timeout = float(os.environ["CONSUMER_TIMEOUT"])
+if os.environ.get("QUEUE_CONSUMER_TIMEOUT"):  # the queue's own, integer milliseconds
+    from kombu import Queue
+
+    app.conf.task_queues = [
+        Queue(
+            QUEUE, queue_arguments={"x-consumer-timeout": int(os.environ["QUEUE_CONSUMER_TIMEOUT"])}
+        )
+    ]
 if os.environ.get("BEAT_TTL"):
     app.conf.lease_beat_ttl = float(os.environ["BEAT_TTL"])
 if os.environ.get("BEAT_INNER") == "redbeat":

@@ -29,9 +29,9 @@ from celery_lease import LeasedTask, LeaseLost, current_lease
 from celery_lease.base import signals as lease_signals
 from example_project.fencing import RedisFencedStore
 from tests.support import runs as journal
-from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, RESULT_BACKEND_ENV
+from tests.support.workers import QUEUE_ENV, app_urls
 
-BROKER = os.environ.get(BROKER_URL_ENV, "redis://127.0.0.1:1/0")
+BROKER, RESULTS, LEASES = app_urls()
 #: ``pre.graceful``'s ``lease_preempt_grace``, float seconds.
 GRACE = 4.0
 #: A TTL whose renewal interval (10 s) is far longer than a prompt notice takes.
@@ -40,12 +40,12 @@ TTL = 30.0
 app = Celery(
     "preempt_app",
     broker=BROKER,
-    backend=os.environ.get(RESULT_BACKEND_ENV) or BROKER,
+    backend=RESULTS,
     set_as_current=False,
 )
 app.conf.update(
     task_default_queue=os.environ.get(QUEUE_ENV, "celery"),
-    lease_backend=BROKER,
+    lease_backend=LEASES,
     lease_ttl=TTL,
     broker_connection_retry_on_startup=True,
     result_expires=300,

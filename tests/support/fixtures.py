@@ -19,10 +19,14 @@ from celery_lease import store
 from harness.proxy import TcpProxy
 from harness.redis_server import RedisServer
 from harness.workers import CeleryWorker
+from tests.support import rabbitmq
 from tests.support.postgres import PrivateDatabase, private_database
 from tests.support.workers import BROKER_URL_ENV, QUEUE_ENV, RESULT_BACKEND_ENV
 
 DEFAULT_APP = "tests.apps.smoke_app"
+#: The brokers a test may run its workers on: ``@pytest.mark.parametrize("broker_url",
+#: BROKERS, indirect=True)`` (the ``broker_url`` fixture; results and leases stay in Redis).
+BROKERS = ["redis", "rabbitmq"]
 
 
 @pytest.fixture(autouse=True)
@@ -70,6 +74,26 @@ def redis_url(redis_server: RedisServer) -> str:
     finally:
         client.close()
     return redis_server.url(0)
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_url() -> Iterator[str]:
+    """A private vhost on the shared RabbitMQ (:mod:`tests.support.rabbitmq`) for the session:
+    one per xdist worker (each ``rabbitmqctl`` call takes seconds); the tests' queue names are
+    their own (the ``worker_factory``'s and each rig's)."""
+    with rabbitmq.private_vhost() as url:
+        yield url
+
+
+@pytest.fixture
+def broker_url(request: pytest.FixtureRequest, redis_url: str) -> str:
+    """The Celery broker of the test's workers: ``redis_url`` unless parametrized
+    (``indirect``) with ``"rabbitmq"``, a private vhost (see :data:`BROKERS`)."""
+    kind = getattr(request, "param", "redis")
+    if kind == "rabbitmq":
+        return str(request.getfixturevalue("rabbitmq_url"))
+    assert kind == "redis", f"broker_url: unknown broker {kind!r}, one of {BROKERS}"
+    return redis_url
 
 
 class _Factory:
@@ -132,15 +156,16 @@ def tcp_proxy() -> Iterator[ProxyFactory]:
 class WorkerFactory(_Factory):
     """Callable that starts Celery workers on this test's own queue.
 
-    The worker's environment gets ``TEST_BROKER_URL``/``TEST_RESULT_BACKEND``
-    (default: the test's ``redis_url``) and ``TEST_QUEUE`` (``self.queue``);
-    ``env`` overrides them.
+    The worker's environment gets ``TEST_BROKER_URL`` (the ``broker_url`` fixture),
+    ``TEST_RESULT_BACKEND`` (the test's ``redis_url``, which holds the leases too) and
+    ``TEST_QUEUE`` (``self.queue``); ``env`` overrides them.
     """
 
-    def __init__(self, broker_url: str, log_dir: Path) -> None:
+    def __init__(self, broker_url: str, log_dir: Path, result_backend: str | None = None) -> None:
         """Remember the defaults; ``queue`` is unique to this factory."""
         super().__init__()
         self.broker_url = broker_url
+        self.result_backend = result_backend or broker_url
         self.queue = f"test-{uuid.uuid4().hex[:10]}"
         self.log_dir = log_dir
         self.workers: list[CeleryWorker] = []
@@ -159,7 +184,7 @@ class WorkerFactory(_Factory):
         queue = queue or self.queue
         full_env = {
             BROKER_URL_ENV: self.broker_url,
-            RESULT_BACKEND_ENV: self.broker_url,
+            RESULT_BACKEND_ENV: self.result_backend,
             QUEUE_ENV: queue,
             **(env or {}),
         }
@@ -181,9 +206,9 @@ class WorkerFactory(_Factory):
 
 
 @pytest.fixture
-def worker_factory(redis_url: str, tmp_path: Path) -> Iterator[WorkerFactory]:
+def worker_factory(redis_url: str, broker_url: str, tmp_path: Path) -> Iterator[WorkerFactory]:
     """Factory for real ``celery worker`` subprocesses, stopped at teardown."""
-    factory = WorkerFactory(redis_url, tmp_path)
+    factory = WorkerFactory(broker_url, tmp_path, result_backend=redis_url)
     yield factory
     factory.close()
 

@@ -31,10 +31,22 @@ MEASURED: list[tuple[str, str, float, str]] = []  # (what, pool, value, unit)
 
 
 class Rig:
-    """Servers, workers and a client app for one pool."""
+    """Servers, workers and a client app for one pool.
 
-    def __init__(self, broker: RedisServer, pool: str, log_dir: Path, ttl: float = 1.5) -> None:
+    ``broker`` holds the results and the journal, and is the Celery broker unless
+    ``broker_url`` names another (a RabbitMQ vhost).
+    """
+
+    def __init__(
+        self,
+        broker: RedisServer,
+        pool: str,
+        log_dir: Path,
+        ttl: float = 1.5,
+        broker_url: str | None = None,
+    ) -> None:
         self.broker = broker
+        self.broker_url = broker_url or broker.url()
         self.pool = pool
         self.ttl = ttl
         self.log_dir = log_dir
@@ -42,13 +54,16 @@ class Rig:
         self.queue = f"q-{uuid.uuid4().hex[:8]}"
         self.db = broker.client()
         self.leases = self.store.client()
-        self.app = Celery("client", broker=broker.url(), backend=broker.url(), set_as_current=False)
+        self.app = Celery(
+            "client", broker=self.broker_url, backend=broker.url(), set_as_current=False
+        )
         self.app.conf.task_default_queue = self.queue
         self.workers: list[CeleryWorker] = []
 
     def env(self, **extra: str) -> dict[str, str]:
         return {
-            "TEST_BROKER_URL": self.broker.url(),
+            "TEST_BROKER_URL": self.broker_url,
+            "TEST_RESULT_BACKEND": self.broker.url(),
             "TEST_QUEUE": self.queue,
             "LEASE_BACKEND": self.store.url(),
             "LEASE_TTL": str(self.ttl),

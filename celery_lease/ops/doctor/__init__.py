@@ -4,7 +4,8 @@ each store's ACL user (:func:`check_acl`).
 Each check returns :class:`~celery_lease.ops.finding.Finding` values; the command
 (:mod:`celery_lease.ops.cli`) prints them.
 The waiting copies' claims (``lease_dedupe``) are checked by :mod:`celery_lease.ops.doctor.claims`,
-a Sentinel store's sentinels by :mod:`celery_lease.ops.doctor.sentinels`.
+a Sentinel store's sentinels by :mod:`celery_lease.ops.doctor.sentinels`, and
+RabbitMQ's ``consumer_timeout`` by :mod:`celery_lease.ops.doctor.consumer_timeout`.
 The worker's start check (:mod:`celery_lease.ops.worker`) runs the same list,
 ``diagnose(app, at_start=True)``, and logs what it finds (or refuses to start, for a
 :attr:`Finding.refuses_start` one).
@@ -30,6 +31,7 @@ from .. import acl
 from ..finding import Finding
 from ..inspection import app_options, client, leased_tasks, scan_foreign, stores
 from .claims import check_claims
+from .consumer_timeout import check_consumer_timeout
 from .sentinels import check_sentinels
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "check_acl",
     "check_beat",
     "check_claims",
+    "check_consumer_timeout",
     "check_failover",
     "check_replicas",
     "check_sentinels",
@@ -430,6 +433,7 @@ def diagnose(
             yield Finding("fail", f"task {task.name}", str(exc))
             continue
         yield from check_task(app, task, options, vt)
+        yield from check_consumer_timeout(app, task, options)
         task_url = url or task_url
         timeouts[task_url] = min(
             timeouts.get(task_url, options.store_timeout), options.store_timeout
