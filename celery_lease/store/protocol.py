@@ -276,14 +276,26 @@ def release_and_wake(client: redis.Redis, key: str, token: str) -> bool:
     the release: it is logged as a warning naming the fix, and waiting holds take the key
     when it expires instead.
 
+    On a Sentinel-managed client it counts as :func:`release` does
+    (:func:`celery_lease.store.primary.released`): one answered by a primary a failover
+    demoted is sent once more to the primary the sentinels name, where it releases and wakes
+    a waiter there (token-checked: where the first one landed, the second wakes nobody
+    again), and only that answer counts; a holder whose token the new primary does not have
+    learns it lost its lease (False), and nobody is woken for it.
+
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
     keys = (key, fence_key(key), wake_key(key))
-    try:
-        reply = _release_wake(client, keys, (token, WAKE_LIFETIME_MS))
-    except RedisError as exc:
-        raise routing.note(exc, client, key) from None
+
+    def send() -> Any:
+        try:
+            return _release_wake(client, keys, (token, WAKE_LIFETIME_MS))
+        except RedisError as exc:
+            raise routing.note(exc, client, key) from None
+
+    # 1, and a refused wake's text: released (the wake's refusal does not undo it).
+    reply = primary.released(client, key, send, bool, 0)
     if isinstance(reply, (bytes, str)):  # released, the wake refused: the server's reason
         text = reply.decode() if isinstance(reply, bytes) else reply
         fix = (
