@@ -45,6 +45,7 @@ __all__ = [
     "released_last",
     "revoke",
     "wait_for_release",
+    "woke",
 ]
 
 logger = logging.getLogger("celery_lease")
@@ -320,13 +321,24 @@ def pass_turn(client: redis.Redis, key: str) -> bool:
     (cancelled in its ``BLPOP``) does, in case it took a release's wake-up unread. Returns True
     when the key was free and a waiter was woken; False when it is held, or when the store
     refused the wake (as :func:`release_and_wake` says; the waiters take the key at the end of
-    their own ``BLPOP``).
+    their own ``BLPOP``). A key of slots passes it with
+    :func:`celery_lease.store.slots.pass_slot_turn`.
 
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
+    return woke(_pass_turn, client, key, (WAKE_LIFETIME_MS,))
+
+
+def woke(script: Any, client: redis.Redis, key: str, argv: tuple[Any, ...]) -> bool:
+    """Run a pass-the-turn ``script`` of ``key`` (``KEYS``: the key, its wake list): True when
+    it woke a waiter (its reply 1).
+
+    Raises:
+        redis.exceptions.RedisError: on store errors (the node noted).
+    """
     try:
-        reply = _pass_turn(client, (key, wake_key(key)), (WAKE_LIFETIME_MS,))
+        reply = script(client, (key, wake_key(key)), argv)
     except RedisError as exc:
         raise routing.note(exc, client, key) from None
     return bool(reply == 1)
