@@ -230,6 +230,41 @@ def test_a_waiter_cancelled_in_its_wait_wakes_the_next_when_the_key_is_free(redi
     assert _run(main) < 1.0  # now, not at the end of its own BLPOP 5 s away
 
 
+def test_a_waiter_cancelled_in_its_wait_wakes_the_next_when_a_slot_is_free(redis_url: str) -> None:
+    """With ``limit``, a slot's release wakes one waiter while the other slots stay held: a
+    cancelled waiter that took that wake-up unread passes it on as long as a slot is free."""
+    client = redis.Redis.from_url(redis_url)
+    key = hold_key("lease", "slot-turn")
+    live = hold("slot-turn", url=redis_url, ttl=30.0, limit=2)
+    dead = hold("slot-turn", url=redis_url, ttl=30.0, limit=2)
+    assert live.acquire() and dead.acquire()
+    assert dead.lease is not None
+    heartbeat().remove(dead.lease)  # as if its process died: never renewed, never released
+    dead.lease.target.finish()
+
+    async def second() -> float:
+        async with hold_async("slot-turn", url=redis_url, timeout=20.0, limit=2):
+            return time.perf_counter()
+
+    async def main() -> float:
+        first = asyncio.ensure_future(
+            hold_async("slot-turn", url=redis_url, on_conflict="wait", limit=2).__aenter__()
+        )
+        other = asyncio.ensure_future(second())
+        assert await _until(lambda: _blocked(client) == 2, 10.0)
+        client.hdel(key, dead.lease.token)  # a slot freed, nobody woken; the other stays held
+        cancelled_at = time.perf_counter()
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        return await other - cancelled_at
+
+    try:
+        assert _run(main) < 1.0  # now, not at the end of its own BLPOP 5 s away
+    finally:
+        live.release()
+
+
 def test_cancelled_while_ending_finishes_the_release_before_raising(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
     key = hold_key("lease", "ending")

@@ -77,6 +77,47 @@ def test_eager_duplicate_while_one_runs_is_skipped(redis_url: str) -> None:
     assert first == ["closed d"]
 
 
+def test_an_entry_with_lease_limit_runs_that_many_at_once_per_key(redis_url: str) -> None:
+    app = _client_app(redis_url, {"thirdparty.close_day": {"lease_key": ["day"], "lease_limit": 2}})
+    app.finalize()
+    task = app.tasks["thirdparty.close_day"]
+    client = redis.Redis.from_url(redis_url)
+    key = build_key(
+        "lease", "thirdparty.close_day", inspect.signature(task.run), ["day"], ("d",), {}
+    )
+    done: list[Any] = []
+    slow = [
+        threading.Thread(target=lambda: done.append(task.apply(("d",), {"note": "3"}).get()))
+        for _ in range(2)
+    ]
+    for t in slow:
+        t.start()
+    try:
+        # Two slots of the key held at once: both ran beside each other, the third is skipped.
+        assert wait_for(lambda: client.hlen(key) == 3, 10)  # 2 slots and the limit
+        assert is_skipped(task.apply(("d",)).get())
+        assert task.apply(("other day",)).get() == "closed other day"  # another key
+    finally:
+        for t in slow:
+            t.join(10)
+    assert done == ["closed d", "closed d"]
+
+
+def test_an_entry_combining_lease_limit_with_preempt_is_refused_naming_the_fix(
+    redis_url: str,
+) -> None:
+    app = _client_app(
+        redis_url,
+        {"thirdparty.close_day": {"lease_limit": 3, "lease_on_conflict": "preempt"}},
+    )
+    with pytest.raises(
+        LeaseConfigError,
+        match=r"lease_limit=3 \(app.conf.lease_tasks\['thirdparty.close_day'\].*"
+        r"preempt.*use 'queue'",
+    ):
+        apply_lease_tasks(app)
+
+
 @pytest.mark.parametrize(
     "setting, match",
     [

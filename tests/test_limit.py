@@ -206,6 +206,34 @@ def test_a_limit_with_a_setting_that_keeps_one_holder_is_refused_at_decoration(
         )
 
 
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("lease_on_conflict", "preempt"),
+        ("lease_cooldown", 5.0),
+    ],
+)
+def test_an_app_setting_that_keeps_one_holder_given_after_registration_is_refused_at_its_run(
+    redis_url: str, setting: str, value: Any
+) -> None:
+    app = _app(redis_url)
+    ran: list[int] = []
+
+    def body() -> None:
+        ran.append(1)
+
+    task = app.task(shared=False, base=LeasedTask, name="late.combo", lease_limit=3)(body)
+    app.conf[setting] = value  # a configuration loaded after the tasks were registered
+    type(task).forget_lease_settings()
+    # Neither dropped in silence (a cooldown no slot writes, a "preempt" that skips) nor run:
+    # refused before the body, naming the setting and the fix.
+    with pytest.raises(
+        LeaseConfigError, match=rf"lease_limit=3 .* cannot be combined with .*{setting}"
+    ):
+        task.apply().get()
+    assert ran == []
+
+
 def test_a_limit_of_one_with_any_policy_is_the_plain_lease(redis_url: str) -> None:
     app = _app(redis_url)
     task = app.task(

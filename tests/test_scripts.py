@@ -1052,6 +1052,26 @@ def test_acquire_slot_grants_n_slots_each_with_its_own_deadline_and_refuses_the_
     assert client.hlen(KEY) == 4  # the refusal wrote nothing
 
 
+def pass_slot_turn(client: redis.Redis, limit: int = 3) -> Any:
+    return run(client, "slots/pass_turn_slot-2.lua", [KEY, wake_key(KEY)], [1500, limit])
+
+
+def test_pass_slot_turn_wakes_one_waiter_while_a_slot_is_free_and_none_when_all_are_held(
+    client: redis.Redis,
+) -> None:
+    toks = [token() for _ in range(3)]
+    for t in toks:
+        take_slot(client, t)
+    assert pass_slot_turn(client) == 0 and client.exists(wake_key(KEY)) == 0  # all 3 held
+    client.hset(KEY, toks[0], f"{server_ms(client) - 1}:1:{HOLDER}")  # past its deadline
+    assert pass_slot_turn(client) == 1
+    assert client.lrange(wake_key(KEY), 0, -1) == ["1"] and 0 < client.pttl(wake_key(KEY)) <= 1500
+    assert client.hexists(KEY, toks[0]) == 0 and client.hlen(KEY) == 3  # n and 2 live slots
+    client.delete(KEY)
+    assert pass_slot_turn(client) == 1  # a free key has room too
+    assert client.llen(wake_key(KEY)) == 1  # one element, however many passes
+
+
 def test_a_repeated_acquire_slot_is_granted_again_with_the_same_fencing_token(
     client: redis.Redis,
 ) -> None:

@@ -9,16 +9,21 @@ acknowledged folds nothing.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from celery import Celery
 
 from celery_lease import LeaseStoreUnavailable, store
-from celery_lease.base.keys import claim_key
+from celery_lease.base.keys import claim_key, wake_key
+from celery_lease.beat.leader import BeatLeader
+from celery_lease.settings.config import beat_settings
 from harness.topologies import MASTER_NAME, SentinelSetup
 from tests.support.fixtures import WorkerFactory
 from tests.support.holders import Holders
@@ -330,8 +335,6 @@ def test_doctor_and_the_worker_start_check_name_a_ttl_a_partitioned_primary_can_
     conf: dict[str, Any],
     exposed: bool,
 ) -> None:
-    from celery import Celery
-
     from celery_lease import LeasedTask
     from celery_lease.ops.doctor import check_failover
     from celery_lease.ops.worker import check_app
@@ -581,3 +584,93 @@ def test_a_cooldown_written_on_an_old_primary_is_written_on_the_new_one(
     assert store.release_into_cooldown(client, key, token, 60_000) is True
     holder = held_on(sentinel, new, key)
     assert holder is not None and holder.token == token and holder.cooldown_until > 0.0
+
+
+def waiting_on(setup: SentinelSetup, port: int, key: str, seconds: float) -> Future[bool]:
+    """A hold waiting for ``key``'s release on the node on ``port`` (blocked in BLPOP there
+    once this returns); ``.result()`` is whether a release woke it within ``seconds``."""
+    waiter = redis.Redis(port=port, socket_timeout=seconds + 5)
+    with setup.node_on(port).client() as watcher:
+        before = int(watcher.info("clients")["blocked_clients"])
+        pool = ThreadPoolExecutor(1)
+        woken = pool.submit(store.wait_for_release, waiter, key, seconds)
+        pool.shutdown(wait=False)
+        wait_for(
+            lambda: (
+                int(watcher.info("clients")["blocked_clients"]) > before
+                and not watcher.exists(wake_key(key))
+            ),
+            10,
+            message="the waiter never blocked",
+        )
+    return woken
+
+
+def test_a_hold_release_answered_by_an_old_primary_that_stays_writable_wakes_nobody(
+    sentinel: SentinelSetup,
+) -> None:
+    key, token, successor = "lease:{hold:released}", "a" * 32, "b" * 32
+    client = holding(sentinel, key, token)
+    _, new = fail_over(sentinel)
+    granted_elsewhere(sentinel, new, key, successor)  # the grant never replicated
+    woken = waiting_on(sentinel, new, key, 3.0)
+    # The old primary would release and wake a waiter while the successor holds the key on
+    # the new one: not confirmed, and the new primary has not the token.
+    assert store.release_and_wake(client, key, token) is False
+    assert woken.result(timeout=15) is False
+    holder = held_on(sentinel, new, key)
+    assert holder is not None and holder.token == successor
+
+
+def test_a_hold_release_answered_by_an_old_primary_wakes_a_waiter_of_the_new_one(
+    sentinel: SentinelSetup,
+) -> None:
+    key, token = "lease:{hold:woken}", "a" * 32
+    client = holding(sentinel, key, token)
+    _, new = fail_over(sentinel, key)
+    woken = waiting_on(sentinel, new, key, 20.0)
+    # Released on the old primary alone, the key would stay held on the new one until its
+    # lifetime ends, and its waiters asleep: the release is sent there too, and wakes one.
+    assert store.release_and_wake(client, key, token) is True
+    assert woken.result(timeout=25) is True
+    assert held_on(sentinel, new, key) is None
+
+
+def test_a_take_over_on_an_old_primary_that_stays_writable_does_not_count(
+    sentinel: SentinelSetup,
+) -> None:
+    key, token, newcomer = "lease:{t.job:preempted}", "a" * 32, "b" * 32
+    client = holding(sentinel, key, token)
+    _, new = fail_over(sentinel, key)
+    # Taken over on the old primary alone, the newcomer's body would run while the new
+    # primary still names the old holder (who renews there): the sentinels do not confirm it.
+    with pytest.raises(store.PrimaryUnconfirmed):
+        store.take_over(client, key, newcomer, 30_000, "{}", from_token=token)
+    holder = held_on(sentinel, new, key)
+    assert holder is not None and holder.token == token
+
+
+def test_a_beat_leader_whose_grant_the_new_primary_lost_steps_down_as_lost(
+    sentinel: SentinelSetup, caplog: pytest.LogCaptureFixture
+) -> None:
+    from celery import Celery
+
+    app = Celery("beat", set_as_current=False)
+    app.conf.update(
+        lease_backend=sentinel.sentinel_url,
+        lease_backend_options={"master_name": MASTER_NAME},
+        lease_beat_ttl=60.0,  # no renewal during the test: the release alone decides
+        lease_beat_renew_interval=20.0,
+    )
+    options, url, _ = beat_settings(app.conf)
+    leader = BeatLeader(app, "lease:{celery.beat:failover}", options, url)
+    assert leader.poll()[0]
+    _, new = fail_over(sentinel)
+    granted_elsewhere(sentinel, new, leader.key, "b" * 32)  # the grant never replicated
+    woken = waiting_on(sentinel, new, leader.key, 3.0)  # a standby beat on the new primary
+    with caplog.at_level(logging.INFO, logger="celery_lease"):
+        leader.step_down()
+    # Its "released" came from the demoted primary: it learns it had lost the lead, and the
+    # standby is not woken while another leader holds the key.
+    assert "beat: lost leadership" in caplog.text, caplog.text
+    assert woken.result(timeout=15) is False

@@ -5,6 +5,7 @@
     app.conf.lease_tasks = {
         "billing.tasks.close_day": {"lease_key": ["day"], "lease_ttl": 120.0},
         "reports.*": {},  # a glob pattern: every matching task, default options
+        "mail.tasks.send": {"lease_key": ["tenant"], "lease_limit": 5},  # 5 at once per tenant
     }
 
 Each matching task's executions take a lease exactly as a :class:`~celery_lease.LeasedTask`
@@ -33,8 +34,12 @@ naming a parameter the task does not take, a task that is already a ``LeasedTask
 patterns for one task stop the worker with a :class:`~celery_lease.errors.LeaseConfigError`
 naming the entry; on the other paths an entry that names the task being run raises it there.
 :func:`apply_lease_tasks` raises the same errors on demand. Celery's own ``celery.*`` tasks are
-never leased. The ``lease_*`` options given to the task itself (``@app.task(lease_ttl=60.0)``)
-apply too; the entry may not set one of them a second time.
+never leased. An entry takes every per-task option of ``LeasedTask``, ``lease_key`` and
+``lease_limit`` included (an int, or a callable of the task's arguments, as on the task), and
+is refused at application for the combinations a ``LeasedTask`` is refused at registration
+(:func:`celery_lease.policies.compose.check`). The ``lease_*`` options given to the task
+itself (``@app.task(lease_ttl=60.0)``) apply too; the entry may not set one of them a second
+time.
 
 At the same moments, a task with ``lease_*`` options that takes no lease (no
 ``base=LeasedTask``, no entry: Celery keeps unknown task options as class attributes and
@@ -60,6 +65,7 @@ from celery._state import connect_on_app_finalize
 from ..base.keys import validate_lease_key
 from ..core.lease import current_lease
 from ..errors import LeaseConfigError
+from ..policies import compose
 from ..settings.config import TASK_OPTIONS, resolve_options
 from ..settings.names import check_names
 from .task import LeasedTask
@@ -70,7 +76,8 @@ logger = logging.getLogger("celery_lease")
 
 #: The setting's name.
 SETTING = "lease_tasks"
-_OPTIONS = (*TASK_OPTIONS, "lease_key")
+_OPTIONS = (*TASK_OPTIONS, "lease_key", "lease_limit")
+_SPECS = ("lease_key", "lease_limit")  # of the task's arguments: not settings to resolve
 _MARK = "_lease_tasks_leased"  # instance attribute: the private class applied to this task
 _SHADOW = "_lease_tasks_runner"  # instance attribute: the instance of it that runs the task
 # Two threads running a task's first apply() at once must not wrap its run twice (the inner
@@ -204,7 +211,12 @@ def _lease(app: Any, task: Any, pattern: str, options: Mapping[str, Any]) -> Non
     _check_option_names(options, where)
     original = task.run
     signature = inspect.signature(original)  # the real one: through autoretry and bind=True
-    resolve_options(app.conf, {k: v for k, v in options.items() if k != "lease_key"}, where)
+    resolved = resolve_options(
+        app.conf, {k: v for k, v in options.items() if k not in _SPECS}, where
+    )
+    # The combinations a LeasedTask is refused at registration (a limit with preempt or a
+    # cooldown), refused here as early: when the entry is applied.
+    compose.check(options.get("lease_limit"), resolved, where)
     validate_lease_key(options.get("lease_key"), lambda: list(signature.parameters), where)
     attrs: dict[str, Any] = {
         "run": staticmethod(original),

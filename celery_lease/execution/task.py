@@ -159,18 +159,25 @@ class LeasedTask(Task):  # type: ignore[misc]
 
     def _lease_resolve(self) -> tuple[int, LeaseSettings, compose.Steps]:
         """``(pid, settings, steps)``: the settings and the steps of the task's policies
-        (:func:`celery_lease.policies.compose.steps_for`), resolved once per process."""
+        (:func:`celery_lease.policies.compose.steps_for`), resolved once per process.
+
+        Raises:
+            LeaseConfigError: a setting is invalid, or the policies cannot be combined
+                (:func:`celery_lease.policies.compose.check`: also for app settings changed
+                since registration).
+        """
         cls = type(self)
         # Looked up in the class's own __dict__: a subclass of a leased task must not see
         # its parent's settings (its options may differ).
         resolved = cls.__dict__.get("_lease_resolved")
         if resolved is None or resolved[0] != process.pid():
-            settings = resolve_settings(
-                self.app.conf, self._lease_task_options(), f"task {self.name}"
-            )
-            steps = compose.steps_for(
-                settings.options, cls._lease_limit_spec(), cls._lease_release_wait
-            )
+            where = f"task {self.name}"
+            settings = resolve_settings(self.app.conf, self._lease_task_options(), where)
+            limit = cls._lease_limit_spec()
+            # Again here: an app setting given after registration (lease_cooldown, preempt)
+            # must not be dropped in silence by a limit's slots.
+            compose.check(limit, settings.options, where)
+            steps = compose.steps_for(settings.options, limit, cls._lease_release_wait)
             resolved = (process.pid(), settings, steps)
             cls._lease_resolved = resolved
         return resolved  # type: ignore[no-any-return]

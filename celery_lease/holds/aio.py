@@ -18,10 +18,11 @@ acquire, when woken or when its holder's lifetime ran out).
 
 Cancellation (``task.cancel()``, a timeout) never leaves a lease that nobody holds: cancelled
 while taking, the take is awaited to its end and a lease it was granted is released by its
-token; while waiting, the ``BLPOP`` ends at once (and, the key being free, the next waiter
-is woken: the cancelled one may have taken a release's wake-up unread); while ending, the
-release is awaited to its end. Then the ``CancelledError`` is raised. Each of these waits
-lasts at most a store call (``lease_store_timeout``, twice for a connection that broke).
+token; while waiting, the ``BLPOP`` ends at once (and, the key having room, the next waiter
+is woken: the cancelled one may have taken a release's wake-up unread; room is a free key,
+or for a hold with a ``limit`` a free slot); while ending, the release is awaited to its end.
+Then the ``CancelledError`` is raised. Each of these waits lasts at most a store call
+(``lease_store_timeout``, twice for a connection that broke).
 """
 
 from __future__ import annotations
@@ -115,9 +116,10 @@ async def _release_abandoned(got: Lease | store.AcquireResult) -> None:
 
 
 def _pass_turn(h: HoldCore) -> None:
-    """Best effort: a waiter cancelled in its BLPOP wakes the next one if the key is free."""
+    """Best effort: a waiter cancelled in its BLPOP wakes the next one if the key has room (is
+    free; for a hold with a ``limit``, has a free slot)."""
     try:
-        store.pass_turn(h.client, h.key)
+        store.key_shape(h.limit, same_task_id=False).pass_turn(h.client, h.key)
     except RedisError:
         pass  # the other waiters fall back to their own BLPOP's end
 

@@ -10,9 +10,11 @@ does the same for the publish side, from the settings a publisher reads.
 
 The combination rules:
 
-- :func:`check`, at registration: a ``lease_limit`` above 1 cannot go with
-  ``lease_on_conflict="preempt"`` nor with ``lease_cooldown`` (both keep one holder's state
-  at the key); one error names each and the fix;
+- :func:`check`, at registration (a task's, a ``lease_tasks`` entry's) and again when a
+  task's settings are resolved in a process (an app setting given later): a ``lease_limit``
+  above 1 cannot go with ``lease_on_conflict="preempt"`` nor with ``lease_cooldown`` (both
+  keep one holder's state at the key); one error names each and the fix. ``coalesce``,
+  ``queue`` and ``retry`` work with it (:mod:`celery_lease.policies.handoff`);
 - :func:`choose`, at a conflict: the cases that ignore ``lease_on_conflict`` come first (a
   second copy of a handed-over run, a holder's successor, the holder's own message
   redelivered), then a debounce burst waits in line (``queue``), then a ``skip`` or
@@ -135,20 +137,33 @@ def _triggered(hook: str, applying: list[Policy], every: list[Policy]) -> tuple[
 
 
 def _refused_with_a_limit(options: LeaseOptions) -> list[str]:
-    """The settings of ``options`` that a limit above 1 cannot work with, each with why."""
+    """The settings of ``options`` that a limit above 1 cannot work with, each with why and
+    the fix.
+
+    Both keep one holder's state at the key, which N slots do not have: ``"preempt"`` would
+    have to pick which of N running holders to stop (a newest-wins task with room for N
+    needs no take-over: a copy that finds a free slot runs at once), and a cooldown record
+    holds the whole key (a window per slot would let N runs through each window, which is
+    a rate, not a cooldown). Refused rather than run differently from what the setting says.
+    """
     found = []
     if options.on_conflict == "preempt":
         found.append(
-            "lease_on_conflict='preempt' (which of N holders would it take over? "
-            "use 'queue', 'retry', 'coalesce', 'skip' or 'fail')"
+            "lease_on_conflict='preempt' (which of N holders would it take over? Fix: "
+            "lease_on_conflict='queue', 'retry', 'coalesce', 'skip' or 'fail' with the limit, "
+            "or lease_limit=1 to keep 'preempt')"
         )
     if options.cooldown is not None:
-        found.append("lease_cooldown (a cooldown record is one holder's; drop it)")
+        found.append(
+            "lease_cooldown (a cooldown record holds the whole key, not one of N slots. Fix: "
+            "lease_cooldown=None for this task, or lease_limit=1 to keep the cooldown)"
+        )
     return found
 
 
 def check(limit: Any, options: LeaseOptions, where: str, name: str = LIMIT_OPTION) -> None:
-    """Refuse, at registration, a task whose policies cannot be combined.
+    """Refuse a task whose policies cannot be combined: at registration, when a
+    ``lease_tasks`` entry is applied, and when a task's settings are resolved in a process.
 
     Args:
         limit: the ``lease_limit`` (None, an int, or a callable of the task's arguments).

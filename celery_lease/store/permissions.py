@@ -155,7 +155,8 @@ FEATURES: dict[str, Feature] = {
             "limit",
             "lease_limit above 1 (and hold(limit=)): the slots of a limited key, "
             "taken, renewed and released one by one, listed by celery lease ls; with a "
-            "policy that waits in the key's line, parked and handed over slot by slot",
+            "policy that waits in the key's line, parked and handed over slot by slot; a "
+            "cancelled hold_async waiter passes the turn on when a slot is free",
             ("hgetall", "time"),
             (
                 "slots/acquire_slot-3.lua",
@@ -163,6 +164,7 @@ FEATURES: dict[str, Feature] = {
                 "slots/renew_slot-1.lua",
                 "slots/release_slot-3.lua",
                 "slots/revoke_slot-1.lua",
+                "slots/pass_turn_slot-2.lua",
                 "handoff/park_slot-2.lua",
                 "handoff/release_slot_handoff-4.lua",
             ),

@@ -21,7 +21,7 @@ import redis
 from redis.exceptions import RedisError
 
 from ..base.keys import claim_key, fence_key, reservation_key, wake_key
-from . import lua, routing
+from . import lua, primary, routing
 from .protocol import FENCE_COUNTER_EXTRA_MS, WAKE_LIFETIME_MS, AcquireResult
 from .value import Holder, parse_value
 
@@ -73,6 +73,9 @@ def take_over(  # noqa: PLR0913 - store.acquire's grant signature (lifecycle.tak
     answer then names the holder found.
 
     Raises:
+        PrimaryUnconfirmed: a Sentinel-managed client's take-over the sentinels did not confirm
+            (:func:`celery_lease.store.primary.confirmed_grant`); the caller releases the
+            token, as after any failed acquire.
         redis.exceptions.RedisError: on store errors.
     """
     keys: tuple[str, ...] = (key, fence_key(key), reservation_key(key))
@@ -80,7 +83,11 @@ def take_over(  # noqa: PLR0913 - store.acquire's grant signature (lifecycle.tak
         keys = (*keys, claim_key(key))
     argv = (token, ttl_ms, holder, ttl_ms + FENCE_COUNTER_EXTRA_MS, task_id, "0", from_token)
     try:
-        granted, value, pttl = _take_over(client, keys, argv)
+        # Confirmed as every grant is (a Sentinel-managed client): a take-over written on a
+        # primary a failover demoted would run a body beside the new primary's holder.
+        granted, value, pttl = primary.confirmed_grant(
+            client, lambda: _take_over(client, keys, argv)
+        )
     except RedisError as exc:
         raise routing.note(exc, client, key) from None
     if granted and b":" not in value:

@@ -45,6 +45,7 @@ __all__ = [
     "released_last",
     "revoke",
     "wait_for_release",
+    "woke",
 ]
 
 logger = logging.getLogger("celery_lease")
@@ -276,14 +277,26 @@ def release_and_wake(client: redis.Redis, key: str, token: str) -> bool:
     the release: it is logged as a warning naming the fix, and waiting holds take the key
     when it expires instead.
 
+    On a Sentinel-managed client it counts as :func:`release` does
+    (:func:`celery_lease.store.primary.released`): one answered by a primary a failover
+    demoted is sent once more to the primary the sentinels name, where it releases and wakes
+    a waiter there (token-checked: where the first one landed, the second wakes nobody
+    again), and only that answer counts; a holder whose token the new primary does not have
+    learns it lost its lease (False), and nobody is woken for it.
+
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
     keys = (key, fence_key(key), wake_key(key))
-    try:
-        reply = _release_wake(client, keys, (token, WAKE_LIFETIME_MS))
-    except RedisError as exc:
-        raise routing.note(exc, client, key) from None
+
+    def send() -> Any:
+        try:
+            return _release_wake(client, keys, (token, WAKE_LIFETIME_MS))
+        except RedisError as exc:
+            raise routing.note(exc, client, key) from None
+
+    # 1, and a refused wake's text: released (the wake's refusal does not undo it).
+    reply = primary.released(client, key, send, bool, 0)
     if isinstance(reply, (bytes, str)):  # released, the wake refused: the server's reason
         text = reply.decode() if isinstance(reply, bytes) else reply
         fix = (
@@ -308,13 +321,24 @@ def pass_turn(client: redis.Redis, key: str) -> bool:
     (cancelled in its ``BLPOP``) does, in case it took a release's wake-up unread. Returns True
     when the key was free and a waiter was woken; False when it is held, or when the store
     refused the wake (as :func:`release_and_wake` says; the waiters take the key at the end of
-    their own ``BLPOP``).
+    their own ``BLPOP``). A key of slots passes it with
+    :func:`celery_lease.store.slots.pass_slot_turn`.
 
     Raises:
         redis.exceptions.RedisError: on store errors.
     """
+    return woke(_pass_turn, client, key, (WAKE_LIFETIME_MS,))
+
+
+def woke(script: Any, client: redis.Redis, key: str, argv: tuple[Any, ...]) -> bool:
+    """Run a pass-the-turn ``script`` of ``key`` (``KEYS``: the key, its wake list): True when
+    it woke a waiter (its reply 1).
+
+    Raises:
+        redis.exceptions.RedisError: on store errors (the node noted).
+    """
     try:
-        reply = _pass_turn(client, (key, wake_key(key)), (WAKE_LIFETIME_MS,))
+        reply = script(client, (key, wake_key(key)), argv)
     except RedisError as exc:
         raise routing.note(exc, client, key) from None
     return bool(reply == 1)

@@ -7,6 +7,7 @@ between a plain key and a slotted one (:mod:`celery_lease.store.slots`) lives he
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,8 @@ class KeyShape:
         release: the token-checked release, ``release(client, key, token) -> bool``.
         release_and_wake: the release that also wakes a waiting hold.
         revoke: the token-checked delete an operator sends (``celery lease revoke``).
+        pass_turn: ``pass_turn(client, key) -> bool``, what a waiting hold that stops waiting
+            sends: wake the next waiter if the key has room (is free; has a free slot).
     """
 
     limit: int
@@ -38,10 +41,18 @@ class KeyShape:
     release: Release
     release_and_wake: Release
     revoke: Release
+    pass_turn: Callable[[redis.Redis, str], bool]
 
 
 #: The plain lease: one holder, the key's value is its token.
-PLAIN = KeyShape(1, protocol.acquire, protocol.release, protocol.release_and_wake, protocol.revoke)
+PLAIN = KeyShape(
+    1,
+    protocol.acquire,
+    protocol.release,
+    protocol.release_and_wake,
+    protocol.revoke,
+    protocol.pass_turn,
+)
 
 
 def key_shape(limit: int, same_task_id: bool = True) -> KeyShape:
@@ -56,4 +67,5 @@ def key_shape(limit: int, same_task_id: bool = True) -> KeyShape:
         slots.release_slot,
         slots.release_slot_and_wake,
         slots.revoke_slot,
+        functools.partial(slots.pass_slot_turn, limit=limit),
     )

@@ -33,7 +33,7 @@ from redis.exceptions import RedisError
 
 from ..base.keys import claim_key, fence_key, wake_key
 from . import lua, primary, replicated, routing
-from .protocol import FENCE_COUNTER_EXTRA_MS, RAN_HOLDER, WAKE_LIFETIME_MS, AcquireResult
+from .protocol import FENCE_COUNTER_EXTRA_MS, RAN_HOLDER, WAKE_LIFETIME_MS, AcquireResult, woke
 from .value import TOKEN_LENGTH, Holder, granted_holder, parse_value
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "SlotGrant",
     "SlotsFull",
     "acquire_slot",
+    "pass_slot_turn",
     "read_slots",
     "release_slot",
     "release_slot_and_wake",
@@ -50,6 +51,7 @@ __all__ = [
 _acquire = lua.load("slots/acquire_slot-3.lua")
 _release = lua.load("slots/release_slot-3.lua")
 _revoke = lua.load("slots/revoke_slot-1.lua")
+_pass_turn = lua.load("slots/pass_turn_slot-2.lua")
 
 
 def acquire_slot(  # noqa: PLR0913 - store.acquire's grant signature (lifecycle.take)
@@ -211,6 +213,19 @@ def release_slot_and_wake(client: redis.Redis, key: str, token: str) -> bool:
     return primary.released(
         client, key, lambda: _released(client, key, (token, WAKE_LIFETIME_MS), True), bool, False
     )
+
+
+def pass_slot_turn(client: redis.Redis, key: str, limit: int) -> bool:
+    """Wake one hold waiting for ``key``, a key of ``limit`` slots, if one of them is free:
+    :func:`celery_lease.store.pass_turn` for ``hold(limit=N)`` (a cancelled waiter may have
+    taken a slot's release's wake-up unread, while other slots stay held). Slots past their
+    deadline are deleted on the way. Returns True when a waiter was woken; False when all
+    ``limit`` slots are held, or when the store refused the wake.
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    return woke(_pass_turn, client, key, (WAKE_LIFETIME_MS, limit))
 
 
 @dataclass(frozen=True)
