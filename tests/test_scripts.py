@@ -32,7 +32,11 @@ from celery_lease.store import FENCE_COUNTER_EXTRA_MS, holder_json, lua
 SCRIPTS = lua.names()
 _FOLDER = resources.files(lua.__package__).joinpath("scripts")
 LIB = sorted(f"lib/{p.name}" for p in _FOLDER.joinpath("lib").iterdir() if p.name.endswith(".lua"))
-DOCS = Path(__file__).parent.parent / "docs" / "reference" / "scripts.md"
+#: The scripts pages: the conventions and the plain lease's, then the shaping policies' and beat's.
+DOCS = [
+    Path(__file__).parent.parent / "docs" / "reference" / name
+    for name in ("scripts.md", "scripts-shaping.md")
+]
 
 _ENTRY = re.compile(r"^(KEYS|ARGV)\[([^\]]+)\]\s+\S", re.M)
 _RANGE = re.compile(r"^\d+\.\.n(\+\d+)?$")  # "1..n", "2..n+1": any number of entries
@@ -176,7 +180,7 @@ def test_every_script_lives_in_a_folder_the_scripts_page_has_a_section_for() -> 
     folders = {p.name for p in _FOLDER.iterdir() if p.is_dir()}
     assert {name.split("/")[0] for name in SCRIPTS} == folders - {"lib"}
     assert not [p.name for p in _FOLDER.iterdir() if p.name.endswith(".lua")]
-    sections = re.findall(r"^## `(\w+)/`", DOCS.read_text(), re.M)
+    sections = [s for page in DOCS for s in re.findall(r"^## `(\w+)/`", page.read_text(), re.M)]
     assert sorted(sections) == sorted(folders)
 
 
