@@ -58,6 +58,12 @@ def _app(ctx: click.Context) -> Any:
     return app
 
 
+def _expiry(ttl: float, verb: str) -> str:
+    """``verb`` and the time left (``expires in 4.2s``), or ``never expires`` for a key with no
+    lifetime (``ttl`` below 0)."""
+    return "never expires" if ttl < 0 else f"{verb} {_human(ttl)}"
+
+
 def _human(seconds: float) -> str:
     if seconds < 0:
         return "no expiry"
@@ -192,16 +198,16 @@ def _lines(
 
 def _describe(info: LeaseInfo) -> str:
     if info.foreign:
-        return f"an unknown holder ({info.foreign}), expires in {_human(info.ttl)}"
+        return f"an unknown holder ({info.foreign}), {_expiry(info.ttl, 'expires in')}"
     if info.cooldown_until:
         return (
             f"a cooldown after task {info.task or '?'} [{info.task_id or '?'}] on "
             f"{_where(info)} ended, fencing token "
-            f"{info.fencing_token}, ends in {_human(info.ttl)}"
+            f"{info.fencing_token}, {_expiry(info.ttl, 'ends in')}"
         )
     return (
         f"task {info.task or '?'} [{info.task_id or '?'}] on {_where(info)}, "
-        f"fencing token {info.fencing_token}, expires in {_human(info.ttl)}"
+        f"fencing token {info.fencing_token}, {_expiry(info.ttl, 'expires in')}"
     )
 
 
@@ -243,7 +249,7 @@ def _config_guard(fn: Callable[P, None]) -> Callable[P, None]:
             _fail(f"error: {exc}", 2)
         except RedisError as exc:
             _fail(
-                f"lease store error: {store.describe(exc)}. Check lease_backend / --url and "
+                f"lease store error: {store.describe(exc).rstrip('.')}. Check lease_backend / --url and "
                 f"that Redis is reachable",
                 1,
             )
