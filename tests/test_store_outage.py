@@ -243,3 +243,35 @@ def test_a_failure_long_after_the_previous_one_with_no_call_between_begins_a_new
     (back,) = [m for m in lines if "is reachable again after" in m]
     lasted = re.search(r"after ([\d.]+)s \(1 failed calls", back)
     assert lasted is not None and float(lasted.group(1)) <= answered - renewed + 0.1, back
+
+
+def test_a_lease_lost_in_an_outage_is_logged_as_lost_and_its_release_not_as_expiring(
+    redis_url: str,
+    throwaway_redis: RedisFactory,
+    worker_factory: WorkerFactory,
+) -> None:
+    lease_store = throwaway_redis()
+    worker = worker_factory(
+        "tests.apps.lease_app",
+        pool="prefork",
+        env={"LEASE_BACKEND": lease_store.url(), "LEASE_TTL": "3"},
+    )
+    app = Celery("client", broker=redis_url, backend=redis_url, set_as_current=False)
+    app.conf.task_default_queue = worker_factory.queue
+    journal = redis.Redis.from_url(redis_url)
+    held = app.send_task("hold", ("lost", 60.0))
+    wait_for(lambda: journal.llen("journal") >= 1, 60, message=worker.log_tail)
+    lease_store.stop()  # for longer than the TTL: the deadline passes, the release fails
+    wait_for(lambda: held.ready(), 60, message=worker.log_tail)
+    assert held.state == "FAILURE" and type(held.result).__name__ == "LeaseLost"
+    log = worker.log_text()
+
+    holder = [line for line in log.splitlines() if "/ForkPoolWorker-1]" in line]
+    assert sum(" is unreachable (seen by renewal of" in line for line in holder) == 1, log
+    assert (
+        sum("lease lost: key=lease:{hold:" in line and "cause=deadline" in line for line in holder)
+        == 1
+    ), log
+    # The key had lapsed: nothing said to expire later; the failed try is DEBUG, as each
+    # failed renewal is.
+    assert "expires within" not in log and "lease renewal failed" not in log, log

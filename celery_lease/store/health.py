@@ -1,7 +1,8 @@
 """Whether this process can reach each lease store, and the few log lines that say so.
 
-Every part of a process that talks to a store (a task's acquire, the hand-over sweep, beat's
-leader election, the worker's start check) reports here instead of logging each failed call,
+Every part of a process that talks to a store (a task's acquire, the heartbeat's renewals of
+the leases held, the hand-over sweep, beat's leader election, the worker's start check, a
+failed release) reports here instead of logging each failed call,
 so an outage reads as three kinds of WARNING:
 
 - one when a store stops answering: ``lease store redis://:**@host:6379/0 is unreachable
@@ -21,9 +22,9 @@ failure more than :data:`NEW_OUTAGE_AFTER` (30.0) seconds after its previous fai
 with no call in between, begins a new outage, logged as the first one was with ``; this
 process made no call in the 41.2s since its previous failed call, whose outage it did not see
 end`` added in the parentheses (the earlier one has no "reachable again" line). Whatever
-keeps calling during an outage calls more often than that: a held lease's renewal every
-second at most, the sweep every pass, an execution waiting the outage out at least every
-30 s (:data:`celery_lease.execution.outage.MAX_WAIT`).
+keeps calling during an outage calls more often than that: a held lease's renewal, tried at
+most a second apart, the sweep every pass, an execution waiting the outage out, tried again
+at most 30 s apart (:data:`celery_lease.execution.outage.MAX_WAIT`), if by the same process.
 
 Only errors that say the store could not be reached count (:func:`is_unreachable`: refused
 or broken connections, timeouts); a store that answers with an error is reachable, and that
