@@ -154,3 +154,124 @@ def test_reminders_back_off_and_threads_reporting_at_once_log_an_outage_once(
     (back,) = [m for m in lines if "is reachable again after" in m]
     lasted = re.search(r"after ([\d.]+)s", back)
     assert lasted is not None and float(lasted.group(1)) >= 3.0 - 0.1, back
+
+
+def test_a_lease_held_through_an_outage_shorter_than_its_ttl_is_kept_and_logged_once_each_way(
+    redis_url: str,
+    throwaway_redis: RedisFactory,
+    worker_factory: WorkerFactory,
+) -> None:
+    # Kept on disk, so the key held is still there after the restart, with its expiry time.
+    lease_store = throwaway_redis({"appendonly": "yes", "appendfsync": "always"})
+    # TTL 9 s, renewed every 3 s: a renewal fails within 3 s of the stop, then is tried again
+    # every second; the store is back well before the deadline.
+    worker = worker_factory(
+        "tests.apps.lease_app",
+        pool="prefork",
+        env={"LEASE_BACKEND": lease_store.url(), "LEASE_TTL": "9"},
+    )
+    app = Celery("client", broker=redis_url, backend=redis_url, set_as_current=False)
+    app.conf.task_default_queue = worker_factory.queue
+    journal = redis.Redis.from_url(redis_url)
+
+    def events() -> list[dict[str, object]]:
+        return [json.loads(e) for e in journal.lrange("journal", 0, -1)]
+
+    held = app.send_task("hold", ("kept", 20.0))
+    wait_for(lambda: any(e["event"] == "start" for e in events()), 60, message=worker.log_tail)
+    lease_store.stop()
+    stopped = time.monotonic()
+    unreachable = f"lease store {lease_store.url()} is unreachable (seen by renewal of"
+    wait_for(lambda: unreachable in worker.log_text(), 30, message=worker.log_tail)
+    noticed = time.monotonic()
+    wait_for(lambda: time.monotonic() - noticed >= 2.5, 10)  # two tries more, at least
+    restarting = time.monotonic()
+    lease_store.restart()
+    assert held.get(timeout=60) == "kept"
+    log = worker.log_text()
+
+    assert [e["event"] for e in events()] == ["start", "step", "end"]  # no loss
+    # One line each way from the pool process that holds the lease (the main process's sweep
+    # reports what it sees on its own); no line per try.
+    holder = [line for line in log.splitlines() if "/ForkPoolWorker-1]" in line]
+    down = [line for line in holder if " is unreachable (seen by" in line]
+    assert len(down) == 1 and unreachable in down[0], log
+    back = [line for line in holder if "is reachable again after" in line]
+    assert len(back) == 1, log
+    found = re.search(r"after (\d+\.\d)s \((\d+) failed calls", back[0])
+    assert found is not None, back
+    # From the first failed renewal (after the stop) to the first answer (after the restart).
+    assert restarting - noticed <= float(found.group(1)) <= time.monotonic() - stopped, back
+    assert int(found.group(2)) >= 2, back  # tried again every second (3 s / 3)
+    assert "lease renewal failed" not in log and "still unreachable" not in log, log
+
+
+def test_a_failure_long_after_the_previous_one_with_no_call_between_begins_a_new_outage(
+    throwaway_redis: RedisFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from celery_lease.store import health
+
+    monkeypatch.setattr(health, "NEW_OUTAGE_AFTER", 2.0)  # 30 s, shrunk
+    lease_store = throwaway_redis()
+    client = lease_store.client(socket_timeout=0.5)
+    lease_store.stop()
+    state = health.Reachability(lease_store.url())
+    caplog.set_level(logging.WARNING, logger="celery_lease")
+
+    def fail() -> float:
+        with pytest.raises(redis.RedisError) as caught:
+            client.ping()
+        assert state.failed(caught.value, "ping")
+        return time.monotonic()
+
+    fail()
+    previous = fail()  # at once: the same outage
+    wait_for(lambda: time.monotonic() - previous >= 2.5, 10)  # quiet longer than the rule's 2 s
+    renewed = fail()
+    lease_store.restart()
+    client.ping()
+    state.answered()
+    answered = time.monotonic()
+
+    lines = [r.getMessage() for r in caplog.records]
+    starts = [m for m in lines if " is unreachable (seen by ping: " in m]
+    assert len(starts) == 2 and "no call in the" not in starts[0], lines
+    quiet = re.search(r"this process made no call in the ([\d.]+)s since its previous", starts[1])
+    assert quiet is not None and 2.4 <= float(quiet.group(1)) <= renewed - previous + 0.1, lines
+    assert not any("still unreachable" in m for m in lines), lines
+    # The end of the second one, counted from its own first failure: one failed call.
+    (back,) = [m for m in lines if "is reachable again after" in m]
+    lasted = re.search(r"after ([\d.]+)s \(1 failed calls", back)
+    assert lasted is not None and float(lasted.group(1)) <= answered - renewed + 0.1, back
+
+
+def test_a_lease_lost_in_an_outage_is_logged_as_lost_and_its_release_not_as_expiring(
+    redis_url: str,
+    throwaway_redis: RedisFactory,
+    worker_factory: WorkerFactory,
+) -> None:
+    lease_store = throwaway_redis()
+    worker = worker_factory(
+        "tests.apps.lease_app",
+        pool="prefork",
+        env={"LEASE_BACKEND": lease_store.url(), "LEASE_TTL": "3"},
+    )
+    app = Celery("client", broker=redis_url, backend=redis_url, set_as_current=False)
+    app.conf.task_default_queue = worker_factory.queue
+    journal = redis.Redis.from_url(redis_url)
+    held = app.send_task("hold", ("lost", 60.0))
+    wait_for(lambda: journal.llen("journal") >= 1, 60, message=worker.log_tail)
+    lease_store.stop()  # for longer than the TTL: the deadline passes, the release fails
+    wait_for(lambda: held.ready(), 60, message=worker.log_tail)
+    assert held.state == "FAILURE" and type(held.result).__name__ == "LeaseLost"
+    log = worker.log_text()
+
+    holder = [line for line in log.splitlines() if "/ForkPoolWorker-1]" in line]
+    assert sum(" is unreachable (seen by renewal of" in line for line in holder) == 1, log
+    assert (
+        sum("lease lost: key=lease:{hold:" in line and "cause=deadline" in line for line in holder)
+        == 1
+    ), log
+    # The key had lapsed: nothing said to expire later; the failed try is DEBUG, as each
+    # failed renewal is.
+    assert "expires within" not in log and "lease renewal failed" not in log, log

@@ -40,7 +40,7 @@ from redis.exceptions import RedisError, ResponseError
 from .. import store
 from ..base import clock, signals
 from ..errors import LostCause
-from ..store import pending, primary
+from ..store import health, pending, primary
 from . import interrupt
 from .lease import Lease, begin_renewals, confirm_renewed, end_renewals
 
@@ -249,6 +249,7 @@ class Heartbeat:
         if not group:
             return
         sent_at = clock.now()
+        answered = True  # the store answered the round trip (and no renewal said otherwise)
         try:
             replies = store.renew_many(
                 group[0].client,
@@ -259,6 +260,7 @@ class Heartbeat:
             self.passes += 1
         except RedisError as exc:
             replies = [exc] * len(group)
+            answered = not health.is_unreachable(exc)
         finally:
             end_renewals(group)
         replied_at = clock.now()
@@ -279,7 +281,7 @@ class Heartbeat:
             )
         for lease, answer in rest:
             if isinstance(answer, RedisError):
-                self._failed(lease, answer)
+                answered = not self._failed(lease, answer) and answered
             else:  # 0: the key is gone; -1: another token holds it
                 self._drop(lease)
                 # A take-over whose notice was lost (lease_on_conflict="preempt"): the new
@@ -290,8 +292,16 @@ class Heartbeat:
                     and store.was_preempted(lease.client, lease.key, lease.token)
                 )
                 lease.mark_lost(LostCause.PREEMPTED if taken else LostCause.REFUSED)
+        reachable = group[0].reachable
+        if answered and reachable is not None:
+            reachable.answered()  # no outage: returns at once, no lock taken
 
-    def _failed(self, lease: Lease, error: RedisError) -> None:
+    def _failed(self, lease: Lease, error: RedisError) -> bool:
+        """Schedule the retry of ``lease``'s failed renewal, log it, send its signal.
+
+        Returns:
+            True when ``error`` says the store could not be reached (:mod:`.store.health`).
+        """
         now = clock.now()
         # Try again soon (the pass sends it only while it can finish before the deadline). An
         # error reply is remembered: the store answered, so a passed deadline is its doing.
@@ -299,7 +309,15 @@ class Heartbeat:
             now + min(lease.renew_interval / 3, _MAX_SLEEP),
             error if isinstance(error, ResponseError) else None,
         )
-        logger.warning(
+        # An unreachable store is logged once per outage by its reachability state, and a
+        # failed renewal is retried every second: each try is only worth a DEBUG line.
+        reachable = lease.reachable
+        if reachable is not None:
+            unreachable = reachable.failed(error, f"renewal of {lease.key}")
+        else:
+            unreachable = health.is_unreachable(error)
+        logger.log(
+            logging.DEBUG if unreachable else logging.WARNING,
             "lease renewal failed: key=%s task=%s[%s] fencing_token=%d error=%s time_left=%.3fs",
             lease.key,
             lease.task_name,
@@ -317,6 +335,7 @@ class Heartbeat:
             error=error,
             time_left=lease.deadline - now,
         )
+        return unreachable
 
 
 _instance: Heartbeat | None = None

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     import redis
 
     from ..settings.config import LeaseOptions
+    from ..store.health import Reachability
     from .interrupt import Target
 
 __all__ = ["Lease", "begin_renewals", "confirm_renewed", "current_lease", "end_renewals"]
@@ -55,6 +56,8 @@ class Lease:
         joined: the latest message (JSON str) of a duplicate that joined this handed-over
             ``coalesce`` run before it started, whose arguments the run takes
             (:attr:`celery_lease.store.AcquireResult.joined`); else None.
+        reachable: this process's :class:`~celery_lease.store.health.Reachability` of the
+            lease's store, which the heartbeat reports its renewals to; None: not reported.
 
     State and who changes it: the execution that took it and the heartbeat thread both act on
     a lease, only through its methods, and every change happens under the lease's own lock
@@ -84,6 +87,7 @@ class Lease:
         "limit",
         "options",
         "pid",
+        "reachable",
         "renew_interval",
         "target",
         "task_id",
@@ -105,6 +109,7 @@ class Lease:
         target: Target,
         sent_at: float,
         joined: str | None = None,
+        reachable: Reachability | None = None,
     ) -> None:
         self.key = key
         self.token = token
@@ -130,6 +135,7 @@ class Lease:
         self._renew_args = (key, token, options.ttl_ms)
         self.limit = 1  # set by the grant of a slot (lease_limit)
         self.joined = joined  # the latest message of a duplicate that joined (coalesce)
+        self.reachable = reachable
         # Set when the renewal on the wire ends; made by a stop_renewing() that waits for it.
         self._renewal_over: threading.Event | None = None
 

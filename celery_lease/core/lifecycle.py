@@ -256,7 +256,8 @@ def take(
             )
         except (RedisConnectionError, RedisTimeoutError):  # the same token, asked again
             found = _send(send, client, key, token, options, holder, asked)
-        health.reachability(settings.url).answered()
+        reachable = health.reachability(settings.url)
+        reachable.answered()
         if not found.granted:
             target.finish()
             return found
@@ -271,6 +272,7 @@ def take(
             target=target,
             sent_at=sent_at,
             joined=found.joined,
+            reachable=reachable,
         )
         if shape.limit > 1:
             lease.limit = shape.limit  # a slot of a limited key (lease_limit)
@@ -496,12 +498,7 @@ def end(
                     return announce_end(lease, loss, None, sender=sender)
                 released = _send_release(lease, release)
             except RedisError as exc:
-                logger.warning(
-                    "lease release failed (it expires within %.3fs): key=%s error=%s",
-                    lease.ttl,
-                    lease.key,
-                    store.describe(exc),
-                )
+                _release_failed(lease, loss, exc)
             sent = True
             if released is False and loss is None:
                 loss = lease.lost_at_release()
@@ -510,6 +507,36 @@ def end(
             _release_after_exit(lease, release)
         raise
     return announce_end(lease, loss, released, sender=sender)
+
+
+def _release_failed(lease: Lease, loss: LeaseLost | None, error: RedisError) -> None:
+    """Log the failed release of ``lease`` (``loss``: its loss, if it was lost) for what it
+    leaves behind. An unreachable store is reported to its reachability state (logged once
+    per outage), the rest here."""
+    reachable = lease.reachable
+    unreachable = (
+        reachable.failed(error, f"release of {lease.key}")
+        if reachable is not None
+        else health.is_unreachable(error)
+    )
+    if loss is None:  # the key is still this execution's, until its TTL runs out
+        logger.warning(
+            "lease release failed (it expires within %.3fs): key=%s error=%s",
+            lease.ttl,
+            lease.key,
+            store.describe(error),
+        )
+        return
+    # Lost first: at its deadline (drift margin included), the key had lapsed or was about
+    # to; refused or preempted, it is gone or another's. The release had nothing to free.
+    logger.log(
+        logging.DEBUG if unreachable else logging.INFO,
+        "lease release failed after the lease was lost (cause=%s): its key has lapsed or is "
+        "another's, nothing to release: key=%s error=%s",
+        loss.cause,
+        lease.key,
+        store.describe(error),
+    )
 
 
 def _release_after_exit(lease: Lease, release: Callable[[redis.Redis, str, str], bool]) -> None:

@@ -1,7 +1,8 @@
 """Whether this process can reach each lease store, and the few log lines that say so.
 
-Every part of a process that talks to a store (a task's acquire, the hand-over sweep, beat's
-leader election, the worker's start check) reports here instead of logging each failed call,
+Every part of a process that talks to a store (a task's acquire, the heartbeat's renewals of
+the leases held, the hand-over sweep, beat's leader election, the worker's start check, a
+failed release) reports here instead of logging each failed call,
 so an outage reads as three kinds of WARNING:
 
 - one when a store stops answering: ``lease store redis://:**@host:6379/0 is unreachable
@@ -15,6 +16,15 @@ so an outage reads as three kinds of WARNING:
   ... is reachable again after 42.7s (<n> failed calls, the last 0.4s ago)``. A WARNING,
   not INFO, so that a worker run at ``-l warning`` shows the end of what it showed the start
   of.
+
+A process that makes no call for a while cannot tell whether the store answered meanwhile: a
+failure more than :data:`NEW_OUTAGE_AFTER` (30.0) seconds after its previous failed call,
+with no call in between, begins a new outage, logged as the first one was with ``; this
+process made no call in the 41.2s since its previous failed call, whose outage it did not see
+end`` added in the parentheses (the earlier one has no "reachable again" line). Whatever
+keeps calling during an outage calls more often than that: a held lease's renewal, tried at
+most a second apart, the sweep every pass, an execution waiting the outage out, tried again
+at most 30 s apart (:data:`celery_lease.execution.outage.MAX_WAIT`), if by the same process.
 
 Only errors that say the store could not be reached count (:func:`is_unreachable`: refused
 or broken connections, timeouts); a store that answers with an error is reachable, and that
@@ -39,6 +49,7 @@ from .url import safe_url
 __all__ = [
     "FIRST_REMINDER",
     "MAX_REMINDER_GAP",
+    "NEW_OUTAGE_AFTER",
     "Reachability",
     "is_unreachable",
     "never_reached",
@@ -51,6 +62,9 @@ logger = logging.getLogger("celery_lease")
 FIRST_REMINDER = 30.0
 #: The longest gap between two reminders, float seconds.
 MAX_REMINDER_GAP = 600.0
+
+#: Float seconds without a call after which this process's next failure begins a new outage.
+NEW_OUTAGE_AFTER = 30.0
 
 #: Set on an error once reported, so that a caller further up reporting it too counts it once.
 _COUNTED = "_lease_reachability_counted"
@@ -118,9 +132,12 @@ class Reachability:
         setattr(error, _COUNTED, True)
         now = clock.now()
         with self._lock:
+            started, quiet = self._down_since, None
+            if started is not None and now - self._last_failure > NEW_OUTAGE_AFTER:
+                # No call since: whether the store answered meanwhile is unknown.
+                started, quiet, self._failures = None, now - self._last_failure, 0
             self._failures += 1
             self._last_failure = now
-            started = self._down_since
             if started is None:
                 self._down_since, self._gap = now, FIRST_REMINDER
                 self._next_reminder = now + FIRST_REMINDER
@@ -131,14 +148,7 @@ class Reachability:
                 return True
             failures = self._failures
         if started is None:
-            logger.warning(
-                "lease store %s is unreachable (seen by %s: %s); leased tasks follow "
-                "lease_on_store_error, beat stays standby; reminders while it lasts, and a "
-                "line when it answers again",
-                self.name,
-                what,
-                describe(error),
-            )
+            self._log_start(error, what, quiet)
         else:
             logger.warning(
                 "lease store %s still unreachable after %.1fs (%d failed calls; last seen by "
@@ -150,6 +160,22 @@ class Reachability:
                 describe(error),
             )
         return True
+
+    def _log_start(self, error: BaseException, what: str, quiet: float | None) -> None:
+        """The outage's first line (``quiet``: float seconds since the previous failed call
+        of an earlier outage whose end this process did not see, else None)."""
+        logger.warning(
+            "lease store %s is unreachable (seen by %s: %s%s); leased tasks follow "
+            "lease_on_store_error, beat stays standby; reminders while it lasts, and a line "
+            "when it answers again",
+            self.name,
+            what,
+            describe(error),
+            ""
+            if quiet is None
+            else f"; this process made no call in the {quiet:.1f}s since its previous failed "
+            "call, whose outage it did not see end",
+        )
 
     def answered(self) -> None:
         """Report a call the store answered; ends an outage (logged with its length)."""
