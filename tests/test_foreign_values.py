@@ -232,7 +232,7 @@ def test_a_task_finding_foreign_values_at_its_key_skips_and_the_cli_shows_an_unk
         assert result["lease_skipped"] is True and result["holder"] == "unknown holder"
     assert client.get(keys[0]) == REPORTED and client.type(keys[1]) == b"hash"
 
-    listed = celery_lease(env, "ls")
+    listed = celery_lease(env, "ls", "--wide")  # at 80 columns the key keeps its width
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.count("(unknown holder)") == 2
     assert f"unknown holder at {keys[1]}: a Redis hash, not a lease value" in listed.stdout
