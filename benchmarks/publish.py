@@ -8,7 +8,8 @@ those scripts run inside the server (no round trip). Variants, each ``apply_asyn
 whose body never runs (no worker):
 
 - ``plain``: ``lease_dedupe`` off: the broker publish only;
-- ``dedupe, published``: every publish a new key, so each claims and is published;
+- ``dedupe, published``: every publish a new key, so each claims, is published, and gives its
+  claim its full lifetime (a second script);
 - ``dedupe, deduplicated``: every publish the same key, whose copy is waiting: nothing is
   published, the waiting copy's result is returned;
 - ``debounce, new burst``: every publish a new key (``lease_debounce``): the burst's script,

@@ -610,6 +610,21 @@ def test_unclaim_removes_only_a_claim_naming_the_task_id(client: redis.Redis) ->
     assert run(client, "dedupe/unclaim-1.lua", [CLAIM], ["w1"]) == 0
 
 
+def test_confirm_gives_only_a_claim_naming_the_task_id_its_full_lifetime_and_never_writes_one(
+    client: redis.Redis,
+) -> None:
+    claim(client, "w1", lifetime=5_000)  # provisional
+    stamp = client.get(CLAIM).split(":", 2)
+    assert run(client, "dedupe/confirm-1.lua", [CLAIM], ["w2", 300_000]) == 0
+    assert client.pttl(CLAIM) <= 5_000
+    assert run(client, "dedupe/confirm-1.lua", [CLAIM], ["w1", 300_000]) == 1
+    assert 295_000 < client.pttl(CLAIM) <= 300_000
+    assert client.get(CLAIM).split(":", 2) == [stamp[0], "300000", stamp[2]]  # same claim time
+    client.delete(CLAIM)  # cleared by its grant: a late confirmation writes nothing
+    assert run(client, "dedupe/confirm-1.lua", [CLAIM], ["w1", 300_000]) == 0
+    assert client.exists(CLAIM) == 0
+
+
 def test_acquire_3_grants_as_acquire_2_and_clears_the_claim_naming_its_task_id(
     client: redis.Redis,
 ) -> None:

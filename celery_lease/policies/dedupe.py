@@ -24,8 +24,11 @@ published without a claim (``"unguarded"``, a warning logged, whatever
 ``lease_on_store_error`` says): a fold that a failover may undo could lose the request, a
 publish too many costs one more execution, which the lease still keeps to one at a time.
 
-A claim never outlives its message for long: it has a lifetime (the message's ``expires``, else
-its countdown plus ``lease_dedupe_ttl``), and is removed when its publish fails, when a worker
+A claim never outlives its message for long: it is written with a provisional lifetime (at
+most ``lease_ttl``) and given its full one (the message's ``expires``, else its countdown plus
+``lease_dedupe_ttl``) once the message is published (:func:`celery_lease.store.confirm_claim`,
+one round trip more per claiming publish), so the claim of a publisher killed before its
+publish lapses within ``lease_ttl``. It is removed when its publish fails, when a worker
 drops its message as revoked or expired (``task_revoked``), and when its execution ends on a
 conflict without a copy sent on (:func:`forget`). Always published, never folded, and claiming
 the slot for themselves: a message published again under its own task id (a retry, a copy a
@@ -130,17 +133,18 @@ def send(
     requested = options.pop("task_id", None)
     task_id = requested or uuid()
     lifetime = claim_lifetime(options, getattr(task, "expires", None), settings.options.dedupe_ttl)
+    # Provisional until the message is out: a publisher that dies before its publish leaves
+    # a claim that lapses within lease_ttl, not one that folds requests onto nothing.
+    provisional = min(lifetime, settings.options.ttl)
+    confirm = False
     claimer = store.holder_json(task.name, task_id, socket.gethostname(), process.pid())
     headers[CLAIM_HEADER] = key  # the execution clears a claim naming it, if one is there
     try:
-        client = store.client_for(
-            settings.url, settings.options.store_timeout, settings.options.backend_options
-        )
         decision = store.claim(
-            client,
+            _client(task),
             key,
             task_id,
-            max(1, round(lifetime * 1000)),
+            _ms(provisional),
             claimer,
             take_over,
             settings.options.min_replicas,
@@ -167,6 +171,7 @@ def send(
         if not (decision.claimed or decision.foreign):
             return _deduplicated(task, key, requested, decision)
         disposition = "published" if decision.claimed else "unguarded"
+        confirm = decision.claimed and lifetime > provisional
         if decision.foreign:
             logger.warning(
                 "task %s[%s] published without a waiting-copy claim: %s holds %s "
@@ -177,10 +182,43 @@ def send(
                 decision.foreign,
             )
     try:
-        return _published(task, key, {**options, "task_id": task_id}, headers, publish, disposition)
+        result = _published(
+            task, key, {**options, "task_id": task_id}, headers, publish, disposition
+        )
     except BaseException:
         forget(task, key, task_id, "its publish failed")
         raise
+    if confirm:
+        _confirm(task, key, task_id, lifetime)
+    return result
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def _confirm(task: Any, key: str, task_id: str, lifetime: float) -> None:
+    """Give the claim of ``task_id``, now published, its full ``lifetime`` (float seconds).
+    Never raises: a claim not confirmed keeps its provisional lifetime (``lease_ttl``), after
+    which a publish of the key is queued again (a second copy, which the lease still keeps to
+    one at a time)."""
+    try:
+        store.confirm_claim(_client(task), key, task_id, _ms(lifetime))
+    except Exception as exc:
+        logger.warning(
+            "lease dedupe: the claim of task %s[%s] keeps its provisional lifetime "
+            "(at most lease_ttl): %s",
+            task.name,
+            task_id,
+            store.describe(exc),
+        )
+
+
+def _client(task: Any) -> Any:
+    settings = task.lease_settings()
+    return store.client_for(
+        settings.url, settings.options.store_timeout, settings.options.backend_options
+    )
 
 
 def _published(
@@ -220,11 +258,7 @@ def forget(task: Any, key: str, task_id: str, why: str) -> None:
     (``why`` says why, for the log). Best effort, never raises: a claim not removed lapses at
     its lifetime."""
     try:
-        settings = task.lease_settings()
-        client = store.client_for(
-            settings.url, settings.options.store_timeout, settings.options.backend_options
-        )
-        if store.unclaim(client, key, task_id):
+        if store.unclaim(_client(task), key, task_id):
             logger.debug("lease dedupe: claim of task %s[%s] removed: %s", task.name, task_id, why)
     except Exception as exc:
         logger.warning(

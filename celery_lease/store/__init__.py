@@ -28,7 +28,7 @@ Nothing above this package builds a Redis command; it calls these functions:
 from __future__ import annotations
 
 from . import handoff
-from .claims import Claim, Decision, claim, parse_claim, unclaim
+from .claims import Claim, Decision, claim, confirm_claim, parse_claim, unclaim
 from .connection import client_for, reset_clients
 from .cooldown import release_into_cooldown
 from .errors import NotReplicated, PrimaryUnconfirmed, describe, permanent_error
@@ -91,6 +91,7 @@ __all__ = [
     "acquire_slot",
     "claim",
     "client_for",
+    "confirm_claim",
     "describe",
     "handoff",
     "holder_json",

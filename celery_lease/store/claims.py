@@ -10,6 +10,10 @@ JSON). It names the copy of the key that was published and has not started yet:
 - :func:`claim` (``dedupe/claim-2.lua``) decides a publish: claim the slot for the message about
   to be published, or answer the task id of the copy already waiting (nothing is published
   then);
+- :func:`confirm_claim` (``dedupe/confirm-1.lua``) gives the claim its full lifetime once the
+  message is published: the publisher claims with a short provisional one (at most
+  ``lease_ttl``), so the claim of a publisher that died before its publish lapses soon instead
+  of folding requests onto nothing;
 - the execution's acquire clears it when the lease is granted to the task id it names
   (``lease/acquire-4.lua``: :func:`celery_lease.store.acquire` with ``claimed=True``), in the
   same script;
@@ -39,10 +43,11 @@ from ..base.keys import claim_key
 from . import lua, primary, replicated, routing
 from .value import _holder_fields
 
-__all__ = ["Claim", "Decision", "claim", "parse_claim", "unclaim"]
+__all__ = ["Claim", "Decision", "claim", "confirm_claim", "parse_claim", "unclaim"]
 
 _claim = lua.load("dedupe/claim-2.lua")
 _unclaim = lua.load("dedupe/unclaim-1.lua")
+_confirm = lua.load("dedupe/confirm-1.lua")
 
 
 @dataclass(frozen=True)
@@ -148,6 +153,21 @@ def unclaim(client: redis.Redis, key: str, task_id: str) -> bool:
     """
     try:
         return bool(_unclaim(client, (claim_key(key),), (task_id,)))
+    except RedisError as exc:
+        raise routing.note(exc, client, key) from None
+
+
+def confirm_claim(client: redis.Redis, key: str, task_id: str, lifetime_ms: int) -> bool:
+    """Give lease ``key``'s claim its full lifetime, ``lifetime_ms`` (int milliseconds counted
+    from when it was claimed), once its message ``task_id`` is published; only while the claim
+    names ``task_id`` (one cleared by its grant, removed or lapsed is not written again).
+    Returns True when it was extended.
+
+    Raises:
+        redis.exceptions.RedisError: on store errors.
+    """
+    try:
+        return bool(_confirm(client, (claim_key(key),), (task_id, lifetime_ms)))
     except RedisError as exc:
         raise routing.note(exc, client, key) from None
 

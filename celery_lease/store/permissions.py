@@ -174,7 +174,12 @@ FEATURES: dict[str, Feature] = {
             "lease_dedupe: the waiting copy's claim, decided at publish, cleared by "
             "the acquire that grants it, removed when its message will not run",
             (),
-            ("dedupe/claim-2.lua", "lease/acquire-4.lua", "dedupe/unclaim-1.lua"),
+            (
+                "dedupe/claim-2.lua",
+                "dedupe/confirm-1.lua",
+                "lease/acquire-4.lua",
+                "dedupe/unclaim-1.lua",
+            ),
         ),
         Feature(
             "debounce",
