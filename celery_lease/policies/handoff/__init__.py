@@ -201,10 +201,13 @@ class Releaser:
             answered one (a repeat hands nothing over), or None.
     """
 
-    def __init__(self, options: LeaseOptions, ran: str = "", limit: int = 1) -> None:
+    def __init__(
+        self, options: LeaseOptions, ran: str = "", limit: int = 1, handed_over: bool = True
+    ) -> None:
         self.options = options
         self.limit = limit  # above 1: one slot's release hands the freed slot over
-        self.ran = ran  # the task id of a handed-over run, noted at its release
+        self.ran = ran  # the task id of a run that ended for good, noted at its release
+        self.handed_over = handed_over  # ran is a handed-over run's
         self.result: stored.HandOff | None = None
 
     def __call__(self, client: redis.Redis, key: str, token: str) -> bool:
@@ -220,6 +223,7 @@ class Releaser:
             self.ran,
             self.limit,
             mode=mode_of(options),
+            handed_over=self.handed_over,
         )
         if self.result is None or self.result.handed is None:
             self.result = got
