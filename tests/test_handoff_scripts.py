@@ -43,7 +43,7 @@ def park(
     )
 
 
-def release_handoff(  # noqa: PLR0913 - the script's ARGV
+def release_handoff(
     client: redis.Redis,
     tok: str,
     reserve: int = 5000,
