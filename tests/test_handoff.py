@@ -388,6 +388,26 @@ def test_a_handed_over_grant_no_replica_acknowledged_gives_the_run_its_reservati
     assert stored.read_line(client, key) == ([], None)
 
 
+def test_with_min_replicas_a_park_no_replica_acknowledged_does_not_count_and_keeps_its_place(
+    redis_url: str,
+) -> None:
+    # A park a failover loses is a duplicate acknowledged and never run: with
+    # lease_min_replicas it counts only once acknowledged (NotReplicated otherwise: the
+    # duplicate is kept by lease_on_store_error), and the copy sent again keeps its place.
+    client = store.client_for(redis_url, 1.0)
+    key, holder = f"lease:ho.queued:{{{uuid.uuid4().hex}}}", uuid.uuid4().hex
+    assert store.acquire(client, key, holder, 5000, "{}").granted
+    with pytest.raises(store.NotReplicated, match="the park"):
+        stored.park(client, key, "queue", "run-1", "m1", 10, 60_000, min_replicas=1)
+    assert stored.park(client, key, "queue", "run-2", "m2", 10, 60_000).length == 2
+    again = stored.park(client, key, "queue", "run-1", "m1", 10, 60_000)
+    assert (again.outcome, again.length) == ("parked", 1)
+    assert [w.task_id for w in stored.read_line(client, key)[0]] == ["run-1", "run-2"]
+    client.delete(key)  # free: nothing is written, whatever the replicas
+    free = stored.park(client, key, "queue", "run-3", "m3", 10, 60_000, min_replicas=1)
+    assert free.outcome == "free"
+
+
 def test_a_retry_of_a_handed_over_run_whose_lease_was_lost_is_published_as_a_new_attempt(
     app: Any,
 ) -> None:

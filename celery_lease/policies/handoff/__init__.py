@@ -189,6 +189,7 @@ def park(
         lifetime_ms(options),
         limit,
         handed_over=handed_over,
+        min_replicas=options.min_replicas,
     )
 
 
