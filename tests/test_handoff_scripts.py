@@ -225,6 +225,25 @@ def test_a_handed_over_grant_taken_back_reserves_the_key_for_its_run_again(
     assert client.exists(KEY, RESERVED) == 0  # not a handed-over run: nothing reserved
 
 
+def test_a_handed_over_run_that_retried_refuses_its_stale_copies_until_its_retry_parks(
+    client: redis.Redis,
+) -> None:
+    t = held(client)
+    park(client, "queue", "a", "ma")
+    release_handoff(client, t)
+    first = token()
+    assert take(client, first, "a", handed_over=True)[0] == 1
+    assert release_handoff(client, first, ran="a", handed_over="2")[0] == 1  # it retried
+    assert take(client, token(), "a", handed_over=True) == [0, "ran:a", 0]  # a stale copy
+    holder = held(client)
+    assert park(client, "queue", "a", "ma", handed_over=True) == [-2, 0]  # a stale copy
+    assert park(client, "queue", "a", "retry of a")[0] == 1  # its retry, without the header
+    assert client.hget(RESERVED, "ran") is None
+    assert release_handoff(client, holder)[1].startswith("a\n")
+    client.hdel(RESERVED, "id", "due", "el")  # its reservation lapsed (a long store outage)
+    assert take(client, token(), "a", handed_over=True)[0] == 1  # the retry still runs
+
+
 def test_a_reservation_past_due_no_longer_holds_the_key(client: redis.Redis) -> None:
     t = held(client)
     park(client, "queue", "a", "ma")

@@ -235,6 +235,7 @@ def release_handing_over(  # noqa: PLR0913 - the release scripts' distinct ARGV
     limit: int = 1,
     mode: str = "queue",
     handed_over: bool = True,
+    retried: bool = True,
 ) -> HandOff:
     """Release ``key`` if ``token`` holds it, and hand it over to the next waiting run (the
     reservation holds the key for ``reserve_ms`` int milliseconds). Safe to repeat: a repeat
@@ -243,11 +244,13 @@ def release_handing_over(  # noqa: PLR0913 - the release scripts' distinct ARGV
     Args:
         lifetime_ms: the lifetime of the line and the reservation, int milliseconds.
         timeout_ms: the wait timeout, int milliseconds (0: none).
-        ran: the releasing execution's task id when its run ended for good (not a retry),
-            else '': its element still waiting in the line (a copy of a waiting run took the
-            key meanwhile) is taken out, and it is noted, so that a second copy of it is
-            refused (a handed-over run's, or when a line or a reservation is there).
+        ran: the releasing execution's task id when it is a handed-over run or its run
+            ended for good, else '': noted, so that a second copy of it is refused (a
+            handed-over run's, or when a line or a reservation is there); a run that ended
+            for good also takes its own element still waiting in the line out (a copy of a
+            waiting run took the key meanwhile).
         handed_over: the releasing execution is a handed-over run.
+        retried: its run ended in a retry (its element, if any, is its retry's: kept).
         limit: the key's ``lease_limit``: above 1, ``token``'s slot is released and each slot
             then free is reserved for the head of the line (``handoff/release_slot_handoff-4.lua``;
             ``handed``, then ``more``), for ``reserve_ms`` each; a repeat (its first reply
@@ -277,7 +280,7 @@ def release_handing_over(  # noqa: PLR0913 - the release scripts' distinct ARGV
     if limit > 1:
         script, parse, argv = _release_slot, _slot_handoff, (*argv, limit)
     else:
-        argv = (*argv, mode, "1" if handed_over else "0")
+        argv = (*argv, mode, "2" if retried else "1" if handed_over else "0")
 
     def send() -> HandOff:
         reply = _run(script, client, key, keys, argv)

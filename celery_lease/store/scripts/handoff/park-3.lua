@@ -12,7 +12,10 @@ ARGV[2]  the task id of a new element (coalesce: a fresh id; queue: the duplicat
 ARGV[3]  the message to keep (the signature, serialized by the caller)
 ARGV[4]  the most elements the line may hold (queue)
 ARGV[5]  the line's lifetime, int milliseconds
-ARGV[6]  '1' for a copy of a handed-over run (queue: its own task id, ARGV[2]); absent: '0'
+ARGV[6]  '1' for a copy of a handed-over run (queue: its own task id, ARGV[2]); absent: '0'.
+         Any other copy parked in a queue line is a new attempt of its task id (a
+         handed-over run's retry): its id leaves the reservation's ran field, so that the
+         run it is handed over to is not refused as a second copy of the one that retried
 
 Returns:
   {1, id, length}  parked: id is the task id of the run that covers it, length the line's
@@ -35,6 +38,21 @@ end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   local r = redis.pcall('HMGET', KEYS[3], 'id', 'due')
   if r.err or not r[1] or tonumber(r[2] or '0') <= now_ms then return {0, 0} end
+end
+if ARGV[6] ~= '1' and ARGV[1] == 'queue' then
+  local ran = redis.pcall('HGET', KEYS[3], 'ran')
+  if type(ran) == 'string'
+      and string.find(' ' .. ran .. ' ', ' ' .. ARGV[2] .. ' ', 1, true) then
+    local kept = {}
+    for id in string.gmatch(ran, '%S+') do
+      if id ~= ARGV[2] then kept[#kept + 1] = id end
+    end
+    if #kept > 0 then
+      redis.call('HSET', KEYS[3], 'ran', table.concat(kept, ' '))
+    else
+      redis.call('HDEL', KEYS[3], 'ran')
+    end
+  end
 end
 if ARGV[1] == 'coalesce' and redis.pcall('LINDEX', KEYS[2], 0) == false then
   local r = redis.pcall('HMGET', KEYS[3], 'id', 'kind')
