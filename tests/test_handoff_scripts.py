@@ -166,7 +166,7 @@ def test_a_copy_of_a_handed_over_run_retried_past_later_runs_is_refused_and_not_
 
     run_handed_over("a")
     run_handed_over("b")  # a later run of the key: "a" is still known to have run
-    assert client.hget(RESERVED, "ran") == "b a"
+    assert client.hget(RESERVED, "ran") == "~b ~a"  # '~': it may have retried
     assert take(client, token(), "a", handed_over=True) == [0, "ran:a", 0]
     holder = held(client)
     assert park(client, "queue", "a", "ma", handed_over=True) == [-2, 0]  # not parked
@@ -176,7 +176,7 @@ def test_a_copy_of_a_handed_over_run_retried_past_later_runs_is_refused_and_not_
     for n in range(25):
         run_handed_over(f"r{n}")
     kept = client.hget(RESERVED, "ran").split()
-    assert kept[:2] == ["r24", "r23"] and len(kept) == 20  # bounded, newest first
+    assert kept[:2] == ["~r24", "~r23"] and len(kept) == 20  # bounded, newest first
 
 
 def test_a_run_that_ended_while_its_own_element_waits_takes_it_out_and_hands_the_next_over(
@@ -237,11 +237,17 @@ def test_a_handed_over_run_that_retried_refuses_its_stale_copies_until_its_retry
     assert take(client, token(), "a", handed_over=True) == [0, "ran:a", 0]  # a stale copy
     holder = held(client)
     assert park(client, "queue", "a", "ma", handed_over=True) == [-2, 0]  # a stale copy
+    assert client.hget(RESERVED, "ran") == "~a"
     assert park(client, "queue", "a", "retry of a")[0] == 1  # its retry, without the header
     assert client.hget(RESERVED, "ran") is None
     assert release_handoff(client, holder)[1].startswith("a\n")
     client.hdel(RESERVED, "id", "due", "el")  # its reservation lapsed (a long store outage)
-    assert take(client, token(), "a", handed_over=True)[0] == 1  # the retry still runs
+    retry = token()
+    assert take(client, retry, "a", handed_over=True)[0] == 1  # the retry still runs
+    assert release_handoff(client, retry, ran="a", handed_over="1")[0] == 1  # ...to its end
+    holder = held(client)
+    assert park(client, "queue", "a", "a copy sent again")[0] == -2  # ended: not parked
+    assert release_handoff(client, holder)[1] == ""
 
 
 def test_a_reservation_past_due_no_longer_holds_the_key(client: redis.Redis) -> None:
