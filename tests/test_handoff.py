@@ -351,6 +351,68 @@ def test_a_handed_over_run_that_retries_runs_its_retry(
     assert [r["n"] for r in _started("hr")] == [0, 1, 1]
 
 
+def test_a_waiting_run_whose_copy_took_a_free_key_and_ran_is_not_run_again_at_its_turn(
+    app: Any, redis_url: str, worker_factory: WorkerFactory
+) -> None:
+    # A copy of a waiting run (a retry after store errors is sent without the hand-over
+    # header) takes a key freed behind the line's back while its element still waits there;
+    # its own release then hands the key to that element, which must not run it again.
+    worker_factory(APP, pool="threads", concurrency=4)
+    holder = queued.delay("tw", 0, 3.0)
+    wait_for(lambda: _started("tw"), 20, message="the holder never started")
+    waiting = queued.delay("tw", 1)
+    wait_for(lambda: len([r for r in runs("tw") if r["what"] == "accepted"]) == 1, 20)
+    after = queued.delay("tw", 2)
+    wait_for(lambda: len([r for r in runs("tw") if r["what"] == "accepted"]) == 2, 20)
+    redis.Redis.from_url(redis_url).delete(queued.lease_key_for(("tw", 0)))  # freed
+    queued.apply_async(("tw", 1), task_id=waiting.id)  # the copy: no hand-over header
+    assert after.get(timeout=40) == 2  # the line went on past the element of the run that ran
+    assert waiting.get(timeout=5) == 1
+    assert [r["n"] for r in _started("tw")] == [0, 1, 2]
+    with pytest.raises(LeaseLost):
+        holder.get(timeout=20)
+
+
+def test_a_handed_over_grant_no_replica_acknowledged_gives_the_run_its_reservation_back(
+    redis_url: str,
+) -> None:
+    # lease_min_replicas=1 on a server without replicas: the handed-over run's grant is taken
+    # back. Its reservation must be put back: a later duplicate does not jump the line, and the
+    # run's next copy (lease_on_store_error sends it again) takes the key.
+    client = store.client_for(redis_url, 1.0)
+    key, holder = f"lease:ho.queued:{{{uuid.uuid4().hex}}}", uuid.uuid4().hex
+    assert store.acquire(client, key, holder, 5000, "{}").granted
+    assert stored.park(client, key, "queue", "run-1", "{}", 10, 60_000).outcome == "parked"
+    got = stored.release_handing_over(client, key, holder, 5000, 60_000, 0)
+    assert got.handed is not None and got.handed.task_id == "run-1"
+    with pytest.raises(store.NotReplicated, match="taken back"):
+        store.acquire(client, key, uuid.uuid4().hex, 5000, "{}", 1, "run-1", True)
+    other = store.acquire(client, key, uuid.uuid4().hex, 5000, "{}", 0, "run-2")
+    assert not other.granted and other.holder.task_id == "run-1"  # still reserved for run-1
+    assert store.acquire(client, key, uuid.uuid4().hex, 5000, "{}", 0, "run-1", True).granted
+    assert stored.read_line(client, key) == ([], None)
+
+
+def test_with_min_replicas_a_park_no_replica_acknowledged_does_not_count_and_keeps_its_place(
+    redis_url: str,
+) -> None:
+    # A park a failover loses is a duplicate acknowledged and never run: with
+    # lease_min_replicas it counts only once acknowledged (NotReplicated otherwise: the
+    # duplicate is kept by lease_on_store_error), and the copy sent again keeps its place.
+    client = store.client_for(redis_url, 1.0)
+    key, holder = f"lease:ho.queued:{{{uuid.uuid4().hex}}}", uuid.uuid4().hex
+    assert store.acquire(client, key, holder, 5000, "{}").granted
+    with pytest.raises(store.NotReplicated, match="the park"):
+        stored.park(client, key, "queue", "run-1", "m1", 10, 60_000, min_replicas=1)
+    assert stored.park(client, key, "queue", "run-2", "m2", 10, 60_000).length == 2
+    again = stored.park(client, key, "queue", "run-1", "m1", 10, 60_000)
+    assert (again.outcome, again.length) == ("parked", 1)
+    assert [w.task_id for w in stored.read_line(client, key)[0]] == ["run-1", "run-2"]
+    client.delete(key)  # free: nothing is written, whatever the replicas
+    free = stored.park(client, key, "queue", "run-3", "m3", 10, 60_000, min_replicas=1)
+    assert free.outcome == "free"
+
+
 def test_a_retry_of_a_handed_over_run_whose_lease_was_lost_is_published_as_a_new_attempt(
     app: Any,
 ) -> None:

@@ -44,14 +44,17 @@ def park(
 
 
 def release_handoff(
-    client: redis.Redis, tok: str, reserve: int = 5000, timeout: int = 0, ran: str = ""
+    client: redis.Redis,
+    tok: str,
+    reserve: int = 5000,
+    timeout: int = 0,
+    ran: str = "",
+    handed_over: str | None = None,
 ) -> Any:
-    return run(
-        client,
-        "handoff/release_handoff-4.lua",
-        [KEY, fence_key(KEY), LINE, RESERVED],
-        [tok, reserve, LIFETIME, timeout, ran],
-    )
+    argv: list[Any] = [tok, reserve, LIFETIME, timeout, ran]
+    if handed_over is not None:
+        argv += ["queue", handed_over]
+    return run(client, "handoff/release_handoff-4.lua", [KEY, fence_key(KEY), LINE, RESERVED], argv)
 
 
 def recover(client: redis.Redis, reserve: int = 5000, timeout: int = 0) -> Any:
@@ -163,7 +166,7 @@ def test_a_copy_of_a_handed_over_run_retried_past_later_runs_is_refused_and_not_
 
     run_handed_over("a")
     run_handed_over("b")  # a later run of the key: "a" is still known to have run
-    assert client.hget(RESERVED, "ran") == "b a"
+    assert client.hget(RESERVED, "ran") == "~b ~a"  # '~': it may have retried
     assert take(client, token(), "a", handed_over=True) == [0, "ran:a", 0]
     holder = held(client)
     assert park(client, "queue", "a", "ma", handed_over=True) == [-2, 0]  # not parked
@@ -173,7 +176,78 @@ def test_a_copy_of_a_handed_over_run_retried_past_later_runs_is_refused_and_not_
     for n in range(25):
         run_handed_over(f"r{n}")
     kept = client.hget(RESERVED, "ran").split()
-    assert kept[:2] == ["r24", "r23"] and len(kept) == 20  # bounded, newest first
+    assert kept[:2] == ["~r24", "~r23"] and len(kept) == 20  # bounded, newest first
+
+
+def test_a_run_that_ended_while_its_own_element_waits_takes_it_out_and_hands_the_next_over(
+    client: redis.Redis,
+) -> None:
+    # A copy of waiting run "a" (sent again after a store error, no hand-over header) took
+    # the key while a's element waited in the line: a's release must not hand the key to a.
+    t = held(client)
+    park(client, "queue", "a", "ma")
+    park(client, "queue", "b", "mb")
+    reply = release_handoff(client, t, ran="a", handed_over="0")
+    assert reply[0] == 1 and reply[1].startswith("b\n")
+    assert client.llen(LINE) == 0 and client.hget(RESERVED, "ran") == "a"
+    assert take(client, token(), "a", handed_over=True) == [0, "ran:a", 0]  # a late copy
+
+
+def test_a_run_that_ended_with_nothing_waiting_for_its_key_notes_nothing(
+    client: redis.Redis,
+) -> None:
+    t = held(client)
+    reply = release_handoff(client, t, ran="a", handed_over="0")
+    assert reply[:2] == [1, ""] and reply[3:] == []
+    assert client.exists(RESERVED, LINE) == 0  # no state left behind for a key nobody waits for
+
+
+def test_a_handed_over_grant_taken_back_reserves_the_key_for_its_run_again(
+    client: redis.Redis,
+) -> None:
+    t = held(client)
+    park(client, "queue", "a", "ma")
+    park(client, "queue", "b", "mb")
+    release_handoff(client, t, reserve=4000)
+    granted = token()
+    assert take(client, granted, "a", handed_over=True)[0] == 1  # ...no replica acknowledged it
+    ungrant = [KEY, fence_key(KEY), RESERVED]
+    assert run(client, "lease/ungrant-3.lua", ungrant, [granted, "a", "1", 4000]) == 2
+    assert client.exists(KEY) == 0 and client.get(fence_key(KEY)).endswith(":" + granted)
+    assert take(client, token(), "b")[1] == "reserved:a"  # a keeps its turn
+    assert run(client, "lease/ungrant-3.lua", ungrant, [granted, "a", "1", 4000]) == 1  # repeat
+    assert take(client, token(), "a", handed_over=True)[0] == 1  # its copy sent again
+    plain = token()
+    assert take(client, plain, "c")[0] == 0  # held by a's copy
+    client.delete(KEY, RESERVED)
+    assert take(client, plain, "c")[0] == 1
+    assert run(client, "lease/ungrant-3.lua", ungrant, [plain, "c", "0", 4000]) == 1
+    assert client.exists(KEY, RESERVED) == 0  # not a handed-over run: nothing reserved
+
+
+def test_a_handed_over_run_that_retried_refuses_its_stale_copies_until_its_retry_parks(
+    client: redis.Redis,
+) -> None:
+    t = held(client)
+    park(client, "queue", "a", "ma")
+    release_handoff(client, t)
+    first = token()
+    assert take(client, first, "a", handed_over=True)[0] == 1
+    assert release_handoff(client, first, ran="a", handed_over="2")[0] == 1  # it retried
+    assert take(client, token(), "a", handed_over=True) == [0, "ran:a", 0]  # a stale copy
+    holder = held(client)
+    assert park(client, "queue", "a", "ma", handed_over=True) == [-2, 0]  # a stale copy
+    assert client.hget(RESERVED, "ran") == "~a"
+    assert park(client, "queue", "a", "retry of a")[0] == 1  # its retry, without the header
+    assert client.hget(RESERVED, "ran") is None
+    assert release_handoff(client, holder)[1].startswith("a\n")
+    client.hdel(RESERVED, "id", "due", "el")  # its reservation lapsed (a long store outage)
+    retry = token()
+    assert take(client, retry, "a", handed_over=True)[0] == 1  # the retry still runs
+    assert release_handoff(client, retry, ran="a", handed_over="1")[0] == 1  # ...to its end
+    holder = held(client)
+    assert park(client, "queue", "a", "a copy sent again")[0] == -2  # ended: not parked
+    assert release_handoff(client, holder)[1] == ""
 
 
 def test_a_reservation_past_due_no_longer_holds_the_key(client: redis.Redis) -> None:

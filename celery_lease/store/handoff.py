@@ -26,7 +26,7 @@ import redis
 from redis.exceptions import RedisError
 
 from ..base.keys import fence_key, handoff_index_key, line_key, reservation_key
-from . import lua, primary, routing
+from . import lua, primary, replicated, routing
 
 __all__ = [
     "INDEX_LIFETIME_MS",
@@ -142,6 +142,7 @@ def park(  # noqa: PLR0913 - the ARGV of park-3.lua / park_slot-2.lua, each dist
     lifetime_ms: int,
     limit: int = 1,
     handed_over: bool = False,
+    min_replicas: int = 0,
 ) -> Parked:
     """Park a duplicate of ``key`` (``mode`` ``"coalesce"`` or ``"queue"``) in its line.
 
@@ -155,8 +156,13 @@ def park(  # noqa: PLR0913 - the ARGV of park-3.lua / park_slot-2.lua, each dist
             held, reserved ones included (``handoff/park_slot-2.lua``), else answers ``"free"``.
         handed_over: the duplicate is a copy of a handed-over run (its hand-over header):
             one whose task id already ran to its release answers ``"ran"`` (not parked).
+        min_replicas: ``lease_min_replicas``: above 0, a park counts only once that many
+            replicas acknowledged it (``WAIT`` in the same round trip): a park a failover
+            loses would be a duplicate acknowledged and never run. Not acknowledged, it is
+            left as it is (a copy sent again keeps its place: a line holds a task id once).
 
     Raises:
+        NotReplicated: fewer than ``min_replicas`` replicas acknowledged the park in time.
         PrimaryUnconfirmed: a Sentinel-managed client parked on a node the sentinels do not
             name as primary now (:mod:`celery_lease.store.primary`): the park does not count.
         redis.exceptions.RedisError: on store errors (a line key of another type included).
@@ -164,16 +170,20 @@ def park(  # noqa: PLR0913 - the ARGV of park-3.lua / park_slot-2.lua, each dist
     confirmed = primary.managed(client)
     before = primary.written_to(client) if confirmed else None
     argv: tuple[Any, ...] = (mode, task_id, message, max_length, lifetime_ms)
+    script, keys = _park, [key, line_key(key), reservation_key(key)]
     if limit > 1:
-        reply = _run(_park_slot, client, key, (key, line_key(key)), (*argv, limit))
+        script, keys, argv = _park_slot, [key, line_key(key)], (*argv, limit)
     else:
-        reply = _run(
-            _park,
-            client,
-            key,
-            (key, line_key(key), reservation_key(key)),
-            (*argv, "1" if handed_over else "0"),
-        )
+        argv = (*argv, "1" if handed_over else "0")
+    if min_replicas > 0:
+        try:
+            reply = replicated.counted(
+                script, client, keys, argv, min_replicas, _parked, None, "park"
+            )
+        except RedisError as exc:
+            raise routing.note(exc, client, key) from None
+    else:
+        reply = _run(script, client, key, tuple(keys), argv)
     code = int(reply[0])
     if confirmed and code == 1:
         # A duplicate parked on a primary a failover demoted (still writable on an old
@@ -190,6 +200,10 @@ def park(  # noqa: PLR0913 - the ARGV of park-3.lua / park_slot-2.lua, each dist
         covering = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
         return Parked("parked", covering, int(reply[2]), covering != task_id)
     return Parked({0: "free", -2: "ran"}.get(code, "full"), "", int(reply[1]))
+
+
+def _parked(reply: Any) -> bool:
+    return int(reply[0]) == 1  # written: the others write nothing
 
 
 def _handoff(reply: list[Any]) -> HandOff:
@@ -220,6 +234,8 @@ def release_handing_over(  # noqa: PLR0913 - the release scripts' distinct ARGV
     ran: str = "",
     limit: int = 1,
     mode: str = "queue",
+    handed_over: bool = True,
+    retried: bool = True,
 ) -> HandOff:
     """Release ``key`` if ``token`` holds it, and hand it over to the next waiting run (the
     reservation holds the key for ``reserve_ms`` int milliseconds). Safe to repeat: a repeat
@@ -228,8 +244,13 @@ def release_handing_over(  # noqa: PLR0913 - the release scripts' distinct ARGV
     Args:
         lifetime_ms: the lifetime of the line and the reservation, int milliseconds.
         timeout_ms: the wait timeout, int milliseconds (0: none).
-        ran: the releasing execution's task id when it is a handed-over run (noted, so that
-            a second copy of it is refused), else ''.
+        ran: the releasing execution's task id when it is a handed-over run or its run
+            ended for good, else '': noted, so that a second copy of it is refused (a
+            handed-over run's, or when a line or a reservation is there); a run that ended
+            for good also takes its own element still waiting in the line out (a copy of a
+            waiting run took the key meanwhile).
+        handed_over: the releasing execution is a handed-over run.
+        retried: its run ended in a retry (its element, if any, is its retry's: kept).
         limit: the key's ``lease_limit``: above 1, ``token``'s slot is released and each slot
             then free is reserved for the head of the line (``handoff/release_slot_handoff-4.lua``;
             ``handed``, then ``more``), for ``reserve_ms`` each; a repeat (its first reply
@@ -259,7 +280,7 @@ def release_handing_over(  # noqa: PLR0913 - the release scripts' distinct ARGV
     if limit > 1:
         script, parse, argv = _release_slot, _slot_handoff, (*argv, limit)
     else:
-        argv = (*argv, mode)
+        argv = (*argv, mode, "2" if retried else "1" if handed_over else "0")
 
     def send() -> HandOff:
         reply = _run(script, client, key, keys, argv)

@@ -150,7 +150,13 @@ FEATURES: dict[str, Feature] = {
             ("lease/revoke-1.lua",),
         ),
         Feature("doctor", "celery lease doctor: latency and clock", ("ping", "time", "info")),
-        Feature("min_replicas", "lease_min_replicas above 0: WAIT after each acquire", ("wait",)),
+        Feature(
+            "min_replicas",
+            "lease_min_replicas above 0: WAIT after each acquire; a grant the replicas did "
+            "not acknowledge is taken back, a handed-over run's key reserved for it again",
+            ("wait",),
+            ("lease/ungrant-3.lua",),
+        ),
         Feature(
             "limit",
             "lease_limit above 1 (and hold(limit=)): the slots of a limited key, "
@@ -237,6 +243,7 @@ _SHAPES = {
     "zrem": "ZREM %k m",
     "exists": "EXISTS %k",
     "lrange": "LRANGE %k 0 -1",
+    "lrem": "LREM %k 1 x",
     "hgetall": "HGETALL %k",
     "scan": "SCAN 0",
     "hget": "HGET %k f",

@@ -65,6 +65,7 @@ RAN_HOLDER = "(already ran)"
 
 _acquire = lua.load("lease/acquire-4.lua")
 _release = lua.load("lease/release-2.lua")
+_ungrant = lua.load("lease/ungrant-3.lua")
 _release_wake = lua.load("lease/release_wake-3.lua")
 _revoke = lua.load("lease/revoke-1.lua")
 _pass_turn = lua.load("lease/pass_turn-2.lua")
@@ -210,9 +211,17 @@ def _acquire_replicated(
     client: Any, keys: tuple[str, ...], argv: tuple[Any, ...], min_replicas: int
 ) -> Any:
     """The acquire script and ``WAIT`` in one round trip; a grant fewer replicas acknowledged
-    is released again and raises (:func:`.replicated.grant`)."""
+    is released again (a handed-over run's, with the key reserved for it again: the copy of
+    it sent again keeps its turn, ``lease/ungrant-3.lua``) and raises
+    (:func:`.replicated.grant`)."""
+    token, ttl_ms, _, _, task_id, handed_over = argv
     return replicated.grant(
-        _acquire, client, keys, argv, min_replicas, lambda: _release(client, keys[:2], (argv[0],))
+        _acquire,
+        client,
+        keys,
+        argv,
+        min_replicas,
+        lambda: _ungrant(client, keys[:3], (token, task_id, handed_over, ttl_ms)),
     )
 
 

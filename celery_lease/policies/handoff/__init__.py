@@ -189,6 +189,7 @@ def park(
         lifetime_ms(options),
         limit,
         handed_over=handed_over,
+        min_replicas=options.min_replicas,
     )
 
 
@@ -201,10 +202,13 @@ class Releaser:
             answered one (a repeat hands nothing over), or None.
     """
 
-    def __init__(self, options: LeaseOptions, ran: str = "", limit: int = 1) -> None:
+    def __init__(
+        self, options: LeaseOptions, ran: str = "", limit: int = 1, ending: str = "handed"
+    ) -> None:
         self.options = options
         self.limit = limit  # above 1: one slot's release hands the freed slot over
-        self.ran = ran  # the task id of a handed-over run, noted at its release
+        self.ran = ran  # the task id of a run noted at its release (see release_handing_over)
+        self.ending = ending  # "ended", "handed" (handed over, ended) or "retried"
         self.result: stored.HandOff | None = None
 
     def __call__(self, client: redis.Redis, key: str, token: str) -> bool:
@@ -220,6 +224,8 @@ class Releaser:
             self.ran,
             self.limit,
             mode=mode_of(options),
+            handed_over=self.ending != "ended",
+            retried=self.ending == "retried",
         )
         if self.result is None or self.result.handed is None:
             self.result = got

@@ -74,7 +74,17 @@ class HandOver(Policy):
         if not options.hands_over:
             return None
         handed = HANDOFF_HEADER in (task.request.headers or {})  # hand the key (slot) over
-        releaser = Releaser(options, lease.task_id if handed else "", lease.limit)
+        retried = ending == "retry"
+        if lease.limit > 1:
+            ran = lease.task_id if handed else ""  # a slot's release: a handed-over run's
+        else:
+            # Noted: a handed-over run (a second copy of it is refused, until its retry
+            # parks), and a run that ended for good: a copy of a waiting run (sent again
+            # after a store error, without the hand-over header) may have taken a free key
+            # while its element waited; that element must not run the task id again.
+            ran = lease.task_id if handed or not retried else ""
+        how = "retried" if retried else "handed" if handed else "ended"
+        releaser = Releaser(options, ran, lease.limit, how)
         ended = lifecycle.end(lease, sender=task, release=releaser)
         publish_released(task, lease, releaser.result)
         return ended

@@ -13,10 +13,19 @@ ARGV[1]  the holder's token; empty for the crash sweep's look
 ARGV[2]  how long the reservation holds the key, int milliseconds
 ARGV[3]  the lifetime of the line and the reservation, int milliseconds
 ARGV[4]  the wait timeout of a line element, int milliseconds (0: none)
-ARGV[5]  the releasing holder's task id when it is a handed-over run, noted in the
-         reservation's ran field (the last 20, newest first, space separated); else ''
+ARGV[5]  the releasing holder's task id when it is a handed-over run or its run ended for
+         good, else '': noted in the reservation's ran field (the last 20, newest first,
+         space separated; '~<id>' for a handed-over run that retried) for a handed-over
+         run, or when a line or a reservation hash is there; a run that ended for good also
+         takes its own element still waiting in the line out (a copy of a waiting run that
+         took the key while the element waited)
 ARGV[6]  the line's policy, the kind noted in a new reservation: "coalesce" or "queue"
          (absent: "queue", as a caller that predates it means)
+ARGV[7]  how the run of ARGV[5] ended: '0' for good, '1' for good and handed over, '2'
+         handed over and retried (its retry parks under the same task id: nothing is taken
+         out, and it is noted '~<id>': handoff/park-3.lua takes that note out when its
+         retry parks). Absent: as '2' (a handed-over run, however it ended), as a caller
+         that predates it means
 
 Returns:
   {1, element, now, expired...}  released now (or, for the sweep, free): element is the run
@@ -82,13 +91,26 @@ if ARGV[1] == '' then
 elseif mine then
   redis.call('DEL', KEYS[1])
   --@include note_ended.lua
-  if ARGV[5] ~= '' then  -- newest first, the last 20 of them
-    local ran = redis.pcall('HGET', KEYS[4], 'ran')
-    local kept = {ARGV[5]}
+  local ended = ARGV[7] or ''
+  local own = ARGV[5] ~= '' and (ended == '0' or ended == '1') and
+              redis.pcall('LRANGE', KEYS[3], 0, -1)
+  local taken_out = false
+  if type(own) == 'table' and not own.err then  -- its own element: it ran, not to run again
+    for _, el in ipairs(own) do
+      if string.sub(el, 1, #ARGV[5] + 1) == ARGV[5] .. '\n' then
+        taken_out = redis.call('LREM', KEYS[3], 1, el) > 0 or taken_out
+      end
+    end
+  end
+  if ARGV[5] ~= '' and (ended ~= '0' or taken_out or
+                        redis.call('EXISTS', KEYS[3], KEYS[4]) > 0) then
+    local ran = redis.pcall('HGET', KEYS[4], 'ran')  -- newest first, the last 20 of them
+    local noted = (ended == '0' or ended == '1') and ARGV[5] or '~' .. ARGV[5]  -- ~: not ended
+    local kept = {noted}
     if type(ran) == 'string' then
       for id in string.gmatch(ran, '%S+') do
         if #kept >= 20 then break end
-        if id ~= ARGV[5] then kept[#kept + 1] = id end
+        if id ~= ARGV[5] and id ~= '~' .. ARGV[5] then kept[#kept + 1] = id end
       end
     end
     redis.pcall('HSET', KEYS[4], 'ran', table.concat(kept, ' '))

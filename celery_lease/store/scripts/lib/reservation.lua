@@ -15,7 +15,9 @@ local function reservation(key, task_id, handed_over, now_ms)
   local r = redis.pcall('HMGET', key, 'id', 'due', 'ran', 'new')
   if r.err then r = {} end
   if r[1] == task_id then return true, r[4] == '1' end
-  if handed_over and string.find(' ' .. (r[3] or '') .. ' ', ' ' .. task_id .. ' ', 1, true) then
+  local ran = ' ' .. (r[3] or '') .. ' '  -- '~<id>': it retried; its retry parks first
+  if handed_over and (string.find(ran, ' ' .. task_id .. ' ', 1, true)
+                      or string.find(ran, ' ~' .. task_id .. ' ', 1, true)) then
     return false, false, {0, 'ran:' .. task_id, 0}
   end
   local left = r[1] and math.floor(tonumber(r[2] or '0') - now_ms) or 0
