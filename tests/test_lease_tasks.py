@@ -113,7 +113,7 @@ def test_an_entry_combining_lease_limit_with_preempt_is_refused_naming_the_fix(
     with pytest.raises(
         LeaseConfigError,
         match=r"lease_limit=3 \(app.conf.lease_tasks\['thirdparty.close_day'\].*"
-        r"preempt.*use 'queue'",
+        r"preempt.*Fix: lease_on_conflict='queue'",
     ):
         apply_lease_tasks(app)
 

@@ -249,8 +249,8 @@ def _config_guard(fn: Callable[P, None]) -> Callable[P, None]:
             _fail(f"error: {exc}", 2)
         except RedisError as exc:
             _fail(
-                f"lease store error: {store.describe(exc).rstrip('.')}. Check lease_backend / --url and "
-                f"that Redis is reachable",
+                f"lease store error: {store.describe(exc).rstrip('.')}. Check lease_backend / "
+                f"--url and that Redis is reachable",
                 1,
             )
 

@@ -98,14 +98,14 @@ def _report(**kw: Any) -> None:
             client.rpush("spans", *(_as_json(s) for s in new))
 
 
-@app.task(bind=True, base=LeasedTask, name="traced", lease_key=("tag",))
+@app.task(shared=False, bind=True, base=LeasedTask, name="traced", lease_key=("tag",))
 def traced(self: Any, tag: str, seconds: float = 0.0) -> int:
     """Hold the lease for ``seconds``; return the fencing token."""
     time.sleep(seconds)
     return int(self.lease.fencing_token)
 
 
-@app.task(bind=True, base=LeasedTask, name="lose", lease_key=("tag",))
+@app.task(shared=False, bind=True, base=LeasedTask, name="lose", lease_key=("tag",))
 def lose(self: Any, tag: str) -> None:
     """Delete this execution's key, as an eviction would: the next renewal is refused and
     ``LeaseLost`` is raised here (short sleeps: the threads pool delivers between them)."""
@@ -121,7 +121,14 @@ def _held_for(seconds: float) -> None:
         time.sleep(0.05)
 
 
-@app.task(bind=True, base=LeasedTask, name="queued", lease_key=("tag",), lease_on_conflict="queue")
+@app.task(
+    shared=False,
+    bind=True,
+    base=LeasedTask,
+    name="queued",
+    lease_key=("tag",),
+    lease_on_conflict="queue",
+)
 def queued(self: Any, tag: str, seconds: float = 0.0) -> int:
     """Hold the lease ``seconds``; a duplicate waits in the key's line."""
     _held_for(seconds)
@@ -129,7 +136,12 @@ def queued(self: Any, tag: str, seconds: float = 0.0) -> int:
 
 
 @app.task(
-    bind=True, base=LeasedTask, name="coalesced", lease_key=("tag",), lease_on_conflict="coalesce"
+    shared=False,
+    bind=True,
+    base=LeasedTask,
+    name="coalesced",
+    lease_key=("tag",),
+    lease_on_conflict="coalesce",
 )
 def coalesced(self: Any, tag: str, seconds: float = 0.0) -> int:
     """Hold the lease ``seconds``; duplicates coalesce into one pending run."""
@@ -138,7 +150,12 @@ def coalesced(self: Any, tag: str, seconds: float = 0.0) -> int:
 
 
 @app.task(
-    bind=True, base=LeasedTask, name="preempting", lease_key=("tag",), lease_on_conflict="preempt"
+    shared=False,
+    bind=True,
+    base=LeasedTask,
+    name="preempting",
+    lease_key=("tag",),
+    lease_on_conflict="preempt",
 )
 def preempting(self: Any, tag: str, seconds: float = 0.0) -> int:
     """Hold the lease ``seconds`` unless a newer run takes the key over."""
@@ -146,19 +163,21 @@ def preempting(self: Any, tag: str, seconds: float = 0.0) -> int:
     return int(self.lease.fencing_token)
 
 
-@app.task(bind=True, base=LeasedTask, name="deduped", lease_key=("tag",), lease_dedupe=True)
+@app.task(
+    shared=False, bind=True, base=LeasedTask, name="deduped", lease_key=("tag",), lease_dedupe=True
+)
 def deduped(self: Any, tag: str) -> str:
     """Published by :func:`publish_twice` (its message waits in ``PARKED_QUEUE``)."""
     return tag
 
 
-@app.task(name="publish_twice")
+@app.task(shared=False, name="publish_twice")
 def publish_twice(tag: str) -> list[str]:
     """Publish :func:`deduped` twice: the first waits, the second is deduplicated."""
     return [deduped.apply_async((tag,), queue=PARKED_QUEUE).lease_disposition for _ in range(2)]
 
 
-@app.task(name="hold_after_wait")
+@app.task(shared=False, name="hold_after_wait")
 def hold_after_wait(name: str, first_for: float) -> int:
     """Hold ``name`` once another thread, which took it first, has held it ``first_for``
     float seconds; return the fencing token this hold got."""
