@@ -121,46 +121,27 @@ def _held_for(seconds: float) -> None:
         time.sleep(0.05)
 
 
-@app.task(
-    shared=False,
-    bind=True,
-    base=LeasedTask,
-    name="queued",
-    lease_key=("tag",),
-    lease_on_conflict="queue",
-)
-def queued(self: Any, tag: str, seconds: float = 0.0) -> int:
-    """Hold the lease ``seconds``; a duplicate waits in the key's line."""
-    _held_for(seconds)
-    return int(self.lease.fencing_token)
+def _holding(name: str, on_conflict: str) -> Any:
+    """A task ``name`` that holds its lease ``seconds`` and returns its fencing token; a
+    duplicate meets ``lease_on_conflict=on_conflict``."""
+
+    def hold_for(self: Any, tag: str, seconds: float = 0.0) -> int:
+        _held_for(seconds)
+        return int(self.lease.fencing_token)
+
+    return app.task(
+        shared=False,
+        bind=True,
+        base=LeasedTask,
+        name=name,
+        lease_key=("tag",),
+        lease_on_conflict=on_conflict,
+    )(hold_for)
 
 
-@app.task(
-    shared=False,
-    bind=True,
-    base=LeasedTask,
-    name="coalesced",
-    lease_key=("tag",),
-    lease_on_conflict="coalesce",
-)
-def coalesced(self: Any, tag: str, seconds: float = 0.0) -> int:
-    """Hold the lease ``seconds``; duplicates coalesce into one pending run."""
-    _held_for(seconds)
-    return int(self.lease.fencing_token)
-
-
-@app.task(
-    shared=False,
-    bind=True,
-    base=LeasedTask,
-    name="preempting",
-    lease_key=("tag",),
-    lease_on_conflict="preempt",
-)
-def preempting(self: Any, tag: str, seconds: float = 0.0) -> int:
-    """Hold the lease ``seconds`` unless a newer run takes the key over."""
-    _held_for(seconds)
-    return int(self.lease.fencing_token)
+queued = _holding("queued", "queue")  # a duplicate waits in the key's line
+coalesced = _holding("coalesced", "coalesce")  # duplicates become one pending run
+preempting = _holding("preempting", "preempt")  # a newer run takes the key over
 
 
 @app.task(
