@@ -38,8 +38,19 @@ app.conf.update(
 )
 
 
+#: What a test may change besides the URLs, put back at every :func:`configure`: the app is
+#: shared by the test modules of one pytest process (a Sentinel test's options must not reach
+#: the next module's plain Redis).
+DEFAULTS: dict[str, Any] = {
+    "lease_backend_options": None,
+    "lease_min_replicas": 0,
+    "lease_on_store_error": "retry",
+}
+
+
 def configure(url: str, queue: str, **conf: Any) -> None:
-    """Point the client-side twin at ``url`` (broker, results, leases) and ``queue``."""
+    """Point the client-side twin at ``url`` (broker, results, leases) and ``queue``, with
+    :data:`DEFAULTS` unless ``conf`` says otherwise."""
     point_app(
         app,
         **{
@@ -47,6 +58,7 @@ def configure(url: str, queue: str, **conf: Any) -> None:
             "result_backend": url,
             "lease_backend": url,
             "task_default_queue": queue,
+            **DEFAULTS,
             **conf,
         },
     )
