@@ -141,8 +141,13 @@ def test_a_take_over_names_whom_it_preempted_and_the_holder_records_why_it_lost(
     old = run_span(client, holder.id)
     assert lease(span, "preempted_fencing_token") == lease(old, "fencing_token")
     assert lease(span, "fencing_token") > lease(old, "fencing_token")
-    causes = [e["attributes"].get("celery_lease.cause") for e in old["events"]]
-    assert LostCause.PREEMPTED in causes
+    # celery-lease's event carries the cause as an attribute; when the loss is signalled after
+    # the run's span ended (a known limit, docs/howto/tracing.md), the instrumentation's own
+    # exception event still names it in the LeaseLost message.
+    events = [e["attributes"] for e in old["events"]]
+    assert any(a.get("celery_lease.cause") == LostCause.PREEMPTED for a in events) or any(
+        "(preempted," in str(a.get("exception.message", "")) for a in events
+    ), events
 
 
 def test_a_lost_lease_is_an_exception_event_with_its_cause(client: redis.Redis) -> None:
